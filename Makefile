@@ -1,0 +1,65 @@
+# Gatehouse developer entry points. `make help` lists them.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+export GATEHOUSE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gatehouse
+export PATH := $(GATEHOUSE_CACHE)/tools/bin:/usr/local/go/bin:$(PATH)
+
+# Packages that `go test` runs; the race detector is always on.
+PKGS ?= ./...
+TEST_FLAGS ?= -race -count=1 -timeout=20m
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+.PHONY: setup
+setup: ## Install Debian packages, the pinned Go tools and the pinned Kubernetes binaries
+	hack/setup.sh >/dev/null
+
+.PHONY: kube-binaries
+kube-binaries: ## Build the pinned Kubernetes binaries and etcd into the cache (no-op when cached)
+	hack/kube-binaries.sh
+
+.PHONY: tools
+tools: ## Install the pinned Go tools into the cache
+	hack/go-tools.sh >/dev/null
+
+.PHONY: generate
+generate: tools ## Regenerate code from api/*.proto with buf
+	buf lint
+	buf generate
+
+.PHONY: check-generate
+check-generate: generate ## Fail when regenerating changes anything under api/
+	@if [[ -n "$$(git status --porcelain -- api)" ]]; then \
+		git status --porcelain -- api; git diff -- api | head -50; \
+		echo "generated code is out of date: run 'make generate' and commit the result" >&2; exit 1; fi
+
+.PHONY: lint
+lint: tools ## gofmt, go vet and golangci-lint
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+		if [[ -n "$$unformatted" ]]; then echo "not gofmt-ed: $$unformatted" >&2; exit 1; fi
+	go vet ./...
+	golangci-lint run ./...
+
+.PHONY: build
+build: ## Build the binaries into bin/
+	go build -o bin/ ./cmd/...
+
+.PHONY: unit
+unit: tools ## Run the tests (needs `make setup` first for the Kubernetes binaries)
+	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
+
+.PHONY: test
+test: setup check-generate lint unit ## Set up the machine, check generated code, lint, and run every test with -race
+
+.PHONY: mini-up
+mini-up: setup build ## Prepare the machine for the local attested cluster (the cluster itself: issue 7)
+	@echo "Prepared: Debian packages, pinned Go tools, Kubernetes $$(hack/kube-binaries.sh 2>/dev/null | xargs -I{} {}/kubeadm version -o short) binaries and bin/gatehouse."
+	@echo "The local attested cluster ('gatehouse mini up') is not built yet; see README.md."
+
+.PHONY: clean
+clean: ## Remove build outputs (not the caches)
+	rm -rf bin/

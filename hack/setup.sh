@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Prepares a fresh Debian machine (as root) for building and testing Gatehouse:
+# Debian packages, the pinned Go tools and the pinned Kubernetes binaries.
+# Idempotent and fast when everything is already there. Prints, on its last
+# line, the shell assignments the Makefile consumes.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# Debian packages the build, the tests and the local cluster use.
+PACKAGES=(ca-certificates git make gcc util-linux iproute2)
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+	if [[ $(id -u) -ne 0 ]]; then
+		log "missing Debian packages: ${missing[*]}; run as root or install them with apt-get"
+		exit 1
+	fi
+	log "installing Debian packages: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq >&2
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+command -v go >/dev/null || { log "Go is not on PATH; install Go 1.26 (see docs/development.md)"; exit 1; }
+
+log "Go tools"
+tools_bin=$("$here/go-tools.sh")
+log "Kubernetes binaries"
+kube_bin=$("$here/kube-binaries.sh")
+echo "TOOLS_BIN=$tools_bin KUBE_BIN=$kube_bin"

@@ -1,0 +1,36 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// BinDirEnv names the environment variable pointing at the pinned Kubernetes
+// binaries; `make test` sets it to the output of hack/kube-binaries.sh.
+const BinDirEnv = "GATEHOUSE_KUBE_BIN"
+
+// requiredBinaries must all be present in a binary directory.
+var requiredBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kubeadm", "kubectl"}
+
+// BinDir returns the directory holding the pinned Kubernetes binaries: the
+// value of GATEHOUSE_KUBE_BIN, else of KUBEBUILDER_ASSETS. It returns an error
+// saying how to build them when neither is set or a binary is missing.
+func BinDir() (string, error) {
+	dir := os.Getenv(BinDirEnv)
+	source := BinDirEnv
+	if dir == "" {
+		dir, source = os.Getenv("KUBEBUILDER_ASSETS"), "KUBEBUILDER_ASSETS"
+	}
+	if dir == "" {
+		return "", fmt.Errorf("neither %s nor KUBEBUILDER_ASSETS is set: run the tests with `make test`, "+
+			"or export %s=$(hack/kube-binaries.sh)", BinDirEnv, BinDirEnv)
+	}
+	for _, name := range requiredBinaries {
+		path := filepath.Join(dir, name)
+		if info, err := os.Stat(path); err != nil || info.Mode()&0o111 == 0 {
+			return "", fmt.Errorf("%s=%s has no executable %s: rebuild with hack/kube-binaries.sh", source, dir, name)
+		}
+	}
+	return dir, nil
+}

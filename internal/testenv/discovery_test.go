@@ -1,0 +1,176 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
+	"k8s.io/cluster-bootstrap/token/jws"
+	bootstraputil "k8s.io/cluster-bootstrap/token/util"
+
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+)
+
+// createBootstrapToken creates a bootstrap token Secret the way kubeadm does
+// for `kubeadm token create` (default node token group, both usages) and
+// returns the token "<id>.<secret>".
+func createBootstrapToken(ctx context.Context, client kubernetes.Interface, ttl time.Duration) (id, secret string, err error) {
+	token, err := bootstraputil.GenerateBootstrapToken()
+	if err != nil {
+		return "", "", err
+	}
+	parts := bootstraputil.BootstrapTokenRegexp.FindStringSubmatch(token)
+	id, secret = parts[1], parts[2]
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: bootstraputil.BootstrapTokenSecretName(id), Namespace: metav1.NamespaceSystem},
+		Type:       bootstrapapi.SecretTypeBootstrapToken,
+		StringData: map[string]string{
+			bootstrapapi.BootstrapTokenIDKey:               id,
+			bootstrapapi.BootstrapTokenSecretKey:           secret,
+			bootstrapapi.BootstrapTokenExpirationKey:       time.Now().Add(ttl).UTC().Format(time.RFC3339),
+			bootstrapapi.BootstrapTokenUsageAuthentication: "true",
+			bootstrapapi.BootstrapTokenUsageSigningKey:     "true",
+			bootstrapapi.BootstrapTokenExtraGroupsKey:      "system:bootstrappers:kubeadm:default-node-token",
+		},
+	}
+	if _, err := client.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+		return "", "", fmt.Errorf("creating bootstrap token Secret: %w", err)
+	}
+	return id, secret, nil
+}
+
+// TestBootstrapTokenDiscovery proves the environment is a real control plane:
+// the real bootstrapsigner signs cluster-info for a new bootstrap token, and
+// the real `kubeadm join --dry-run` discovers the cluster with it, pinning the
+// CA by its hash.
+func TestBootstrapTokenDiscovery(t *testing.T) {
+	RequireRoot(t)
+	env := New(t, Options{ControllerManager: true})
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	client, err := env.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.PublishClusterInfo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id, secret, err := createBootstrapToken(ctx, client, 15*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The bootstrapsigner controller signs cluster-info for the new token.
+	var signed *corev1.ConfigMap
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		cm, err := client.CoreV1().ConfigMaps(metav1.NamespacePublic).Get(ctx, bootstrapapi.ConfigMapClusterInfo, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		signed = cm
+		return cm.Data[bootstrapapi.JWSSignatureKeyPrefix+id] != "", nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s%s in cluster-info: %v", bootstrapapi.JWSSignatureKeyPrefix, id, err)
+	}
+	sig := signed.Data[bootstrapapi.JWSSignatureKeyPrefix+id]
+	if !jws.DetachedTokenIsValid(sig, signed.Data[bootstrapapi.KubeConfigKey], id, secret) {
+		t.Fatalf("signature %s does not verify with the token", sig)
+	}
+
+	caHash, err := kubeadm.DiscoveryTokenCACertHashPEM(env.CACertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrongHash := "sha256:" + strings.Repeat("ab", 32)
+	endpoint := strings.TrimPrefix(env.APIServerURL, "https://")
+
+	hostKubernetes := snapshotDir(t, "/etc/kubernetes")
+	hostKubelet := snapshotDir(t, "/var/lib/kubelet")
+
+	tests := []struct {
+		name    string
+		token   string
+		caHash  string
+		wantErr string // empty: kubeadm must succeed
+	}{
+		{name: "right token and CA hash succeed", token: id + "." + secret, caHash: caHash},
+		{
+			name: "wrong CA hash is refused", token: id + "." + secret, caHash: wrongHash,
+			wantErr: fmt.Sprintf("cluster CA found in cluster-info ConfigMap is invalid: none of the public keys %q are pinned", wrongHash),
+		},
+		{
+			name: "wrong token secret is refused", token: id + "." + strings.Repeat("0", 16), caHash: caHash,
+			wantErr: "failed to verify JWS signature of received cluster info object",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			scratch := t.TempDir()
+			out, err := RunIsolated(ctx, scratch, filepath.Join(env.BinDir, "kubeadm"), "join", endpoint,
+				"--token", tt.token,
+				"--discovery-token-ca-cert-hash", tt.caHash,
+				"--dry-run",
+				"--node-name", "testenv-worker",
+				"--cri-socket", "unix:///run/containerd/containerd.sock",
+				"--ignore-preflight-errors", "all",
+				"--v", "1",
+			)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("kubeadm join --dry-run: %v\n%s", err, out)
+				}
+				// Discovery used this cluster's cluster-info, not kubeadm's dry-run stand-in.
+				want := "Cluster info signature and contents are valid and TLS certificate validates against pinned roots"
+				if !strings.Contains(string(out), want) || !strings.Contains(string(out), env.APIServerURL) {
+					t.Fatalf("kubeadm output lacks %q for %s:\n%s", want, env.APIServerURL, out)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("kubeadm join --dry-run succeeded, want %q:\n%s", tt.wantErr, out)
+			}
+			if !strings.Contains(string(out), tt.wantErr) {
+				t.Fatalf("kubeadm output lacks %q:\n%s", tt.wantErr, out)
+			}
+		})
+	}
+
+	// kubeadm's dry run wrote into the overlays only.
+	if got := snapshotDir(t, "/etc/kubernetes"); got != hostKubernetes {
+		t.Errorf("host /etc/kubernetes changed:\nbefore: %s\nafter:  %s", hostKubernetes, got)
+	}
+	if got := snapshotDir(t, "/var/lib/kubelet"); got != hostKubelet {
+		t.Errorf("host /var/lib/kubelet changed:\nbefore: %s\nafter:  %s", hostKubelet, got)
+	}
+}
+
+// snapshotDir describes the tree under dir (paths, sizes, mtimes), or notes
+// that it does not exist.
+func snapshotDir(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.Walk(dir, func(path string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%s %d %d;", path, info.Size(), info.ModTime().UnixNano())
+		return nil
+	})
+	if os.IsNotExist(err) {
+		return dir + " does not exist"
+	}
+	if err != nil {
+		t.Fatalf("walking %s: %v", dir, err)
+	}
+	return b.String()
+}
