@@ -25,13 +25,9 @@ type childState struct {
 	PIDs map[string]int `json:"pids"`
 }
 
-// TestChild is not a test of its own: the lifecycle tests re-execute the test
-// binary to run it as a child that starts an environment and then ends badly.
-func TestChild(t *testing.T) {
-	mode := os.Getenv(childModeEnv)
-	if mode == "" {
-		t.Skip("helper process for TestCleanup; runs only when re-executed")
-	}
+// childScenario runs in a re-executed test binary (TestCleanup with
+// childModeEnv set): it starts an environment, reports it, and then ends badly.
+func childScenario(t *testing.T, mode string) {
 	env := New(t, Options{ControllerManager: true})
 	state, err := json.Marshal(childState{Dir: env.Dir, PIDs: env.PIDs()})
 	if err != nil {
@@ -51,6 +47,10 @@ func TestChild(t *testing.T) {
 }
 
 func TestCleanup(t *testing.T) {
+	if mode := os.Getenv(childModeEnv); mode != "" {
+		childScenario(t, mode)
+		return
+	}
 	tests := []struct {
 		name string
 		mode string
@@ -64,7 +64,7 @@ func TestCleanup(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			statePath := filepath.Join(t.TempDir(), "state.json")
-			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestChild$", "-test.v")
+			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestCleanup$", "-test.v")
 			cmd.Env = append(os.Environ(), childModeEnv+"="+tt.mode, "GATEHOUSE_TESTENV_STATE="+statePath)
 			out, err := runChild(t, cmd, statePath, tt.kill)
 			var exitErr *exec.ExitError

@@ -103,7 +103,8 @@ func (p *process) logTail(n int) string {
 	}
 	if len(data) > n {
 		data = data[len(data)-n:]
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+		// Drop the partial first line, unless it is all there is.
+		if i := bytes.IndexByte(data, '\n'); i >= 0 && i+1 < len(data) {
 			data = data[i+1:]
 		}
 	}

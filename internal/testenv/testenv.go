@@ -261,6 +261,9 @@ func (e *Env) startAPIServer(ctx context.Context, p *pki, etcdURL string) error 
 			"--authorization-mode=Node,RBAC",
 			"--enable-bootstrap-token-auth=true",
 			"--allow-privileged=true",
+			// The loopback address cannot be an Endpoints address; nothing in the
+			// environment needs the in-cluster "kubernetes" Service endpoints.
+			"--endpoint-reconciler-type=none",
 		)
 		if err != nil {
 			return nil, err
@@ -299,8 +302,7 @@ func (e *Env) startControllerManager(ctx context.Context, p *pki, controllers []
 	err = e.startWithRetry(ctx, 1, func(ports []int) (*process, error) {
 		proc, err := startProcess("kube-controller-manager", e.Dir, filepath.Join(e.BinDir, "kube-controller-manager"),
 			"--kubeconfig="+kubeconfig,
-			"--authentication-kubeconfig="+kubeconfig,
-			"--authorization-kubeconfig="+kubeconfig,
+
 			"--bind-address=127.0.0.1",
 			fmt.Sprintf("--secure-port=%d", ports[0]),
 			"--tls-cert-file="+p.path("controller-manager-serving.crt"),
@@ -311,7 +313,7 @@ func (e *Env) startControllerManager(ctx context.Context, p *pki, controllers []
 			"--cluster-signing-key-file="+p.path("ca.key"),
 			"--root-ca-file="+p.path("ca.crt"),
 			"--service-account-private-key-file="+p.path("sa.key"),
-			"--use-service-account-credentials=false",
+			"--use-service-account-credentials=true", // as kubeadm: each controller acts as its own service account
 		)
 		if err != nil {
 			return nil, err
