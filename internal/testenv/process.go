@@ -126,9 +126,13 @@ func (p *process) waitReady(ctx context.Context, interval time.Duration, ready f
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s: %w (%v); log tail:\n%s", p.name, errExited, p.err, p.logTail(4096))
+			exit := p.err
+			if exit == nil {
+				exit = errors.New("exit status 0")
+			}
+			return fmt.Errorf("%s: %w (%w); log tail:\n%s", p.name, errExited, exit, p.logTail(4096))
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s to become ready: %w (last check: %v); log tail:\n%s",
+			return fmt.Errorf("waiting for %s to become ready: %w (last check: %w); log tail:\n%s",
 				p.name, ctx.Err(), last, p.logTail(4096))
 		case <-ticker.C:
 		}
