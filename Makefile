@@ -16,7 +16,7 @@ help: ## List the targets
 
 .PHONY: setup
 setup: ## Install Debian packages, the pinned Go tools and the pinned Kubernetes binaries
-	hack/setup.sh >/dev/null
+	hack/setup.sh
 
 .PHONY: kube-binaries
 kube-binaries: ## Build the pinned Kubernetes binaries and etcd into the cache (no-op when cached)
@@ -57,7 +57,8 @@ test: setup check-generate lint unit ## Set up the machine, check generated code
 
 .PHONY: mini-up
 mini-up: setup build ## Prepare the machine for the local attested cluster (the cluster itself: issue 7)
-	@echo "Prepared: Debian packages, pinned Go tools, Kubernetes $$(hack/kube-binaries.sh 2>/dev/null | xargs -I{} {}/kubeadm version -o short) binaries and bin/gatehouse."
+	@bin=$$(hack/kube-binaries.sh 2>/dev/null); \
+		echo "Prepared: Debian packages, pinned Go tools, Kubernetes $$($$bin/kubeadm version -o short) binaries in $$bin, and bin/gatehouse."
 	@echo "The local attested cluster ('gatehouse mini up') is not built yet; see README.md."
 
 .PHONY: clean

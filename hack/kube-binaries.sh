@@ -21,11 +21,19 @@ bin="$cache_root/kubernetes/$KUBE_VERSION-etcd-$ETCD_VERSION-$key/bin"
 
 log() { printf '[kube-binaries] %s\n' "$*" >&2; }
 
-if [[ -f "$bin/.complete" ]]; then
-	log "cached: $bin"
-	echo "$bin"
-	exit 0
-fi
+cached() {
+	if [[ -f "$bin/.complete" ]]; then
+		log "cached: $bin"
+		echo "$bin"
+		exit 0
+	fi
+}
+cached
+# One build at a time; a run that waited finds the other's result.
+mkdir -p "$cache_root/kubernetes"
+exec 9>"$cache_root/kubernetes/.lock"
+flock 9
+cached
 
 log "building Kubernetes $KUBE_VERSION and etcd $ETCD_VERSION into $bin (cold: ~5-8 min on 2 cores)"
 tmp="$bin.tmp.$$"

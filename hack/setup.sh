@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a fresh Debian machine (as root) for building and testing Gatehouse:
 # Debian packages, the pinned Go tools and the pinned Kubernetes binaries.
-# Idempotent and fast when everything is already there. Prints, on its last
-# line, the shell assignments the Makefile consumes.
+# Idempotent and fast when everything is already there.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -29,8 +28,5 @@ fi
 
 command -v go >/dev/null || { log "Go is not on PATH; install Go 1.26 (see docs/development.md)"; exit 1; }
 
-log "Go tools"
-tools_bin=$("$here/go-tools.sh")
-log "Kubernetes binaries"
-kube_bin=$("$here/kube-binaries.sh")
-echo "TOOLS_BIN=$tools_bin KUBE_BIN=$kube_bin"
+log "Go tools: $("$here/go-tools.sh")"
+log "Kubernetes binaries: $("$here/kube-binaries.sh")"

@@ -84,8 +84,7 @@ const dirPattern = "gatehouse-testenv-*"
 // has failed, the cleanup first logs the tail of every component's log.
 func New(t testing.TB, opts Options) *Env {
 	t.Helper()
-	ctx := context.WithoutCancel(t.Context())
-	env, err := Start(ctx, opts)
+	env, err := Start(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("starting test environment: %v", err)
 	}
