@@ -38,9 +38,10 @@ check-generate: generate ## Fail when regenerating changes anything under api/
 		echo "generated code is out of date: run 'make generate' and commit the result" >&2; exit 1; fi
 
 .PHONY: lint
-lint: tools ## gofmt, go vet and golangci-lint
+lint: tools ## gofmt, go mod tidy, go vet and golangci-lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [[ -n "$$unformatted" ]]; then echo "not gofmt-ed: $$unformatted" >&2; exit 1; fi
+	go mod tidy -diff
 	go vet ./...
 	golangci-lint run ./...
 

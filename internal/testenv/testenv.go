@@ -29,12 +29,6 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// DefaultControllers are the kube-controller-manager controllers started when
-// Options.ControllerManager is set and Options.Controllers is empty: the ones
-// that sign the cluster-info ConfigMap for bootstrap tokens and delete expired
-// tokens (kubeadm "Bootstrap tokens" reference).
-var DefaultControllers = []string{"bootstrapsigner", "tokencleaner"}
-
 // Options configures Start.
 type Options struct {
 	// BinDir holds etcd, kube-apiserver, kube-controller-manager, kubeadm and
@@ -43,7 +37,10 @@ type Options struct {
 	// ControllerManager also starts kube-controller-manager.
 	ControllerManager bool
 	// Controllers lists the kube-controller-manager controllers to run
-	// (its --controllers flag). Empty means DefaultControllers.
+	// (its --controllers flag). Empty means "bootstrapsigner" and
+	// "tokencleaner": the ones that sign the cluster-info ConfigMap for
+	// bootstrap tokens and delete expired tokens (kubeadm reference,
+	// "Authenticating with Bootstrap Tokens").
 	Controllers []string
 	// StartTimeout bounds the start of all components. Zero means 2 minutes.
 	StartTimeout time.Duration
@@ -114,7 +111,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		opts.StartTimeout = 2 * time.Minute
 	}
 	if len(opts.Controllers) == 0 {
-		opts.Controllers = DefaultControllers
+		opts.Controllers = []string{"bootstrapsigner", "tokencleaner"}
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
