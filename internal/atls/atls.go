@@ -1,0 +1,420 @@
+// Package atls is attested TLS: TLS 1.3 in which a peer proves by remote
+// attestation what it runs. The attesting peer makes a fresh key and a
+// self-signed certificate for every handshake, and puts evidence into a
+// non-critical X.509 extension of it (one OID per attestation variant, see
+// attestation.Variant.OID). The evidence is bound to the certificate's public
+// key (user data = SHA-256 of its SubjectPublicKeyInfo) and to a fresh nonce
+// of the verifying peer, so it can be neither replayed nor moved to another
+// key.
+//
+// How the nonce reaches the attester:
+//
+//   - A verifying client sends its nonce in the ClientHello as an extra ALPN
+//     protocol, "gatehouse-atls-nonce-<hex>", next to "h2". ALPN is an
+//     ordinary, integrity-protected ClientHello field that Go servers expose
+//     before choosing a certificate (tls.ClientHelloInfo.SupportedProtos);
+//     unlike SNI (Constellation's choice) it is not a host name, so it needs no
+//     DNS-label tricks and leaves SNI free for routing.
+//   - A verifying server sends its nonce in the CertificateRequest as the only
+//     entry of certificate_authorities (RFC 8446 §4.2.4): a distinguished name
+//     "CN=gatehouse-atls-nonce-<hex>", which Go clients see before choosing a
+//     certificate (tls.CertificateRequestInfo.AcceptableCAs). It is the one
+//     server-to-client field available before the client's certificate.
+//
+// Both are covered by the TLS 1.3 transcript, so a man in the middle cannot
+// change them without breaking the handshake.
+package atls
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/big"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+)
+
+// noncePrefix prefixes a nonce in ALPN and in the acceptable-CA name.
+const noncePrefix = "gatehouse-atls-nonce-"
+
+// certValidity is how long an attested certificate is valid; it lives for
+// one handshake, the margin absorbs clock skew between the peers.
+const certValidity = 10 * time.Minute
+
+// attester produces evidence; declared here, where it is used.
+type attester interface {
+	Variant() attestation.Variant
+	Attest(ctx context.Context, userData, nonce []byte) ([]byte, error)
+}
+
+// verifier appraises evidence; declared here, where it is used.
+type verifier interface {
+	Variant() attestation.Variant
+	Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error)
+}
+
+// Config is one side's part in attested TLS. A side with an Attester
+// attests; a side with Verifiers requires its peer to attest with one of
+// their variants. The three modes: server attests (server has an Attester,
+// client has Verifiers), client attests (the reverse), mutual (both have both).
+type Config struct {
+	// Attester attests this side; nil if it does not attest.
+	Attester attester
+	// Verifiers appraise the peer's evidence, one per accepted variant;
+	// empty if the peer need not attest.
+	Verifiers []verifier
+	// Now is the clock certificates are made and checked with; nil is time.Now.
+	Now func() time.Time
+}
+
+// Errors of the handshake checks, for errors.Is; the attestation package's
+// errors describe failures of the evidence itself.
+var (
+	ErrNoCertificate   = errors.New("atls: peer sent no certificate")
+	ErrNotSelfSigned   = errors.New("atls: peer certificate is not self-signed")
+	ErrCertExpired     = errors.New("atls: peer certificate is outside its validity period")
+	ErrNoEvidence      = errors.New("atls: peer certificate carries no evidence extension")
+	ErrUnknownVariant  = errors.New("atls: peer evidence is of a variant this side does not accept")
+	ErrKeyBinding      = errors.New("atls: peer evidence is bound to another key")
+	ErrNoNonce         = errors.New("atls: peer sent no attestation nonce")
+	ErrEvidenceInvalid = errors.New("atls: peer evidence does not verify")
+)
+
+func (c *Config) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+func (c *Config) check() error {
+	if c.Attester == nil && len(c.Verifiers) == 0 {
+		return errors.New("atls: config neither attests nor verifies; use plain TLS instead")
+	}
+	seen := map[attestation.Variant]bool{}
+	for _, v := range c.Verifiers {
+		if _, err := v.Variant().OID(); err != nil {
+			return err
+		}
+		if seen[v.Variant()] {
+			return fmt.Errorf("atls: two verifiers for variant %s", v.Variant())
+		}
+		seen[v.Variant()] = true
+	}
+	if c.Attester != nil {
+		if _, err := c.Attester.Variant().OID(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Verified holds what the peer's evidence proved, once the handshake is done.
+type Verified struct {
+	mu     sync.Mutex
+	result *attestation.Result
+}
+
+// Result returns the peer's verified attestation result, or nil when the
+// peer was not asked to attest or the handshake has not completed.
+func (v *Verified) Result() *attestation.Result {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.result
+}
+
+func (v *Verified) set(r *attestation.Result) {
+	v.mu.Lock()
+	v.result = r
+	v.mu.Unlock()
+}
+
+// ClientConfig returns a TLS configuration for one client handshake (a fresh
+// nonce each time: never reuse it) and where the server's verified result
+// will be.
+func ClientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error) {
+	if err := c.check(); err != nil {
+		return nil, nil, err
+	}
+	verified := &Verified{}
+	cfg := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{"h2"},
+		// The server's certificate is checked by VerifyPeerCertificate below:
+		// it is self-signed by design and trusted through its evidence.
+		InsecureSkipVerify: true, //nolint:gosec // verified by attestation in VerifyPeerCertificate
+	}
+	if len(c.Verifiers) > 0 {
+		nonce, err := newNonce()
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.NextProtos = append(cfg.NextProtos, noncePrefix+hex.EncodeToString(nonce))
+		cfg.VerifyPeerCertificate = func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
+			result, err := c.verifyPeer(ctx, rawCerts, nonce)
+			if err != nil {
+				return err
+			}
+			verified.set(result)
+			return nil
+		}
+	} else {
+		cfg.VerifyPeerCertificate = func([][]byte, [][]*x509.Certificate) error { return nil }
+	}
+	if c.Attester != nil {
+		cfg.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			nonce, err := nonceFromAcceptableCAs(cri.AcceptableCAs)
+			if err != nil {
+				return nil, err
+			}
+			return c.attestedCertificate(ctx, nonce)
+		}
+	}
+	return cfg, verified, nil
+}
+
+// ServerConfig returns a TLS configuration for one server handshake (a fresh
+// nonce each time: never reuse it) and where the client's verified result
+// will be.
+func ServerConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error) {
+	if err := c.check(); err != nil {
+		return nil, nil, err
+	}
+	verified := &Verified{}
+	cfg := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{"h2"},
+	}
+	cfg.GetCertificate = func(chi *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		if c.Attester == nil {
+			// The client does not verify the server by attestation; it still
+			// needs a certificate for the handshake.
+			return c.certificate(nil)
+		}
+		nonce, err := nonceFromALPN(chi.SupportedProtos)
+		if err != nil {
+			return nil, err
+		}
+		return c.attestedCertificate(ctx, nonce)
+	}
+	if len(c.Verifiers) > 0 {
+		nonce, err := newNonce()
+		if err != nil {
+			return nil, nil, err
+		}
+		pool, err := nonceCertPool(nonce)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.ClientAuth = tls.RequireAnyClientCert
+		cfg.ClientCAs = pool
+		cfg.VerifyPeerCertificate = func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
+			result, err := c.verifyPeer(ctx, rawCerts, nonce)
+			if err != nil {
+				return err
+			}
+			verified.set(result)
+			return nil
+		}
+	}
+	return cfg, verified, nil
+}
+
+func newNonce() ([]byte, error) {
+	nonce := make([]byte, attestation.NonceSize)
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, fmt.Errorf("atls: generating nonce: %w", err)
+	}
+	return nonce, nil
+}
+
+func decodeNonce(s string) ([]byte, bool) {
+	if !strings.HasPrefix(s, noncePrefix) {
+		return nil, false
+	}
+	nonce, err := hex.DecodeString(strings.TrimPrefix(s, noncePrefix))
+	if err != nil || len(nonce) != attestation.NonceSize {
+		return nil, false
+	}
+	return nonce, true
+}
+
+func nonceFromALPN(protos []string) ([]byte, error) {
+	for _, p := range protos {
+		if nonce, ok := decodeNonce(p); ok {
+			return nonce, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no %s<hex> ALPN protocol in the ClientHello", ErrNoNonce, noncePrefix)
+}
+
+// nonceCertPool returns a pool whose only subject is CN=<prefix><hex nonce>;
+// crypto/tls sends the pool's subjects as certificate_authorities.
+func nonceCertPool(nonce []byte) (*x509.CertPool, error) {
+	name := pkix.Name{CommonName: noncePrefix + hex.EncodeToString(nonce)}
+	der, err := asn1.Marshal(name.ToRDNSequence())
+	if err != nil {
+		return nil, fmt.Errorf("atls: encoding nonce name: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(&x509.Certificate{Raw: der, RawSubject: der})
+	return pool, nil
+}
+
+func nonceFromAcceptableCAs(names [][]byte) ([]byte, error) {
+	for _, der := range names {
+		var rdn pkix.RDNSequence
+		if rest, err := asn1.Unmarshal(der, &rdn); err != nil || len(rest) != 0 {
+			continue
+		}
+		var name pkix.Name
+		name.FillFromRDNSequence(&rdn)
+		if nonce, ok := decodeNonce(name.CommonName); ok {
+			return nonce, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no CN=%s<hex> in the CertificateRequest's acceptable CAs", ErrNoNonce, noncePrefix)
+}
+
+// attestedCertificate makes a fresh key and a self-signed certificate whose
+// evidence extension binds the key and nonce.
+func (c *Config) attestedCertificate(ctx context.Context, nonce []byte) (*tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("atls: generating key: %w", err)
+	}
+	spki, err := x509.MarshalPKIXPublicKey(key.Public())
+	if err != nil {
+		return nil, fmt.Errorf("atls: encoding public key: %w", err)
+	}
+	userData := sha256.Sum256(spki)
+	evidence, err := c.Attester.Attest(ctx, userData[:], nonce)
+	if err != nil {
+		return nil, fmt.Errorf("atls: attesting: %w", err)
+	}
+	oid, err := c.Attester.Variant().OID()
+	if err != nil {
+		return nil, err
+	}
+	value, err := asn1.Marshal(evidence) // an OCTET STRING, so the extension value is DER
+	if err != nil {
+		return nil, fmt.Errorf("atls: encoding evidence: %w", err)
+	}
+	return c.certificate(&keyAndExtension{key: key, ext: pkix.Extension{Id: oid, Value: value}})
+}
+
+type keyAndExtension struct {
+	key *ecdsa.PrivateKey
+	ext pkix.Extension
+}
+
+// certificate self-signs a certificate for ke's key with its extension, or
+// for a fresh key without one when ke is nil.
+func (c *Config) certificate(ke *keyAndExtension) (*tls.Certificate, error) {
+	if ke == nil {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return nil, fmt.Errorf("atls: generating key: %w", err)
+		}
+		ke = &keyAndExtension{key: key}
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("atls: generating serial: %w", err)
+	}
+	now := c.now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "gatehouse-atls"},
+		NotBefore:    now.Add(-certValidity),
+		NotAfter:     now.Add(certValidity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	if ke.ext.Id != nil {
+		tmpl.ExtraExtensions = []pkix.Extension{ke.ext}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, ke.key.Public(), ke.key)
+	if err != nil {
+		return nil, fmt.Errorf("atls: self-signing certificate: %w", err)
+	}
+	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: crypto.Signer(ke.key)}, nil
+}
+
+// verifyPeer checks the peer's certificate and evidence against nonce.
+func (c *Config) verifyPeer(ctx context.Context, rawCerts [][]byte, nonce []byte) (*attestation.Result, error) {
+	if len(rawCerts) == 0 {
+		return nil, ErrNoCertificate
+	}
+	cert, err := x509.ParseCertificate(rawCerts[0])
+	if err != nil {
+		return nil, fmt.Errorf("atls: parsing peer certificate: %w", err)
+	}
+	if !bytes.Equal(cert.RawIssuer, cert.RawSubject) ||
+		cert.CheckSignature(cert.SignatureAlgorithm, cert.RawTBSCertificate, cert.Signature) != nil {
+		return nil, ErrNotSelfSigned
+	}
+	if now := c.now(); now.Before(cert.NotBefore) || now.After(cert.NotAfter) {
+		return nil, fmt.Errorf("%w: valid %s to %s", ErrCertExpired, cert.NotBefore.Format(time.RFC3339), cert.NotAfter.Format(time.RFC3339))
+	}
+	v, evidence, err := c.findEvidence(cert)
+	if err != nil {
+		return nil, err
+	}
+	result, err := v.Verify(ctx, evidence, nonce)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrEvidenceInvalid, err)
+	}
+	spkiHash := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
+	if !bytes.Equal(result.UserData, spkiHash[:]) {
+		return nil, ErrKeyBinding
+	}
+	return result, nil
+}
+
+// findEvidence returns the verifier for the certificate's evidence extension
+// and the evidence.
+func (c *Config) findEvidence(cert *x509.Certificate) (verifier, []byte, error) {
+	var unknown []string
+	for _, ext := range cert.Extensions {
+		variant, ok := attestation.VariantForOID(ext.Id)
+		if !ok {
+			if attestation.InArc(ext.Id) {
+				unknown = append(unknown, "unknown OID "+ext.Id.String())
+			}
+			continue
+		}
+		i := slices.IndexFunc(c.Verifiers, func(v verifier) bool { return v.Variant() == variant })
+		if i < 0 {
+			unknown = append(unknown, string(variant))
+			continue
+		}
+		if len(ext.Value) > attestation.MaxEvidenceSize+16 {
+			return nil, nil, fmt.Errorf("%w: %w: extension has %d bytes", ErrEvidenceInvalid, attestation.ErrMalformed, len(ext.Value))
+		}
+		var evidence []byte
+		if rest, err := asn1.Unmarshal(ext.Value, &evidence); err != nil || len(rest) != 0 {
+			return nil, nil, fmt.Errorf("%w: %w: evidence extension is not one DER OCTET STRING", ErrEvidenceInvalid, attestation.ErrMalformed)
+		}
+		return c.Verifiers[i], evidence, nil
+	}
+	if len(unknown) > 0 {
+		return nil, nil, fmt.Errorf("%w: peer attests with %s", ErrUnknownVariant, strings.Join(unknown, ", "))
+	}
+	return nil, nil, ErrNoEvidence
+}

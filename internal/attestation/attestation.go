@@ -1,0 +1,183 @@
+// Package attestation defines the attester and verifier roles of remote
+// attestation (IETF RATS, RFC 9334 §3) as Gatehouse uses them, and the
+// registry of attestation variants.
+//
+// An attester produces evidence bound to caller-chosen user data (in attested
+// TLS: the hash of a fresh TLS public key) and to the relying party's nonce.
+// A verifier checks the evidence against endorsements (which keys may sign it)
+// and reference values (which measurements are expected), and returns the
+// bound user data only when every check passed.
+//
+// Each variant (tpm, sev-snp, tdx) lives in its own package and has a stable
+// object identifier under Gatehouse's OID arc (see OID), which names the
+// X.509 extension carrying its evidence.
+package attestation
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/sha512"
+	"encoding/asn1"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// NonceSize is the size of a nonce in bytes. Nonces are random and chosen by
+// the relying party; a verifier refuses any other size.
+const NonceSize = 32
+
+// MaxEvidenceSize bounds evidence in bytes, so a peer cannot make a verifier
+// parse or allocate without limit. The largest evidence is a TPM quote with an
+// event log; 256 KiB leaves room for a long firmware event log.
+const MaxEvidenceSize = 256 << 10
+
+// Attester produces evidence about the platform it runs on (RFC 9334 §3.1).
+type Attester interface {
+	// Variant returns the attestation variant of the evidence.
+	Variant() Variant
+	// Attest returns evidence bound to userData and nonce (NonceSize bytes).
+	Attest(ctx context.Context, userData, nonce []byte) ([]byte, error)
+}
+
+// Verifier appraises evidence (RFC 9334 §3.2).
+type Verifier interface {
+	// Variant returns the attestation variant the verifier accepts.
+	Variant() Variant
+	// Verify checks evidence against nonce, the verifier's endorsements and
+	// its reference values. On success it returns what the evidence proves;
+	// on failure an error wrapping one of the Err* values of this package.
+	Verify(ctx context.Context, evidence, nonce []byte) (*Result, error)
+}
+
+// Result is what verified evidence proves.
+type Result struct {
+	// Variant that produced the evidence.
+	Variant Variant
+	// UserData the evidence is bound to.
+	UserData []byte
+	// Identity names the attesting key or chip, stable across reboots: for
+	// tpm "tpm-ak:sha256:<hex of the AK's SubjectPublicKeyInfo digest>", for
+	// sev-snp "sev-snp-chip:<hex chip ID>", for tdx "tdx-ppid-or-mrsigner". It
+	// is what deny lists match.
+	Identity string
+	// Measurements are the verified measurements by index (see package
+	// measurements for what an index means per variant).
+	Measurements map[uint32][]byte
+	// Warnings lists mismatches of warn-only reference values.
+	Warnings []string
+}
+
+// Errors a verifier wraps, so callers and tests can tell failures apart with
+// errors.Is. Their messages never contain secrets.
+var (
+	// ErrMalformed: the evidence does not parse, or exceeds MaxEvidenceSize.
+	ErrMalformed = errors.New("malformed evidence")
+	// ErrNonce: the evidence is not bound to the expected nonce (replayed or stale).
+	ErrNonce = errors.New("evidence is not bound to the expected nonce")
+	// ErrSignature: the evidence's signature does not verify.
+	ErrSignature = errors.New("evidence signature is invalid")
+	// ErrUntrustedKey: the key that signed the evidence is not endorsed.
+	ErrUntrustedKey = errors.New("evidence is signed by an untrusted key")
+	// ErrPolicy: the evidence verifies but violates the appraisal policy
+	// (PCR selection, hash algorithm, debug mode, TCB version, ...).
+	ErrPolicy = errors.New("evidence violates the appraisal policy")
+	// ErrMeasurement: a measurement differs from its enforced reference value.
+	ErrMeasurement = errors.New("measurements do not match the reference values")
+)
+
+// Variant names an attestation variant.
+type Variant string
+
+// The variants Gatehouse knows.
+const (
+	VariantTPM Variant = "tpm"
+	VariantSNP Variant = "sev-snp"
+	VariantTDX Variant = "tdx"
+)
+
+// oidArc is Gatehouse's private, unregistered OID arc for evidence
+// extensions, in the style of Constellation's 1.3.9900 and Contrast's 1.3.9901
+// (docs/attestation.md explains the choice and the plan to move to the TCG
+// OID 2.23.133.5.4.9). Variants are numbered below it; numbers are never
+// reused.
+var oidArc = asn1.ObjectIdentifier{1, 3, 9903, 1}
+
+// variantNumbers assigns each variant its arc number. Stable: append only.
+var variantNumbers = map[Variant]int{
+	VariantTPM: 1,
+	VariantSNP: 2,
+	VariantTDX: 3,
+}
+
+// OID returns the object identifier of v's evidence extension, or an error
+// listing the known variants.
+func (v Variant) OID() (asn1.ObjectIdentifier, error) {
+	n, ok := variantNumbers[v]
+	if !ok {
+		return nil, fmt.Errorf("unknown attestation variant %q: known variants are %s", v, knownVariants())
+	}
+	return append(slices.Clone(oidArc), n), nil
+}
+
+// VariantForOID returns the variant whose evidence extension has oid.
+func VariantForOID(oid asn1.ObjectIdentifier) (Variant, bool) {
+	for v, n := range variantNumbers {
+		if len(oid) == len(oidArc)+1 && oid[:len(oidArc)].Equal(oidArc) && oid[len(oidArc)] == n {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// InArc reports whether oid lies under Gatehouse's evidence OID arc, whether
+// or not it names a known variant.
+func InArc(oid asn1.ObjectIdentifier) bool {
+	return len(oid) > len(oidArc) && oid[:len(oidArc)].Equal(oidArc)
+}
+
+// ParseVariant returns the variant named s, or an error listing the known ones.
+func ParseVariant(s string) (Variant, error) {
+	v := Variant(s)
+	if _, ok := variantNumbers[v]; !ok {
+		return "", fmt.Errorf("unknown attestation variant %q: known variants are %s", s, knownVariants())
+	}
+	return v, nil
+}
+
+func knownVariants() string {
+	names := make([]string, 0, len(variantNumbers))
+	for v := range variantNumbers {
+		names = append(names, string(v))
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+// CheckNonce returns an error wrapping ErrNonce unless nonce has NonceSize bytes.
+func CheckNonce(nonce []byte) error {
+	if len(nonce) != NonceSize {
+		return fmt.Errorf("%w: nonce has %d bytes, want %d", ErrNonce, len(nonce), NonceSize)
+	}
+	return nil
+}
+
+// Binding256 is the 32-byte value a TPM quote's extraData carries:
+// SHA-256(nonce || userData). The nonce has a fixed size, so the
+// concatenation is unambiguous.
+func Binding256(nonce, userData []byte) []byte {
+	h := sha256.New()
+	h.Write(nonce)
+	h.Write(userData)
+	return h.Sum(nil)
+}
+
+// Binding512 is the 64-byte value SEV-SNP REPORT_DATA and TDX REPORTDATA
+// carry: SHA-512(nonce || userData).
+func Binding512(nonce, userData []byte) []byte {
+	h := sha512.New()
+	h.Write(nonce)
+	h.Write(userData)
+	return h.Sum(nil)
+}

@@ -1,0 +1,183 @@
+// Package measurements holds reference values (RFC 9334 §3.3): the
+// measurements a verifier expects, by index, and the comparison of reported
+// measurements against them.
+//
+// What an index means depends on the attestation variant:
+//
+//	tpm      index = PCR number (0-23), value = SHA-256 PCR value (32 bytes)
+//	sev-snp  index 0 = launch MEASUREMENT (48 bytes)
+//	tdx      index 0 = MRTD, 1-4 = RTMR0-RTMR3 (48 bytes each)
+//
+// The file format is YAML or JSON, a map from index to reference value:
+//
+//	4:  {expected: "9f86d0…", warnOnly: false}
+//	15: {expected: "0000…", warnOnly: false}
+//
+// Parsing is strict: unknown fields, non-hex values, and indices that are not
+// decimal integers are errors naming the index.
+package measurements
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// MaxFileSize bounds a reference-values file in bytes.
+const MaxFileSize = 1 << 20
+
+// Measurement is the reference value of one index.
+type Measurement struct {
+	// Expected is the expected value.
+	Expected []byte
+	// WarnOnly makes a mismatch a warning instead of a failure.
+	WarnOnly bool
+}
+
+// M maps an index to its reference value.
+type M map[uint32]Measurement
+
+// wireMeasurement is the file form of a Measurement.
+type wireMeasurement struct {
+	Expected *string `json:"expected"`
+	WarnOnly bool    `json:"warnOnly"`
+}
+
+// fieldNames are the only field names of wireMeasurement, matched exactly
+// (encoding/json alone would match them case-insensitively).
+var fieldNames = []string{"expected", "warnOnly"}
+
+// Parse reads reference values from YAML or JSON. Every value must have
+// valueSize bytes (32 for tpm, 48 for sev-snp and tdx); 0 accepts any
+// non-empty size.
+func Parse(data []byte, valueSize int) (M, error) {
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("reference values: file has %d bytes, at most %d allowed", len(data), MaxFileSize)
+	}
+	jsonData, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("reference values: %w", err)
+	}
+	var raw map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(jsonData, &raw); err != nil {
+		return nil, fmt.Errorf("reference values: want a map of index to {expected: hex, warnOnly: bool}: %w", err)
+	}
+	if len(raw) == 0 {
+		return nil, errors.New("reference values: none given; expect at least one index")
+	}
+	m := make(M, len(raw))
+	for key, fields := range raw {
+		index, err := strconv.ParseUint(key, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("reference values: index %q is not a decimal integer", key)
+		}
+		for name := range fields {
+			if !slices.Contains(fieldNames, name) {
+				return nil, fmt.Errorf("reference values: index %d: unknown field %q (known: expected, warnOnly)", index, name)
+			}
+		}
+		var w wireMeasurement
+		if err := reencode(fields, &w); err != nil {
+			return nil, fmt.Errorf("reference values: index %d: %w", index, err)
+		}
+		if w.Expected == nil {
+			return nil, fmt.Errorf("reference values: index %d has no expected value", index)
+		}
+		value, err := hex.DecodeString(*w.Expected)
+		if err != nil {
+			return nil, fmt.Errorf("reference values: index %d: expected value is not hex: %w", index, err)
+		}
+		if len(value) == 0 || (valueSize != 0 && len(value) != valueSize) {
+			return nil, fmt.Errorf("reference values: index %d: expected value has %d bytes, want %d", index, len(value), valueSize)
+		}
+		m[uint32(index)] = Measurement{Expected: value, WarnOnly: w.WarnOnly}
+	}
+	return m, nil
+}
+
+// reencode decodes fields into v, refusing values of the wrong JSON type.
+func reencode(fields map[string]json.RawMessage, v *wireMeasurement) error {
+	data, err := json.Marshal(fields)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(data, v)
+}
+
+// Marshal encodes m as YAML in the format Parse reads, indices in order.
+func (m M) Marshal() ([]byte, error) {
+	var b strings.Builder
+	for _, index := range m.Indices() {
+		fmt.Fprintf(&b, "%d: {expected: %q, warnOnly: %t}\n", index, hex.EncodeToString(m[index].Expected), m[index].WarnOnly)
+	}
+	return []byte(b.String()), nil
+}
+
+// Indices returns the indices of m in increasing order.
+func (m M) Indices() []uint32 {
+	return slices.Sorted(maps.Keys(m))
+}
+
+// Mismatch is one reported measurement that differs from its reference value.
+type Mismatch struct {
+	Index    uint32
+	Expected []byte
+	Got      []byte // nil when the evidence did not report the index
+	WarnOnly bool
+}
+
+func (mm Mismatch) String() string {
+	got := "missing"
+	if mm.Got != nil {
+		got = hex.EncodeToString(mm.Got)
+	}
+	return fmt.Sprintf("index %d: expected %s, got %s", mm.Index, hex.EncodeToString(mm.Expected), got)
+}
+
+// MismatchError reports every enforced mismatch of a comparison.
+type MismatchError struct {
+	Mismatches []Mismatch
+}
+
+func (e *MismatchError) Error() string {
+	parts := make([]string, len(e.Mismatches))
+	for i, mm := range e.Mismatches {
+		parts[i] = mm.String()
+	}
+	return "measurements differ from the reference values: " + strings.Join(parts, "; ")
+}
+
+// Compare checks got against m. It returns the warn-only mismatches, and a
+// *MismatchError listing every enforced mismatch (all of them, not the first)
+// when there is one. Indices in got that m does not name are not compared.
+func (m M) Compare(got map[uint32][]byte) (warnings []Mismatch, err error) {
+	var enforced []Mismatch
+	for _, index := range m.Indices() {
+		ref := m[index]
+		value, ok := got[index]
+		if ok && bytes.Equal(value, ref.Expected) {
+			continue
+		}
+		mm := Mismatch{Index: index, Expected: ref.Expected, WarnOnly: ref.WarnOnly}
+		if ok {
+			mm.Got = value
+		}
+		if ref.WarnOnly {
+			warnings = append(warnings, mm)
+		} else {
+			enforced = append(enforced, mm)
+		}
+	}
+	if len(enforced) > 0 {
+		return warnings, &MismatchError{Mismatches: enforced}
+	}
+	return warnings, nil
+}

@@ -1,0 +1,102 @@
+package tpm
+
+import (
+	"context"
+	"crypto"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+
+	"github.com/google/go-tpm-tools/client"
+	"github.com/google/go-tpm/legacy/tpm2"
+	"google.golang.org/protobuf/proto"
+
+	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+)
+
+// AttesterOptions configures an Attester.
+type AttesterOptions struct {
+	// PCRs is the SHA-256 PCR selection to quote; it must equal the
+	// verifier's policy.
+	PCRs []int
+	// EventLog, when set, is sent with every evidence (see MeasureBoot).
+	EventLog []byte
+	// AKCertificates, when set, is the AK's certificate chain, DER, leaf first.
+	AKCertificates [][]byte
+}
+
+// Attester produces "tpm" evidence with a TPM. It creates a transient ECC
+// P-256 attestation key from the TPM's owner hierarchy with go-tpm-tools'
+// AK template; on a given TPM that key is the same every time, so verifiers
+// can pin it. It is safe for concurrent use: TPM commands are serialised.
+type Attester struct {
+	mu   sync.Mutex
+	tpm  io.ReadWriter
+	ak   *client.Key
+	opts AttesterOptions
+	pub  []byte // the AK's TPMT_PUBLIC
+}
+
+// NewAttester creates the attestation key on the TPM at rw. Close flushes it.
+func NewAttester(rw io.ReadWriter, opts AttesterOptions) (*Attester, error) {
+	if len(opts.PCRs) == 0 {
+		return nil, errors.New("tpm attester: no PCRs selected")
+	}
+	ak, err := client.NewKey(rw, tpm2.HandleOwner, client.AKTemplateECC())
+	if err != nil {
+		return nil, fmt.Errorf("creating attestation key: %w", err)
+	}
+	pub, err := ak.PublicArea().Encode()
+	if err != nil {
+		ak.Close()
+		return nil, fmt.Errorf("encoding attestation key: %w", err)
+	}
+	opts.PCRs = slices.Clone(opts.PCRs)
+	return &Attester{tpm: rw, ak: ak, opts: opts, pub: pub}, nil
+}
+
+// Variant returns attestation.VariantTPM.
+func (a *Attester) Variant() attestation.Variant { return attestation.VariantTPM }
+
+// AttestationKey returns the AK's public key, to pin in a verifier's policy.
+func (a *Attester) AttestationKey() crypto.PublicKey { return a.ak.PublicKey() }
+
+// Attest quotes the selected PCRs with extraData SHA-256(nonce || userData)
+// and returns marshalled TPMEvidence.
+func (a *Attester) Attest(_ context.Context, userData, nonce []byte) ([]byte, error) {
+	if err := attestation.CheckNonce(nonce); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	q, err := a.ak.Quote(tpm2.PCRSelection{Hash: tpm2.AlgSHA256, PCRs: a.opts.PCRs}, attestation.Binding256(nonce, userData))
+	a.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("quoting PCRs %v: %w", a.opts.PCRs, err)
+	}
+	ev := &attestationv1.TPMEvidence{
+		Quote:                      q.GetQuote(),
+		Signature:                  q.GetRawSig(),
+		PcrHashAlgorithm:           uint32(q.GetPcrs().GetHash()),
+		Pcrs:                       q.GetPcrs().GetPcrs(),
+		AttestationKey:             a.pub,
+		AttestationKeyCertificates: a.opts.AKCertificates,
+		EventLog:                   a.opts.EventLog,
+		UserData:                   userData,
+	}
+	out, err := proto.Marshal(ev)
+	if err != nil {
+		return nil, fmt.Errorf("encoding TPM evidence: %w", err)
+	}
+	return out, nil
+}
+
+// Close flushes the attestation key from the TPM. It does not close the TPM.
+func (a *Attester) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.ak.Close()
+	return nil
+}

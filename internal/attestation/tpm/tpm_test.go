@@ -1,0 +1,492 @@
+package tpm
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"io"
+	"math/big"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm-tools/client"
+	"github.com/google/go-tpm-tools/simulator"
+	"github.com/google/go-tpm/legacy/tpm2"
+	"google.golang.org/protobuf/proto"
+
+	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+)
+
+var testPCRs = []int{0, 4, 15, 16}
+
+// newSimulator opens the in-process TPM simulator (one per process at a time).
+func newSimulator(t testing.TB) io.ReadWriter {
+	t.Helper()
+	sim, err := simulator.Get()
+	if err != nil {
+		t.Fatalf("opening TPM simulator: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := sim.Close(); err != nil {
+			t.Errorf("closing TPM simulator: %v", err)
+		}
+	})
+	return sim
+}
+
+func newNonce(t testing.TB) []byte {
+	t.Helper()
+	n := make([]byte, attestation.NonceSize)
+	if _, err := rand.Read(n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// bootArtefacts is a small measured boot: a "binary" and a "configuration".
+func bootArtefacts() []Artefact {
+	return []Artefact{
+		BytesArtefact(4, "bootstrapper", []byte("gatehouse-bootstrapper binary")),
+		BytesArtefact(4, "bootstrapper config", []byte("joinServiceEndpoint: 10.0.0.1:9090")),
+		BytesArtefact(16, "debug", []byte("test")),
+	}
+}
+
+// fixture is a booted simulator TPM with an attester and a matching verifier.
+type fixture struct {
+	tpm      io.ReadWriter
+	attester *Attester
+	policy   Policy
+}
+
+func newFixture(t testing.TB) *fixture {
+	t.Helper()
+	rw := newSimulator(t)
+	log, err := MeasureBoot(rw, bootArtefacts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewAttester(rw, AttesterOptions{PCRs: testPCRs, EventLog: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	ref, err := ReferenceValues(bootArtefacts(), testPCRs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{
+		tpm:      rw,
+		attester: a,
+		policy: Policy{
+			PCRs:            testPCRs,
+			ReferenceValues: ref,
+			Endorsement:     Endorsement{PinnedKeys: []crypto.PublicKey{a.AttestationKey()}},
+		},
+	}
+}
+
+func (f *fixture) verifier(t testing.TB) *Verifier {
+	t.Helper()
+	v, err := NewVerifier(f.policy, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestAttestAndVerify(t *testing.T) {
+	f := newFixture(t)
+	nonce := newNonce(t)
+	userData := []byte("hash of a TLS key")
+	evidence, err := f.attester.Attest(context.Background(), userData, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	result, err := f.verifier(t).Verify(context.Background(), evidence, nonce)
+	if err != nil {
+		t.Fatalf("verifying fresh evidence: %v", err)
+	}
+	if !bytes.Equal(result.UserData, userData) {
+		t.Errorf("user data = %q, want %q", result.UserData, userData)
+	}
+	if !strings.HasPrefix(result.Identity, "tpm-ak:sha256:") {
+		t.Errorf("identity = %q", result.Identity)
+	}
+	want, _ := ExpectedPCRs(bootArtefacts(), testPCRs)
+	for pcr, v := range want {
+		if !bytes.Equal(result.Measurements[pcr], v) {
+			t.Errorf("PCR %d = %x, want %x", pcr, result.Measurements[pcr], v)
+		}
+	}
+}
+
+func TestExpectedPCRsMatchTheTPM(t *testing.T) {
+	rw := newSimulator(t)
+	if _, err := MeasureBoot(rw, bootArtefacts()); err != nil {
+		t.Fatal(err)
+	}
+	pcrs, err := client.ReadPCRs(rw, tpm2.PCRSelection{Hash: tpm2.AlgSHA256, PCRs: testPCRs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := ExpectedPCRs(bootArtefacts(), testPCRs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pcr, v := range want {
+		if got := pcrs.GetPcrs()[pcr]; !bytes.Equal(got, v) {
+			t.Errorf("PCR %d: TPM has %x, ExpectedPCRs computed %x", pcr, got, v)
+		}
+	}
+}
+
+func TestWarnOnlyMismatchIsReported(t *testing.T) {
+	f := newFixture(t)
+	f.policy.ReferenceValues[15] = measurements.Measurement{Expected: bytes.Repeat([]byte{1}, 32), WarnOnly: true}
+	nonce := newNonce(t)
+	evidence, err := f.attester.Attest(context.Background(), nil, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	result, err := f.verifier(t).Verify(context.Background(), evidence, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(result.Warnings) != 1 || !strings.Contains(result.Warnings[0], "PCR index 15") {
+		t.Errorf("warnings = %q, want one for PCR 15", result.Warnings)
+	}
+}
+
+func TestNewVerifierRefusesBadPolicies(t *testing.T) {
+	key := &ecdsa.PublicKey{}
+	tests := []struct {
+		name    string
+		policy  Policy
+		wantErr string
+	}{
+		{name: "no PCRs", policy: Policy{Endorsement: Endorsement{PinnedKeys: []crypto.PublicKey{key}}}, wantErr: "no PCRs selected"},
+		{name: "PCR out of range", policy: Policy{PCRs: []int{24}, Endorsement: Endorsement{PinnedKeys: []crypto.PublicKey{key}}}, wantErr: "PCR 24 out of range"},
+		{name: "no endorsement", policy: Policy{PCRs: []int{0}}, wantErr: "set exactly one of"},
+		{name: "both endorsements", policy: Policy{PCRs: []int{0}, Endorsement: Endorsement{PinnedKeys: []crypto.PublicKey{key}, Roots: x509.NewCertPool()}}, wantErr: "set exactly one of"},
+		{
+			name:    "reference value outside the selection",
+			policy:  Policy{PCRs: []int{0}, ReferenceValues: measurements.M{7: {}}, Endorsement: Endorsement{PinnedKeys: []crypto.PublicKey{key}}},
+			wantErr: "reference value for PCR 7",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := NewVerifier(tt.policy, time.Now); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error = %v, want %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// akCertificate issues a certificate for the AK from a fresh CA valid during
+// [notBefore, notAfter] and returns the CA pool and the chain.
+func akCertificate(t *testing.T, ak crypto.PublicKey, notBefore, notAfter time.Time) (*x509.CertPool, [][]byte) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test AK CA"},
+		NotBefore: notBefore, NotAfter: notAfter.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	leafTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "test AK"},
+		NotBefore: notBefore, NotAfter: notAfter, KeyUsage: x509.KeyUsageDigitalSignature,
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, ak, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return pool, [][]byte{leafDER}
+}
+
+func TestAKCertificateChain(t *testing.T) {
+	f := newFixture(t)
+	now := time.Now()
+	pool, chain := akCertificate(t, f.attester.AttestationKey(), now.Add(-time.Hour), now.Add(time.Hour))
+	f.attester.opts.AKCertificates = chain
+	f.policy.Endorsement = Endorsement{Roots: pool}
+	nonce := newNonce(t)
+	evidence, err := f.attester.Attest(context.Background(), nil, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.verifier(t).Verify(context.Background(), evidence, nonce); err != nil {
+		t.Fatalf("verifying with a certified AK: %v", err)
+	}
+}
+
+// mutate decodes evidence, applies change and re-encodes it.
+func mutate(t *testing.T, evidence []byte, change func(*attestationv1.TPMEvidence)) []byte {
+	t.Helper()
+	ev := &attestationv1.TPMEvidence{}
+	if err := proto.Unmarshal(evidence, ev); err != nil {
+		t.Fatal(err)
+	}
+	change(ev)
+	out, err := proto.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestVerifyRejects is the negative suite for evidence made by a real
+// (simulated) TPM: every case must fail with its specific error.
+func TestVerifyRejects(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	nonce := newNonce(t)
+	evidence, err := f.attester.Attest(ctx, []byte("key hash"), nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherAK, err := client.NewKey(f.tpm, tpm2.HandleEndorsement, client.AKTemplateECC())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(otherAK.Close)
+	now := time.Now()
+
+	tests := []struct {
+		name     string
+		evidence func(t *testing.T) []byte
+		nonce    []byte
+		policy   func(p *Policy)
+		wantErr  error
+		wantText string
+	}{
+		{
+			name:     "replayed evidence (old nonce)",
+			evidence: func(*testing.T) []byte { return evidence },
+			nonce:    newNonce(t),
+			wantErr:  attestation.ErrNonce, wantText: "extraData is not SHA-256(nonce || user data)",
+		},
+		{
+			name:     "short nonce",
+			evidence: func(*testing.T) []byte { return evidence },
+			nonce:    nonce[:16],
+			wantErr:  attestation.ErrNonce, wantText: "nonce has 16 bytes",
+		},
+		{
+			name: "user data swapped (evidence moved to another key)",
+			evidence: func(t *testing.T) []byte {
+				return mutate(t, evidence, func(ev *attestationv1.TPMEvidence) { ev.UserData = []byte("another key") })
+			},
+			wantErr: attestation.ErrNonce,
+		},
+		{
+			name:     "wrong PCR value",
+			evidence: func(*testing.T) []byte { return evidence },
+			policy: func(p *Policy) {
+				p.ReferenceValues[4] = measurements.Measurement{Expected: bytes.Repeat([]byte{0xee}, 32)}
+			},
+			wantErr: attestation.ErrMeasurement, wantText: "index 4: expected eeee",
+		},
+		{
+			name:     "PCR selection mismatch",
+			evidence: func(*testing.T) []byte { return evidence },
+			policy:   func(p *Policy) { p.PCRs = []int{0, 4, 15, 16, 17} },
+			wantErr:  attestation.ErrPolicy, wantText: "policy requires exactly [0 4 15 16 17]",
+		},
+		{
+			name: "tampered quote bytes",
+			evidence: func(t *testing.T) []byte {
+				return mutate(t, evidence, func(ev *attestationv1.TPMEvidence) { ev.Quote[len(ev.Quote)-1] ^= 1 })
+			},
+			wantErr: attestation.ErrSignature,
+		},
+		{
+			name: "tampered signature",
+			evidence: func(t *testing.T) []byte {
+				return mutate(t, evidence, func(ev *attestationv1.TPMEvidence) { ev.Signature[len(ev.Signature)-1] ^= 1 })
+			},
+			wantErr: attestation.ErrSignature,
+		},
+		{
+			name: "reported PCR value does not match the quoted digest",
+			evidence: func(t *testing.T) []byte {
+				return mutate(t, evidence, func(ev *attestationv1.TPMEvidence) { ev.Pcrs[4] = bytes.Repeat([]byte{1}, 32) })
+			},
+			wantErr: attestation.ErrSignature, wantText: "do not hash to the quoted PCR digest",
+		},
+		{
+			name: "missing PCR value",
+			evidence: func(t *testing.T) []byte {
+				return mutate(t, evidence, func(ev *attestationv1.TPMEvidence) { delete(ev.Pcrs, 4) })
+			},
+			wantErr: attestation.ErrMalformed,
+		},
+		{
+			name: "signature by an untrusted AK",
+			evidence: func(t *testing.T) []byte {
+				return mutate(t, evidence, func(ev *attestationv1.TPMEvidence) {
+					pub, err := otherAK.PublicArea().Encode()
+					if err != nil {
+						t.Fatal(err)
+					}
+					ev.AttestationKey = pub
+				})
+			},
+			wantErr: attestation.ErrUntrustedKey, wantText: "is not pinned",
+		},
+		{
+			name:     "expired AK certificate",
+			evidence: func(*testing.T) []byte { return evidence },
+			policy: func(p *Policy) {
+				pool, chain := akCertificate(t, f.attester.AttestationKey(), now.Add(-2*time.Hour), now.Add(-time.Hour))
+				p.Endorsement = Endorsement{Roots: pool}
+				f.attester.opts.AKCertificates = chain
+			},
+			wantErr: attestation.ErrUntrustedKey, wantText: "expired",
+		},
+		{
+			name:     "AK certificate from an untrusted CA",
+			evidence: func(*testing.T) []byte { return evidence },
+			policy: func(p *Policy) {
+				_, chain := akCertificate(t, f.attester.AttestationKey(), now.Add(-time.Hour), now.Add(time.Hour))
+				other, _ := akCertificate(t, f.attester.AttestationKey(), now.Add(-time.Hour), now.Add(time.Hour))
+				p.Endorsement = Endorsement{Roots: other}
+				f.attester.opts.AKCertificates = chain
+			},
+			wantErr: attestation.ErrUntrustedKey, wantText: "unknown authority",
+		},
+		{
+			name:     "AK certificate for another key",
+			evidence: func(*testing.T) []byte { return evidence },
+			policy: func(p *Policy) {
+				pool, chain := akCertificate(t, otherAK.PublicKey(), now.Add(-time.Hour), now.Add(time.Hour))
+				p.Endorsement = Endorsement{Roots: pool}
+				f.attester.opts.AKCertificates = chain
+			},
+			wantErr: attestation.ErrUntrustedKey, wantText: "certificate is for another key",
+		},
+		{
+			name: "event log that does not replay",
+			evidence: func(t *testing.T) []byte {
+				log, err := proto.Marshal(&attestationv1.EventLog{Events: []*attestationv1.Event{{Pcr: 4, Digest: make([]byte, 32)}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return mutate(t, evidence, func(ev *attestationv1.TPMEvidence) { ev.EventLog = log })
+			},
+			wantErr: attestation.ErrPolicy, wantText: "event log does not replay to the value of PCR 4",
+		},
+		{
+			name:     "garbage evidence",
+			evidence: func(*testing.T) []byte { return []byte("\xff\xff\xff garbage") },
+			wantErr:  attestation.ErrMalformed,
+		},
+		{
+			name:     "oversized evidence",
+			evidence: func(*testing.T) []byte { return make([]byte, attestation.MaxEvidenceSize+1) },
+			wantErr:  attestation.ErrMalformed, wantText: "at most 262144 allowed",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			policy := f.policy
+			policy.ReferenceValues = measurements.M{}
+			for k, v := range f.policy.ReferenceValues {
+				policy.ReferenceValues[k] = v
+			}
+			saved := f.attester.opts.AKCertificates
+			t.Cleanup(func() { f.attester.opts.AKCertificates = saved })
+			if tt.policy != nil {
+				tt.policy(&policy)
+			}
+			ev := tt.evidence(t)
+			if f.attester.opts.AKCertificates != nil {
+				// The case changed the AK certificate: attest again to carry it.
+				var err error
+				if ev, err = f.attester.Attest(ctx, []byte("key hash"), nonce); err != nil {
+					t.Fatal(err)
+				}
+			}
+			v, err := NewVerifier(policy, time.Now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := nonce
+			if tt.nonce != nil {
+				n = tt.nonce
+			}
+			_, err = v.Verify(ctx, ev, n)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("error = %v, want %v", err, tt.wantErr)
+			}
+			if tt.wantText != "" && !strings.Contains(err.Error(), tt.wantText) {
+				t.Fatalf("error = %v, want it to contain %q", err, tt.wantText)
+			}
+		})
+	}
+}
+
+func TestSHA1OnlyQuoteIsRefused(t *testing.T) {
+	f := newFixture(t)
+	nonce := newNonce(t)
+	ak, err := client.NewKey(f.tpm, tpm2.HandleOwner, client.AKTemplateECC())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ak.Close()
+	q, err := ak.Quote(tpm2.PCRSelection{Hash: tpm2.AlgSHA1, PCRs: testPCRs}, attestation.Binding256(nonce, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := ak.PublicArea().Encode()
+	ev, _ := proto.Marshal(&attestationv1.TPMEvidence{
+		Quote: q.GetQuote(), Signature: q.GetRawSig(), PcrHashAlgorithm: uint32(q.GetPcrs().GetHash()),
+		Pcrs: q.GetPcrs().GetPcrs(), AttestationKey: pub,
+	})
+	_, err = f.verifier(t).Verify(context.Background(), ev, nonce)
+	if !errors.Is(err, attestation.ErrPolicy) || !strings.Contains(err.Error(), "SHA-1 PCR bank") {
+		t.Fatalf("error = %v, want the SHA-1 bank refused", err)
+	}
+}
+
+func TestAttesterSerialisesConcurrentQuotes(t *testing.T) {
+	f := newFixture(t)
+	v := f.verifier(t)
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			nonce := make([]byte, attestation.NonceSize)
+			_, _ = rand.Read(nonce)
+			ev, err := f.attester.Attest(context.Background(), nil, nonce)
+			if err == nil {
+				_, err = v.Verify(context.Background(), ev, nonce)
+			}
+			errs <- err
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}

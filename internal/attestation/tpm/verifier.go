@@ -1,0 +1,347 @@
+// Package tpm is the "tpm" attestation variant: evidence is a TPM 2.0 quote
+// over a SHA-256 PCR selection whose extraData binds the relying party's nonce
+// and the attester's user data, signed by an attestation key (AK) that the
+// verifier trusts either by pinning its public key or through an AK
+// certificate chain.
+//
+// Structures follow the TPM 2.0 Library specification, Part 2: Structures
+// (TPMS_ATTEST §10.12.12, TPMS_QUOTE_INFO §10.12.4, TPMT_SIGNATURE §11.3.4,
+// TPMT_PUBLIC §12.2.4).
+package tpm
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/x509"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/go-tpm/legacy/tpm2"
+	"google.golang.org/protobuf/proto"
+
+	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+)
+
+// tpmGeneratedValue is TPM_GENERATED_VALUE, the magic a TPM puts first in
+// every structure it signs (Part 2 §6.2); restricted signing keys refuse to
+// sign data starting with it, so a quote bearing it was made by the TPM.
+const tpmGeneratedValue = 0xff544347
+
+// requiredAKAttributes are the TPMA_OBJECT bits an attestation key must have:
+// a signing key restricted to TPM-generated data, created inside the TPM and
+// never leaving it (Part 2 §8.3).
+const requiredAKAttributes = tpm2.FlagSign | tpm2.FlagRestricted | tpm2.FlagFixedTPM |
+	tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin
+
+// Endorsement says which attestation keys the verifier trusts. Set exactly
+// one of PinnedKeys and Roots.
+type Endorsement struct {
+	// PinnedKeys are trusted AK public keys.
+	PinnedKeys []crypto.PublicKey
+	// Roots verify an AK certificate chain sent with the evidence; the leaf's
+	// public key must be the AK. Intermediates may come with the evidence.
+	Roots *x509.CertPool
+}
+
+// Policy is the appraisal policy of a Verifier.
+type Policy struct {
+	// PCRs is the exact SHA-256 PCR selection a quote must cover.
+	PCRs []int
+	// ReferenceValues are compared with the quoted PCR values.
+	ReferenceValues measurements.M
+	// Endorsement says which AKs are trusted.
+	Endorsement Endorsement
+}
+
+// Verifier verifies "tpm" evidence. It is safe for concurrent use.
+type Verifier struct {
+	policy Policy
+	now    func() time.Time
+}
+
+// NewVerifier returns a verifier for policy. now gives the time AK
+// certificates are checked at (time.Now in production).
+func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
+	if len(policy.PCRs) == 0 {
+		return nil, errors.New("tpm policy: no PCRs selected")
+	}
+	for _, pcr := range policy.PCRs {
+		if pcr < 0 || pcr > 23 {
+			return nil, fmt.Errorf("tpm policy: PCR %d out of range 0-23", pcr)
+		}
+	}
+	if (len(policy.Endorsement.PinnedKeys) == 0) == (policy.Endorsement.Roots == nil) {
+		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys and AK certificate roots")
+	}
+	for index := range policy.ReferenceValues {
+		if !slices.Contains(policy.PCRs, int(index)) {
+			return nil, fmt.Errorf("tpm policy: reference value for PCR %d, which the PCR selection does not include", index)
+		}
+	}
+	p := policy
+	p.PCRs = slices.Clone(policy.PCRs)
+	slices.Sort(p.PCRs)
+	p.PCRs = slices.Compact(p.PCRs)
+	return &Verifier{policy: p, now: now}, nil
+}
+
+// Variant returns attestation.VariantTPM.
+func (v *Verifier) Variant() attestation.Variant { return attestation.VariantTPM }
+
+// Verify checks evidence (a marshalled TPMEvidence) and returns what it
+// proves. The checks, each failing with an error wrapping an
+// attestation.Err* value:
+//
+//   - the evidence parses and is at most attestation.MaxEvidenceSize bytes;
+//   - the AK is a restricted, fixedTPM signing key, and is pinned or
+//     certified by a chain to the configured roots;
+//   - the signature uses SHA-256 or stronger and verifies under the AK;
+//   - the quote starts with TPM_GENERATED_VALUE and is of type TPM_ST_ATTEST_QUOTE;
+//   - extraData equals SHA-256(nonce || user data);
+//   - the quoted selection is exactly the policy's, in the SHA-256 bank;
+//   - the reported PCR values hash to the quoted PCR digest;
+//   - the event log, when present, replays to the reported PCR values;
+//   - the PCR values match the reference values.
+func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestation.Result, error) {
+	if err := attestation.CheckNonce(nonce); err != nil {
+		return nil, err
+	}
+	ev, err := ParseEvidence(evidence)
+	if err != nil {
+		return nil, err
+	}
+	akPub, identity, err := v.trustedAK(ev)
+	if err != nil {
+		return nil, err
+	}
+	sigHash, err := verifySignature(ev.GetQuote(), ev.GetSignature(), akPub)
+	if err != nil {
+		return nil, err
+	}
+	quote, err := decodeQuote(ev.GetQuote())
+	if err != nil {
+		return nil, err
+	}
+	want := attestation.Binding256(nonce, ev.GetUserData())
+	if subtle.ConstantTimeCompare(quote.ExtraData, want) != 1 {
+		return nil, fmt.Errorf("%w: quote extraData is not SHA-256(nonce || user data)", attestation.ErrNonce)
+	}
+	pcrs, err := v.checkPCRs(ev, quote, sigHash)
+	if err != nil {
+		return nil, err
+	}
+	if len(ev.GetEventLog()) > 0 {
+		if err := ReplayEventLog(ev.GetEventLog(), pcrs); err != nil {
+			return nil, err
+		}
+	}
+	warnings, err := v.policy.ReferenceValues.Compare(pcrs)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurement, err)
+	}
+	result := &attestation.Result{
+		Variant:      attestation.VariantTPM,
+		UserData:     ev.GetUserData(),
+		Identity:     identity,
+		Measurements: pcrs,
+	}
+	for _, w := range warnings {
+		result.Warnings = append(result.Warnings, "PCR "+w.String())
+	}
+	return result, nil
+}
+
+// ParseEvidence decodes marshalled TPMEvidence, refusing more than
+// attestation.MaxEvidenceSize bytes.
+func ParseEvidence(evidence []byte) (*attestationv1.TPMEvidence, error) {
+	if len(evidence) > attestation.MaxEvidenceSize {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
+	}
+	ev := &attestationv1.TPMEvidence{}
+	if err := proto.Unmarshal(evidence, ev); err != nil {
+		return nil, fmt.Errorf("%w: decoding TPM evidence: %w", attestation.ErrMalformed, err)
+	}
+	if len(ev.GetQuote()) == 0 || len(ev.GetSignature()) == 0 || len(ev.GetAttestationKey()) == 0 {
+		return nil, fmt.Errorf("%w: TPM evidence lacks a quote, signature or attestation key", attestation.ErrMalformed)
+	}
+	return ev, nil
+}
+
+// trustedAK decodes the AK, checks its attributes and its endorsement, and
+// returns its public key and identity.
+func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence) (crypto.PublicKey, string, error) {
+	pub, err := tpm2.DecodePublic(ev.GetAttestationKey())
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: decoding attestation key: %w", attestation.ErrMalformed, err)
+	}
+	if pub.Attributes&requiredAKAttributes != requiredAKAttributes {
+		return nil, "", fmt.Errorf("%w: attestation key is not a restricted, TPM-resident signing key (attributes %#x)",
+			attestation.ErrUntrustedKey, uint32(pub.Attributes))
+	}
+	key, err := pub.Key()
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
+	}
+	spki, err := x509.MarshalPKIXPublicKey(key)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
+	}
+	sum := sha256.Sum256(spki)
+	identity := "tpm-ak:sha256:" + hex.EncodeToString(sum[:])
+
+	if v.policy.Endorsement.Roots == nil {
+		for _, pinned := range v.policy.Endorsement.PinnedKeys {
+			if eq, ok := pinned.(interface{ Equal(crypto.PublicKey) bool }); ok && eq.Equal(key) {
+				return key, identity, nil
+			}
+		}
+		return nil, "", fmt.Errorf("%w: attestation key %s is not pinned", attestation.ErrUntrustedKey, identity)
+	}
+	if err := v.verifyAKCertificate(ev.GetAttestationKeyCertificates(), key); err != nil {
+		return nil, "", err
+	}
+	return key, identity, nil
+}
+
+func (v *Verifier) verifyAKCertificate(chain [][]byte, key crypto.PublicKey) error {
+	if len(chain) == 0 {
+		return fmt.Errorf("%w: no AK certificate, and the policy trusts only certified AKs", attestation.ErrUntrustedKey)
+	}
+	leaf, err := x509.ParseCertificate(chain[0])
+	if err != nil {
+		return fmt.Errorf("%w: parsing AK certificate: %w", attestation.ErrMalformed, err)
+	}
+	intermediates := x509.NewCertPool()
+	for i, der := range chain[1:] {
+		cert, err := x509.ParseCertificate(der)
+		if err != nil {
+			return fmt.Errorf("%w: parsing AK intermediate certificate %d: %w", attestation.ErrMalformed, i+1, err)
+		}
+		intermediates.AddCert(cert)
+	}
+	if eq, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !eq.Equal(key) {
+		return fmt.Errorf("%w: AK certificate is for another key", attestation.ErrUntrustedKey)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		Roots:         v.policy.Endorsement.Roots,
+		Intermediates: intermediates,
+		CurrentTime:   v.now(),
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	}); err != nil {
+		return fmt.Errorf("%w: AK certificate: %w", attestation.ErrUntrustedKey, err)
+	}
+	return nil
+}
+
+// verifySignature checks the TPMT_SIGNATURE over quote under key and returns
+// the signature's hash, which also hashes the PCR digest.
+func verifySignature(quote, rawSig []byte, key crypto.PublicKey) (crypto.Hash, error) {
+	sig, err := tpm2.DecodeSignature(bytes.NewBuffer(rawSig))
+	if err != nil {
+		return 0, fmt.Errorf("%w: decoding signature: %w", attestation.ErrMalformed, err)
+	}
+	var hashAlg tpm2.Algorithm
+	switch {
+	case sig.ECC != nil:
+		hashAlg = sig.ECC.HashAlg
+	case sig.RSA != nil:
+		hashAlg = sig.RSA.HashAlg
+	default:
+		return 0, fmt.Errorf("%w: signature algorithm %v", attestation.ErrMalformed, sig.Alg)
+	}
+	switch hashAlg {
+	case tpm2.AlgSHA256, tpm2.AlgSHA384, tpm2.AlgSHA512:
+	case tpm2.AlgSHA1:
+		return 0, fmt.Errorf("%w: signature uses SHA-1", attestation.ErrPolicy)
+	default:
+		return 0, fmt.Errorf("%w: signature hash algorithm %v", attestation.ErrPolicy, hashAlg)
+	}
+	hash, err := hashAlg.Hash()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", attestation.ErrMalformed, err)
+	}
+	h := hash.New()
+	h.Write(quote)
+	digest := h.Sum(nil)
+	switch pub := key.(type) {
+	case *ecdsa.PublicKey:
+		if sig.Alg != tpm2.AlgECDSA || sig.ECC == nil || !ecdsa.Verify(pub, digest, sig.ECC.R, sig.ECC.S) {
+			return 0, fmt.Errorf("%w: ECDSA signature does not verify under the attestation key", attestation.ErrSignature)
+		}
+	case *rsa.PublicKey:
+		if sig.Alg != tpm2.AlgRSASSA || sig.RSA == nil || rsa.VerifyPKCS1v15(pub, hash, digest, sig.RSA.Signature) != nil {
+			return 0, fmt.Errorf("%w: RSASSA signature does not verify under the attestation key", attestation.ErrSignature)
+		}
+	default:
+		return 0, fmt.Errorf("%w: attestation key type %T", attestation.ErrUntrustedKey, key)
+	}
+	return hash, nil
+}
+
+// decodeQuote checks the magic and type of a TPMS_ATTEST and decodes it.
+func decodeQuote(quote []byte) (*tpm2.AttestationData, error) {
+	if len(quote) < 6 {
+		return nil, fmt.Errorf("%w: quote has %d bytes", attestation.ErrMalformed, len(quote))
+	}
+	if magic := binary.BigEndian.Uint32(quote); magic != tpmGeneratedValue {
+		return nil, fmt.Errorf("%w: quote magic is %#x, not TPM_GENERATED_VALUE", attestation.ErrPolicy, magic)
+	}
+	if typ := binary.BigEndian.Uint16(quote[4:]); typ != uint16(tpm2.TagAttestQuote) {
+		return nil, fmt.Errorf("%w: attestation type is %#x, not TPM_ST_ATTEST_QUOTE", attestation.ErrPolicy, typ)
+	}
+	att, err := tpm2.DecodeAttestationData(quote)
+	if err != nil {
+		return nil, fmt.Errorf("%w: decoding quote: %w", attestation.ErrMalformed, err)
+	}
+	if att.AttestedQuoteInfo == nil {
+		return nil, fmt.Errorf("%w: quote has no quote info", attestation.ErrMalformed)
+	}
+	return att, nil
+}
+
+// checkPCRs checks the quoted selection against the policy and the reported
+// values against the quoted digest, and returns the values.
+func (v *Verifier) checkPCRs(ev *attestationv1.TPMEvidence, quote *tpm2.AttestationData, sigHash crypto.Hash) (map[uint32][]byte, error) {
+	sel := quote.AttestedQuoteInfo.PCRSelection
+	if sel.Hash == tpm2.AlgSHA1 {
+		return nil, fmt.Errorf("%w: quote covers the SHA-1 PCR bank; only SHA-256 is accepted", attestation.ErrPolicy)
+	}
+	if sel.Hash != tpm2.AlgSHA256 {
+		return nil, fmt.Errorf("%w: quote covers PCR bank %v; only SHA-256 is accepted", attestation.ErrPolicy, sel.Hash)
+	}
+	quoted := slices.Sorted(slices.Values(sel.PCRs))
+	if !slices.Equal(quoted, v.policy.PCRs) {
+		return nil, fmt.Errorf("%w: quote covers PCRs %v, policy requires exactly %v", attestation.ErrPolicy, quoted, v.policy.PCRs)
+	}
+	if ev.GetPcrHashAlgorithm() != uint32(tpm2.AlgSHA256) {
+		return nil, fmt.Errorf("%w: reported PCR bank %#x is not SHA-256", attestation.ErrPolicy, ev.GetPcrHashAlgorithm())
+	}
+	if len(ev.GetPcrs()) != len(quoted) {
+		return nil, fmt.Errorf("%w: %d PCR values reported for %d quoted PCRs", attestation.ErrMalformed, len(ev.GetPcrs()), len(quoted))
+	}
+	h := sigHash.New()
+	pcrs := make(map[uint32][]byte, len(quoted))
+	for _, index := range quoted {
+		value, ok := ev.GetPcrs()[uint32(index)]
+		if !ok || len(value) != sha256.Size {
+			return nil, fmt.Errorf("%w: PCR %d value missing or not %d bytes", attestation.ErrMalformed, index, sha256.Size)
+		}
+		h.Write(value)
+		pcrs[uint32(index)] = value
+	}
+	if subtle.ConstantTimeCompare(h.Sum(nil), quote.AttestedQuoteInfo.PCRDigest) != 1 {
+		return nil, fmt.Errorf("%w: reported PCR values do not hash to the quoted PCR digest", attestation.ErrSignature)
+	}
+	return pcrs, nil
+}
