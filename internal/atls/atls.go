@@ -404,12 +404,18 @@ func (c *Config) findEvidence(cert *x509.Certificate) (verifier, []byte, error) 
 			unknown = append(unknown, string(variant))
 			continue
 		}
-		if len(ext.Value) > attestation.MaxEvidenceSize+16 {
-			return nil, nil, fmt.Errorf("%w: %w: extension has %d bytes", ErrEvidenceInvalid, attestation.ErrMalformed, len(ext.Value))
+		// An OCTET STRING header takes at most 6 bytes for these sizes.
+		if len(ext.Value) > attestation.MaxEvidenceSize+6 {
+			return nil, nil, fmt.Errorf("%w: %w: evidence extension has %d bytes, at most %d allowed",
+				ErrEvidenceInvalid, attestation.ErrMalformed, len(ext.Value), attestation.MaxEvidenceSize)
 		}
 		var evidence []byte
 		if rest, err := asn1.Unmarshal(ext.Value, &evidence); err != nil || len(rest) != 0 {
 			return nil, nil, fmt.Errorf("%w: %w: evidence extension is not one DER OCTET STRING", ErrEvidenceInvalid, attestation.ErrMalformed)
+		}
+		if len(evidence) > attestation.MaxEvidenceSize {
+			return nil, nil, fmt.Errorf("%w: %w: evidence extension has %d bytes of evidence, at most %d allowed",
+				ErrEvidenceInvalid, attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
 		}
 		return c.Verifiers[i], evidence, nil
 	}

@@ -30,8 +30,10 @@ const NonceSize = 32
 
 // MaxEvidenceSize bounds evidence in bytes, so a peer cannot make a verifier
 // parse or allocate without limit. The largest evidence is a TPM quote with an
-// event log; 256 KiB leaves room for a long firmware event log.
-const MaxEvidenceSize = 256 << 10
+// event log; 128 KiB leaves room for a long firmware event log and stays well
+// inside crypto/tls's 256 KiB limit on a Certificate message, which has to
+// carry it in attested TLS.
+const MaxEvidenceSize = 128 << 10
 
 // Attester produces evidence about the platform it runs on (RFC 9334 §3.1).
 type Attester interface {
@@ -59,8 +61,8 @@ type Result struct {
 	UserData []byte
 	// Identity names the attesting key or chip, stable across reboots: for
 	// tpm "tpm-ak:sha256:<hex of the AK's SubjectPublicKeyInfo digest>", for
-	// sev-snp "sev-snp-chip:<hex chip ID>", for tdx "tdx-ppid-or-mrsigner". It
-	// is what deny lists match.
+	// sev-snp "sev-snp-chip:<hex CHIP_ID>", for tdx "tdx-ppid:<hex PPID of the
+	// PCK certificate>". It is what deny lists match.
 	Identity string
 	// Measurements are the verified measurements by index (see package
 	// measurements for what an index means per variant).

@@ -404,7 +404,7 @@ func TestVerifyRejects(t *testing.T) {
 		{
 			name:     "oversized evidence",
 			evidence: func(*testing.T) []byte { return make([]byte, attestation.MaxEvidenceSize+1) },
-			wantErr:  attestation.ErrMalformed, wantText: "at most 262144 allowed",
+			wantErr:  attestation.ErrMalformed, wantText: "at most 131072 allowed",
 		},
 	}
 	for _, tt := range tests {

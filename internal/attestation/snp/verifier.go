@@ -1,0 +1,169 @@
+// Package snp verifies "sev-snp" evidence: an AMD SEV-SNP attestation report
+// (SEV Secure Nested Paging Firmware ABI Specification, rev. 1.55, §7.3 and
+// table 22) signed by the chip's VCEK (or the cloud provider's VLEK), whose
+// certificate chains through the ASK (or ASVK) to the AMD root key (ARK).
+// Signature, chain and policy checks use github.com/google/go-sev-guest.
+//
+// The attester side, which reads /dev/sev-guest, is in package snpguest, so
+// a verifier never links guest-device code.
+package snp
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/go-sev-guest/abi"
+	"github.com/google/go-sev-guest/kds"
+	spb "github.com/google/go-sev-guest/proto/sevsnp"
+	"github.com/google/go-sev-guest/validate"
+	"github.com/google/go-sev-guest/verify"
+	"github.com/google/go-sev-guest/verify/trust"
+	"google.golang.org/protobuf/proto"
+
+	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+)
+
+// MeasurementSize is the size of the launch MEASUREMENT in bytes.
+const MeasurementSize = 48
+
+// Policy is the appraisal policy of a Verifier.
+type Policy struct {
+	// ReferenceValues holds index 0, the expected launch MEASUREMENT (48 bytes).
+	ReferenceValues measurements.M
+	// MinimumTCB is the lowest acceptable REPORTED_TCB, per component.
+	MinimumTCB kds.TCBParts
+	// MinimumLaunchTCB is the lowest acceptable LAUNCH_TCB, per component.
+	MinimumLaunchTCB kds.TCBParts
+	// VMPL, when set, is the VM privilege level the report must come from
+	// (0 for a guest without an SVSM).
+	VMPL *int
+	// TrustedRoots are the AMD root certificates by product line ("Milan",
+	// "Genoa", "Turin"); nil means the AMD roots embedded in go-sev-guest.
+	TrustedRoots map[string][]*trust.AMDRootCerts
+}
+
+// Verifier verifies "sev-snp" evidence. Debug guests are always refused.
+type Verifier struct {
+	policy Policy
+	now    func() time.Time
+}
+
+// NewVerifier returns a verifier for policy; now is the time certificates
+// are checked at (time.Now in production).
+func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
+	ref, ok := policy.ReferenceValues[0]
+	if !ok || len(policy.ReferenceValues) != 1 {
+		return nil, errors.New("sev-snp policy: reference values must hold exactly index 0, the launch measurement")
+	}
+	if len(ref.Expected) != MeasurementSize {
+		return nil, fmt.Errorf("sev-snp policy: launch measurement has %d bytes, want %d", len(ref.Expected), MeasurementSize)
+	}
+	return &Verifier{policy: policy, now: now}, nil
+}
+
+// Variant returns attestation.VariantSNP.
+func (v *Verifier) Variant() attestation.Variant { return attestation.VariantSNP }
+
+// Verify checks evidence (a marshalled SNPEvidence): the report's signature
+// under the VCEK/VLEK from the certificate table and that certificate's chain
+// to the trusted AMD roots; REPORT_DATA = SHA-512(nonce || user data); the
+// guest policy has debugging off; TCB versions at or above the minimums; the
+// VMPL; and the launch measurement against the reference value.
+func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
+	if err := attestation.CheckNonce(nonce); err != nil {
+		return nil, err
+	}
+	if len(evidence) > attestation.MaxEvidenceSize {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
+	}
+	ev := &attestationv1.SNPEvidence{}
+	if err := proto.Unmarshal(evidence, ev); err != nil {
+		return nil, fmt.Errorf("%w: decoding SEV-SNP evidence: %w", attestation.ErrMalformed, err)
+	}
+	att, err := parse(ev)
+	if err != nil {
+		return nil, err
+	}
+	if err := verify.SnpAttestationContext(ctx, att, &verify.Options{
+		DisableCertFetching: true,
+		TrustedRoots:        v.policy.TrustedRoots,
+		Now:                 v.now(),
+	}); err != nil {
+		return nil, fmt.Errorf("%w: SEV-SNP report signature or VCEK chain: %w", attestation.ErrSignature, err)
+	}
+	report := att.GetReport()
+	if subtle.ConstantTimeCompare(report.GetReportData(), attestation.Binding512(nonce, ev.GetUserData())) != 1 {
+		return nil, fmt.Errorf("%w: REPORT_DATA is not SHA-512(nonce || user data)", attestation.ErrNonce)
+	}
+	policy, err := abi.ParseSnpPolicy(report.GetPolicy())
+	if err != nil {
+		return nil, fmt.Errorf("%w: guest policy: %w", attestation.ErrMalformed, err)
+	}
+	if policy.Debug {
+		return nil, fmt.Errorf("%w: guest policy allows debugging", attestation.ErrPolicy)
+	}
+	if err := validate.SnpAttestation(att, &validate.Options{
+		// Debugging is refused above; everything else the guest policy may allow.
+		GuestPolicy:      abi.SnpPolicy{Debug: false, SMT: true, MigrateMA: true, CXLAllowed: true, ABIMajor: 0, ABIMinor: 0},
+		MinimumTCB:       v.policy.MinimumTCB,
+		MinimumLaunchTCB: v.policy.MinimumLaunchTCB,
+		VMPL:             v.policy.VMPL,
+	}); err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrPolicy, err)
+	}
+	got := map[uint32][]byte{0: report.GetMeasurement()}
+	warnings, err := v.policy.ReferenceValues.Compare(got)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurement, err)
+	}
+	result := &attestation.Result{
+		Variant:      attestation.VariantSNP,
+		UserData:     ev.GetUserData(),
+		Identity:     "sev-snp-chip:" + hex.EncodeToString(report.GetChipId()),
+		Measurements: got,
+	}
+	for _, w := range warnings {
+		result.Warnings = append(result.Warnings, "launch measurement "+w.String())
+	}
+	return result, nil
+}
+
+// parse decodes the report and certificate table into go-sev-guest's form.
+func parse(ev *attestationv1.SNPEvidence) (*spb.Attestation, error) {
+	if len(ev.GetReport()) != abi.ReportSize {
+		return nil, fmt.Errorf("%w: report has %d bytes, want %d", attestation.ErrMalformed, len(ev.GetReport()), abi.ReportSize)
+	}
+	report, err := abi.ReportToProto(ev.GetReport())
+	if err != nil {
+		return nil, fmt.Errorf("%w: decoding SEV-SNP report: %w", attestation.ErrMalformed, err)
+	}
+	table := &abi.CertTable{}
+	if err := table.Unmarshal(ev.GetCertificateTable()); err != nil {
+		return nil, fmt.Errorf("%w: decoding certificate table: %w", attestation.ErrMalformed, err)
+	}
+	chain := table.Proto()
+	if len(chain.GetVcekCert()) == 0 && len(chain.GetVlekCert()) == 0 {
+		return nil, fmt.Errorf("%w: certificate table holds neither VCEK nor VLEK", attestation.ErrUntrustedKey)
+	}
+	return &spb.Attestation{Report: report, CertificateChain: chain}, nil
+}
+
+// Evidence assembles SNPEvidence from a raw report and certificate table, as
+// an attester does.
+func Evidence(report, certTable, userData []byte) ([]byte, error) {
+	if len(report) < abi.ReportSize {
+		return nil, fmt.Errorf("SEV-SNP report has %d bytes, want %d", len(report), abi.ReportSize)
+	}
+	return proto.Marshal(&attestationv1.SNPEvidence{
+		Report:           bytes.Clone(report[:abi.ReportSize]),
+		CertificateTable: certTable,
+		UserData:         userData,
+	})
+}

@@ -1,0 +1,49 @@
+// Package tdxguest is the "tdx" attester: it asks the TDX module, through
+// the guest's configfs-tsm interface (go-tdx-guest), for a quote bound to the
+// nonce and user data. It only works inside a TDX guest; elsewhere New fails.
+package tdxguest
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/go-tdx-guest/client"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx"
+)
+
+// Attester produces "tdx" evidence.
+type Attester struct {
+	provider client.QuoteProvider
+}
+
+// New opens the TDX guest interface, or fails outside a TDX guest.
+func New() (*Attester, error) {
+	provider, err := client.GetQuoteProvider()
+	if err != nil {
+		return nil, fmt.Errorf("opening the TDX guest interface: %w", err)
+	}
+	if err := provider.IsSupported(); err != nil {
+		return nil, fmt.Errorf("TDX guest interface not available (not a TDX guest?): %w", err)
+	}
+	return &Attester{provider: provider}, nil
+}
+
+// Variant returns attestation.VariantTDX.
+func (a *Attester) Variant() attestation.Variant { return attestation.VariantTDX }
+
+// Attest requests a quote with REPORTDATA = SHA-512(nonce || userData) and
+// returns it as marshalled TDXEvidence.
+func (a *Attester) Attest(_ context.Context, userData, nonce []byte) ([]byte, error) {
+	if err := attestation.CheckNonce(nonce); err != nil {
+		return nil, err
+	}
+	var reportData [64]byte
+	copy(reportData[:], attestation.Binding512(nonce, userData))
+	raw, err := client.GetRawQuote(a.provider, reportData)
+	if err != nil {
+		return nil, fmt.Errorf("requesting TDX quote: %w", err)
+	}
+	return tdx.Evidence(raw, userData)
+}

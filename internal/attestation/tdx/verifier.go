@@ -1,0 +1,164 @@
+// Package tdx verifies "tdx" evidence: an Intel TDX quote, version 4 (Intel
+// TDX DCAP Quote Generation Library and Quote Verification Library, rev. 0.9,
+// appendix A.3), signed by the quoting enclave's attestation key, which the
+// QE report certifies under the platform's PCK certificate, which chains to
+// the Intel SGX Root CA. Signature and chain checks use
+// github.com/google/go-tdx-guest.
+//
+// The attester side, which reads the TDX guest device, is in package
+// tdxguest, so a verifier never links guest-device code.
+package tdx
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"crypto/x509"
+	"fmt"
+	"time"
+
+	"github.com/google/go-tdx-guest/abi"
+	"github.com/google/go-tdx-guest/pcs"
+	pb "github.com/google/go-tdx-guest/proto/tdx"
+	"github.com/google/go-tdx-guest/validate"
+	"github.com/google/go-tdx-guest/verify"
+	"google.golang.org/protobuf/proto"
+
+	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+)
+
+// MeasurementSize is the size of MRTD and of each RTMR in bytes.
+const MeasurementSize = 48
+
+// tdAttributesDebug is bit 0 of TD_ATTRIBUTES: the TD is debuggable, its
+// memory readable by the host (TDX module ABI spec, TDATTRIBUTES).
+const tdAttributesDebug = 1
+
+// Policy is the appraisal policy of a Verifier.
+type Policy struct {
+	// ReferenceValues: index 0 is MRTD, 1-4 are RTMR0-RTMR3, 48 bytes each.
+	ReferenceValues measurements.M
+	// MinimumTeeTcbSvn is the lowest acceptable TEE_TCB_SVN, compared per
+	// byte (16 bytes); nil accepts any.
+	MinimumTeeTcbSvn []byte
+	// TrustedRoots verify the PCK chain; nil means the Intel SGX Root CA
+	// embedded in go-tdx-guest.
+	TrustedRoots *x509.CertPool
+}
+
+// Verifier verifies "tdx" evidence. Debuggable TDs are always refused.
+type Verifier struct {
+	policy Policy
+	now    func() time.Time
+}
+
+// NewVerifier returns a verifier for policy; now is the time certificates
+// are checked at (time.Now in production).
+func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
+	if len(policy.ReferenceValues) == 0 {
+		return nil, fmt.Errorf("tdx policy: no reference values; expect at least index 0 (MRTD)")
+	}
+	for index, m := range policy.ReferenceValues {
+		if index > 4 {
+			return nil, fmt.Errorf("tdx policy: reference value index %d: use 0 (MRTD) or 1-4 (RTMR0-3)", index)
+		}
+		if len(m.Expected) != MeasurementSize {
+			return nil, fmt.Errorf("tdx policy: reference value index %d has %d bytes, want %d", index, len(m.Expected), MeasurementSize)
+		}
+	}
+	if policy.MinimumTeeTcbSvn != nil && len(policy.MinimumTeeTcbSvn) != 16 {
+		return nil, fmt.Errorf("tdx policy: minimum TEE_TCB_SVN has %d bytes, want 16", len(policy.MinimumTeeTcbSvn))
+	}
+	return &Verifier{policy: policy, now: now}, nil
+}
+
+// Variant returns attestation.VariantTDX.
+func (v *Verifier) Variant() attestation.Variant { return attestation.VariantTDX }
+
+// Verify checks evidence (a marshalled TDXEvidence): the quote's signature
+// under the attestation key, the QE report under the PCK certificate and its
+// chain to the trusted root; REPORTDATA = SHA-512(nonce || user data); the TD
+// is not debuggable; TEE_TCB_SVN at or above the minimum; and MRTD and RTMRs
+// against the reference values.
+func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
+	if err := attestation.CheckNonce(nonce); err != nil {
+		return nil, err
+	}
+	if len(evidence) > attestation.MaxEvidenceSize {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
+	}
+	ev := &attestationv1.TDXEvidence{}
+	if err := proto.Unmarshal(evidence, ev); err != nil {
+		return nil, fmt.Errorf("%w: decoding TDX evidence: %w", attestation.ErrMalformed, err)
+	}
+	parsed, err := abi.QuoteToProto(ev.GetQuote())
+	if err != nil {
+		return nil, fmt.Errorf("%w: decoding TDX quote: %w", attestation.ErrMalformed, err)
+	}
+	quote, ok := parsed.(*pb.QuoteV4)
+	if !ok {
+		return nil, fmt.Errorf("%w: TDX quote is %T, want version 4", attestation.ErrMalformed, parsed)
+	}
+	now := v.now()
+	if err := verify.TdxQuoteContext(ctx, quote, &verify.Options{
+		TrustedRoots: v.policy.TrustedRoots,
+		Now:          &verify.TimeSet{PckCertChain: now, TcbInfo: now, QeIdentity: now, PckCrl: now, RootCaCrl: now},
+	}); err != nil {
+		return nil, fmt.Errorf("%w: TDX quote signature or PCK chain: %w", attestation.ErrSignature, err)
+	}
+	body := quote.GetTdQuoteBody()
+	if subtle.ConstantTimeCompare(body.GetReportData(), attestation.Binding512(nonce, ev.GetUserData())) != 1 {
+		return nil, fmt.Errorf("%w: REPORTDATA is not SHA-512(nonce || user data)", attestation.ErrNonce)
+	}
+	if attrs := body.GetTdAttributes(); len(attrs) == 0 || attrs[0]&tdAttributesDebug != 0 {
+		return nil, fmt.Errorf("%w: TD is debuggable (TD_ATTRIBUTES.DEBUG set)", attestation.ErrPolicy)
+	}
+	if err := validate.TdxQuote(quote, &validate.Options{
+		TdQuoteBodyOptions: validate.TdQuoteBodyOptions{MinimumTeeTcbSvn: v.policy.MinimumTeeTcbSvn},
+	}); err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrPolicy, err)
+	}
+	got := map[uint32][]byte{0: body.GetMrTd()}
+	for i, rtmr := range body.GetRtmrs() {
+		got[uint32(i+1)] = rtmr
+	}
+	warnings, err := v.policy.ReferenceValues.Compare(got)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurement, err)
+	}
+	identity, err := platformIdentity(quote)
+	if err != nil {
+		return nil, err
+	}
+	result := &attestation.Result{
+		Variant:      attestation.VariantTDX,
+		UserData:     ev.GetUserData(),
+		Identity:     identity,
+		Measurements: got,
+	}
+	for _, w := range warnings {
+		result.Warnings = append(result.Warnings, w.String())
+	}
+	return result, nil
+}
+
+// platformIdentity names the platform by the PPID (platform provisioning
+// ID) in its verified PCK certificate.
+func platformIdentity(quote *pb.QuoteV4) (string, error) {
+	chain, err := verify.ExtractChainFromQuote(quote)
+	if err != nil {
+		return "", fmt.Errorf("%w: PCK chain: %w", attestation.ErrMalformed, err)
+	}
+	ext, err := pcs.PckCertificateExtensions(chain.PCKCertificate)
+	if err != nil {
+		return "", fmt.Errorf("%w: PCK certificate extensions: %w", attestation.ErrMalformed, err)
+	}
+	return "tdx-ppid:" + ext.PPID, nil
+}
+
+// Evidence assembles TDXEvidence from a raw quote, as an attester does.
+func Evidence(quote, userData []byte) ([]byte, error) {
+	return proto.Marshal(&attestationv1.TDXEvidence{Quote: bytes.Clone(quote), UserData: userData})
+}
