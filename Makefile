@@ -53,8 +53,12 @@ build: ## Build the binaries into bin/
 unit: tools ## Run the tests (needs `make setup` first for the Kubernetes binaries)
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
 
+.PHONY: fuzz
+fuzz: ## Run every go test -fuzz target for FUZZTIME (default 5s) each
+	hack/fuzz.sh
+
 .PHONY: test
-test: setup check-generate lint unit ## Set up the machine, check generated code, lint, and run every test with -race
+test: setup check-generate lint unit fuzz ## Set up the machine, check generated code, lint, run every test with -race, fuzz briefly
 
 .PHONY: mini-up
 mini-up: setup build ## Prepare the machine for the local attested cluster (the cluster itself: issue 7)

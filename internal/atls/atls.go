@@ -155,9 +155,11 @@ func ClientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		NextProtos: []string{"h2"},
-		// The server's certificate is checked by VerifyPeerCertificate below:
-		// it is self-signed by design and trusted through its evidence.
-		InsecureSkipVerify: true, //nolint:gosec // verified by attestation in VerifyPeerCertificate
+		// Evidence is fresh per handshake; a resumed session would skip it.
+		SessionTicketsDisabled: true,
+		// The server's certificate is checked by VerifyConnection below: it
+		// is self-signed by design and trusted through its evidence.
+		InsecureSkipVerify: true, //nolint:gosec // verified by attestation in VerifyConnection
 	}
 	if len(c.Verifiers) > 0 {
 		nonce, err := newNonce()
@@ -165,16 +167,7 @@ func ClientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 			return nil, nil, err
 		}
 		cfg.NextProtos = append(cfg.NextProtos, noncePrefix+hex.EncodeToString(nonce))
-		cfg.VerifyPeerCertificate = func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
-			result, err := c.verifyPeer(ctx, rawCerts, nonce)
-			if err != nil {
-				return err
-			}
-			verified.set(result)
-			return nil
-		}
-	} else {
-		cfg.VerifyPeerCertificate = func([][]byte, [][]*x509.Certificate) error { return nil }
+		cfg.VerifyConnection = verifyConnection(ctx, &c, nonce, verified)
 	}
 	if c.Attester != nil {
 		cfg.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
@@ -197,8 +190,9 @@ func ServerConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 	}
 	verified := &Verified{}
 	cfg := &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		NextProtos: []string{"h2"},
+		MinVersion:             tls.VersionTLS13,
+		NextProtos:             []string{"h2"},
+		SessionTicketsDisabled: true, // evidence is fresh per handshake; a resumed session would skip it
 	}
 	cfg.GetCertificate = func(chi *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		if c.Attester == nil {
@@ -223,16 +217,27 @@ func ServerConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 		}
 		cfg.ClientAuth = tls.RequireAnyClientCert
 		cfg.ClientCAs = pool
-		cfg.VerifyPeerCertificate = func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
-			result, err := c.verifyPeer(ctx, rawCerts, nonce)
-			if err != nil {
-				return err
-			}
-			verified.set(result)
-			return nil
-		}
+		cfg.VerifyConnection = verifyConnection(ctx, &c, nonce, verified)
 	}
 	return cfg, verified, nil
+}
+
+// verifyConnection returns a tls.Config.VerifyConnection that verifies the
+// peer's evidence against nonce and records the result. VerifyConnection,
+// unlike VerifyPeerCertificate, runs on every handshake, resumed or not.
+func verifyConnection(ctx context.Context, c *Config, nonce []byte, verified *Verified) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		rawCerts := make([][]byte, len(cs.PeerCertificates))
+		for i, cert := range cs.PeerCertificates {
+			rawCerts[i] = cert.Raw
+		}
+		result, err := c.verifyPeer(ctx, rawCerts, nonce)
+		if err != nil {
+			return err
+		}
+		verified.set(result)
+		return nil
+	}
 }
 
 func newNonce() ([]byte, error) {

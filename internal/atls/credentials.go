@@ -80,7 +80,7 @@ func handshake(ctx context.Context, conn *tls.Conn, verified *Verified) (net.Con
 
 // Info describes the protocol.
 func (c *Credentials) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: "atls", SecurityVersion: "1.3"}
+	return credentials.ProtocolInfo{SecurityProtocol: "atls"}
 }
 
 // Clone returns a copy of the credentials.

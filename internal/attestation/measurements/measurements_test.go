@@ -103,13 +103,14 @@ func TestCompare(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			warnings, err := ref.Compare(tt.got)
 			var mismatch *MismatchError
-			if len(tt.wantEnforced) == 0 {
+			switch {
+			case len(tt.wantEnforced) == 0:
 				if err != nil {
 					t.Fatalf("unexpected error %v", err)
 				}
-			} else if !errors.As(err, &mismatch) {
+			case !errors.As(err, &mismatch):
 				t.Fatalf("error = %v, want *MismatchError", err)
-			} else {
+			default:
 				if got := indices(mismatch.Mismatches); !equal(got, tt.wantEnforced) {
 					t.Errorf("enforced mismatches at %v, want %v (%v)", got, tt.wantEnforced, err)
 				}

@@ -200,12 +200,16 @@ func TestVerify(t *testing.T) {
 		{name: "genuine quote verifies", edit: bind, policy: policy(nil)},
 		{
 			name: "wrong MRTD", edit: bind,
-			policy:  policy(func(p *Policy) { p.ReferenceValues[0] = measurements.Measurement{Expected: make([]byte, MeasurementSize)} }),
+			policy: policy(func(p *Policy) {
+				p.ReferenceValues[0] = measurements.Measurement{Expected: make([]byte, MeasurementSize)}
+			}),
 			wantErr: attestation.ErrMeasurement, wantText: "index 0: expected 0000",
 		},
 		{
 			name: "wrong RTMR", edit: bind,
-			policy:  policy(func(p *Policy) { p.ReferenceValues[4] = measurements.Measurement{Expected: bytes.Repeat([]byte{1}, MeasurementSize)} }),
+			policy: policy(func(p *Policy) {
+				p.ReferenceValues[4] = measurements.Measurement{Expected: bytes.Repeat([]byte{1}, MeasurementSize)}
+			}),
 			wantErr: attestation.ErrMeasurement, wantText: "index 4",
 		},
 		{

@@ -6,7 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/sha1" //nolint:gosec // the test forges a SHA-1 signature to see it refused
+	"crypto/sha1"
 	"crypto/sha256"
 	"errors"
 	"strings"
@@ -70,7 +70,7 @@ func (f *forger) evidence(t *testing.T, nonce []byte, magic uint32, typ tpmutil.
 	}
 	var h []byte
 	if hashAlg == tpm2.AlgSHA1 {
-		sum := sha1.Sum(quote) //nolint:gosec // forging a SHA-1 signature on purpose
+		sum := sha1.Sum(quote) // forging a SHA-1 signature on purpose
 		h = sum[:]
 	} else {
 		sum := sha256.Sum256(quote)
