@@ -43,7 +43,7 @@ func BenchmarkHandshake(b *testing.B) {
 					b.Fatal(err)
 				}
 				sc := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*serverCert}, ClientAuth: tls.RequireAnyClientCert}
-				cc := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*clientCert}, InsecureSkipVerify: true} //nolint:gosec // baseline without verification
+				cc := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*clientCert}, InsecureSkipVerify: true} // baseline without verification
 				return sc, cc
 			})
 		}
