@@ -22,6 +22,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // NonceSize is the size of a nonce in bytes. Nonces are random and chosen by
@@ -155,6 +157,18 @@ func knownVariants() string {
 	}
 	slices.Sort(names)
 	return strings.Join(names, ", ")
+}
+
+// DecodeEvidence unmarshals protobuf evidence into m, refusing more than
+// MaxEvidenceSize bytes. Errors wrap ErrMalformed.
+func DecodeEvidence(evidence []byte, m proto.Message) error {
+	if len(evidence) > MaxEvidenceSize {
+		return fmt.Errorf("%w: %d bytes, at most %d allowed", ErrMalformed, len(evidence), MaxEvidenceSize)
+	}
+	if err := proto.Unmarshal(evidence, m); err != nil {
+		return fmt.Errorf("%w: decoding %s: %w", ErrMalformed, m.ProtoReflect().Descriptor().Name(), err)
+	}
+	return nil
 }
 
 // CheckNonce returns an error wrapping ErrNonce unless nonce has NonceSize bytes.

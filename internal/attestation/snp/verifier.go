@@ -80,12 +80,9 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}
-	if len(evidence) > attestation.MaxEvidenceSize {
-		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
-	}
 	ev := &attestationv1.SNPEvidence{}
-	if err := proto.Unmarshal(evidence, ev); err != nil {
-		return nil, fmt.Errorf("%w: decoding SEV-SNP evidence: %w", attestation.ErrMalformed, err)
+	if err := attestation.DecodeEvidence(evidence, ev); err != nil {
+		return nil, err
 	}
 	att, err := parse(ev)
 	if err != nil {

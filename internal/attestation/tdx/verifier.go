@@ -86,12 +86,9 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}
-	if len(evidence) > attestation.MaxEvidenceSize {
-		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
-	}
 	ev := &attestationv1.TDXEvidence{}
-	if err := proto.Unmarshal(evidence, ev); err != nil {
-		return nil, fmt.Errorf("%w: decoding TDX evidence: %w", attestation.ErrMalformed, err)
+	if err := attestation.DecodeEvidence(evidence, ev); err != nil {
+		return nil, err
 	}
 	parsed, err := abi.QuoteToProto(ev.GetQuote())
 	if err != nil {

@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/google/go-tpm/legacy/tpm2"
-	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
@@ -165,12 +164,9 @@ func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestati
 // ParseEvidence decodes marshalled TPMEvidence, refusing more than
 // attestation.MaxEvidenceSize bytes.
 func ParseEvidence(evidence []byte) (*attestationv1.TPMEvidence, error) {
-	if len(evidence) > attestation.MaxEvidenceSize {
-		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
-	}
 	ev := &attestationv1.TPMEvidence{}
-	if err := proto.Unmarshal(evidence, ev); err != nil {
-		return nil, fmt.Errorf("%w: decoding TPM evidence: %w", attestation.ErrMalformed, err)
+	if err := attestation.DecodeEvidence(evidence, ev); err != nil {
+		return nil, err
 	}
 	if len(ev.GetQuote()) == 0 || len(ev.GetSignature()) == 0 || len(ev.GetAttestationKey()) == 0 {
 		return nil, fmt.Errorf("%w: TPM evidence lacks a quote, signature or attestation key", attestation.ErrMalformed)
