@@ -50,9 +50,13 @@ func OpenPKCS11(uri *PKCS11URI) (*crypto11.Context, cipher.AEAD, error) {
 		return nil, nil, fmt.Errorf("opening PKCS#11 token %q: %w", uri.Token, err)
 	}
 	key, err := ctx.FindKey(nil, []byte(uri.KeyLabel))
-	if err != nil || key == nil {
+	if err != nil {
 		_ = ctx.Close()
-		return nil, nil, fmt.Errorf("finding KEK %q on token %q: not found or not accessible (%v)", uri.KeyLabel, uri.Token, err)
+		return nil, nil, fmt.Errorf("finding KEK %q on token %q: %w", uri.KeyLabel, uri.Token, err)
+	}
+	if key == nil {
+		_ = ctx.Close()
+		return nil, nil, fmt.Errorf("no KEK labelled %q on token %q: create an AES-256 key with that label", uri.KeyLabel, uri.Token)
 	}
 	aead, err := key.NewGCM()
 	if err != nil {

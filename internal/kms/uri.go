@@ -33,7 +33,7 @@ type PKCS11URI struct {
 func ParseURI(uri string) (any, error) {
 	u, err := url.Parse(uri)
 	if err != nil {
-		return nil, errors.New("KMS URI does not parse; expect kms://cluster-kms?... or kms://pkcs11?...")
+		return nil, errors.New("KMS URI does not parse; expect kms://cluster-kms?<parameters> or kms://pkcs11?<parameters>")
 	}
 	if u.Scheme != "kms" {
 		return nil, fmt.Errorf("KMS URI scheme is %q, want kms", u.Scheme)

@@ -1,0 +1,100 @@
+// Command gatehouse-keyservice serves the cluster's data keys to the join
+// service over mutual TLS. It only wires flags to package keyservice.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/credentials"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/gatehouse-dev/gatehouse/keyservice"
+)
+
+func main() {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if err := run(log); err != nil {
+		log.Error("Key service failed", slog.String("error", err.Error()))
+		os.Exit(1)
+	}
+}
+
+func run(log *slog.Logger) error {
+	var (
+		listen        = flag.String("listen", ":9000", "gRPC address (mutual TLS)")
+		metricsListen = flag.String("metrics-listen", ":9001", "HTTP address of /metrics")
+		tlsFiles      keyservice.TLSFiles
+		allowed       = flag.String("allowed-clients", "gatehouse-joinservice", "comma-separated client certificate common names allowed to call")
+		kmsCfg        keyservice.KMSConfig
+	)
+	flag.StringVar(&tlsFiles.Cert, "tls-cert", "", "server certificate (PEM)")
+	flag.StringVar(&tlsFiles.Key, "tls-key", "", "server key (PEM)")
+	flag.StringVar(&tlsFiles.ClientCA, "client-ca", "", "CA of allowed clients (PEM)")
+	flag.StringVar(&kmsCfg.URIFile, "kms-uri-file", "", "file holding a kms:// URI")
+	flag.StringVar(&kmsCfg.MasterSecretFile, "master-secret-file", "", "file holding the master secret")
+	flag.StringVar(&kmsCfg.SaltFile, "salt-file", "", "file holding the master salt")
+	flag.StringVar(&kmsCfg.Namespace, "namespace", "kube-system", "namespace of wrapped data key Secrets (pkcs11 KMS)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if cfg, err := rest.InClusterConfig(); err == nil {
+		if kmsCfg.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+			return fmt.Errorf("creating Kubernetes client: %w", err)
+		}
+	}
+	keys, closer, err := keyservice.OpenKMS(kmsCfg)
+	if err != nil {
+		return fmt.Errorf("opening KMS: %w", err)
+	}
+	defer closer.Close()
+	tlsCfg, err := keyservice.ServerTLSConfig(tlsFiles, strings.Split(*allowed, ","))
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := keyservice.NewServer(keys, log, reg)
+	if err != nil {
+		return err
+	}
+	grpcServer := keyservice.NewGRPCServer(srv, credentials.NewTLS(tlsCfg))
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", *listen, err)
+	}
+	metricsServer := &http.Server{Addr: *metricsListen, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	errs := make(chan error, 2)
+	go func() { errs <- grpcServer.Serve(lis) }()
+	go func() { errs <- metricsServer.ListenAndServe() }()
+	log.Info("Key service started", slog.String("listen", *listen), slog.String("metricsListen", *metricsListen))
+	select {
+	case <-ctx.Done():
+		log.Info("Key service stopping")
+	case err = <-errs:
+	}
+	grpcServer.GracefulStop()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = metricsServer.Shutdown(shutdownCtx)
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
