@@ -90,15 +90,20 @@ func writePEM(t testing.TB, dir, name string, c tls.Certificate) (certFile, keyF
 	return certFile, keyFile
 }
 
-// syncBuffer is a goroutine-safe log sink.
+// syncBuffer is a goroutine-safe log sink; with discard set it drops what
+// it gets (benchmarks measure the service, not the rig's log buffer).
 type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	discard bool
 }
 
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.discard {
+		return len(p), nil
+	}
 	return b.buf.Write(p)
 }
 
@@ -125,6 +130,12 @@ var (
 
 func newHarness(t testing.TB, keys keySource) *harness {
 	t.Helper()
+	return newHarnessLogging(t, keys, &syncBuffer{})
+}
+
+// newHarnessLogging is newHarness with the logs going to sink.
+func newHarnessLogging(t testing.TB, keys keySource, sink *syncBuffer) *harness {
+	t.Helper()
 	if keys == nil {
 		k, err := kms.NewClusterKMS(testSecret, testSalt)
 		if err != nil {
@@ -143,7 +154,7 @@ func newHarness(t testing.TB, keys keySource) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{ca: ca, logs: &syncBuffer{}, reg: prometheus.NewRegistry(), keys: keys}
+	h := &harness{ca: ca, logs: sink, reg: prometheus.NewRegistry(), keys: keys}
 	srv, err := NewServer(keys, slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), h.reg)
 	if err != nil {
 		t.Fatal(err)
