@@ -3,6 +3,7 @@ package keyservice
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,8 +19,8 @@ import (
 // on the same server: the transport's limit), for 1 and 64 concurrent
 // callers, and in-process HKDF derivation.
 func BenchmarkKeyService(b *testing.B) {
-	// Logs are formatted as in production but dropped, not kept in memory.
-	h := newHarnessLogging(b, nil, &syncBuffer{discard: true})
+	// Logs at the production default level (info), formatted and dropped.
+	h := newHarnessLogging(b, nil, &syncBuffer{discard: true}, slog.LevelInfo)
 	cert := h.ca.issue(b, "gatehouse-joinservice", false)
 	conn := h.dial(b, &cert)
 	keys := keyservicev1.NewKeyServiceClient(conn)

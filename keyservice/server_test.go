@@ -130,11 +130,11 @@ var (
 
 func newHarness(t testing.TB, keys keySource) *harness {
 	t.Helper()
-	return newHarnessLogging(t, keys, &syncBuffer{})
+	return newHarnessLogging(t, keys, &syncBuffer{}, slog.LevelDebug)
 }
 
-// newHarnessLogging is newHarness with the logs going to sink.
-func newHarnessLogging(t testing.TB, keys keySource, sink *syncBuffer) *harness {
+// newHarnessLogging is newHarness with the logs at level going to sink.
+func newHarnessLogging(t testing.TB, keys keySource, sink *syncBuffer, level slog.Level) *harness {
 	t.Helper()
 	if keys == nil {
 		k, err := kms.NewClusterKMS(testSecret, testSalt)
@@ -155,7 +155,7 @@ func newHarnessLogging(t testing.TB, keys keySource, sink *syncBuffer) *harness 
 		t.Fatal(err)
 	}
 	h := &harness{ca: ca, logs: sink, reg: prometheus.NewRegistry(), keys: keys}
-	srv, err := NewServer(keys, slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), h.reg)
+	srv, err := NewServer(keys, slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: level})), h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,19 +27,21 @@ import (
 )
 
 func main() {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(log); err != nil {
+	level := new(slog.LevelVar)
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := run(log, level); err != nil {
 		log.Error("Key service failed", slog.String("error", err.Error()))
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger) error {
+func run(log *slog.Logger, level *slog.LevelVar) error {
 	var (
 		listen        = flag.String("listen", ":9000", "gRPC address (mutual TLS)")
 		metricsListen = flag.String("metrics-listen", ":9001", "HTTP address of /metrics")
 		tlsFiles      keyservice.TLSFiles
 		allowed       = flag.String("allowed-clients", "gatehouse-joinservice", "comma-separated client certificate common names allowed to call")
+		logLevel      = flag.String("log-level", "info", "debug, info, warn or error")
 		kmsCfg        keyservice.KMSConfig
 	)
 	flag.StringVar(&tlsFiles.Cert, "tls-cert", "", "server certificate (PEM)")
@@ -50,6 +52,9 @@ func run(log *slog.Logger) error {
 	flag.StringVar(&kmsCfg.SaltFile, "salt-file", "", "file holding the master salt")
 	flag.StringVar(&kmsCfg.Namespace, "namespace", "kube-system", "namespace of wrapped data key Secrets (pkcs11 KMS)")
 	flag.Parse()
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -87,6 +87,18 @@ func TestNewClusterKMSEnforcesMinimumSizes(t *testing.T) {
 	}
 }
 
+// FuzzValidID checks the hand-written id check against IDPattern.
+func FuzzValidID(f *testing.F) {
+	for _, s := range []string{"a", "measurementSecret", "2b2f6c1e-6f8a-4b8c-9d7e-0a1b2c3d4e5f", ".x", "a/b", "", "é"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		if validID(id) != IDPattern.MatchString(id) {
+			t.Fatalf("validID(%q) = %t, IDPattern says %t", id, validID(id), IDPattern.MatchString(id))
+		}
+	})
+}
+
 func TestCheckRequest(t *testing.T) {
 	tests := []struct {
 		name    string

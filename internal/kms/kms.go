@@ -28,12 +28,28 @@ func CheckRequest(id string, length int) error {
 	switch {
 	case id == "":
 		return fmt.Errorf("%w: data key id is empty", ErrInvalidRequest)
-	case !IDPattern.MatchString(id):
+	case !validID(id):
 		return fmt.Errorf("%w: data key id %q must be 1-128 characters of A-Z a-z 0-9 . _ - starting with a letter or digit", ErrInvalidRequest, truncate(id))
 	case length < 1 || length > MaxKeyLength:
 		return fmt.Errorf("%w: length %d is outside 1-%d bytes", ErrInvalidRequest, length, MaxKeyLength)
 	}
 	return nil
+}
+
+// validID reports whether id matches IDPattern, without the regexp engine
+// (it is on every request's path).
+func validID(id string) bool {
+	if len(id) == 0 || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // truncate shortens an id for an error message; ids are not secret, but a
