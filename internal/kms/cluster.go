@@ -16,9 +16,10 @@ const (
 // ClusterKMS derives keys from the cluster's master secret:
 // key = HKDF-SHA256(IKM = master secret, salt, info = "key-" + id, L = length)
 // (RFC 5869). Deriving the same id with a shorter length yields a prefix of
-// the longer key.
+// the longer key. The extract step (RFC 5869 §2.2), the same for every id, is
+// done once: each request only expands the pseudorandom key.
 type ClusterKMS struct {
-	secret, salt []byte
+	prk []byte
 }
 
 // NewClusterKMS returns a ClusterKMS, refusing a master secret shorter than
@@ -30,7 +31,11 @@ func NewClusterKMS(masterSecret, salt []byte) (*ClusterKMS, error) {
 	if len(salt) < MinSaltSize {
 		return nil, fmt.Errorf("master salt has %d bytes, at least %d required", len(salt), MinSaltSize)
 	}
-	return &ClusterKMS{secret: append([]byte(nil), masterSecret...), salt: append([]byte(nil), salt...)}, nil
+	prk, err := hkdf.Extract(sha256.New, masterSecret, salt)
+	if err != nil {
+		return nil, fmt.Errorf("extracting pseudorandom key: %w", err)
+	}
+	return &ClusterKMS{prk: prk}, nil
 }
 
 // GetDEK returns the key for id, length bytes long.
@@ -38,7 +43,7 @@ func (k *ClusterKMS) GetDEK(_ context.Context, id string, length int) ([]byte, e
 	if err := CheckRequest(id, length); err != nil {
 		return nil, err
 	}
-	key, err := hkdf.Key(sha256.New, k.secret, k.salt, "key-"+id, length)
+	key, err := hkdf.Expand(sha256.New, k.prk, "key-"+id, length)
 	if err != nil {
 		return nil, fmt.Errorf("deriving key: %w", err)
 	}
