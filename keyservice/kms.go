@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/secretstore"
 )
 
 // KMSConfig says where the key service's keys come from: either a KMS URI
@@ -64,7 +65,7 @@ func OpenKMS(cfg KMSConfig) (keySource, io.Closer, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		return kms.NewPKCS11KMS(kek, kms.NewSecretStore(cfg.Client, cfg.Namespace)), hsm, nil
+		return kms.NewPKCS11KMS(kek, secretstore.New(cfg.Client, cfg.Namespace)), hsm, nil
 	default:
 		return nil, nil, fmt.Errorf("unsupported KMS URI type %T", parsed)
 	}

@@ -99,6 +99,32 @@ func FuzzValidID(f *testing.F) {
 	})
 }
 
+// FuzzGetDEK sends arbitrary ids and lengths, as a key service request may
+// carry: the answer is a key of exactly the requested length or an error
+// wrapping ErrInvalidRequest, never a panic.
+func FuzzGetDEK(f *testing.F) {
+	f.Add("2b2f6c1e-6f8a-4b8c-9d7e-0a1b2c3d4e5f", 32)
+	f.Add("", 0)
+	f.Add("../x", 65)
+	f.Add("a", -1)
+	k, err := NewClusterKMS(katSecret, katSalt)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, id string, length int) {
+		key, err := k.GetDEK(context.Background(), id, length)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidRequest) {
+				t.Fatalf("error %v does not wrap ErrInvalidRequest", err)
+			}
+			return
+		}
+		if len(key) != length {
+			t.Fatalf("key has %d bytes, want %d", len(key), length)
+		}
+	})
+}
+
 func TestCheckRequest(t *testing.T) {
 	tests := []struct {
 		name    string

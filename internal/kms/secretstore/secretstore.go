@@ -1,4 +1,6 @@
-package kms
+// Package secretstore keeps wrapped data keys of the PKCS#11 KMS in
+// Kubernetes Secrets (kms.DEKStore).
+package secretstore
 
 import (
 	"context"
@@ -15,17 +17,17 @@ import (
 // wrappedKey is the data key of the Secret holding a wrapped DEK.
 const wrappedKey = "wrapped-dek"
 
-// SecretStore keeps each wrapped DEK in a Kubernetes Secret of its own,
+// Store keeps each wrapped DEK in a Kubernetes Secret of its own,
 // named gatehouse-dek-<first 40 hex digits of SHA-256(id)>; creation is
 // atomic because the API server refuses a second Secret of the same name.
-type SecretStore struct {
+type Store struct {
 	client    kubernetes.Interface
 	namespace string
 }
 
-// NewSecretStore returns a store in namespace.
-func NewSecretStore(client kubernetes.Interface, namespace string) *SecretStore {
-	return &SecretStore{client: client, namespace: namespace}
+// New returns a store in namespace.
+func New(client kubernetes.Interface, namespace string) *Store {
+	return &Store{client: client, namespace: namespace}
 }
 
 // SecretName returns the name of the Secret holding id's wrapped DEK.
@@ -35,7 +37,7 @@ func SecretName(id string) string {
 }
 
 // Get returns the wrapped DEK for id.
-func (s *SecretStore) Get(ctx context.Context, id string) ([]byte, bool, error) {
+func (s *Store) Get(ctx context.Context, id string) ([]byte, bool, error) {
 	secret, err := s.client.CoreV1().Secrets(s.namespace).Get(ctx, SecretName(id), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, false, nil
@@ -50,7 +52,7 @@ func (s *SecretStore) Get(ctx context.Context, id string) ([]byte, bool, error) 
 }
 
 // Create stores id's wrapped DEK unless a Secret for id exists already.
-func (s *SecretStore) Create(ctx context.Context, id string, wrapped []byte) (bool, error) {
+func (s *Store) Create(ctx context.Context, id string, wrapped []byte) (bool, error) {
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        SecretName(id),
