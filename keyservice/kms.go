@@ -25,6 +25,11 @@ type KMSConfig struct {
 	Namespace string
 }
 
+// noClose is the closer of a key source that holds nothing to release.
+type noClose struct{}
+
+func (noClose) Close() error { return nil }
+
 // OpenKMS builds the key source cfg describes; close the returned closer on
 // shutdown.
 func OpenKMS(cfg KMSConfig) (keySource, io.Closer, error) {
@@ -43,7 +48,7 @@ func OpenKMS(cfg KMSConfig) (keySource, io.Closer, error) {
 			return nil, nil, fmt.Errorf("reading master salt: %w", err)
 		}
 		k, err := kms.NewClusterKMS(secret, salt)
-		return k, io.NopCloser(nil), err
+		return k, noClose{}, err
 	}
 	data, err := os.ReadFile(cfg.URIFile)
 	if err != nil {
@@ -56,7 +61,7 @@ func OpenKMS(cfg KMSConfig) (keySource, io.Closer, error) {
 	switch u := parsed.(type) {
 	case *kms.ClusterKMSURI:
 		k, err := kms.NewClusterKMS(u.MasterSecret, u.Salt)
-		return k, io.NopCloser(nil), err
+		return k, noClose{}, err
 	case *kms.PKCS11URI:
 		if cfg.Client == nil || cfg.Namespace == "" {
 			return nil, nil, errors.New("the pkcs11 KMS stores wrapped keys in Kubernetes: a client and namespace are needed")

@@ -227,11 +227,11 @@ func ServerConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 // unlike VerifyPeerCertificate, runs on every handshake, resumed or not.
 func verifyConnection(ctx context.Context, c *Config, nonce []byte, verified *Verified) func(tls.ConnectionState) error {
 	return func(cs tls.ConnectionState) error {
-		rawCerts := make([][]byte, len(cs.PeerCertificates))
-		for i, cert := range cs.PeerCertificates {
-			rawCerts[i] = cert.Raw
+		if len(cs.PeerCertificates) == 0 {
+			return ErrNoCertificate
 		}
-		result, err := c.verifyPeer(ctx, rawCerts, nonce)
+		// crypto/tls has parsed the certificate already; do not parse it again.
+		result, err := c.verifyPeer(ctx, cs.PeerCertificates[0], nonce)
 		if err != nil {
 			return err
 		}
@@ -362,14 +362,7 @@ func (c *Config) certificate(ke *keyAndExtension) (*tls.Certificate, error) {
 }
 
 // verifyPeer checks the peer's certificate and evidence against nonce.
-func (c *Config) verifyPeer(ctx context.Context, rawCerts [][]byte, nonce []byte) (*attestation.Result, error) {
-	if len(rawCerts) == 0 {
-		return nil, ErrNoCertificate
-	}
-	cert, err := x509.ParseCertificate(rawCerts[0])
-	if err != nil {
-		return nil, fmt.Errorf("atls: parsing peer certificate: %w", err)
-	}
+func (c *Config) verifyPeer(ctx context.Context, cert *x509.Certificate, nonce []byte) (*attestation.Result, error) {
 	if !bytes.Equal(cert.RawIssuer, cert.RawSubject) ||
 		cert.CheckSignature(cert.SignatureAlgorithm, cert.RawTBSCertificate, cert.Signature) != nil {
 		return nil, ErrNotSelfSigned

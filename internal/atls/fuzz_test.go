@@ -25,13 +25,14 @@ func FuzzVerifyPeer(f *testing.F) {
 	f.Add([]byte{0x30, 0x03, 0x02, 0x01, 0x01})
 	verifierSide := &Config{Verifiers: []verifier{pair.verifier}, Now: time.Now}
 	f.Fuzz(func(t *testing.T, der []byte) {
-		result, err := verifierSide.verifyPeer(context.Background(), [][]byte{der}, nonce)
+		// As crypto/tls does before VerifyConnection: parse, then verify.
+		parsed, err := x509.ParseCertificate(der)
 		if err != nil {
 			return
 		}
-		parsed, perr := x509.ParseCertificate(der)
-		if perr != nil {
-			t.Fatalf("unparsable certificate verified: %v", perr)
+		result, err := verifierSide.verifyPeer(context.Background(), parsed, nonce)
+		if err != nil {
+			return
 		}
 		if h := sha256.Sum256(parsed.RawSubjectPublicKeyInfo); string(result.UserData) != string(h[:]) {
 			t.Fatal("verified evidence is not bound to the certificate's key")
