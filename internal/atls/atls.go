@@ -78,6 +78,16 @@ type Config struct {
 	// Verifiers appraise the peer's evidence, one per accepted variant;
 	// empty if the peer need not attest.
 	Verifiers []verifier
+	// Certificate, when set, gives the certificate a side that does not
+	// attest presents (for example the join service's cluster identity, a
+	// chain to the cluster CA); nil means a fresh self-signed certificate. It
+	// is called once per handshake, so it may rotate certificates.
+	Certificate func() (*tls.Certificate, error)
+	// VerifyPeer, when set, checks the peer's certificate chain as sent, leaf
+	// first, on every handshake. It complements or replaces attestation: a
+	// side with VerifyPeer and no Verifiers trusts its peer by certificate
+	// alone (for example a pinned cluster CA).
+	VerifyPeer func(chain []*x509.Certificate) error
 	// Now is the clock certificates are made and checked with; nil is time.Now.
 	Now func() time.Time
 }
@@ -93,6 +103,7 @@ var (
 	ErrKeyBinding      = errors.New("atls: peer evidence is bound to another key")
 	ErrNoNonce         = errors.New("atls: peer sent no attestation nonce")
 	ErrEvidenceInvalid = errors.New("atls: peer evidence does not verify")
+	ErrPeerRejected    = errors.New("atls: peer certificate rejected")
 )
 
 func (c *Config) now() time.Time {
@@ -103,8 +114,11 @@ func (c *Config) now() time.Time {
 }
 
 func (c *Config) check() error {
-	if c.Attester == nil && len(c.Verifiers) == 0 {
+	if c.Attester == nil && len(c.Verifiers) == 0 && c.VerifyPeer == nil {
 		return errors.New("atls: config neither attests nor verifies; use plain TLS instead")
+	}
+	if c.Attester != nil && c.Certificate != nil {
+		return errors.New("atls: config both attests and presents a fixed certificate; choose one")
 	}
 	seen := map[attestation.Variant]bool{}
 	for _, v := range c.Verifiers {
@@ -168,6 +182,8 @@ func ClientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 		}
 		cfg.NextProtos = append(cfg.NextProtos, noncePrefix+hex.EncodeToString(nonce))
 		cfg.VerifyConnection = verifyConnection(ctx, &c, nonce, verified)
+	} else if c.VerifyPeer != nil {
+		cfg.VerifyConnection = verifyConnection(ctx, &c, nil, verified)
 	}
 	if c.Attester != nil {
 		cfg.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
@@ -176,6 +192,10 @@ func ClientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 				return nil, err
 			}
 			return c.attestedCertificate(ctx, nonce)
+		}
+	} else if c.Certificate != nil {
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return c.Certificate()
 		}
 	}
 	return cfg, verified, nil
@@ -195,6 +215,9 @@ func ServerConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 		SessionTicketsDisabled: true, // evidence is fresh per handshake; a resumed session would skip it
 	}
 	cfg.GetCertificate = func(chi *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		if c.Certificate != nil {
+			return c.Certificate()
+		}
 		if c.Attester == nil {
 			// The client does not verify the server by attestation; it still
 			// needs a certificate for the handshake.
@@ -218,17 +241,30 @@ func ServerConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 		cfg.ClientAuth = tls.RequireAnyClientCert
 		cfg.ClientCAs = pool
 		cfg.VerifyConnection = verifyConnection(ctx, &c, nonce, verified)
+	} else if c.VerifyPeer != nil {
+		cfg.ClientAuth = tls.RequireAnyClientCert
+		cfg.VerifyConnection = verifyConnection(ctx, &c, nil, verified)
 	}
 	return cfg, verified, nil
 }
 
 // verifyConnection returns a tls.Config.VerifyConnection that verifies the
-// peer's evidence against nonce and records the result. VerifyConnection,
-// unlike VerifyPeerCertificate, runs on every handshake, resumed or not.
+// peer's evidence against nonce (when c has Verifiers) and its certificate
+// chain (when c has VerifyPeer), and records the attestation result.
+// VerifyConnection, unlike VerifyPeerCertificate, runs on every handshake,
+// resumed or not.
 func verifyConnection(ctx context.Context, c *Config, nonce []byte, verified *Verified) func(tls.ConnectionState) error {
 	return func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return ErrNoCertificate
+		}
+		if c.VerifyPeer != nil {
+			if err := c.VerifyPeer(cs.PeerCertificates); err != nil {
+				return fmt.Errorf("%w: %w", ErrPeerRejected, err)
+			}
+		}
+		if len(c.Verifiers) == 0 {
+			return nil
 		}
 		// crypto/tls has parsed the certificate already; do not parse it again.
 		result, err := c.verifyPeer(ctx, cs.PeerCertificates[0], nonce)

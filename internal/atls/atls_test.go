@@ -1,6 +1,7 @@
 package atls
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -409,5 +410,66 @@ func TestModeMismatches(t *testing.T) {
 func TestConfigChecks(t *testing.T) {
 	if _, err := NewCredentials(Config{}); err == nil || !strings.Contains(err.Error(), "neither attests nor verifies") {
 		t.Fatalf("error = %v", err)
+	}
+}
+
+// TestFixedCertificateAndVerifyPeer covers the join service's mode: the
+// server presents a fixed certificate that the client checks with VerifyPeer
+// (a pinned identity), while the client attests to the server.
+func TestFixedCertificateAndVerifyPeer(t *testing.T) {
+	pair := newTPMPair(t)
+	now := time.Now()
+	fixed := selfSigned(t, newKey(t), nil, nil, now.Add(-time.Minute), now.Add(time.Hour))
+	other := selfSigned(t, newKey(t), nil, nil, now.Add(-time.Minute), now.Add(time.Hour))
+	pin := func(chain []*x509.Certificate) error {
+		if !bytes.Equal(chain[0].Raw, fixed.Certificate[0]) {
+			return errors.New("not the pinned certificate")
+		}
+		return nil
+	}
+	client, err := NewCredentials(Config{Attester: pair.attester, VerifyPeer: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		cert    *tls.Certificate
+		wantErr string
+	}{
+		{name: "pinned server", cert: fixed},
+		{name: "impostor", cert: other, wantErr: "peer certificate rejected: not the pinned certificate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			server, err := NewCredentials(Config{
+				Verifiers:   []verifier{pair.verifier},
+				Certificate: func() (*tls.Certificate, error) { return tt.cert, nil },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr, seen := serveHealth(t, server)
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(client))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_, err = healthpb.NewHealthClient(conn).Check(t.Context(), &healthpb.HealthCheckRequest{})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if infos := seen(); len(infos) != 1 || infos[0].Peer == nil {
+				t.Fatalf("server did not verify the client: %+v", infos)
+			}
+		})
+	}
+	if _, err := NewCredentials(Config{Attester: pair.attester, Certificate: func() (*tls.Certificate, error) { return fixed, nil }}); err == nil {
+		t.Fatal("a config that attests and presents a fixed certificate was accepted")
 	}
 }
