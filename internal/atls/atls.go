@@ -56,28 +56,16 @@ const noncePrefix = "gatehouse-atls-nonce-"
 // one handshake, the margin absorbs clock skew between the peers.
 const certValidity = 10 * time.Minute
 
-// attester produces evidence; declared here, where it is used.
-type attester interface {
-	Variant() attestation.Variant
-	Attest(ctx context.Context, userData, nonce []byte) ([]byte, error)
-}
-
-// verifier appraises evidence; declared here, where it is used.
-type verifier interface {
-	Variant() attestation.Variant
-	Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error)
-}
-
 // Config is one side's part in attested TLS. A side with an Attester
 // attests; a side with Verifiers requires its peer to attest with one of
 // their variants. The three modes: server attests (server has an Attester,
 // client has Verifiers), client attests (the reverse), mutual (both have both).
 type Config struct {
 	// Attester attests this side; nil if it does not attest.
-	Attester attester
+	Attester attestation.Attester
 	// Verifiers appraise the peer's evidence, one per accepted variant;
 	// empty if the peer need not attest.
-	Verifiers []verifier
+	Verifiers []attestation.Verifier
 	// Certificate, when set, gives the certificate a side that does not
 	// attest presents (for example the join service's cluster identity, a
 	// chain to the cluster CA); nil means a fresh self-signed certificate. It
@@ -423,7 +411,7 @@ func (c *Config) verifyPeer(ctx context.Context, cert *x509.Certificate, nonce [
 
 // findEvidence returns the verifier for the certificate's evidence extension
 // and the evidence.
-func (c *Config) findEvidence(cert *x509.Certificate) (verifier, []byte, error) {
+func (c *Config) findEvidence(cert *x509.Certificate) (attestation.Verifier, []byte, error) {
 	var unknown []string
 	for _, ext := range cert.Extensions {
 		variant, ok := attestation.VariantForOID(ext.Id)
@@ -433,7 +421,7 @@ func (c *Config) findEvidence(cert *x509.Certificate) (verifier, []byte, error) 
 			}
 			continue
 		}
-		i := slices.IndexFunc(c.Verifiers, func(v verifier) bool { return v.Variant() == variant })
+		i := slices.IndexFunc(c.Verifiers, func(v attestation.Verifier) bool { return v.Variant() == variant })
 		if i < 0 {
 			unknown = append(unknown, string(variant))
 			continue

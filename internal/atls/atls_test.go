@@ -105,8 +105,8 @@ func serveHealth(t *testing.T, creds *Credentials) (addr string, seen func() []A
 func TestModesOverGRPC(t *testing.T) {
 	pair := newTPMPair(t)
 	attests := Config{Attester: pair.attester}
-	verifies := Config{Verifiers: []verifier{pair.verifier}}
-	both := Config{Attester: pair.attester, Verifiers: []verifier{pair.verifier}}
+	verifies := Config{Verifiers: []attestation.Verifier{pair.verifier}}
+	both := Config{Attester: pair.attester, Verifiers: []attestation.Verifier{pair.verifier}}
 	tests := []struct {
 		name                   string
 		server, client         Config
@@ -162,7 +162,7 @@ func TestModesOverGRPC(t *testing.T) {
 func TestEveryHandshakeHasFreshKeyAndEvidence(t *testing.T) {
 	pair := newTPMPair(t)
 	server := Config{Attester: pair.attester}
-	client := Config{Verifiers: []verifier{pair.verifier}}
+	client := Config{Verifiers: []attestation.Verifier{pair.verifier}}
 	keys := map[string]bool{}
 	for range 3 {
 		state, _, err := handshakePair(t, server, client, nil)
@@ -264,7 +264,7 @@ func evidenceExtension(t *testing.T, variant attestation.Variant, evidence []byt
 // client that verifies a server presenting a bad certificate.
 func TestHandshakeRejects(t *testing.T) {
 	pair := newTPMPair(t)
-	client := Config{Verifiers: []verifier{pair.verifier}}
+	client := Config{Verifiers: []attestation.Verifier{pair.verifier}}
 	now := time.Now()
 	key := newKey(t)
 	tpmOID, _ := attestation.VariantTPM.OID()
@@ -353,7 +353,7 @@ func TestEvidenceBoundToAnotherKey(t *testing.T) {
 	otherSPKI, _ := x509.MarshalPKIXPublicKey(other.Public())
 	otherHash := sha256.Sum256(otherSPKI)
 	thief := Config{Attester: relay{pair.attester, otherHash[:]}}
-	_, _, clientErr := handshakePair(t, thief, Config{Verifiers: []verifier{pair.verifier}}, nil)
+	_, _, clientErr := handshakePair(t, thief, Config{Verifiers: []attestation.Verifier{pair.verifier}}, nil)
 	if !errors.Is(clientErr, ErrKeyBinding) {
 		t.Fatalf("client error = %v, want %v", clientErr, ErrKeyBinding)
 	}
@@ -387,7 +387,7 @@ func TestModeMismatches(t *testing.T) {
 		},
 		{
 			name:   "client expects the server to attest but it does not",
-			server: Config{Verifiers: []verifier{pair.verifier}}, client: Config{Verifiers: []verifier{pair.verifier}},
+			server: Config{Verifiers: []attestation.Verifier{pair.verifier}}, client: Config{Verifiers: []attestation.Verifier{pair.verifier}},
 			wantClientErr: ErrNoEvidence,
 		},
 	}
@@ -442,7 +442,7 @@ func TestFixedCertificateAndVerifyPeer(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			server, err := NewCredentials(Config{
-				Verifiers:   []verifier{pair.verifier},
+				Verifiers:   []attestation.Verifier{pair.verifier},
 				Certificate: func() (*tls.Certificate, error) { return tt.cert, nil },
 			})
 			if err != nil {

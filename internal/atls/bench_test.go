@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"net"
 	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 )
 
 // BenchmarkHandshake measures one attested TLS handshake over loopback TCP
@@ -14,7 +16,7 @@ import (
 // the transport's own cost.
 func BenchmarkHandshake(b *testing.B) {
 	pair := newTPMPair(b)
-	mutual := Config{Attester: pair.attester, Verifiers: []verifier{pair.verifier}}
+	mutual := Config{Attester: pair.attester, Verifiers: []attestation.Verifier{pair.verifier}}
 	b.Run("atls-mutual-simulator-tpm", func(b *testing.B) {
 		for b.Loop() {
 			benchHandshake(b, func(ctx context.Context) (*tls.Config, *tls.Config) {

@@ -23,7 +23,7 @@ func FuzzVerifyPeer(f *testing.F) {
 	}
 	f.Add(cert.Certificate[0])
 	f.Add([]byte{0x30, 0x03, 0x02, 0x01, 0x01})
-	verifierSide := &Config{Verifiers: []verifier{pair.verifier}, Now: time.Now}
+	verifierSide := &Config{Verifiers: []attestation.Verifier{pair.verifier}, Now: time.Now}
 	f.Fuzz(func(t *testing.T, der []byte) {
 		// As crypto/tls does before VerifyConnection: parse, then verify.
 		parsed, err := x509.ParseCertificate(der)

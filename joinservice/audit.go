@@ -1,0 +1,110 @@
+package joinservice
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"slices"
+	"syscall"
+
+	"google.golang.org/grpc/credentials"
+
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+)
+
+// digestHex returns the first 16 hex digits of data's SHA-256, a short
+// fingerprint for logs.
+func digestHex(data []byte) string {
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:8])
+}
+
+// measurementsDigest fingerprints verified measurements (index, value pairs
+// in index order), so the audit log groups nodes running the same software
+// without listing every value.
+func measurementsDigest(m map[uint32][]byte) string {
+	if len(m) == 0 {
+		return ""
+	}
+	var buf []byte
+	for _, i := range slices.Sorted(maps.Keys(m)) {
+		buf = binary.BigEndian.AppendUint32(buf, i)
+		buf = binary.BigEndian.AppendUint32(buf, uint32(len(m[i])))
+		buf = append(buf, m[i]...)
+	}
+	return digestHex(buf)
+}
+
+// handshakeReason classifies a failed attested TLS handshake for metrics
+// and the audit log.
+func handshakeReason(err error) string {
+	for _, c := range []struct {
+		target error
+		reason string
+	}{
+		{attestation.ErrMeasurement, "measurement_mismatch"},
+		{attestation.ErrUntrustedKey, "untrusted_key"},
+		{attestation.ErrNonce, "evidence_nonce"},
+		{attestation.ErrSignature, "evidence_signature"},
+		{attestation.ErrPolicy, "evidence_policy"},
+		{attestation.ErrMalformed, "evidence_malformed"},
+		{atls.ErrNoEvidence, "no_evidence"},
+		{atls.ErrNoCertificate, "no_evidence"},
+		{atls.ErrUnknownVariant, "unknown_variant"},
+		{atls.ErrNotSelfSigned, "no_evidence"},
+		{atls.ErrKeyBinding, "key_binding"},
+		{atls.ErrCertExpired, "certificate_expired"},
+		{atls.ErrNoNonce, "no_nonce"},
+	} {
+		if errors.Is(err, c.target) {
+			return c.reason
+		}
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed) {
+		return "aborted"
+	}
+	return "tls_error"
+}
+
+// auditedCredentials wrap the service's attested TLS credentials so every
+// refused handshake, the point where unattested and wrongly measured
+// callers are turned away, is counted and audited. Aborted connections
+// (TCP probes, scanners) are only counted.
+type auditedCredentials struct {
+	credentials.TransportCredentials
+	s *Server
+}
+
+func (c *auditedCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	out, info, err := c.TransportCredentials.ServerHandshake(conn)
+	m := c.s.metrics
+	m.attempts.WithLabelValues("handshake").Inc()
+	if err == nil {
+		m.verdicts.WithLabelValues("handshake", "allowed", "allowed").Inc()
+		return out, info, nil
+	}
+	reason := handshakeReason(err)
+	m.verdicts.WithLabelValues("handshake", "refused", reason).Inc()
+	if reason != "aborted" {
+		c.s.cfg.Log.LogAttrs(context.Background(), slog.LevelWarn, "audit",
+			slog.String("event", "join.decision"),
+			slog.String("method", "handshake"),
+			slog.String("source", sourceHost(conn.RemoteAddr())),
+			slog.String("verdict", "refused"),
+			slog.String("reason", reason),
+			slog.String("error", err.Error()),
+		)
+	}
+	return out, info, err
+}
+
+func (c *auditedCredentials) Clone() credentials.TransportCredentials {
+	return &auditedCredentials{TransportCredentials: c.TransportCredentials.Clone(), s: c.s}
+}

@@ -1,0 +1,311 @@
+package joinservice
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+)
+
+// IdentityURI is the URI subject alternative name of the join service's
+// certificate. Joiners accept a certificate chained to the pinned cluster CA
+// only if it carries this name: the Kubernetes signers never put URI names
+// into node certificates (kubernetes.io/kubelet-serving permits DNS and IP
+// names only, Kubernetes docs "Certificate Signing Requests"), and this
+// service refuses kubelet CSRs with any URI, so no node certificate can
+// impersonate the join service.
+const IdentityURI = "urn:gatehouse:joinservice"
+
+// Certificate lifetimes.
+const (
+	// KubeletCertValidity is how long an issued kubelet certificate is
+	// valid: a year, as kubeadm's; the kubelet rotates it before then.
+	KubeletCertValidity = 365 * 24 * time.Hour
+	// identityValidity is how long the service's own certificate is valid;
+	// it is renewed at half its life.
+	identityValidity = 7 * 24 * time.Hour
+	// clockSkew backdates certificates so peers with slow clocks accept them.
+	clockSkew = 5 * time.Minute
+)
+
+// CA is the cluster CA (kubeadm's /etc/kubernetes/pki/ca.crt and ca.key). It
+// signs kubelet certificates and the join service's own identity.
+type CA struct {
+	cert *x509.Certificate
+	key  crypto.Signer
+}
+
+// LoadCA reads a PEM CA certificate and its PEM private key (PKCS#8, PKCS#1
+// or SEC 1), checking that they belong together and that the certificate is
+// a CA.
+func LoadCA(certPath, keyPath string) (*CA, error) {
+	certPEM, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, fmt.Errorf("reading CA certificate: %w", err)
+	}
+	keyPEM, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, fmt.Errorf("reading CA key: %w", err)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("loading CA %s and %s: %w", certPath, keyPath, err)
+	}
+	signer, ok := pair.PrivateKey.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("CA key %s cannot sign", keyPath)
+	}
+	return NewCA(pair.Leaf, signer)
+}
+
+// NewCA returns a CA for cert and its key.
+func NewCA(cert *x509.Certificate, key crypto.Signer) (*CA, error) {
+	if !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return nil, errors.New("CA certificate is not a CA with the certSign key usage")
+	}
+	return &CA{cert: cert, key: key}, nil
+}
+
+// Certificate returns the CA certificate.
+func (ca *CA) Certificate() *x509.Certificate { return ca.cert }
+
+// DiscoveryTokenCACertHash returns kubeadm's pin of the CA.
+func (ca *CA) DiscoveryTokenCACertHash() string { return kubeadm.DiscoveryTokenCACertHash(ca.cert) }
+
+func (ca *CA) sign(tmpl *x509.Certificate, pub crypto.PublicKey) ([]byte, error) {
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("generating serial number: %w", err)
+	}
+	tmpl.SerialNumber = serial
+	if tmpl.NotAfter.After(ca.cert.NotAfter) {
+		tmpl.NotAfter = ca.cert.NotAfter
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, pub, ca.key)
+	if err != nil {
+		return nil, fmt.Errorf("signing certificate: %w", err)
+	}
+	return der, nil
+}
+
+// KubeletRequest is a checked kubelet certificate request.
+type KubeletRequest struct {
+	csr *x509.CertificateRequest
+	// NodeName is the node the certificate is for (CN system:node:<NodeName>).
+	NodeName string
+}
+
+// ParseKubeletCSR parses and checks a DER PKCS#10 request (RFC 2986) for a
+// kubelet certificate, the way the kubernetes.io/kubelet-serving signer
+// constrains one (Kubernetes docs, "Certificate Signing Requests"):
+//
+//   - the signature verifies under the request's public key, which is ECDSA
+//     P-256/P-384, Ed25519 or RSA of at least 2048 bits;
+//   - the subject is exactly O=system:nodes, CN=system:node:<name> with
+//     <name> a DNS-1123 subdomain;
+//   - there is at least one DNS or IP subject alternative name, DNS names
+//     are DNS-1123 subdomains, IPs are unicast and not loopback or
+//     unspecified, and there are no URI or e-mail names.
+//
+// Errors name the field that is wrong.
+func ParseKubeletCSR(der []byte) (*KubeletRequest, error) {
+	if len(der) == 0 {
+		return nil, errors.New("certificate request is empty; send a DER PKCS#10 request for CN=system:node:<name>, O=system:nodes")
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return nil, fmt.Errorf("certificate request does not parse as DER PKCS#10: %w", err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("certificate request signature does not verify: %w", err)
+	}
+	if err := checkPublicKey(csr.PublicKey); err != nil {
+		return nil, err
+	}
+	name, err := kubeletNodeName(csr.Subject)
+	if err != nil {
+		return nil, err
+	}
+	if len(csr.URIs) > 0 || len(csr.EmailAddresses) > 0 {
+		return nil, errors.New("certificate request has URI or e-mail names; a kubelet certificate carries DNS and IP names only")
+	}
+	if len(csr.DNSNames)+len(csr.IPAddresses) == 0 {
+		return nil, errors.New("certificate request has no DNS or IP subject alternative names; add the node's host name and addresses")
+	}
+	for _, d := range csr.DNSNames {
+		if errs := validation.IsDNS1123Subdomain(d); len(errs) > 0 {
+			return nil, fmt.Errorf("certificate request DNS name %q is invalid: %s", d, strings.Join(errs, "; "))
+		}
+	}
+	for _, ip := range csr.IPAddresses {
+		if ip.IsLoopback() || ip.IsUnspecified() || ip.IsMulticast() || ip.IsLinkLocalUnicast() {
+			return nil, fmt.Errorf("certificate request IP address %s is loopback, unspecified, multicast or link-local; use the node's address", ip)
+		}
+	}
+	return &KubeletRequest{csr: csr, NodeName: name}, nil
+}
+
+func checkPublicKey(pub crypto.PublicKey) error {
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() && k.Curve != elliptic.P384() {
+			return errors.New("certificate request key is ECDSA on a curve other than P-256 or P-384")
+		}
+	case *rsa.PublicKey:
+		if k.N.BitLen() < 2048 {
+			return fmt.Errorf("certificate request key is RSA with %d bits; at least 2048 are required", k.N.BitLen())
+		}
+	case ed25519.PublicKey:
+	default:
+		return fmt.Errorf("certificate request key type %T is not ECDSA, Ed25519 or RSA", pub)
+	}
+	return nil
+}
+
+func kubeletNodeName(subject pkix.Name) (string, error) {
+	const prefix = "system:node:"
+	if len(subject.Organization) != 1 || subject.Organization[0] != "system:nodes" {
+		return "", fmt.Errorf("certificate request organization is %q; it must be exactly [\"system:nodes\"]", subject.Organization)
+	}
+	if len(subject.OrganizationalUnit)+len(subject.Country)+len(subject.Province)+len(subject.Locality)+
+		len(subject.StreetAddress)+len(subject.PostalCode) > 0 || subject.SerialNumber != "" {
+		return "", errors.New("certificate request subject has fields besides CN and O")
+	}
+	name, ok := strings.CutPrefix(subject.CommonName, prefix)
+	if !ok {
+		return "", fmt.Errorf("certificate request common name %q does not start with %q", subject.CommonName, prefix)
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return "", fmt.Errorf("certificate request node name %q is invalid: %s", name, strings.Join(errs, "; "))
+	}
+	return name, nil
+}
+
+// SignKubelet issues a kubelet client and serving certificate (DER) for a
+// checked request, valid for KubeletCertValidity from now.
+func (ca *CA) SignKubelet(req *KubeletRequest, now time.Time) ([]byte, error) {
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "system:node:" + req.NodeName, Organization: []string{"system:nodes"}},
+		DNSNames:    req.csr.DNSNames,
+		IPAddresses: req.csr.IPAddresses,
+		NotBefore:   now.Add(-clockSkew),
+		NotAfter:    now.Add(KubeletCertValidity),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+	}
+	if _, ok := req.csr.PublicKey.(*rsa.PublicKey); ok {
+		tmpl.KeyUsage |= x509.KeyUsageKeyEncipherment
+	}
+	der, err := ca.sign(tmpl, req.csr.PublicKey)
+	if err != nil {
+		return nil, fmt.Errorf("signing kubelet certificate: %w", err)
+	}
+	return der, nil
+}
+
+// Identity is the join service's own TLS certificate, signed by the cluster
+// CA with the URI name IdentityURI, renewed at half its life. It is safe for
+// concurrent use.
+type Identity struct {
+	ca  *CA
+	now func() time.Time
+
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	renewAt time.Time
+}
+
+// NewIdentity returns the service identity signed by ca; now is the clock
+// (time.Now in production).
+func NewIdentity(ca *CA, now func() time.Time) *Identity {
+	return &Identity{ca: ca, now: now}
+}
+
+// Certificate returns the current certificate chain (leaf, CA), issuing a new
+// one with a fresh key when none exists or half its life has passed.
+func (id *Identity) Certificate() (*tls.Certificate, error) {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	now := id.now()
+	if id.cert != nil && now.Before(id.renewAt) {
+		return id.cert, nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating join service key: %w", err)
+	}
+	uri, err := url.Parse(IdentityURI)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "gatehouse-joinservice"},
+		URIs:        []*url.URL{uri},
+		NotBefore:   now.Add(-clockSkew),
+		NotAfter:    now.Add(identityValidity),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := id.ca.sign(tmpl, key.Public())
+	if err != nil {
+		return nil, fmt.Errorf("issuing join service certificate: %w", err)
+	}
+	id.cert = &tls.Certificate{Certificate: [][]byte{der, id.ca.cert.Raw}, PrivateKey: key}
+	id.renewAt = now.Add(identityValidity / 2)
+	return id.cert, nil
+}
+
+// VerifyClusterIdentity returns a check of the join service's certificate
+// chain for a joiner provisioned with the cluster's discovery token CA cert
+// hash (kubeadm's "sha256:<hex>" pin, see internal/kubeadm): some
+// certificate in the chain must be a CA whose public key has that hash, the
+// leaf must chain to it for server authentication at now(), and the leaf
+// must carry IdentityURI. It is atls.Config.VerifyPeer for joiners.
+func VerifyClusterIdentity(caCertHash string, now func() time.Time) (func([]*x509.Certificate) error, error) {
+	if !strings.HasPrefix(caCertHash, "sha256:") || len(caCertHash) != len("sha256:")+64 {
+		return nil, fmt.Errorf("cluster identity %q is not a discovery token CA cert hash \"sha256:<64 hex digits>\"", caCertHash)
+	}
+	return func(chain []*x509.Certificate) error {
+		if len(chain) < 2 {
+			return errors.New("join service sent no CA certificate with its certificate")
+		}
+		roots := x509.NewCertPool()
+		for _, c := range chain[1:] {
+			if c.IsCA && subtle.ConstantTimeCompare([]byte(kubeadm.DiscoveryTokenCACertHash(c)), []byte(caCertHash)) == 1 {
+				roots.AddCert(c)
+			}
+		}
+		leaf := chain[0]
+		if _, err := leaf.Verify(x509.VerifyOptions{
+			Roots:       roots,
+			CurrentTime: now(),
+			KeyUsages:   []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		}); err != nil {
+			return fmt.Errorf("join service certificate does not chain to the pinned cluster CA %s: %w", caCertHash, err)
+		}
+		for _, u := range leaf.URIs {
+			if u.String() == IdentityURI {
+				return nil
+			}
+		}
+		return fmt.Errorf("certificate chained to the cluster CA lacks the join service name %s", IdentityURI)
+	}, nil
+}

@@ -1,0 +1,59 @@
+package joinservice
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+
+	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+)
+
+// ClientCredentials returns the attested TLS credentials a joiner dials the
+// join service with: the joiner attests with attester, and trusts the
+// service by the cluster identity it was provisioned with, the cluster CA's
+// discovery token CA cert hash (see VerifyClusterIdentity). now is the
+// clock; nil is time.Now.
+func ClientCredentials(attester attestation.Attester, caCertHash string, now func() time.Time) (*atls.Credentials, error) {
+	if now == nil {
+		now = time.Now
+	}
+	verify, err := VerifyClusterIdentity(caCertHash, now)
+	if err != nil {
+		return nil, err
+	}
+	return atls.NewCredentials(atls.Config{Attester: attester, VerifyPeer: verify, Now: now})
+}
+
+// ServerCredentials returns the service's attested TLS credentials: joiners
+// must attest and are appraised by policy; the service presents its
+// identity.
+func ServerCredentials(policy *Policy, identity *Identity, now func() time.Time) (*atls.Credentials, error) {
+	return atls.NewCredentials(atls.Config{Verifiers: []attestation.Verifier{policy}, Certificate: identity.Certificate, Now: now})
+}
+
+// KeyServiceKeys adapts a key service connection (mutual TLS) to the keys
+// the join service needs.
+type KeyServiceKeys struct {
+	client keyservicev1.KeyServiceClient
+}
+
+// NewKeyServiceKeys returns keys fetched over conn.
+func NewKeyServiceKeys(conn grpc.ClientConnInterface) *KeyServiceKeys {
+	return &KeyServiceKeys{client: keyservicev1.NewKeyServiceClient(conn)}
+}
+
+// GetDataKey returns the key service's data key for id, length bytes.
+func (k *KeyServiceKeys) GetDataKey(ctx context.Context, id string, length int) ([]byte, error) {
+	resp, err := k.client.GetDataKey(ctx, &keyservicev1.GetDataKeyRequest{DataKeyId: id, Length: uint32(length)})
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.GetDataKey()) != length {
+		return nil, fmt.Errorf("key service returned %d bytes, asked for %d", len(resp.GetDataKey()), length)
+	}
+	return resp.GetDataKey(), nil
+}

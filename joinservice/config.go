@@ -1,0 +1,295 @@
+package joinservice
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"sigs.k8s.io/yaml"
+
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+)
+
+// Keys of the join config ConfigMap (docs/joinservice.md shows an example).
+const (
+	// KeyAttestation holds the appraisal policy, YAML (AttestationPolicy).
+	KeyAttestation = "attestation.yaml"
+	// KeyMeasurementSalt holds the 32-byte measurement salt, hex.
+	KeyMeasurementSalt = "measurementSalt"
+	// KeyAPIServerEndpoint holds the API server endpoint joiners use, host:port.
+	KeyAPIServerEndpoint = "apiServerEndpoint"
+	// KeyKubernetesVersion holds the cluster's Kubernetes version, "v1.36.4".
+	KeyKubernetesVersion = "kubernetesVersion"
+	// KeyKubernetesComponents holds the version's components, a JSON array
+	// of gatehouse.components.v1.Component in protobuf JSON form.
+	KeyKubernetesComponents = "kubernetesComponents"
+)
+
+// KeyDenyList is the key of the deny list ConfigMap: one entry per line,
+// '#' starts a comment. An entry is an attestation identity
+// (attestation.Result.Identity: "tpm-ak:sha256:<hex>",
+// "sev-snp-chip:<hex>", "tdx-ppid:<hex>") or "node:<node name>".
+const KeyDenyList = "denied"
+
+// NodeLockPCR is the PCR the bootstrapper extends with the cluster ID when
+// it takes the node lock (DESIGN.md "Node lock"). A node asking for keys must
+// not have taken it yet, so the join service always requires it to be zero.
+const NodeLockPCR = 15
+
+// MeasurementSaltSize is the size of the measurement salt in bytes.
+const MeasurementSaltSize = 32
+
+// maxComponents bounds the component list of a join config.
+const maxComponents = 64
+
+// AttestationPolicy is the file form of the appraisal policy in the join
+// config (key attestation.yaml).
+type AttestationPolicy struct {
+	// Variant must be the variant the service was started for ("tpm").
+	Variant string `json:"variant"`
+	// PCRs is the SHA-256 PCR selection every quote must cover; it must
+	// include NodeLockPCR.
+	PCRs []int `json:"pcrs"`
+	// ReferenceValues are the expected PCR values (package measurements'
+	// format). NodeLockPCR must not appear: it is always enforced as zero.
+	ReferenceValues json.RawMessage `json:"referenceValues"`
+	// AKRoots is a PEM bundle of roots for AK certificate chains.
+	AKRoots string `json:"akRoots,omitempty"`
+	// PinnedAKs are PEM public keys of trusted attestation keys.
+	PinnedAKs []string `json:"pinnedAKs,omitempty"`
+}
+
+// JoinConfig is one validated version of the join config ConfigMap.
+type JoinConfig struct {
+	// Verifier appraises joiners' evidence.
+	Verifier attestation.Verifier
+	// MeasurementSalt is handed to every joiner, MeasurementSaltSize bytes.
+	MeasurementSalt []byte
+	// APIServerEndpoint is where joiners reach the API server, host:port.
+	APIServerEndpoint string
+	// KubernetesVersion is the version the cluster runs.
+	KubernetesVersion string
+	// Components are what a node installs for KubernetesVersion.
+	Components []*componentsv1.Component
+	// Summary describes the config for logs: variant, PCRs, a digest of the
+	// reference values.
+	Summary string
+}
+
+// ParseJoinConfig validates the data of the join config ConfigMap for the
+// service's attestation variant. now is the clock AK certificates are
+// checked with. Errors name the key and what is wrong with it.
+func ParseJoinConfig(data map[string]string, variant attestation.Variant, now func() time.Time) (*JoinConfig, error) {
+	cfg := &JoinConfig{}
+	for _, key := range []string{KeyAttestation, KeyMeasurementSalt, KeyAPIServerEndpoint, KeyKubernetesVersion, KeyKubernetesComponents} {
+		if strings.TrimSpace(data[key]) == "" {
+			return nil, fmt.Errorf("join config: key %q is missing or empty", key)
+		}
+	}
+	var err error
+	if cfg.Verifier, cfg.Summary, err = parseAttestationPolicy([]byte(data[KeyAttestation]), variant, now); err != nil {
+		return nil, fmt.Errorf("join config: %s: %w", KeyAttestation, err)
+	}
+	salt, err := hex.DecodeString(strings.TrimSpace(data[KeyMeasurementSalt]))
+	if err != nil || len(salt) != MeasurementSaltSize {
+		return nil, fmt.Errorf("join config: %s must be %d bytes as hex (%d hex digits)", KeyMeasurementSalt, MeasurementSaltSize, 2*MeasurementSaltSize)
+	}
+	cfg.MeasurementSalt = salt
+	endpoint := strings.TrimSpace(data[KeyAPIServerEndpoint])
+	if host, port, err := net.SplitHostPort(endpoint); err != nil || host == "" || !validPort(port) {
+		return nil, fmt.Errorf("join config: %s %q is not host:port", KeyAPIServerEndpoint, endpoint)
+	}
+	cfg.APIServerEndpoint = endpoint
+	cfg.KubernetesVersion = strings.TrimSpace(data[KeyKubernetesVersion])
+	if !validKubernetesVersion(cfg.KubernetesVersion) {
+		return nil, fmt.Errorf("join config: %s %q is not a release version like v1.36.4", KeyKubernetesVersion, cfg.KubernetesVersion)
+	}
+	if cfg.Components, err = parseComponents([]byte(data[KeyKubernetesComponents])); err != nil {
+		return nil, fmt.Errorf("join config: %s: %w", KeyKubernetesComponents, err)
+	}
+	return cfg, nil
+}
+
+func validPort(s string) bool {
+	p, err := strconv.Atoi(s)
+	return err == nil && p > 0 && p < 65536
+}
+
+func validKubernetesVersion(v string) bool {
+	parts := strings.Split(strings.TrimPrefix(v, "v"), ".")
+	if !strings.HasPrefix(v, "v") || len(parts) != 3 {
+		return false
+	}
+	for _, p := range parts {
+		if n, err := strconv.Atoi(p); err != nil || n < 0 || strconv.Itoa(n) != p {
+			return false
+		}
+	}
+	return true
+}
+
+func parseComponents(data []byte) ([]*componentsv1.Component, error) {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, fmt.Errorf("not a JSON array: %w", err)
+	}
+	if len(raw) == 0 || len(raw) > maxComponents {
+		return nil, fmt.Errorf("has %d components; 1 to %d are allowed", len(raw), maxComponents)
+	}
+	out := make([]*componentsv1.Component, 0, len(raw))
+	for i, r := range raw {
+		c := &componentsv1.Component{}
+		if err := protojson.Unmarshal(r, c); err != nil {
+			return nil, fmt.Errorf("component %d: %w", i, err)
+		}
+		if !strings.HasPrefix(c.GetUrl(), "https://") {
+			return nil, fmt.Errorf("component %d: url %q is not https", i, c.GetUrl())
+		}
+		if h, ok := strings.CutPrefix(c.GetHash(), "sha256:"); !ok || len(h) != 64 || strings.ToLower(h) != h {
+			return nil, fmt.Errorf("component %d: hash %q is not \"sha256:\" and 64 lowercase hex digits", i, c.GetHash())
+		} else if _, err := hex.DecodeString(h); err != nil {
+			return nil, fmt.Errorf("component %d: hash %q is not hex", i, c.GetHash())
+		}
+		if !strings.HasPrefix(c.GetInstallPath(), "/") || strings.Contains(c.GetInstallPath(), "..") {
+			return nil, fmt.Errorf("component %d: install path %q is not an absolute path without ..", i, c.GetInstallPath())
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func parseAttestationPolicy(data []byte, variant attestation.Variant, now func() time.Time) (attestation.Verifier, string, error) {
+	jsonData, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, "", err
+	}
+	var p AttestationPolicy
+	dec := json.NewDecoder(bytes.NewReader(jsonData))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return nil, "", err
+	}
+	if p.Variant != string(variant) {
+		return nil, "", fmt.Errorf("variant %q differs from the service's variant %q", p.Variant, variant)
+	}
+	if variant != attestation.VariantTPM {
+		return nil, "", fmt.Errorf("variant %q has no join policy format yet; use tpm", variant)
+	}
+	if !slices.Contains(p.PCRs, NodeLockPCR) {
+		return nil, "", fmt.Errorf("pcrs must include the node-lock PCR %d", NodeLockPCR)
+	}
+	ref := measurements.M{}
+	if len(p.ReferenceValues) > 0 && string(p.ReferenceValues) != "null" {
+		if ref, err = measurements.Parse(p.ReferenceValues, 32); err != nil {
+			return nil, "", err
+		}
+	}
+	if _, ok := ref[NodeLockPCR]; ok {
+		return nil, "", fmt.Errorf("referenceValues must not set PCR %d: the join service always requires the node-lock PCR to be zero", NodeLockPCR)
+	}
+	ref[NodeLockPCR] = measurements.Measurement{Expected: make([]byte, 32)}
+	endorsement, err := parseEndorsement(p)
+	if err != nil {
+		return nil, "", err
+	}
+	v, err := tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, ReferenceValues: ref, Endorsement: endorsement}, now)
+	if err != nil {
+		return nil, "", err
+	}
+	refJSON, err := ref.Marshal()
+	if err != nil {
+		return nil, "", err
+	}
+	summary := fmt.Sprintf("variant=%s pcrs=%v referenceValues=%s", variant, p.PCRs, digestHex(refJSON))
+	return v, summary, nil
+}
+
+func parseEndorsement(p AttestationPolicy) (tpm.Endorsement, error) {
+	var e tpm.Endorsement
+	if (strings.TrimSpace(p.AKRoots) == "") == (len(p.PinnedAKs) == 0) {
+		return e, errors.New("set exactly one of akRoots and pinnedAKs")
+	}
+	if p.AKRoots != "" {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(p.AKRoots)) {
+			return e, errors.New("akRoots holds no PEM certificate")
+		}
+		e.Roots = pool
+		return e, nil
+	}
+	for i, s := range p.PinnedAKs {
+		block, _ := pem.Decode([]byte(s))
+		if block == nil || block.Type != "PUBLIC KEY" {
+			return e, fmt.Errorf("pinnedAKs[%d] is not a PEM PUBLIC KEY", i)
+		}
+		pub, err := x509.ParsePKIXPublicKey(block.Bytes)
+		if err != nil {
+			return e, fmt.Errorf("pinnedAKs[%d]: %w", i, err)
+		}
+		e.PinnedKeys = append(e.PinnedKeys, crypto.PublicKey(pub))
+	}
+	return e, nil
+}
+
+// DenyList is a parsed deny list: attestation identities and node names
+// refused on every request.
+type DenyList struct {
+	identities map[string]bool
+	nodes      map[string]bool
+}
+
+// denyPrefixes are the entry forms of a deny list.
+var denyPrefixes = []string{"tpm-ak:sha256:", "sev-snp-chip:", "tdx-ppid:", "node:"}
+
+// ParseDenyList parses the deny list format (see KeyDenyList). An entry of
+// an unknown form is an error naming its line.
+func ParseDenyList(text string) (DenyList, error) {
+	d := DenyList{identities: map[string]bool{}, nodes: map[string]bool{}}
+	for i, line := range strings.Split(text, "\n") {
+		if j := strings.IndexByte(line, '#'); j >= 0 {
+			line = line[:j]
+		}
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		if !slices.ContainsFunc(denyPrefixes, func(p string) bool { return strings.HasPrefix(line, p) && len(line) > len(p) }) {
+			return DenyList{}, fmt.Errorf("deny list line %d: %q is not one of %s followed by a value", i+1, line, strings.Join(denyPrefixes, ", "))
+		}
+		if node, ok := strings.CutPrefix(line, "node:"); ok {
+			d.nodes[node] = true
+		} else {
+			d.identities[line] = true
+		}
+	}
+	return d, nil
+}
+
+// Denies returns the entry that refuses identity or nodeName ("" for a
+// request without a node name), if any.
+func (d DenyList) Denies(identity, nodeName string) (string, bool) {
+	if d.identities[identity] {
+		return identity, true
+	}
+	if nodeName != "" && d.nodes[nodeName] {
+		return "node:" + nodeName, true
+	}
+	return "", false
+}
+
+// Len returns the number of entries.
+func (d DenyList) Len() int { return len(d.identities) + len(d.nodes) }

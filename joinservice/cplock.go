@@ -1,0 +1,150 @@
+package joinservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+// ControlPlaneLeaseName names the Lease serialising control-plane joins.
+const ControlPlaneLeaseName = "gatehouse-control-plane-join"
+
+// ControlPlaneJoinTimeout is how long one control-plane join holds the lock
+// unless its node shows up as a control plane earlier: long enough for
+// kubeadm join --control-plane to add the etcd member and start the static
+// Pods, short enough that a node dying mid-join does not block others long.
+const ControlPlaneJoinTimeout = 10 * time.Minute
+
+// labelControlPlane is the label kubeadm puts on control-plane Nodes once
+// `kubeadm join --control-plane` has added the etcd member
+// (mark-control-plane phase).
+const labelControlPlane = "node-role.kubernetes.io/control-plane"
+
+// ErrControlPlaneBusy means another control plane is joining; retry later.
+var ErrControlPlaneBusy = errors.New("another control plane is joining")
+
+// ControlPlaneLock serialises control-plane joins with a coordination Lease
+// in kube-system, so that etcd member additions never race. The holder is
+// the joining node's name; the lock is free when nobody holds it, when the
+// holder's lease ran out, or when the holder's Node is labelled as a control
+// plane (its join has passed etcd). The same node may take it again, so a
+// node retrying its own join is not blocked by itself.
+type ControlPlaneLock struct {
+	client  kubernetes.Interface
+	timeout time.Duration
+	now     func() time.Time
+}
+
+// NewControlPlaneLock returns the lock; timeout is how long a holder keeps
+// it (ControlPlaneJoinTimeout in production).
+func NewControlPlaneLock(client kubernetes.Interface, timeout time.Duration, now func() time.Time) *ControlPlaneLock {
+	return &ControlPlaneLock{client: client, timeout: timeout, now: now}
+}
+
+// BusyError says who holds the lock and until when.
+type BusyError struct {
+	Holder string
+	Until  time.Time
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("%v: node %s holds the control-plane join lock until %s or until it joins; retry then",
+		ErrControlPlaneBusy, e.Holder, e.Until.UTC().Format(time.RFC3339))
+}
+
+func (e *BusyError) Unwrap() error { return ErrControlPlaneBusy }
+
+// Acquire takes the lock for node. It returns a release function that
+// frees the lock if this call took it (to undo a join that failed before its
+// ticket was complete), a *BusyError while another node holds it, or an API
+// error. Updates use the Lease's resourceVersion, so two service replicas
+// racing for it cannot both win.
+func (l *ControlPlaneLock) Acquire(ctx context.Context, node string) (release func(context.Context) error, err error) {
+	leases := l.client.CoordinationV1().Leases(metav1.NamespaceSystem)
+	now := metav1.NewMicroTime(l.now())
+	spec := coordinationv1.LeaseSpec{
+		HolderIdentity:       ptr.To(node),
+		LeaseDurationSeconds: ptr.To(int32(l.timeout / time.Second)),
+		AcquireTime:          &now,
+		RenewTime:            &now,
+	}
+	lease, err := leases.Get(ctx, ControlPlaneLeaseName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		lease = &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: ControlPlaneLeaseName, Namespace: metav1.NamespaceSystem},
+			Spec:       spec,
+		}
+		created, err := leases.Create(ctx, lease, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil, &BusyError{Holder: "(another replica's choice)", Until: l.now().Add(l.timeout)}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("creating control-plane join Lease: %w", err)
+		}
+		return l.releaser(created), nil
+	case err != nil:
+		return nil, fmt.Errorf("reading control-plane join Lease: %w", err)
+	}
+	if free, err := l.free(ctx, lease, node); err != nil {
+		return nil, err
+	} else if !free {
+		return nil, &BusyError{Holder: ptr.Deref(lease.Spec.HolderIdentity, ""), Until: leaseEnd(lease)}
+	}
+	lease.Spec = spec
+	updated, err := leases.Update(ctx, lease, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) {
+		return nil, &BusyError{Holder: "(another replica's choice)", Until: l.now().Add(l.timeout)}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("taking control-plane join Lease: %w", err)
+	}
+	return l.releaser(updated), nil
+}
+
+func leaseEnd(lease *coordinationv1.Lease) time.Time {
+	if lease.Spec.RenewTime == nil {
+		return time.Time{}
+	}
+	return lease.Spec.RenewTime.Add(time.Duration(ptr.Deref(lease.Spec.LeaseDurationSeconds, 0)) * time.Second)
+}
+
+// free reports whether node may take the lease.
+func (l *ControlPlaneLock) free(ctx context.Context, lease *coordinationv1.Lease, node string) (bool, error) {
+	holder := ptr.Deref(lease.Spec.HolderIdentity, "")
+	if holder == "" || holder == node || !l.now().Before(leaseEnd(lease)) {
+		return true, nil
+	}
+	n, err := l.client.CoreV1().Nodes().Get(ctx, holder, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading Node %s of the control-plane join Lease: %w", holder, err)
+	}
+	_, joined := n.Labels[labelControlPlane]
+	return joined, nil
+}
+
+// releaser returns a function that clears the holder of lease if it is
+// still the version this call wrote.
+func (l *ControlPlaneLock) releaser(lease *coordinationv1.Lease) func(context.Context) error {
+	return func(ctx context.Context) error {
+		lease = lease.DeepCopy()
+		lease.Spec.HolderIdentity = nil
+		lease.Spec.RenewTime = nil
+		lease.Spec.AcquireTime = nil
+		_, err := l.client.CoordinationV1().Leases(metav1.NamespaceSystem).Update(ctx, lease, metav1.UpdateOptions{})
+		if err != nil && !apierrors.IsConflict(err) {
+			return fmt.Errorf("releasing control-plane join Lease: %w", err)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,402 @@
+// Package joinservice is the Gatehouse join service: it admits attested
+// nodes into the cluster by issuing join tickets (disk key, measurement
+// secret, bootstrap token, kubelet certificate, and for control planes the
+// cluster PKI) over attested TLS. docs/joinservice.md describes the protocol,
+// the trust decisions, the metrics and the audit log.
+package joinservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+)
+
+// Key ids and sizes asked of the key service (DESIGN.md "Keys").
+const (
+	measurementSecretID = "measurementSecret"
+	keySize             = 32
+)
+
+// MaxRequestSize bounds a request message in bytes; a CSR is well under 4 KiB.
+const MaxRequestSize = 16 << 10
+
+// ControlPlaneFiles are the files, relative to the PKI directory, a control
+// plane needs to run `kubeadm join --control-plane` without a certificate
+// key (kubeadm docs, "Manual certificate distribution").
+var ControlPlaneFiles = []string{
+	"ca.crt", "ca.key", "sa.key", "sa.pub",
+	"front-proxy-ca.crt", "front-proxy-ca.key",
+	"etcd/ca.crt", "etcd/ca.key",
+}
+
+// keySource returns data keys from the key service; declared here, where it is used.
+type keySource interface {
+	GetDataKey(ctx context.Context, id string, length int) ([]byte, error)
+}
+
+// tokenIssuer issues bootstrap tokens; *Tokens in production.
+type tokenIssuer interface {
+	Issue(ctx context.Context, requestKey, description string) (Token, error)
+}
+
+// controlPlaneLocker serialises control-plane joins; *ControlPlaneLock in production.
+type controlPlaneLocker interface {
+	Acquire(ctx context.Context, node string) (release func(context.Context) error, err error)
+}
+
+// Config holds a Server's dependencies.
+type Config struct {
+	Policy           *Policy
+	Keys             keySource
+	Tokens           tokenIssuer
+	ControlPlaneLock controlPlaneLocker
+	CA               *CA
+	// PKIDir holds the ControlPlaneFiles (/etc/kubernetes/pki on a control plane).
+	PKIDir string
+	// RateLimit is the per-source budget of requests.
+	RateLimit RateLimit
+	// Log receives the audit log and operational messages.
+	Log *slog.Logger
+	// Registerer registers the service's metrics.
+	Registerer prometheus.Registerer
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+}
+
+// Server implements JoinService.
+type Server struct {
+	joinservicev1.UnimplementedJoinServiceServer
+	cfg     Config
+	limiter *limiter
+	metrics *metrics
+}
+
+// NewServer returns a join service with the dependencies in cfg.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Policy == nil || cfg.Keys == nil || cfg.Tokens == nil || cfg.ControlPlaneLock == nil || cfg.CA == nil || cfg.Log == nil {
+		return nil, errors.New("join service: Policy, Keys, Tokens, ControlPlaneLock, CA and Log are required")
+	}
+	if cfg.RateLimit.Rate <= 0 || cfg.RateLimit.Burst < 1 {
+		return nil, fmt.Errorf("join service: rate limit %+v must have a positive rate and a burst of at least 1", cfg.RateLimit)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg, limiter: newLimiter(cfg.RateLimit, cfg.Now), metrics: m}, nil
+}
+
+// refusal is an error with the gRPC code and audit reason it maps to. Its
+// message is what the caller sees; it never holds secrets.
+type refusal struct {
+	code   codes.Code
+	reason string
+	err    error
+}
+
+func (r *refusal) Error() string { return r.err.Error() }
+func (r *refusal) Unwrap() error { return r.err }
+
+func refuse(code codes.Code, reason string, format string, args ...any) *refusal {
+	return &refusal{code: code, reason: reason, err: fmt.Errorf(format, args...)}
+}
+
+// decision collects what the audit log entry of one request records.
+type decision struct {
+	method       string
+	source       string
+	peer         *attestation.Result
+	node         string
+	controlPlane bool
+	diskUUID     string
+	tokenID      string
+}
+
+// IssueJoinTicket gives an attested new node its join ticket. Errors:
+// Unauthenticated without attestation; ResourceExhausted over the rate
+// limit; PermissionDenied for a denied identity or node; InvalidArgument for
+// a malformed disk UUID or CSR, naming what is wrong; Unavailable (retry)
+// while the policy is not loaded, another control plane joins, or the key
+// service or API server fail; FailedPrecondition when control-plane files
+// are missing. Nothing is created unless the whole ticket is.
+func (s *Server) IssueJoinTicket(ctx context.Context, req *joinservicev1.IssueJoinTicketRequest) (*joinservicev1.IssueJoinTicketResponse, error) {
+	d := &decision{method: "IssueJoinTicket", controlPlane: req.GetIsControlPlane(), diskUUID: req.GetDiskUuid()}
+	start := s.begin(ctx, d)
+	resp, err := s.issueJoinTicket(ctx, req, d)
+	return resp, s.finish(ctx, d, start, err)
+}
+
+func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJoinTicketRequest, d *decision) (*joinservicev1.IssueJoinTicketResponse, error) {
+	join, err := s.admit(d)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkDiskUUID(req.GetDiskUuid()); err != nil {
+		return nil, err
+	}
+	kubelet, err := ParseKubeletCSR(req.GetCertificateRequest())
+	if err != nil {
+		return nil, refuse(codes.InvalidArgument, "invalid_request", "%w", err)
+	}
+	d.node = kubelet.NodeName
+	if err := s.checkDenied(d); err != nil {
+		return nil, err
+	}
+	cert, err := s.cfg.CA.SignKubelet(kubelet, s.cfg.Now())
+	if err != nil {
+		return nil, refuse(codes.Internal, "internal", "%w", err)
+	}
+	resp := &joinservicev1.IssueJoinTicketResponse{
+		MeasurementSalt:          join.MeasurementSalt,
+		ApiServerEndpoint:        join.APIServerEndpoint,
+		DiscoveryTokenCaCertHash: s.cfg.CA.DiscoveryTokenCACertHash(),
+		KubeletCert:              cert,
+		KubernetesVersion:        join.KubernetesVersion,
+		KubernetesComponents:     join.Components,
+	}
+	if req.GetIsControlPlane() {
+		if resp.ControlPlaneFiles, err = s.controlPlaneFiles(); err != nil {
+			return nil, err
+		}
+	}
+	if resp.StateDiskKey, resp.MeasurementSecret, err = s.keys(ctx, req.GetDiskUuid()); err != nil {
+		return nil, err
+	}
+	release := func(context.Context) error { return nil }
+	if req.GetIsControlPlane() {
+		if release, err = s.cfg.ControlPlaneLock.Acquire(ctx, kubelet.NodeName); err != nil {
+			if errors.Is(err, ErrControlPlaneBusy) {
+				return nil, refuse(codes.Unavailable, "control_plane_busy", "%w", err)
+			}
+			return nil, refuse(codes.Unavailable, "api_error", "%w", err)
+		}
+	}
+	// The token is the last step: every step that can fail has passed, so a
+	// refusal never leaves a token behind.
+	token, err := s.cfg.Tokens.Issue(ctx, d.peer.Identity+"\x00"+kubelet.NodeName,
+		"Gatehouse join ticket for node "+kubelet.NodeName)
+	if err != nil {
+		if relErr := release(context.WithoutCancel(ctx)); relErr != nil {
+			s.cfg.Log.Error("Releasing the control-plane join lock failed; it expires by itself", "node", kubelet.NodeName, "error", relErr.Error())
+		}
+		return nil, refuse(codes.Unavailable, "api_error", "creating bootstrap token: %w", err)
+	}
+	s.metrics.tokens.Inc()
+	d.tokenID = token.ID
+	resp.Token = token.String()
+	resp.TokenExpiration = timestamppb.New(token.Expiration)
+	return resp, nil
+}
+
+// IssueRejoinTicket gives an attested, already joined node the keys to
+// unlock its state disk. Errors as IssueJoinTicket's, without the CSR and
+// control-plane ones.
+func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinservicev1.IssueRejoinTicketRequest) (*joinservicev1.IssueRejoinTicketResponse, error) {
+	d := &decision{method: "IssueRejoinTicket", diskUUID: req.GetDiskUuid()}
+	start := s.begin(ctx, d)
+	resp, err := s.issueRejoinTicket(ctx, req, d)
+	return resp, s.finish(ctx, d, start, err)
+}
+
+func (s *Server) issueRejoinTicket(ctx context.Context, req *joinservicev1.IssueRejoinTicketRequest, d *decision) (*joinservicev1.IssueRejoinTicketResponse, error) {
+	if _, err := s.admit(d); err != nil {
+		return nil, err
+	}
+	if err := checkDiskUUID(req.GetDiskUuid()); err != nil {
+		return nil, err
+	}
+	diskKey, secret, err := s.keys(ctx, req.GetDiskUuid())
+	if err != nil {
+		return nil, err
+	}
+	return &joinservicev1.IssueRejoinTicketResponse{StateDiskKey: diskKey, MeasurementSecret: secret}, nil
+}
+
+// begin records the caller in d and counts the attempt.
+func (s *Server) begin(ctx context.Context, d *decision) time.Time {
+	s.metrics.attempts.WithLabelValues(d.method).Inc()
+	if p, ok := peer.FromContext(ctx); ok {
+		d.source = sourceHost(p.Addr)
+		if info, ok := p.AuthInfo.(atls.AuthInfo); ok {
+			d.peer = info.Peer
+		}
+	}
+	return s.cfg.Now()
+}
+
+// admit runs the checks every request passes first: attested caller, rate
+// limit, loaded policy, deny list.
+func (s *Server) admit(d *decision) (*JoinConfig, error) {
+	if d.peer == nil {
+		return nil, refuse(codes.Unauthenticated, "unattested", "the caller did not attest")
+	}
+	if !s.limiter.allow(d.source) {
+		return nil, refuse(codes.ResourceExhausted, "rate_limited",
+			"too many requests from %s (budget %g per second, burst %d); retry later", d.source, s.cfg.RateLimit.Rate, s.cfg.RateLimit.Burst)
+	}
+	join, _, err := s.cfg.Policy.current()
+	if err != nil {
+		return nil, refuse(codes.Unavailable, "not_ready", "%w", err)
+	}
+	return join, s.checkDenied(d)
+}
+
+// checkDenied consults the current deny list with the caller's identity and,
+// once known, node name.
+func (s *Server) checkDenied(d *decision) error {
+	_, deny, err := s.cfg.Policy.current()
+	if err != nil {
+		return refuse(codes.Unavailable, "not_ready", "%w", err)
+	}
+	if entry, denied := deny.Denies(d.peer.Identity, d.node); denied {
+		return refuse(codes.PermissionDenied, "denied", "denied by the cluster's deny list (entry %q)", entry)
+	}
+	return nil
+}
+
+func checkDiskUUID(s string) error {
+	if _, err := uuid.Parse(s); err != nil || len(s) != 36 {
+		return refuse(codes.InvalidArgument, "invalid_request",
+			"disk_uuid %q is not a UUID in RFC 9562 text form (8-4-4-4-12 hex digits)", truncate(s, 40))
+	}
+	return nil
+}
+
+// keys fetches the disk key and the measurement secret.
+func (s *Server) keys(ctx context.Context, diskUUID string) (diskKey, measurementSecret []byte, err error) {
+	if diskKey, err = s.cfg.Keys.GetDataKey(ctx, diskUUID, keySize); err != nil {
+		return nil, nil, refuse(codes.Unavailable, "key_service_error", "getting the state disk key from the key service: %w", err)
+	}
+	if measurementSecret, err = s.cfg.Keys.GetDataKey(ctx, measurementSecretID, keySize); err != nil {
+		return nil, nil, refuse(codes.Unavailable, "key_service_error", "getting the measurement secret from the key service: %w", err)
+	}
+	return diskKey, measurementSecret, nil
+}
+
+func (s *Server) controlPlaneFiles() ([]*joinservicev1.ControlPlaneFile, error) {
+	files := make([]*joinservicev1.ControlPlaneFile, 0, len(ControlPlaneFiles))
+	for _, name := range ControlPlaneFiles {
+		data, err := os.ReadFile(filepath.Join(s.cfg.PKIDir, name))
+		if err != nil {
+			return nil, refuse(codes.FailedPrecondition, "pki_error", "reading control-plane file %s from the service's PKI directory: %w", name, err)
+		}
+		files = append(files, &joinservicev1.ControlPlaneFile{Name: name, Data: data})
+	}
+	return files, nil
+}
+
+// finish writes the audit entry and metrics of d and maps err to a gRPC status.
+func (s *Server) finish(ctx context.Context, d *decision, start time.Time, err error) error {
+	s.metrics.latency.WithLabelValues(d.method).Observe(s.cfg.Now().Sub(start).Seconds())
+	verdict, reason, code := "allowed", "allowed", codes.OK
+	var r *refusal
+	switch {
+	case err == nil:
+	case errors.As(err, &r):
+		verdict, reason, code = "refused", r.reason, r.code
+	case ctx.Err() != nil:
+		verdict, reason, code = "refused", "canceled", status.FromContextError(ctx.Err()).Code()
+	default:
+		verdict, reason, code = "refused", "internal", codes.Internal
+	}
+	s.metrics.verdicts.WithLabelValues(d.method, verdict, reason).Inc()
+	attrs := []slog.Attr{
+		slog.String("event", "join.decision"),
+		slog.String("method", d.method),
+		slog.String("source", d.source),
+		slog.String("verdict", verdict),
+		slog.String("reason", reason),
+		evidenceSummary(d.peer),
+		slog.String("diskUUID", truncate(d.diskUUID, 40)),
+	}
+	if d.method == "IssueJoinTicket" {
+		attrs = append(attrs, slog.String("node", d.node), slog.Bool("controlPlane", d.controlPlane))
+	}
+	if d.tokenID != "" {
+		attrs = append(attrs, slog.String("tokenID", d.tokenID))
+	}
+	level := slog.LevelInfo
+	if err != nil {
+		level = slog.LevelWarn
+		attrs = append(attrs, slog.String("error", err.Error()))
+	}
+	s.cfg.Log.LogAttrs(ctx, level, "audit", attrs...)
+	if err == nil {
+		return nil
+	}
+	return status.Error(code, err.Error())
+}
+
+// evidenceSummary describes verified evidence for the audit log: variant,
+// identity, a digest of the measurements and the warn-only mismatches.
+func evidenceSummary(r *attestation.Result) slog.Attr {
+	if r == nil {
+		return slog.Group("evidence")
+	}
+	return slog.Group("evidence",
+		slog.String("variant", string(r.Variant)),
+		slog.String("identity", r.Identity),
+		slog.String("measurements", measurementsDigest(r.Measurements)),
+		slog.Any("warnings", r.Warnings),
+	)
+}
+
+func sourceHost(addr net.Addr) string {
+	if addr == nil {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return addr.String()
+	}
+	return host
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// Ready returns nil when the service can decide requests (its policy is
+// loaded), else why not; for readiness probes.
+func (s *Server) Ready() error {
+	_, _, err := s.cfg.Policy.current()
+	return err
+}
+
+// NewGRPCServer returns a gRPC server with the join service and request size
+// limits, using creds (attested TLS) wrapped so that refused handshakes are
+// audited. Probes use Ready over plain HTTP instead of gRPC health, since a
+// prober cannot attest.
+func NewGRPCServer(s *Server, creds credentials.TransportCredentials) *grpc.Server {
+	srv := grpc.NewServer(
+		grpc.Creds(&auditedCredentials{TransportCredentials: creds, s: s}),
+		grpc.MaxRecvMsgSize(MaxRequestSize),
+		grpc.ConnectionTimeout(30*time.Second),
+	)
+	joinservicev1.RegisterJoinServiceServer(srv, s)
+	return srv
+}
