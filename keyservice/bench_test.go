@@ -12,6 +12,7 @@ import (
 
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 // BenchmarkKeyService compares, in one run and over one mutual-TLS gRPC
@@ -21,8 +22,8 @@ import (
 // derivation.
 func BenchmarkKeyService(b *testing.B) {
 	// Logs at the production default level (info), formatted and dropped.
-	h := newHarnessLogging(b, nil, &syncBuffer{discard: true}, slog.LevelInfo)
-	cert := h.ca.issue(b, "gatehouse-joinservice", false)
+	h := newHarnessLogging(b, nil, &testkit.LogBuffer{Discard: true}, slog.LevelInfo)
+	cert := h.ca.Issue(b, "gatehouse-joinservice", false)
 	conn := h.dial(b, &cert)
 	keys := keyservicev1.NewKeyServiceClient(conn)
 	ctx := context.Background()

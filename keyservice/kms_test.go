@@ -13,6 +13,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 func writeFile(t *testing.T, dir, name, content string) string {
@@ -100,5 +101,5 @@ func TestPKCS11KeyServiceLogsNoKeys(t *testing.T) {
 	if !bytes.Equal(issued[0], issued[1][:32]) {
 		t.Fatal("a 32-byte key is not a prefix of the 64-byte key of the same id")
 	}
-	assertNoKeyMaterial(t, h.logs.String(), issued)
+	testkit.AssertNoSecrets(t, h.logs.String(), issued)
 }

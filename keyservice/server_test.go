@@ -3,23 +3,14 @@ package keyservice
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/base64"
-	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,93 +24,15 @@ import (
 
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
-
-// testCA issues certificates for the test's mutual TLS.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t testing.TB, name string) *testCA {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-func (ca *testCA) issue(t testing.TB, cn string, server bool) tls.Certificate {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
-func writePEM(t testing.TB, dir, name string, c tls.Certificate) (certFile, keyFile string) {
-	t.Helper()
-	keyDER, _ := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
-}
-
-// syncBuffer is a goroutine-safe log sink; with discard set it drops what
-// it gets (benchmarks measure the service, not the rig's log buffer).
-type syncBuffer struct {
-	mu      sync.Mutex
-	buf     bytes.Buffer
-	discard bool
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.discard {
-		return len(p), nil
-	}
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // harness is a key service on loopback with mutual TLS.
 type harness struct {
 	addr     string
-	ca       *testCA
+	ca       *testkit.CA
 	serverCA *x509.CertPool
-	logs     *syncBuffer
+	logs     *testkit.LogBuffer
 	reg      *prometheus.Registry
 	keys     keySource
 }
@@ -149,11 +62,11 @@ var (
 
 func newHarness(t testing.TB, keys keySource) *harness {
 	t.Helper()
-	return newHarnessLogging(t, keys, &syncBuffer{}, slog.LevelDebug)
+	return newHarnessLogging(t, keys, &testkit.LogBuffer{}, slog.LevelDebug)
 }
 
 // newHarnessLogging is newHarness with the logs at level going to sink.
-func newHarnessLogging(t testing.TB, keys keySource, sink *syncBuffer, level slog.Level) *harness {
+func newHarnessLogging(t testing.TB, keys keySource, sink *testkit.LogBuffer, level slog.Level) *harness {
 	t.Helper()
 	if keys == nil {
 		k, err := kms.NewClusterKMS(testSecret, testSalt)
@@ -163,10 +76,10 @@ func newHarnessLogging(t testing.TB, keys keySource, sink *syncBuffer, level slo
 		keys = k
 	}
 	dir := t.TempDir()
-	ca := newTestCA(t, "gatehouse-internal-ca")
-	certFile, keyFile := writePEM(t, dir, "server", ca.issue(t, "gatehouse-keyservice", true))
+	ca := testkit.NewCA(t, "gatehouse-internal-ca")
+	certFile, keyFile := testkit.WritePEM(t, dir, "server", ca.Issue(t, "gatehouse-keyservice", true))
 	caFile := filepath.Join(dir, "ca.crt")
-	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
+	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tlsCfg, err := ServerTLSConfig(TLSFiles{Cert: certFile, Key: keyFile, ClientCA: caFile}, []string{"gatehouse-joinservice"})
@@ -188,7 +101,7 @@ func newHarnessLogging(t testing.TB, keys keySource, sink *syncBuffer, level slo
 	t.Cleanup(g.Stop)
 	h.addr = lis.Addr().String()
 	h.serverCA = x509.NewCertPool()
-	h.serverCA.AddCert(ca.cert)
+	h.serverCA.AddCert(ca.Cert)
 	return h
 }
 
@@ -209,7 +122,7 @@ func (h *harness) dial(t testing.TB, clientCert *tls.Certificate) *grpc.ClientCo
 
 func (h *harness) joinService(t testing.TB) keyservicev1.KeyServiceClient {
 	t.Helper()
-	cert := h.ca.issue(t, "gatehouse-joinservice", false)
+	cert := h.ca.Issue(t, "gatehouse-joinservice", false)
 	return keyservicev1.NewKeyServiceClient(h.dial(t, &cert))
 }
 
@@ -258,7 +171,7 @@ func TestGetDataKey(t *testing.T) {
 	if got := counterValue(t, h.reg, "gatehouse_keyservice_errors_total", "InvalidArgument"); got != float64(len(invalid)) {
 		t.Errorf("InvalidArgument errors = %v, want %d", got, len(invalid))
 	}
-	assertNoKeyMaterial(t, h.logs.String(), issued)
+	testkit.AssertNoSecrets(t, h.logs.String(), issued)
 	if !strings.Contains(h.logs.String(), `"caller":"gatehouse-joinservice"`) {
 		t.Errorf("logs do not name the caller:\n%s", h.logs.String())
 	}
@@ -285,9 +198,9 @@ func TestBackendFailureIsUnavailable(t *testing.T) {
 
 func TestUnauthenticatedCallersAreRefused(t *testing.T) {
 	h := newHarness(t, nil)
-	other := newTestCA(t, "some other CA")
-	kubelet := h.ca.issue(t, "system:node:worker-1", false)
-	foreign := other.issue(t, "gatehouse-joinservice", false)
+	other := testkit.NewCA(t, "some other CA")
+	kubelet := h.ca.Issue(t, "system:node:worker-1", false)
+	foreign := other.Issue(t, "gatehouse-joinservice", false)
 	tests := []struct {
 		name string
 		cert *tls.Certificate
@@ -313,7 +226,7 @@ func TestUnauthenticatedCallersAreRefused(t *testing.T) {
 
 func TestHealth(t *testing.T) {
 	h := newHarness(t, nil)
-	cert := h.ca.issue(t, "gatehouse-joinservice", false)
+	cert := h.ca.Issue(t, "gatehouse-joinservice", false)
 	health := healthpb.NewHealthClient(h.dial(t, &cert))
 	for _, service := range []string{"", keyservicev1.KeyService_ServiceDesc.ServiceName} {
 		resp, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
@@ -352,28 +265,4 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, code string) flo
 		}
 	}
 	return 0
-}
-
-// assertNoKeyMaterial fails if any key appears in logs raw, as hex (either
-// case) or as base64 (standard or URL alphabet, padded or not).
-func assertNoKeyMaterial(t *testing.T, logs string, keys [][]byte) {
-	t.Helper()
-	if logs == "" {
-		t.Fatal("no logs captured")
-	}
-	for _, k := range keys {
-		if len(k) < 8 {
-			continue // a 1-byte key is in every log; longer ones are the point
-		}
-		forms := []string{
-			string(k), hex.EncodeToString(k), strings.ToUpper(hex.EncodeToString(k)),
-			base64.StdEncoding.EncodeToString(k), base64.RawStdEncoding.EncodeToString(k),
-			base64.URLEncoding.EncodeToString(k), base64.RawURLEncoding.EncodeToString(k),
-		}
-		for _, f := range forms {
-			if strings.Contains(logs, f) {
-				t.Fatalf("logs contain key material (%q)", f)
-			}
-		}
-	}
 }
