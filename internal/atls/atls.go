@@ -226,11 +226,13 @@ func ServerConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 		if err != nil {
 			return nil, nil, err
 		}
-		cfg.ClientAuth = tls.RequireAnyClientCert
+		// Request, not require: VerifyConnection then refuses a client
+		// without a certificate with ErrNoCertificate, a precise reason.
+		cfg.ClientAuth = tls.RequestClientCert
 		cfg.ClientCAs = pool
 		cfg.VerifyConnection = verifyConnection(ctx, &c, nonce, verified)
 	} else if c.VerifyPeer != nil {
-		cfg.ClientAuth = tls.RequireAnyClientCert
+		cfg.ClientAuth = tls.RequestClientCert
 		cfg.VerifyConnection = verifyConnection(ctx, &c, nil, verified)
 	}
 	return cfg, verified, nil

@@ -23,6 +23,9 @@ const stopGrace = 10 * time.Second
 // output to <name>.log in the environment directory.
 type process struct {
 	name    string
+	dir     string
+	bin     string
+	args    []string
 	logPath string
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when the process has exited
@@ -52,7 +55,7 @@ func startProcess(name, dir, bin string, args ...string) (*process, error) {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("starting %s (%s): %w", name, bin, err)
 	}
-	p := &process{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &process{name: name, dir: dir, bin: bin, args: args, logPath: logPath, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		_ = logFile.Close()
@@ -93,6 +96,13 @@ func (p *process) stop() {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-p.done
 	})
+}
+
+// restart stops the process and starts the same command again; its log
+// continues in the same file.
+func (p *process) restart() (*process, error) {
+	p.stop()
+	return startProcess(p.name, p.dir, p.bin, p.args...)
 }
 
 // logTail returns the last n bytes of the process's log, for error messages.

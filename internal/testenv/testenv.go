@@ -345,6 +345,32 @@ func (e *Env) Stop() error {
 	return nil
 }
 
+// RestartAPIServer stops kube-apiserver (SIGTERM, as a rolling restart
+// does) and starts it again on the same port with the same state, returning
+// once it is ready. Clients see connection errors in between. For fault
+// tests.
+func (e *Env) RestartAPIServer(ctx context.Context) error {
+	for i, p := range e.procs {
+		if p.name != "kube-apiserver" {
+			continue
+		}
+		started, err := p.restart()
+		if err != nil {
+			return fmt.Errorf("restarting kube-apiserver: %w", err)
+		}
+		e.procs[i] = started
+		client, err := e.Clientset()
+		if err != nil {
+			return err
+		}
+		return started.waitReady(ctx, 100*time.Millisecond, func(ctx context.Context) error {
+			_, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+			return err
+		})
+	}
+	return errors.New("restarting kube-apiserver: the environment has none")
+}
+
 // PIDs returns the process IDs of the running components, by name.
 func (e *Env) PIDs() map[string]int {
 	pids := make(map[string]int, len(e.procs))

@@ -1,0 +1,428 @@
+package joinservice
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm-tools/simulator"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
+	"github.com/gatehouse-dev/gatehouse/keyservice"
+)
+
+// Names of the test's ConfigMaps, in kube-system.
+const (
+	testJoinConfig = "gatehouse-join-config"
+	testDenyList   = "gatehouse-deny-list"
+)
+
+// testPCRs is the quoted selection: firmware, boot loader (the
+// bootstrapper's measurement) and the node-lock PCR.
+var testPCRs = []int{0, 4, NodeLockPCR}
+
+// bootArtefacts are what the simulated nodes "boot".
+var bootArtefacts = []tpm.Artefact{tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1"))}
+
+// node is the simulated TPM every test node attests with. The go-tpm-tools
+// simulator is one per process, so all nodes of a test share it: they differ
+// in node name and disk, not in AK.
+type node struct {
+	attester *tpm.Attester
+}
+
+func newNode(t testing.TB) *node {
+	t.Helper()
+	sim, err := simulator.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	if _, err := tpm.MeasureBoot(sim, bootArtefacts); err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: testPCRs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	return &node{attester: a}
+}
+
+// harness is a join service on loopback against a real API server and
+// kube-controller-manager, with a real key service over mutual TLS.
+type harness struct {
+	env           *testenv.Env
+	client        kubernetes.Interface
+	node          *node
+	addr          string
+	caHash        string
+	pkiDir        string
+	logs          *testkit.LogBuffer
+	reg           *prometheus.Registry
+	keysReg       *prometheus.Registry
+	server        *Server
+	keyAddr       string
+	keyServiceDir string
+	masterKey     []byte
+	salt          []byte
+}
+
+type harnessOptions struct {
+	rate       RateLimit
+	discardLog bool
+	keyService func(t testing.TB, h *harness) // starts the key service; nil starts one in-process
+}
+
+func newHarness(t testing.TB, opts harnessOptions) *harness {
+	t.Helper()
+	if opts.rate == (RateLimit{}) {
+		opts.rate = RateLimit{Rate: 1000, Burst: 1000}
+	}
+	env := testenv.New(t, testenv.Options{ControllerManager: true})
+	ctx := t.Context()
+	client, err := env.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.PublishClusterInfo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{
+		env: env, client: client, node: newNode(t),
+		logs:    &testkit.LogBuffer{Discard: opts.discardLog},
+		reg:     prometheus.NewRegistry(),
+		keysReg: prometheus.NewRegistry(),
+		salt:    randomBytes(t, MeasurementSaltSize),
+	}
+	h.pkiDir = writeControlPlanePKI(t, env)
+	h.startKeyService(t)
+	h.putConfigMap(t, testJoinConfig, h.joinConfigData(t, nil))
+
+	log := slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	policy, err := NewPolicy(attestation.VariantTPM, time.Now, log, h.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := policy.Watch(ctx, client, metav1.NamespaceSystem, testJoinConfig, testDenyList); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := LoadCA(filepath.Join(h.pkiDir, "ca.crt"), filepath.Join(h.pkiDir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.caHash = ca.DiscoveryTokenCACertHash()
+	keyConn := h.dialKeyService(t)
+	h.server, err = NewServer(Config{
+		Policy:           policy,
+		Keys:             NewKeyServiceKeys(keyConn),
+		Tokens:           NewTokens(client, time.Now),
+		ControlPlaneLock: NewControlPlaneLock(client, ControlPlaneJoinTimeout, time.Now),
+		CA:               ca,
+		PKIDir:           h.pkiDir,
+		RateLimit:        opts.rate,
+		Log:              log,
+		Registerer:       h.reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := ServerCredentials(policy, NewIdentity(ca, time.Now), time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewGRPCServer(h.server, creds)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	h.addr = lis.Addr().String()
+	return h
+}
+
+// writeControlPlanePKI copies the environment's cluster CA and service
+// account keys into a PKI directory laid out as kubeadm's and adds the
+// front-proxy and etcd CAs a control plane also needs.
+func writeControlPlanePKI(t testing.TB, env *testenv.Env) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, name := range []string{"ca.crt", "ca.key", "sa.key", "sa.pub"} {
+		data, err := os.ReadFile(filepath.Join(env.Dir, "pki", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "etcd"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"front-proxy-ca", "etcd/ca"} {
+		ca := testkit.NewCA(t, name)
+		testkit.WritePEM(t, filepath.Dir(filepath.Join(dir, name)), filepath.Base(name),
+			tls.Certificate{Certificate: [][]byte{ca.Cert.Raw}, PrivateKey: ca.Key})
+	}
+	return dir
+}
+
+// startKeyService runs the real key service (cluster KMS) on loopback with
+// mutual TLS.
+func (h *harness) startKeyService(t testing.TB) {
+	t.Helper()
+	h.masterKey = randomBytes(t, 32)
+	keys, err := kms.NewClusterKMS(h.masterKey, randomBytes(t, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	internalCA := testkit.NewCA(t, "gatehouse-internal-ca")
+	dir := t.TempDir()
+	certFile, keyFile := testkit.WritePEM(t, dir, "keyservice", internalCA.Issue(t, "gatehouse-keyservice", true))
+	caFile := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(caFile, internalCA.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WritePEM(t, dir, "joinservice", internalCA.Issue(t, "gatehouse-joinservice", false))
+	tlsCfg, err := keyservice.ServerTLSConfig(keyservice.TLSFiles{Cert: certFile, Key: keyFile, ClientCA: caFile}, []string{"gatehouse-joinservice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := keyservice.NewServer(keys, slog.New(slog.NewJSONHandler(h.logs, nil)), h.keysReg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := keyservice.NewGRPCServer(srv, credentials.NewTLS(tlsCfg))
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	h.keyAddr = lis.Addr().String()
+	h.keyServiceDir = dir
+}
+
+func (h *harness) dialKeyService(t testing.TB) *grpc.ClientConn {
+	t.Helper()
+	cert, err := tls.LoadX509KeyPair(filepath.Join(h.keyServiceDir, "joinservice.crt"), filepath.Join(h.keyServiceDir, "joinservice.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(h.keyServiceDir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	conn, err := grpc.NewClient(h.keyAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		MinVersion: tls.VersionTLS13, RootCAs: pool, Certificates: []tls.Certificate{cert},
+	})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// keyRequests returns how many requests the key service has answered.
+func (h *harness) keyRequests(t testing.TB) float64 {
+	t.Helper()
+	mfs, err := h.keysReg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() == "gatehouse_keyservice_requests_total" {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
+}
+
+// joinConfigData returns a valid join config trusting the node's AK and
+// expecting what it booted; override replaces reference values.
+func (h *harness) joinConfigData(t testing.TB, override map[uint32]string) map[string]string {
+	t.Helper()
+	ref, err := tpm.ReferenceValues(bootArtefacts, []int{0, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := map[string]map[string]any{}
+	for i, m := range ref {
+		values[fmt.Sprint(i)] = map[string]any{"expected": hex.EncodeToString(m.Expected)}
+	}
+	for i, v := range override {
+		values[fmt.Sprint(i)] = map[string]any{"expected": v}
+	}
+	spki, err := x509.MarshalPKIXPublicKey(h.node.attester.AttestationKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy, err := yaml.Marshal(map[string]any{
+		"variant":         "tpm",
+		"pcrs":            testPCRs,
+		"referenceValues": values,
+		"pinnedAKs":       []string{string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki}))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	components, err := json.Marshal([]map[string]any{{
+		"url":         "https://dl.k8s.io/release/v1.36.4/bin/linux/amd64/kubelet",
+		"hash":        "sha256:" + strings.Repeat("ab", 32),
+		"installPath": "/run/state/bin/kubelet",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]string{
+		KeyAttestation:          string(policy),
+		KeyMeasurementSalt:      hex.EncodeToString(h.salt),
+		KeyAPIServerEndpoint:    strings.TrimPrefix(h.env.APIServerURL, "https://"),
+		KeyKubernetesVersion:    "v1.36.4",
+		KeyKubernetesComponents: string(components),
+	}
+}
+
+// putConfigMap creates or replaces a ConfigMap in kube-system.
+func (h *harness) putConfigMap(t testing.TB, name string, data map[string]string) *corev1.ConfigMap {
+	t.Helper()
+	cms := h.client.CoreV1().ConfigMaps(metav1.NamespaceSystem)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceSystem}, Data: data}
+	existing, err := cms.Get(t.Context(), name, metav1.GetOptions{})
+	if err == nil {
+		existing.Data = data
+		cm, err = cms.Update(t.Context(), existing, metav1.UpdateOptions{})
+	} else {
+		cm, err = cms.Create(t.Context(), cm, metav1.CreateOptions{})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cm
+}
+
+// waitReloads polls until the reload counter of configmap/result reaches n.
+func (h *harness) waitReloads(t testing.TB, configmap, result string, n float64) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return testutil.ToFloat64(h.server.cfg.Policy.reloads.WithLabelValues(configmap, result)) >= n, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s %s reload #%v: %v", configmap, result, n, err)
+	}
+}
+
+// dial returns a join service client attesting with the test node, from
+// source address src (a 127.0.0.0/8 address; "" for any).
+func (h *harness) dial(t testing.TB, attester attestation.Attester, src string) joinservicev1.JoinServiceClient {
+	t.Helper()
+	var creds credentials.TransportCredentials
+	var err error
+	if attester != nil {
+		creds, err = ClientCredentials(attester, h.caHash, nil)
+	} else {
+		creds, err = unattestedCredentials(h.caHash)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if src != "" {
+		dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "tcp", addr)
+		}))
+	}
+	conn, err := grpc.NewClient(h.addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return joinservicev1.NewJoinServiceClient(conn)
+}
+
+// unattestedCredentials verify the join service like a joiner but do not
+// attest: what an impostor without a TPM can do.
+func unattestedCredentials(caHash string) (credentials.TransportCredentials, error) {
+	verify, err := VerifyClusterIdentity(caHash, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	return atls.NewCredentials(atls.Config{VerifyPeer: verify})
+}
+
+// nodeCSR returns a kubelet CSR for name and its key.
+func nodeCSR(t testing.TB, name string, ip net.IP) ([]byte, crypto.Signer) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject:     pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}},
+		DNSNames:    []string{name},
+		IPAddresses: []net.IP{ip},
+	}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der, key
+}
+
+func randomBytes(t testing.TB, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// tokenSecrets lists the bootstrap token Secrets in kube-system.
+func (h *harness) tokenSecrets(t testing.TB) []corev1.Secret {
+	t.Helper()
+	list, err := h.client.CoreV1().Secrets(metav1.NamespaceSystem).List(t.Context(), metav1.ListOptions{
+		FieldSelector: "type=bootstrap.kubernetes.io/token",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
