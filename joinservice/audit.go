@@ -2,9 +2,7 @@ package joinservice
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -17,14 +15,8 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
-
-// digestHex returns the first 16 hex digits of data's SHA-256, a short
-// fingerprint for logs.
-func digestHex(data []byte) string {
-	sum := sha256.Sum256(data)
-	return "sha256:" + hex.EncodeToString(sum[:8])
-}
 
 // measurementsDigest fingerprints verified measurements (index, value pairs
 // in index order), so the audit log groups nodes running the same software
@@ -39,7 +31,7 @@ func measurementsDigest(m map[uint32][]byte) string {
 		buf = binary.BigEndian.AppendUint32(buf, uint32(len(m[i])))
 		buf = append(buf, m[i]...)
 	}
-	return digestHex(buf)
+	return joinconfig.Fingerprint(buf)
 }
 
 // handshakeReason classifies a failed attested TLS handshake for metrics

@@ -10,18 +10,19 @@ import (
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 )
 
 // ClientCredentials returns the attested TLS credentials a joiner dials the
 // join service with: the joiner attests with attester, and trusts the
 // service by the cluster identity it was provisioned with, the cluster CA's
-// discovery token CA cert hash (see VerifyClusterIdentity). now is the
+// discovery token CA cert hash (see clusterpki.VerifyClusterIdentity). now is the
 // clock; nil is time.Now.
 func ClientCredentials(attester attestation.Attester, caCertHash string, now func() time.Time) (*atls.Credentials, error) {
 	if now == nil {
 		now = time.Now
 	}
-	verify, err := VerifyClusterIdentity(caCertHash, now)
+	verify, err := clusterpki.VerifyClusterIdentity(caCertHash, now)
 	if err != nil {
 		return nil, err
 	}
@@ -31,7 +32,7 @@ func ClientCredentials(attester attestation.Attester, caCertHash string, now fun
 // ServerCredentials returns the service's attested TLS credentials: joiners
 // must attest and are appraised by policy; the service presents its
 // identity.
-func ServerCredentials(policy *Policy, identity *Identity, now func() time.Time) (*atls.Credentials, error) {
+func ServerCredentials(policy *Policy, identity *clusterpki.Identity, now func() time.Time) (*atls.Credentials, error) {
 	return atls.NewCredentials(atls.Config{Verifiers: []attestation.Verifier{policy}, Certificate: identity.Certificate, Now: now})
 }
 

@@ -36,9 +36,11 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 	"github.com/gatehouse-dev/gatehouse/keyservice"
 )
 
@@ -50,7 +52,7 @@ const (
 
 // testPCRs is the quoted selection: firmware, boot loader (the
 // bootstrapper's measurement) and the node-lock PCR.
-var testPCRs = []int{0, 4, NodeLockPCR}
+var testPCRs = []int{0, 4, joinconfig.NodeLockPCR}
 
 // bootArtefacts are what the simulated nodes "boot".
 var bootArtefacts = []tpm.Artefact{tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1"))}
@@ -124,7 +126,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		logs:    &testkit.LogBuffer{Discard: opts.discardLog},
 		reg:     prometheus.NewRegistry(),
 		keysReg: prometheus.NewRegistry(),
-		salt:    randomBytes(t, MeasurementSaltSize),
+		salt:    randomBytes(t, joinconfig.MeasurementSaltSize),
 	}
 	h.pkiDir = writeControlPlanePKI(t, env)
 	h.startKeyService(t)
@@ -138,7 +140,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	if err := policy.Watch(ctx, client, metav1.NamespaceSystem, testJoinConfig, testDenyList); err != nil {
 		t.Fatal(err)
 	}
-	ca, err := LoadCA(filepath.Join(h.pkiDir, "ca.crt"), filepath.Join(h.pkiDir, "ca.key"))
+	ca, err := clusterpki.LoadCA(filepath.Join(h.pkiDir, "ca.crt"), filepath.Join(h.pkiDir, "ca.key"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +160,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds, err := ServerCredentials(policy, NewIdentity(ca, time.Now), time.Now)
+	creds, err := ServerCredentials(policy, clusterpki.NewIdentity(ca, time.Now), time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,11 +314,11 @@ func (h *harness) joinConfigData(t testing.TB, override map[uint32]string) map[s
 		t.Fatal(err)
 	}
 	return map[string]string{
-		KeyAttestation:          string(policy),
-		KeyMeasurementSalt:      hex.EncodeToString(h.salt),
-		KeyAPIServerEndpoint:    strings.TrimPrefix(h.env.APIServerURL, "https://"),
-		KeyKubernetesVersion:    "v1.36.4",
-		KeyKubernetesComponents: string(components),
+		joinconfig.KeyAttestation:          string(policy),
+		joinconfig.KeyMeasurementSalt:      hex.EncodeToString(h.salt),
+		joinconfig.KeyAPIServerEndpoint:    strings.TrimPrefix(h.env.APIServerURL, "https://"),
+		joinconfig.KeyKubernetesVersion:    "v1.36.4",
+		joinconfig.KeyKubernetesComponents: string(components),
 	}
 }
 
@@ -381,7 +383,7 @@ func (h *harness) dial(t testing.TB, attester attestation.Attester, src string) 
 // unattestedCredentials verify the join service like a joiner but do not
 // attest: what an impostor without a TPM can do.
 func unattestedCredentials(caHash string) (credentials.TransportCredentials, error) {
-	verify, err := VerifyClusterIdentity(caHash, time.Now)
+	verify, err := clusterpki.VerifyClusterIdentity(caHash, time.Now)
 	if err != nil {
 		return nil, err
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 func joinRequest(t testing.TB, name string, ip net.IP, controlPlane bool) *joinservicev1.IssueJoinTicketRequest {
@@ -338,7 +339,7 @@ func TestRefusals(t *testing.T) {
 
 	t.Run("bad policy update keeps the previous policy", func(t *testing.T) {
 		bad := h.joinConfigData(t, nil)
-		bad[KeyMeasurementSalt] = "00"
+		bad[joinconfig.KeyMeasurementSalt] = "00"
 		h.putConfigMap(t, testJoinConfig, bad)
 		h.waitReloads(t, testJoinConfig, "refused", 1)
 		if !strings.Contains(h.logs.String(), "measurementSalt must be 32 bytes as hex") {
@@ -353,20 +354,20 @@ func TestRefusals(t *testing.T) {
 
 	t.Run("deny list", func(t *testing.T) {
 		identity := h.auditEntries(t)[len(h.auditEntries(t))-1].Evidence.Identity
-		h.putConfigMap(t, testDenyList, map[string]string{KeyDenyList: "# revoked\n" + identity + "\n"})
+		h.putConfigMap(t, testDenyList, map[string]string{joinconfig.KeyDenyList: "# revoked\n" + identity + "\n"})
 		h.waitReloads(t, testDenyList, "applied", 1)
 		client := h.dial(t, h.node.attester, "")
 		_, err := client.IssueRejoinTicket(ctx, &joinservicev1.IssueRejoinTicketRequest{DiskUuid: uuid.NewString()})
 		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), identity) {
 			t.Fatalf("denied identity: %v, want PermissionDenied naming the entry", err)
 		}
-		h.putConfigMap(t, testDenyList, map[string]string{KeyDenyList: "node:worker-9\n"})
+		h.putConfigMap(t, testDenyList, map[string]string{joinconfig.KeyDenyList: "node:worker-9\n"})
 		h.waitReloads(t, testDenyList, "applied", 2)
 		_, err = client.IssueJoinTicket(ctx, joinRequest(t, "worker-9", net.IPv4(10, 0, 0, 19), false))
 		if status.Code(err) != codes.PermissionDenied {
 			t.Fatalf("denied node: %v, want PermissionDenied", err)
 		}
-		h.putConfigMap(t, testDenyList, map[string]string{KeyDenyList: "worker-9\n"})
+		h.putConfigMap(t, testDenyList, map[string]string{joinconfig.KeyDenyList: "worker-9\n"})
 		h.waitReloads(t, testDenyList, "refused", 1)
 		_, err = client.IssueJoinTicket(ctx, joinRequest(t, "worker-9", net.IPv4(10, 0, 0, 19), false))
 		if status.Code(err) != codes.PermissionDenied {
@@ -374,7 +375,7 @@ func TestRefusals(t *testing.T) {
 		}
 		nothingCreated(t, 2)
 		h.checkAudit(t, "IssueJoinTicket", "refused", "denied")
-		h.putConfigMap(t, testDenyList, map[string]string{KeyDenyList: ""})
+		h.putConfigMap(t, testDenyList, map[string]string{joinconfig.KeyDenyList: ""})
 		h.waitReloads(t, testDenyList, "applied", 3)
 	})
 

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // ErrNotReady means the join config (or a deny list that exists) has not
@@ -34,8 +35,8 @@ type Policy struct {
 	log     *slog.Logger
 	reloads *prometheus.CounterVec
 
-	join atomic.Pointer[JoinConfig]
-	deny atomic.Pointer[DenyList]
+	join atomic.Pointer[joinconfig.JoinConfig]
+	deny atomic.Pointer[joinconfig.DenyList]
 }
 
 // NewPolicy returns an empty policy for variant; it refuses everything until
@@ -59,7 +60,7 @@ func NewPolicy(variant attestation.Variant, now func() time.Time, log *slog.Logg
 // ApplyJoinConfig validates the join config ConfigMap and makes it current.
 // On error the previous config stays.
 func (p *Policy) ApplyJoinConfig(cm *corev1.ConfigMap) error {
-	cfg, err := ParseJoinConfig(cm.Data, p.variant, p.now)
+	cfg, err := joinconfig.ParseJoinConfig(cm.Data, p.variant, p.now)
 	if err != nil {
 		p.refused(cm, err)
 		return err
@@ -74,7 +75,7 @@ func (p *Policy) ApplyJoinConfig(cm *corev1.ConfigMap) error {
 // ApplyDenyList validates the deny list ConfigMap and makes it current. On
 // error the previous deny list stays.
 func (p *Policy) ApplyDenyList(cm *corev1.ConfigMap) error {
-	d, err := ParseDenyList(cm.Data[KeyDenyList])
+	d, err := joinconfig.ParseDenyList(cm.Data[joinconfig.KeyDenyList])
 	if err != nil {
 		p.refused(cm, err)
 		return err
@@ -93,7 +94,7 @@ func (p *Policy) refused(cm *corev1.ConfigMap, err error) {
 }
 
 // current returns the join config and deny list, or ErrNotReady.
-func (p *Policy) current() (*JoinConfig, *DenyList, error) {
+func (p *Policy) current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error) {
 	join, deny := p.join.Load(), p.deny.Load()
 	switch {
 	case join == nil:
@@ -134,7 +135,7 @@ func (p *Policy) Watch(ctx context.Context, client kubernetes.Interface, namespa
 		return fmt.Errorf("waiting for ConfigMaps %s and %s: %w", joinName, denyName, ctx.Err())
 	}
 	if !denySynced.seen.Load() && p.deny.Load() == nil {
-		p.deny.Store(&DenyList{})
+		p.deny.Store(&joinconfig.DenyList{})
 		p.log.Info("No deny list ConfigMap; nothing is denied", "configmap", namespace+"/"+denyName)
 	}
 	if p.join.Load() == nil {

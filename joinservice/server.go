@@ -27,6 +27,8 @@ import (
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // Key ids and sizes asked of the key service (DESIGN.md "Keys").
@@ -68,7 +70,7 @@ type Config struct {
 	Keys             keySource
 	Tokens           tokenIssuer
 	ControlPlaneLock controlPlaneLocker
-	CA               *CA
+	CA               *clusterpki.CA
 	// PKIDir holds the ControlPlaneFiles (/etc/kubernetes/pki on a control plane).
 	PKIDir string
 	// RateLimit is the per-source budget of requests.
@@ -155,7 +157,7 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 	if err := checkDiskUUID(req.GetDiskUuid()); err != nil {
 		return nil, err
 	}
-	kubelet, err := ParseKubeletCSR(req.GetCertificateRequest())
+	kubelet, err := clusterpki.ParseKubeletCSR(req.GetCertificateRequest())
 	if err != nil {
 		return nil, refuse(codes.InvalidArgument, "invalid_request", "%w", err)
 	}
@@ -247,7 +249,7 @@ func (s *Server) begin(ctx context.Context, d *decision) time.Time {
 
 // admit runs the checks every request passes first: attested caller, rate
 // limit, loaded policy, deny list.
-func (s *Server) admit(d *decision) (*JoinConfig, error) {
+func (s *Server) admit(d *decision) (*joinconfig.JoinConfig, error) {
 	if d.peer == nil {
 		return nil, refuse(codes.Unauthenticated, "unattested", "the caller did not attest")
 	}

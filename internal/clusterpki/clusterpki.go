@@ -1,4 +1,8 @@
-package joinservice
+// Package clusterpki is what the join service does with the cluster CA: it
+// checks kubelet certificate requests and signs kubelet certificates, and it
+// issues and verifies the join service's own identity, which joiners trust
+// through the cluster CA pin they were provisioned with.
+package clusterpki
 
 import (
 	"crypto"

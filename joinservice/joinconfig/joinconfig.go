@@ -1,8 +1,12 @@
-package joinservice
+// Package joinconfig parses and validates the join service's policy
+// ConfigMaps: the join config (appraisal policy, measurement salt, API server
+// endpoint, Kubernetes version and components) and the deny list.
+package joinconfig
 
 import (
 	"bytes"
 	"crypto"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
@@ -214,7 +218,7 @@ func parseAttestationPolicy(data []byte, variant attestation.Variant, now func()
 	if err != nil {
 		return nil, "", err
 	}
-	summary := fmt.Sprintf("variant=%s pcrs=%v referenceValues=%s", variant, p.PCRs, digestHex(refJSON))
+	summary := fmt.Sprintf("variant=%s pcrs=%v referenceValues=%s", variant, p.PCRs, Fingerprint(refJSON))
 	return v, summary, nil
 }
 
@@ -293,3 +297,10 @@ func (d DenyList) Denies(identity, nodeName string) (string, bool) {
 
 // Len returns the number of entries.
 func (d DenyList) Len() int { return len(d.identities) + len(d.nodes) }
+
+// Fingerprint returns "sha256:" and the first 16 hex digits of data's
+// SHA-256, a short fingerprint for logs.
+func Fingerprint(data []byte) string {
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:8])
+}
