@@ -1,0 +1,169 @@
+package joinconfig
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
+)
+
+func pinnedAK(t testing.TB) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(key.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
+}
+
+func indent(s string) string {
+	return "    " + strings.ReplaceAll(strings.TrimSpace(s), "\n", "\n    ")
+}
+
+func validData(t testing.TB) map[string]string {
+	t.Helper()
+	return map[string]string{
+		KeyAttestation: `variant: tpm
+pcrs: [4, 15]
+referenceValues:
+  4: {expected: "` + strings.Repeat("ab", 32) + `"}
+pinnedAKs:
+  - |
+` + indent(pinnedAK(t)) + "\n",
+		KeyMeasurementSalt:      strings.Repeat("01", 32),
+		KeyAPIServerEndpoint:    "10.0.0.1:6443",
+		KeyKubernetesVersion:    "v1.36.4",
+		KeyKubernetesComponents: `[{"url": "https://dl.k8s.io/release/v1.36.4/bin/linux/amd64/kubelet", "hash": "sha256:` + strings.Repeat("cd", 32) + `", "installPath": "/run/state/bin/kubelet"}]`,
+	}
+}
+
+func TestParseJoinConfig(t *testing.T) {
+	valid := validData(t)
+	change := func(key, value string) map[string]string {
+		d := maps.Clone(valid)
+		d[key] = value
+		return d
+	}
+	policy := func(edit func(string) string) map[string]string {
+		return change(KeyAttestation, edit(valid[KeyAttestation]))
+	}
+	tests := []struct {
+		name    string
+		data    map[string]string
+		wantErr string
+	}{
+		{name: "valid", data: valid},
+		{name: "missing key", data: change(KeyKubernetesVersion, ""), wantErr: `key "kubernetesVersion" is missing`},
+		{name: "short salt", data: change(KeyMeasurementSalt, "00"), wantErr: "measurementSalt must be 32 bytes as hex"},
+		{name: "endpoint without port", data: change(KeyAPIServerEndpoint, "10.0.0.1"), wantErr: "is not host:port"},
+		{name: "bad version", data: change(KeyKubernetesVersion, "1.36"), wantErr: "not a release version"},
+		{name: "components not JSON", data: change(KeyKubernetesComponents, "kubelet"), wantErr: "not a JSON array"},
+		{name: "component over http", data: change(KeyKubernetesComponents, strings.Replace(valid[KeyKubernetesComponents], "https", "http", 1)), wantErr: "is not https"},
+		{name: "component with bad hash", data: change(KeyKubernetesComponents, strings.Replace(valid[KeyKubernetesComponents], "sha256:", "md5:", 1)), wantErr: "hash"},
+		{name: "wrong variant", data: policy(func(s string) string { return strings.Replace(s, "variant: tpm", "variant: tdx", 1) }), wantErr: `variant "tdx" differs`},
+		{name: "selection without node-lock PCR", data: policy(func(s string) string { return strings.Replace(s, "[4, 15]", "[4]", 1) }), wantErr: "must include the node-lock PCR 15"},
+		{name: "reference value for the node-lock PCR", data: policy(func(s string) string {
+			return strings.Replace(s, "referenceValues:\n", "referenceValues:\n  15: {expected: \""+strings.Repeat("00", 32)+"\"}\n", 1)
+		}), wantErr: "must not set PCR 15"},
+		{name: "short reference value", data: policy(func(s string) string { return strings.Replace(s, strings.Repeat("ab", 32), "abcd", 1) }), wantErr: "index 4: expected value has 2 bytes, want 32"},
+		{name: "unknown field", data: policy(func(s string) string { return s + "extra: 1\n" }), wantErr: "unknown field"},
+		{name: "no endorsement", data: policy(func(s string) string { return s[:strings.Index(s, "pinnedAKs")] }), wantErr: "exactly one of akRoots and pinnedAKs"},
+		{name: "AK not PEM", data: policy(func(s string) string { return s[:strings.Index(s, "pinnedAKs")] + "pinnedAKs: [nope]\n" }), wantErr: "pinnedAKs[0] is not a PEM PUBLIC KEY"},
+		{name: "AK roots without certificates", data: policy(func(s string) string { return s[:strings.Index(s, "pinnedAKs")] + "akRoots: nope\n" }), wantErr: "akRoots holds no PEM certificate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := ParseJoinConfig(tt.data, attestation.VariantTPM, time.Now)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if cfg.APIServerEndpoint != "10.0.0.1:6443" || len(cfg.MeasurementSalt) != 32 || len(cfg.Components) != 1 ||
+					!strings.Contains(cfg.Summary, "pcrs=[4 15]") {
+					t.Errorf("config %+v", cfg)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error = %v, want %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestAKRoots(t *testing.T) {
+	d := validData(t)
+	ca := testkit.NewCA(t, "AK root")
+	d[KeyAttestation] = d[KeyAttestation][:strings.Index(d[KeyAttestation], "pinnedAKs")] + "akRoots: |\n" + indent(string(ca.PEM)) + "\n"
+	if _, err := ParseJoinConfig(d, attestation.VariantTPM, time.Now); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDenyList(t *testing.T) {
+	d, err := ParseDenyList("# revoked after the incident\ntpm-ak:sha256:abcd  # node 7\n\nnode:worker-9\n sev-snp-chip:0102\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Len() != 3 {
+		t.Errorf("Len = %d, want 3", d.Len())
+	}
+	for _, tt := range []struct {
+		identity, node, want string
+	}{
+		{"tpm-ak:sha256:abcd", "worker-1", "tpm-ak:sha256:abcd"},
+		{"tpm-ak:sha256:ffff", "worker-9", "node:worker-9"},
+		{"sev-snp-chip:0102", "", "sev-snp-chip:0102"},
+		{"tpm-ak:sha256:ffff", "worker-1", ""},
+		{"tpm-ak:sha256:ffff", "", ""},
+	} {
+		entry, denied := d.Denies(tt.identity, tt.node)
+		if entry != tt.want || denied != (tt.want != "") {
+			t.Errorf("Denies(%q, %q) = %q, %t; want %q", tt.identity, tt.node, entry, denied, tt.want)
+		}
+	}
+	for _, bad := range []string{"worker-9", "node:", "tpm-ak:sha1:abcd", "tdx-ppid:"} {
+		if _, err := ParseDenyList(bad); err == nil || !strings.Contains(err.Error(), "line 1") {
+			t.Errorf("ParseDenyList(%q) = %v, want an error naming line 1", bad, err)
+		}
+	}
+}
+
+// FuzzParseJoinConfig checks that no ConfigMap content crashes the parser
+// and that an accepted config always enforces the node-lock PCR.
+func FuzzParseJoinConfig(f *testing.F) {
+	valid := validData(f)
+	f.Add(valid[KeyAttestation], valid[KeyKubernetesComponents], valid[KeyMeasurementSalt])
+	f.Add("variant: tpm\npcrs: [15]\n", "[]", "")
+	f.Fuzz(func(t *testing.T, policy, components, salt string) {
+		d := maps.Clone(valid)
+		d[KeyAttestation], d[KeyKubernetesComponents], d[KeyMeasurementSalt] = policy, components, salt
+		cfg, err := ParseJoinConfig(d, attestation.VariantTPM, time.Now)
+		if err == nil && (!strings.Contains(cfg.Summary, "15") || len(cfg.MeasurementSalt) != MeasurementSaltSize) {
+			t.Fatalf("accepted config %+v", cfg)
+		}
+	})
+}
+
+// FuzzParseDenyList checks the deny list parser on arbitrary text.
+func FuzzParseDenyList(f *testing.F) {
+	f.Add("tpm-ak:sha256:abcd\nnode:worker-1 # x\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		d, err := ParseDenyList(text)
+		if err == nil && d.Len() > strings.Count(text, "\n")+1 {
+			t.Fatalf("%d entries from %d lines", d.Len(), strings.Count(text, "\n")+1)
+		}
+	})
+}
