@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
@@ -114,7 +115,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	}
 	env := testenv.New(t, testenv.Options{ControllerManager: true})
 	ctx := t.Context()
-	client, err := env.Clientset()
+	client, err := kubernetes.NewForConfig(apiClientConfig(env))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +174,16 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	t.Cleanup(srv.Stop)
 	h.addr = lis.Addr().String()
 	return h
+}
+
+// apiClientConfig is the client configuration of the join service and of
+// the raw-rate baseline: the administrator's, with client-go's own rate
+// limit raised out of the way (QPS 1000, burst 2000), so both measure the
+// API server rather than the client's throttle.
+func apiClientConfig(env *testenv.Env) *rest.Config {
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = 1000, 2000
+	return cfg
 }
 
 // writeControlPlanePKI copies the environment's cluster CA and service

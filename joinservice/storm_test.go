@@ -1,0 +1,239 @@
+package joinservice
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	bootstraputil "k8s.io/cluster-bootstrap/token/util"
+
+	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+)
+
+// stormNodes is how many simulated nodes join at once in the CI storm
+// tests and the benchmark (bench/joinservice.sh).
+const stormNodes = 200
+
+// stormResult is one simulated node's outcome.
+type stormResult struct {
+	name     string
+	ticket   *joinservicev1.IssueJoinTicketResponse
+	err      error
+	attempts int
+	latency  time.Duration // of the successful attempt, handshake included
+}
+
+// joinStorm makes n simulated nodes join concurrently, each from its own
+// loopback source address over its own attested TLS connection. With
+// retry, a node retries Unavailable errors with exponential backoff and
+// jitter (as the bootstrapper's JoinClient does) until ctx ends.
+func joinStorm(ctx context.Context, t testing.TB, h *harness, n int, retry bool, onTicket func()) ([]stormResult, time.Duration) {
+	t.Helper()
+	type prepared struct {
+		client joinservicev1.JoinServiceClient
+		req    *joinservicev1.IssueJoinTicketRequest
+	}
+	nodes := make([]prepared, n)
+	for i := range nodes {
+		src := fmt.Sprintf("127.1.%d.%d", i/250, i%250+1)
+		name := fmt.Sprintf("storm-%03d", i)
+		nodes[i] = prepared{
+			client: h.dial(t, h.node.attester, src),
+			req:    joinRequest(t, name, net.IPv4(10, 1, byte(i/250), byte(i%250+1)), false),
+		}
+	}
+	results := make([]stormResult, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range nodes {
+		wg.Go(func() {
+			r := &results[i]
+			r.name = fmt.Sprintf("storm-%03d", i)
+			backoff := 50 * time.Millisecond
+			for {
+				r.attempts++
+				began := time.Now()
+				r.ticket, r.err = nodes[i].client.IssueJoinTicket(ctx, nodes[i].req)
+				r.latency = time.Since(began)
+				if r.err == nil {
+					if onTicket != nil {
+						onTicket()
+					}
+					return
+				}
+				if !retry || status.Code(r.err) != codes.Unavailable {
+					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff/2 + rand.N(backoff/2)):
+				}
+				backoff = min(2*backoff, time.Second)
+			}
+		})
+	}
+	wg.Wait()
+	return results, time.Since(start)
+}
+
+// checkStorm asserts every node got exactly one valid ticket: no errors,
+// distinct tokens each backed by its Secret, kubelet certificates that verify
+// against the cluster CA, and no other token Secret (no orphans).
+func checkStorm(t testing.TB, h *harness, results []stormResult) {
+	t.Helper()
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(h.env.CACertPEM)
+	tokens := map[string]string{}
+	for _, r := range results {
+		if r.err != nil {
+			t.Errorf("%s: %v after %d attempts", r.name, r.err, r.attempts)
+			continue
+		}
+		if prev, dup := tokens[r.ticket.GetToken()]; dup {
+			t.Errorf("%s and %s got the same token", prev, r.name)
+		}
+		tokens[r.ticket.GetToken()] = r.name
+		cert, err := x509.ParseCertificate(r.ticket.GetKubeletCert())
+		if err != nil {
+			t.Errorf("%s: kubelet certificate: %v", r.name, err)
+			continue
+		}
+		if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil ||
+			cert.Subject.CommonName != "system:node:"+r.name {
+			t.Errorf("%s: kubelet certificate %s does not verify: %v", r.name, cert.Subject, err)
+		}
+	}
+	secrets := h.tokenSecrets(t)
+	if len(secrets) != len(results) {
+		t.Errorf("%d token Secrets for %d nodes", len(secrets), len(results))
+	}
+	for _, s := range secrets {
+		token := string(s.Data["token-id"]) + "." + string(s.Data["token-secret"])
+		if _, ok := tokens[token]; !ok || !bootstraputil.IsValidBootstrapToken(token) {
+			t.Errorf("token Secret %s holds no node's token (an orphan)", s.Name)
+		}
+	}
+}
+
+// TestJoinStorm has 200 nodes join at once: all succeed with distinct valid
+// tokens and certificates. Speed is measured by BenchmarkJoinStorm.
+func TestJoinStorm(t *testing.T) {
+	h := newHarness(t, harnessOptions{discardLog: true})
+	results, elapsed := joinStorm(t.Context(), t, h, stormNodes, false, nil)
+	checkStorm(t, h, results)
+	t.Logf("%d joins in %s (with -race; see BenchmarkJoinStorm for speed)", len(results), elapsed)
+}
+
+// TestJoinStormSurvivesAPIServerRestart restarts the API server while 200
+// nodes join. Nodes retry Unavailable errors; in the end each has exactly one
+// valid ticket and there is no orphaned token Secret.
+func TestJoinStormSurvivesAPIServerRestart(t *testing.T) {
+	h := newHarness(t, harnessOptions{discardLog: true})
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	var once sync.Once
+	restarted := make(chan error, 1)
+	results, _ := joinStorm(ctx, t, h, stormNodes, true, func() {
+		// The first ticket means the storm is under way: restart now.
+		once.Do(func() { go func() { restarted <- h.env.RestartAPIServer(ctx) }() })
+	})
+	if err := <-restarted; err != nil {
+		t.Fatal(err)
+	}
+	checkStorm(t, h, results)
+	retried := slices.IndexFunc(results, func(r stormResult) bool { return r.attempts > 1 })
+	if retried < 0 {
+		t.Fatal("no node had to retry: the restart did not hit the storm")
+	}
+	// The informers reconnected: a policy update after the restart applies.
+	h.putConfigMap(t, testDenyList, map[string]string{"denied": "node:after-restart\n"})
+	h.waitReloads(t, testDenyList, "applied", 1)
+}
+
+// BenchmarkJoinStorm measures joins per second of 200 concurrent nodes
+// (attested TLS handshake with a simulated TPM quote, evidence verification,
+// two key service calls over mutual TLS, a kubelet certificate, a bootstrap
+// token Secret) and, in the same run against the same API server and client
+// settings, the raw rate of bootstrap token Secret creations by 200
+// concurrent callers. It reports joins/s, p50/p99 latency, creates/s and
+// their ratio. Run it with bench/joinservice.sh.
+func BenchmarkJoinStorm(b *testing.B) {
+	h := newHarness(b, harnessOptions{discardLog: true})
+	client, err := kubernetes.NewForConfig(apiClientConfig(h.env))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var joinRate, rawRate float64
+	var latencies []time.Duration
+	round := 0
+	for b.Loop() {
+		round++
+		results, elapsed := joinStorm(b.Context(), b, h, stormNodes, false, nil)
+		for _, r := range results {
+			if r.err != nil {
+				b.Fatalf("%s: %v", r.name, r.err)
+			}
+			latencies = append(latencies, r.latency)
+		}
+		joinRate += float64(len(results)) / elapsed.Seconds()
+		rawRate += rawTokenCreates(b, client, stormNodes, round)
+		deleteTokens(b, client)
+	}
+	slices.Sort(latencies)
+	joinRate /= float64(round)
+	rawRate /= float64(round)
+	b.ReportMetric(joinRate, "joins/s")
+	b.ReportMetric(rawRate, "secret-creates/s")
+	b.ReportMetric(joinRate/rawRate, "ratio")
+	b.ReportMetric(float64(latencies[len(latencies)/2].Milliseconds()), "p50-ms")
+	b.ReportMetric(float64(latencies[len(latencies)*99/100].Milliseconds()), "p99-ms")
+}
+
+// rawTokenCreates creates n bootstrap token Secrets from n goroutines and
+// returns creations per second.
+func rawTokenCreates(b *testing.B, client kubernetes.Interface, n, round int) float64 {
+	b.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	start := time.Now()
+	for i := range n {
+		wg.Go(func() {
+			token, err := newToken(tokenID(fmt.Sprintf("raw-%d-%d", round, i)), time.Now().Add(TokenTTL))
+			if err == nil {
+				_, err = client.CoreV1().Secrets(metav1.NamespaceSystem).Create(b.Context(),
+					tokenSecret(token, "raw", "raw rate"), metav1.CreateOptions{})
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	for err := range errs {
+		if err != nil && !strings.Contains(err.Error(), "already exists") {
+			b.Fatal(err)
+		}
+	}
+	return float64(n) / elapsed.Seconds()
+}
+
+func deleteTokens(b *testing.B, client kubernetes.Interface) {
+	b.Helper()
+	err := client.CoreV1().Secrets(metav1.NamespaceSystem).DeleteCollection(b.Context(), metav1.DeleteOptions{},
+		metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
+	if err != nil {
+		b.Fatal(err)
+	}
+}
