@@ -1,0 +1,148 @@
+// Command gatehouse-joinservice admits attested nodes into the cluster by
+// issuing join tickets over attested TLS. It only wires flags to package
+// joinservice (docs/joinservice.md).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/net/netutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/joinservice"
+)
+
+func main() {
+	level := new(slog.LevelVar)
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := run(log, level); err != nil {
+		log.Error("Join service failed", slog.String("error", err.Error()))
+		os.Exit(1)
+	}
+}
+
+func run(log *slog.Logger, level *slog.LevelVar) error {
+	var (
+		listen         = flag.String("listen", ":9090", "attested TLS gRPC address joiners dial")
+		httpListen     = flag.String("http-listen", ":9091", "HTTP address of /metrics, /healthz and /readyz")
+		logLevel       = flag.String("log-level", "info", "debug, info, warn or error")
+		kubeconfig     = flag.String("kubeconfig", "", "kubeconfig file; empty means the in-cluster service account")
+		namespace      = flag.String("namespace", "kube-system", "namespace of the join config and deny list ConfigMaps")
+		joinConfig     = flag.String("join-config", "gatehouse-join-config", "name of the join config ConfigMap")
+		denyList       = flag.String("deny-list", "gatehouse-deny-list", "name of the deny list ConfigMap")
+		variant        = flag.String("attestation-variant", "tpm", "attestation variant joiners use")
+		pkiDir         = flag.String("pki-dir", "/etc/kubernetes/pki", "kubeadm PKI directory: ca.crt/ca.key and the control-plane files")
+		keyService     = flag.String("keyservice-endpoint", "gatehouse-keyservice:9000", "key service address, host:port")
+		keyServiceCA   = flag.String("keyservice-ca", "", "CA of Gatehouse's internal services (PEM)")
+		keyServiceCert = flag.String("keyservice-cert", "", "client certificate for the key service (PEM, CN gatehouse-joinservice)")
+		keyServiceKey  = flag.String("keyservice-key", "", "client key for the key service (PEM)")
+		rate           = flag.Float64("rate-limit", 1, "requests per second allowed per source address")
+		burst          = flag.Int("rate-burst", 10, "requests a source address may make at once")
+		maxConns       = flag.Int("max-connections", 1024, "open connections at most")
+		apiQPS         = flag.Float64("kube-api-qps", 50, "Kubernetes API requests per second")
+		apiBurst       = flag.Int("kube-api-burst", 100, "Kubernetes API request burst")
+	)
+	flag.Parse()
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	v, err := attestation.ParseVariant(*variant)
+	if err != nil {
+		return fmt.Errorf("--attestation-variant: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	restCfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		return fmt.Errorf("loading Kubernetes client configuration: %w", err)
+	}
+	restCfg.QPS, restCfg.Burst = float32(*apiQPS), *apiBurst
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+	ca, err := clusterpki.LoadCA(filepath.Join(*pkiDir, "ca.crt"), filepath.Join(*pkiDir, "ca.key"))
+	if err != nil {
+		return err
+	}
+	keyTLS, err := joinservice.KeyServiceTLSConfig(*keyServiceCert, *keyServiceKey, *keyServiceCA)
+	if err != nil {
+		return err
+	}
+	keyConn, err := grpc.NewClient(*keyService, grpc.WithTransportCredentials(credentials.NewTLS(keyTLS)))
+	if err != nil {
+		return fmt.Errorf("key service %s: %w", *keyService, err)
+	}
+	defer keyConn.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	policy, err := joinservice.NewPolicy(v, time.Now, log, reg)
+	if err != nil {
+		return err
+	}
+	if err := policy.Watch(ctx, client, *namespace, *joinConfig, *denyList); err != nil {
+		return err
+	}
+	srv, err := joinservice.NewServer(joinservice.Config{
+		Policy:           policy,
+		Keys:             joinservice.NewKeyServiceKeys(keyConn),
+		Tokens:           joinservice.NewTokens(client, time.Now),
+		ControlPlaneLock: joinservice.NewControlPlaneLock(client, joinservice.ControlPlaneJoinTimeout, time.Now),
+		CA:               ca,
+		PKIDir:           *pkiDir,
+		RateLimit:        joinservice.RateLimit{Rate: *rate, Burst: *burst},
+		Log:              log,
+		Registerer:       reg,
+	})
+	if err != nil {
+		return err
+	}
+	creds, err := joinservice.ServerCredentials(policy, clusterpki.NewIdentity(ca, time.Now), time.Now)
+	if err != nil {
+		return err
+	}
+	grpcServer := joinservice.NewGRPCServer(srv, creds)
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", *listen, err)
+	}
+	httpServer := &http.Server{Addr: *httpListen, Handler: joinservice.HTTPHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
+	errs := make(chan error, 2)
+	go func() { errs <- grpcServer.Serve(netutil.LimitListener(lis, *maxConns)) }()
+	go func() { errs <- httpServer.ListenAndServe() }()
+	log.Info("Join service started", "listen", *listen, "httpListen", *httpListen,
+		"clusterIdentity", ca.DiscoveryTokenCACertHash())
+	select {
+	case <-ctx.Done():
+		log.Info("Join service stopping")
+	case err = <-errs:
+	}
+	grpcServer.GracefulStop()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = httpServer.Shutdown(shutdownCtx)
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
