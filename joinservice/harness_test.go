@@ -105,7 +105,6 @@ type harness struct {
 type harnessOptions struct {
 	rate       RateLimit
 	discardLog bool
-	keyService func(t testing.TB, h *harness) // starts the key service; nil starts one in-process
 }
 
 func newHarness(t testing.TB, opts harnessOptions) *harness {

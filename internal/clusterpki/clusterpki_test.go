@@ -47,7 +47,7 @@ func kubeletTemplate() *x509.CertificateRequest {
 
 func TestParseKubeletCSR(t *testing.T) {
 	key := ecKey(t)
-	smallRSA, err := rsa.GenerateKey(rand.Reader, 1024) //nolint:gosec // the test needs a too-small key
+	smallRSA, err := rsa.GenerateKey(rand.Reader, 1024)
 	if err != nil {
 		t.Fatal(err)
 	}

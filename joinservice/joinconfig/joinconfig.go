@@ -169,7 +169,7 @@ func parseComponents(data []byte) ([]*componentsv1.Component, error) {
 			return nil, fmt.Errorf("component %d: hash %q is not hex", i, c.GetHash())
 		}
 		if !strings.HasPrefix(c.GetInstallPath(), "/") || strings.Contains(c.GetInstallPath(), "..") {
-			return nil, fmt.Errorf("component %d: install path %q is not an absolute path without ..", i, c.GetInstallPath())
+			return nil, fmt.Errorf("component %d: install path %q must be absolute and free of \"..\"", i, c.GetInstallPath())
 		}
 		out = append(out, c)
 	}

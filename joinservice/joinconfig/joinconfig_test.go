@@ -59,6 +59,7 @@ func TestParseJoinConfig(t *testing.T) {
 	policy := func(edit func(string) string) map[string]string {
 		return change(KeyAttestation, edit(valid[KeyAttestation]))
 	}
+	withoutAKs, _, _ := strings.Cut(valid[KeyAttestation], "pinnedAKs")
 	tests := []struct {
 		name    string
 		data    map[string]string
@@ -79,9 +80,9 @@ func TestParseJoinConfig(t *testing.T) {
 		}), wantErr: "must not set PCR 15"},
 		{name: "short reference value", data: policy(func(s string) string { return strings.Replace(s, strings.Repeat("ab", 32), "abcd", 1) }), wantErr: "index 4: expected value has 2 bytes, want 32"},
 		{name: "unknown field", data: policy(func(s string) string { return s + "extra: 1\n" }), wantErr: "unknown field"},
-		{name: "no endorsement", data: policy(func(s string) string { return s[:strings.Index(s, "pinnedAKs")] }), wantErr: "exactly one of akRoots and pinnedAKs"},
-		{name: "AK not PEM", data: policy(func(s string) string { return s[:strings.Index(s, "pinnedAKs")] + "pinnedAKs: [nope]\n" }), wantErr: "pinnedAKs[0] is not a PEM PUBLIC KEY"},
-		{name: "AK roots without certificates", data: policy(func(s string) string { return s[:strings.Index(s, "pinnedAKs")] + "akRoots: nope\n" }), wantErr: "akRoots holds no PEM certificate"},
+		{name: "no endorsement", data: change(KeyAttestation, withoutAKs), wantErr: "exactly one of akRoots and pinnedAKs"},
+		{name: "AK not PEM", data: change(KeyAttestation, withoutAKs+"pinnedAKs: [nope]\n"), wantErr: "pinnedAKs[0] is not a PEM PUBLIC KEY"},
+		{name: "AK roots without certificates", data: change(KeyAttestation, withoutAKs+"akRoots: nope\n"), wantErr: "akRoots holds no PEM certificate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -106,7 +107,8 @@ func TestParseJoinConfig(t *testing.T) {
 func TestAKRoots(t *testing.T) {
 	d := validData(t)
 	ca := testkit.NewCA(t, "AK root")
-	d[KeyAttestation] = d[KeyAttestation][:strings.Index(d[KeyAttestation], "pinnedAKs")] + "akRoots: |\n" + indent(string(ca.PEM)) + "\n"
+	withoutAKs, _, _ := strings.Cut(d[KeyAttestation], "pinnedAKs")
+	d[KeyAttestation] = withoutAKs + "akRoots: |\n" + indent(string(ca.PEM)) + "\n"
 	if _, err := ParseJoinConfig(d, attestation.VariantTPM, time.Now); err != nil {
 		t.Fatal(err)
 	}
