@@ -316,7 +316,9 @@ func TestRefusals(t *testing.T) {
 
 	t.Run("unattested caller", func(t *testing.T) {
 		_, err := h.dial(t, nil, "").IssueJoinTicket(ctx, joinRequest(t, "impostor", net.IPv4(10, 0, 0, 66), false))
-		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "tls") {
+		// The client sees the connection fail (an alert or a reset, depending
+		// on timing); the server's audit entry says why.
+		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("unattested caller: %v, want a failed handshake", err)
 		}
 		nothingCreated(t, 0)
