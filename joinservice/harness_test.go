@@ -249,19 +249,12 @@ func (h *harness) startKeyService(t testing.TB) {
 
 func (h *harness) dialKeyService(t testing.TB) *grpc.ClientConn {
 	t.Helper()
-	cert, err := tls.LoadX509KeyPair(filepath.Join(h.keyServiceDir, "joinservice.crt"), filepath.Join(h.keyServiceDir, "joinservice.key"))
+	tlsCfg, err := KeyServiceTLSConfig(filepath.Join(h.keyServiceDir, "joinservice.crt"),
+		filepath.Join(h.keyServiceDir, "joinservice.key"), filepath.Join(h.keyServiceDir, "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	caPEM, err := os.ReadFile(filepath.Join(h.keyServiceDir, "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	conn, err := grpc.NewClient(h.keyAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
-		MinVersion: tls.VersionTLS13, RootCAs: pool, Certificates: []tls.Certificate{cert},
-	})))
+	conn, err := grpc.NewClient(h.keyAddr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -150,7 +150,7 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 }
 
 func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJoinTicketRequest, d *decision) (*joinservicev1.IssueJoinTicketResponse, error) {
-	join, err := s.admit(d)
+	join, deny, err := s.admit(d)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +162,7 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 		return nil, refuse(codes.InvalidArgument, "invalid_request", "%w", err)
 	}
 	d.node = kubelet.NodeName
-	if err := s.checkDenied(d); err != nil {
+	if err := checkDenied(deny, d); err != nil {
 		return nil, err
 	}
 	cert, err := s.cfg.CA.SignKubelet(kubelet, s.cfg.Now())
@@ -222,7 +222,7 @@ func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinservicev1.Issue
 }
 
 func (s *Server) issueRejoinTicket(ctx context.Context, req *joinservicev1.IssueRejoinTicketRequest, d *decision) (*joinservicev1.IssueRejoinTicketResponse, error) {
-	if _, err := s.admit(d); err != nil {
+	if _, _, err := s.admit(d); err != nil {
 		return nil, err
 	}
 	if err := checkDiskUUID(req.GetDiskUuid()); err != nil {
@@ -248,29 +248,26 @@ func (s *Server) begin(ctx context.Context, d *decision) time.Time {
 }
 
 // admit runs the checks every request passes first: attested caller, rate
-// limit, loaded policy, deny list.
-func (s *Server) admit(d *decision) (*joinconfig.JoinConfig, error) {
+// limit, loaded policy, deny list by identity. It returns the policy
+// snapshot the rest of the request uses, so every check sees one version.
+func (s *Server) admit(d *decision) (*joinconfig.JoinConfig, *joinconfig.DenyList, error) {
 	if d.peer == nil {
-		return nil, refuse(codes.Unauthenticated, "unattested", "the caller did not attest")
+		return nil, nil, refuse(codes.Unauthenticated, "unattested", "the caller did not attest")
 	}
 	if !s.limiter.allow(d.source) {
-		return nil, refuse(codes.ResourceExhausted, "rate_limited",
+		return nil, nil, refuse(codes.ResourceExhausted, "rate_limited",
 			"too many requests from %s (budget %g per second, burst %d); retry later", d.source, s.cfg.RateLimit.Rate, s.cfg.RateLimit.Burst)
 	}
-	join, _, err := s.cfg.Policy.current()
+	join, deny, err := s.cfg.Policy.current()
 	if err != nil {
-		return nil, refuse(codes.Unavailable, "not_ready", "%w", err)
+		return nil, nil, refuse(codes.Unavailable, "not_ready", "%w", err)
 	}
-	return join, s.checkDenied(d)
+	return join, deny, checkDenied(deny, d)
 }
 
-// checkDenied consults the current deny list with the caller's identity and,
-// once known, node name.
-func (s *Server) checkDenied(d *decision) error {
-	_, deny, err := s.cfg.Policy.current()
-	if err != nil {
-		return refuse(codes.Unavailable, "not_ready", "%w", err)
-	}
+// checkDenied consults deny with the caller's identity and, once known, its
+// node name.
+func checkDenied(deny *joinconfig.DenyList, d *decision) error {
 	if entry, denied := deny.Denies(d.peer.Identity, d.node); denied {
 		return refuse(codes.PermissionDenied, "denied", "denied by the cluster's deny list (entry %q)", entry)
 	}
