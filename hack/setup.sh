@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # Debian packages the build, the tests and the local cluster use.
-PACKAGES=(ca-certificates git make gcc util-linux iproute2 libssl-dev swtpm swtpm-tools softhsm2)
+PACKAGES=(ca-certificates git make gcc util-linux iproute2 libssl-dev swtpm swtpm-tools softhsm2 cryptsetup-bin)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 

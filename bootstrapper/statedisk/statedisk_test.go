@@ -1,0 +1,235 @@
+package statedisk
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+)
+
+// loopDisk returns a state disk on a fresh 32 MiB loop device; with
+// argvLog, cryptsetup runs through a shim that appends its argv to the
+// returned file first.
+func loopDisk(t *testing.T, argvLog bool) (*Disk, string) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	img := filepath.Join(t.TempDir(), "state.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 32<<20); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
+	logFile := ""
+	if argvLog {
+		real, err := exec.LookPath("cryptsetup")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		logFile = filepath.Join(dir, "argv.log")
+		shim := "#!/bin/sh\nprintf '%s\\n' \"$*\" >> " + logFile + "\nexec " + real + " \"$@\"\n"
+		if err := os.WriteFile(filepath.Join(dir, "cryptsetup"), []byte(shim), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	}
+	d, err := New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, logFile
+}
+
+func randomKey(t *testing.T) []byte {
+	t.Helper()
+	k := make([]byte, KeySize)
+	if _, err := rand.Read(k); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func assertState(t *testing.T, d *Disk, want State) {
+	t.Helper()
+	got, err := d.State(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("state %q, want %q", got, want)
+	}
+}
+
+func assertKey(t *testing.T, d *Disk, key []byte, name string, want bool) {
+	t.Helper()
+	ok, err := d.TestKey(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok != want {
+		t.Fatalf("%s opens the disk: %v, want %v", name, ok, want)
+	}
+}
+
+// TestLifecycle walks a disk through first boot, re-key at init/join, and
+// reset, with the real cryptsetup on a loop device, and checks that no key
+// ever appeared in cryptsetup's argv.
+func TestLifecycle(t *testing.T) {
+	d, argv := loopDisk(t, true)
+	ctx := t.Context()
+	assertState(t, d, Unformatted)
+
+	first, err := d.FormatRandom(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertState(t, d, Fresh)
+	assertKey(t, d, first, "the first-boot passphrase", true)
+	uuid, err := d.UUID(ctx)
+	if err != nil || len(uuid) != 36 {
+		t.Fatalf("UUID %q, %v", uuid, err)
+	}
+
+	derived := randomKey(t)
+	if err := d.Rekey(ctx, first, derived); err != nil {
+		t.Fatal(err)
+	}
+	assertKey(t, d, first, "the old passphrase after re-key", false)
+	assertKey(t, d, derived, "the derived key after re-key", true)
+	if err := d.MarkInitialised(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertState(t, d, Initialised)
+	if again, _ := d.UUID(ctx); again != uuid {
+		t.Fatalf("the UUID changed on re-key: %s → %s", uuid, again)
+	}
+
+	if err := d.MarkForReset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertState(t, d, ResetRequested)
+	second, err := d.FormatRandom(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertState(t, d, Fresh)
+	assertKey(t, d, derived, "the cluster key after reset", false)
+	assertKey(t, d, second, "the new first-boot passphrase", true)
+
+	log, err := os.ReadFile(argv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "luksAddKey") {
+		t.Fatalf("the argv shim did not see the re-key:\n%s", log)
+	}
+	for _, k := range [][]byte{first, derived, second} {
+		if bytes.Contains(log, k) || bytes.Contains(log, []byte(hex.EncodeToString(k))) {
+			t.Fatal("a key appeared in cryptsetup's argv")
+		}
+	}
+}
+
+// TestRekeyIsIdempotent: a re-key interrupted after adding the new key, or
+// run twice, ends with only the new key.
+func TestRekeyIsIdempotent(t *testing.T) {
+	d, _ := loopDisk(t, false)
+	ctx := t.Context()
+	old, err := d.FormatRandom(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKey := randomKey(t)
+	// Interrupted: the new key was added, the old one not yet removed.
+	keys := &keyFDs{}
+	oldPath, _ := keys.add(old)
+	newPath, _ := keys.add(newKey)
+	_, err = d.run(ctx, nil, keys, append(append([]string{"luksAddKey", "--batch-mode", "--key-file=" + oldPath}, pbkdfArgs...), d.device, newPath)...)
+	keys.close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertKey(t, d, old, "the old key before resuming", true)
+	for range 2 {
+		if err := d.Rekey(ctx, old, newKey); err != nil {
+			t.Fatal(err)
+		}
+		assertKey(t, d, old, "the old key", false)
+		assertKey(t, d, newKey, "the new key", true)
+	}
+}
+
+// TestRekeyWithWrongKeyChangesNothing: a wrong old key is refused with
+// ErrWrongKey and the disk keeps its key.
+func TestRekeyWithWrongKeyChangesNothing(t *testing.T) {
+	d, _ := loopDisk(t, false)
+	ctx := t.Context()
+	real, err := d.FormatRandom(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKey := randomKey(t)
+	if err := d.Rekey(ctx, randomKey(t), newKey); !errors.Is(err, ErrWrongKey) {
+		t.Fatalf("Rekey with a wrong old key: %v, want ErrWrongKey", err)
+	}
+	assertKey(t, d, real, "the real key", true)
+	assertKey(t, d, newKey, "the new key", false)
+	if err := d.Rekey(ctx, real, real); err == nil {
+		t.Fatal("Rekey to the same key succeeded")
+	}
+}
+
+func TestNotLUKS(t *testing.T) {
+	d, _ := loopDisk(t, false)
+	ctx := t.Context()
+	if err := os.WriteFile(d.Device(), bytes.Repeat([]byte("not a LUKS header "), 1000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	assertState(t, d, Unformatted)
+	if _, err := d.UUID(ctx); err == nil {
+		t.Fatal("UUID of a non-LUKS disk succeeded")
+	}
+}
+
+// TestOpen maps the re-keyed disk and writes to it. It needs device-mapper,
+// which not every kernel has (this project's CI machines lack it).
+func TestOpen(t *testing.T) {
+	if ok, why := DeviceMapperAvailable(); !ok {
+		t.Skip("not testing Open/Close: " + why)
+	}
+	d, _ := loopDisk(t, false)
+	ctx := context.Background()
+	key, err := d.FormatRandom(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "gatehouse-test-" + hex.EncodeToString(randomKey(t)[:4])
+	if err := d.Open(ctx, name, randomKey(t)); !errors.Is(err, ErrWrongKey) {
+		t.Fatalf("Open with a wrong key: %v", err)
+	}
+	if err := d.Open(ctx, name, key); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close(context.Background(), name) })
+	if err := os.WriteFile("/dev/mapper/"+name, []byte("state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+}
