@@ -1,0 +1,350 @@
+// Package installer installs the pinned Kubernetes components of a node
+// (kubelet, kubeadm, kubectl, crictl, CNI plugins): each is downloaded,
+// checked against its sha256 digest before anything is installed, and then
+// moved into place atomically. Partial files never stay behind.
+package installer
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+)
+
+// ErrHashMismatch means a download's digest differs from the pinned one.
+// It is not retried: the source serves something else than was pinned.
+var ErrHashMismatch = errors.New("downloaded file does not match its pinned sha256 digest")
+
+// Options configure an Installer.
+type Options struct {
+	// Client downloads http(s) URLs; nil is a client with a 10-minute
+	// timeout per download.
+	Client *http.Client
+	// Attempts per component for transient failures (network errors, HTTP
+	// 5xx and 429, truncated bodies); 0 is 5.
+	Attempts int
+	// Backoff is the wait before the second attempt, doubled each time up
+	// to 30 s; 0 is 1 s.
+	Backoff time.Duration
+	// Log receives one line per component; nil discards.
+	Log *slog.Logger
+}
+
+// Installer downloads and installs components.
+type Installer struct {
+	opts Options
+}
+
+// New returns an installer.
+func New(opts Options) *Installer {
+	if opts.Client == nil {
+		opts.Client = &http.Client{Timeout: 10 * time.Minute}
+	}
+	if opts.Attempts <= 0 {
+		opts.Attempts = 5
+	}
+	if opts.Backoff <= 0 {
+		opts.Backoff = time.Second
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Installer{opts: opts}
+}
+
+// Validate checks a component: a URL with scheme https, http, file or data
+// (the digest makes the transport's integrity irrelevant), a hash of the
+// form "sha256:" and 64 lowercase hex digits, and an absolute, clean
+// install path.
+func Validate(c *componentsv1.Component) error {
+	u, err := url.Parse(c.GetUrl())
+	if err != nil {
+		return fmt.Errorf("component URL %q: %w", c.GetUrl(), err)
+	}
+	switch u.Scheme {
+	case "https", "http", "file", "data":
+	default:
+		return fmt.Errorf("component URL %q: scheme %q is not https, http, file or data", c.GetUrl(), u.Scheme)
+	}
+	if _, err := parseHash(c.GetHash()); err != nil {
+		return fmt.Errorf("component %s: %w", c.GetUrl(), err)
+	}
+	p := c.GetInstallPath()
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+		return fmt.Errorf("component %s: install path %q must be an absolute, clean path other than /", c.GetUrl(), p)
+	}
+	return nil
+}
+
+func parseHash(h string) ([]byte, error) {
+	hexDigest, ok := strings.CutPrefix(h, "sha256:")
+	if !ok || len(hexDigest) != 2*sha256.Size || strings.ToLower(hexDigest) != hexDigest {
+		return nil, fmt.Errorf("hash %q is not \"sha256:\" followed by 64 lowercase hex digits", h)
+	}
+	return hex.DecodeString(hexDigest)
+}
+
+// Install installs every component in order, after validating them all. It
+// stops at the first component that fails, leaving the ones before it
+// installed and nothing of the failed one.
+func (i *Installer) Install(ctx context.Context, components []*componentsv1.Component) error {
+	for _, c := range components {
+		if err := Validate(c); err != nil {
+			return err
+		}
+	}
+	for _, c := range components {
+		if err := i.install(ctx, c); err != nil {
+			return fmt.Errorf("installing %s: %w", c.GetInstallPath(), err)
+		}
+		i.opts.Log.Info("Installed component", "url", c.GetUrl(), "path", c.GetInstallPath(), "extract", c.GetExtract())
+	}
+	return nil
+}
+
+func (i *Installer) install(ctx context.Context, c *componentsv1.Component) error {
+	want, _ := parseHash(c.GetHash())
+	dir := filepath.Dir(c.GetInstallPath())
+	if c.GetExtract() {
+		dir = c.GetInstallPath()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	// The download lands next to its destination, so moving it into place
+	// is a rename on one file system.
+	tmp, err := os.CreateTemp(dir, ".gatehouse-download-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		_ = tmp.Close()
+		_ = os.Remove(tmp.Name())
+	}()
+	backoff := i.opts.Backoff
+	for attempt := 1; ; attempt++ {
+		err = i.fetchVerified(ctx, c.GetUrl(), tmp, want)
+		if err == nil || errors.Is(err, ErrHashMismatch) || !transient(err) || attempt == i.opts.Attempts {
+			break
+		}
+		i.opts.Log.Warn("Download failed; retrying", "url", c.GetUrl(), "attempt", attempt, "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+	if err != nil {
+		return err
+	}
+	if c.GetExtract() {
+		return extract(tmp, c.GetInstallPath())
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), c.GetInstallPath())
+}
+
+// transientError marks a failure worth retrying.
+type transientError struct{ err error }
+
+func (e *transientError) Error() string { return e.err.Error() }
+func (e *transientError) Unwrap() error { return e.err }
+
+func transient(err error) bool {
+	var t *transientError
+	return errors.As(err, &t)
+}
+
+// fetchVerified writes the content at rawURL into f (truncated first) and
+// checks its digest.
+func (i *Installer) fetchVerified(ctx context.Context, rawURL string, f *os.File, want []byte) error {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	body, err := i.open(ctx, rawURL)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(f, h), body); err != nil {
+		return &transientError{fmt.Errorf("downloading %s: %w", redact(rawURL), err)}
+	}
+	if got := h.Sum(nil); string(got) != string(want) {
+		return fmt.Errorf("%w: %s has sha256:%x, pinned sha256:%x", ErrHashMismatch, redact(rawURL), got, want)
+	}
+	return nil
+}
+
+// open returns the content at rawURL.
+func (i *Installer) open(ctx context.Context, rawURL string) (io.ReadCloser, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	switch u.Scheme {
+	case "file":
+		if u.Host != "" && u.Host != "localhost" {
+			return nil, fmt.Errorf("file URL %s names host %q; only local files are supported", rawURL, u.Host)
+		}
+		return os.Open(u.Path)
+	case "data":
+		data, err := ParseDataURL(rawURL)
+		if err != nil {
+			return nil, err
+		}
+		return io.NopCloser(strings.NewReader(string(data))), nil
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := i.opts.Client.Do(req)
+	if err != nil {
+		return nil, &transientError{fmt.Errorf("downloading %s: %w", redact(rawURL), err)}
+	}
+	if resp.StatusCode != http.StatusOK {
+		_ = resp.Body.Close()
+		err := fmt.Errorf("downloading %s: HTTP %s", redact(rawURL), resp.Status)
+		if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+			return nil, &transientError{err}
+		}
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// redact shortens data URLs for messages.
+func redact(rawURL string) string {
+	if strings.HasPrefix(rawURL, "data:") && len(rawURL) > 40 {
+		return rawURL[:40] + "…"
+	}
+	return rawURL
+}
+
+// extract unpacks the gzip-compressed tar archive f into a fresh directory
+// next to dest and then moves each entry into dest, so a broken archive
+// installs nothing. Entries may be directories, regular files and symlinks
+// staying inside the archive; anything else, or a path leaving it, is
+// refused.
+func extract(f *os.File, dest string) error {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	staging, err := os.MkdirTemp(filepath.Dir(dest), ".gatehouse-extract-*")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(staging)
+	if err := unpack(f, staging); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(staging)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		target := filepath.Join(dest, e.Name())
+		if e.IsDir() {
+			if err := os.RemoveAll(target); err != nil {
+				return err
+			}
+		}
+		if err := os.Rename(filepath.Join(staging, e.Name()), target); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func unpack(r io.Reader, dir string) error {
+	zr, err := gzip.NewReader(r)
+	if err != nil {
+		return fmt.Errorf("unpacking: not a gzip archive: %w", err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	tr := tar.NewReader(zr)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("unpacking: %w", err)
+		}
+		name := path.Clean(strings.TrimPrefix(hdr.Name, "./"))
+		if name == "." {
+			continue
+		}
+		if !fs.ValidPath(name) {
+			return fmt.Errorf("unpacking: entry %q leaves the archive", hdr.Name)
+		}
+		if err := mkdirAll(root, path.Dir(name)); err != nil {
+			return fmt.Errorf("unpacking %s: %w", name, err)
+		}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			err = mkdirAll(root, name)
+		case tar.TypeReg:
+			err = writeFile(root, name, tr, hdr.FileInfo().Mode().Perm())
+		case tar.TypeSymlink:
+			target := path.Join(path.Dir(name), hdr.Linkname)
+			if path.IsAbs(hdr.Linkname) || !fs.ValidPath(target) {
+				return fmt.Errorf("unpacking: symlink %q points out of the archive", hdr.Name)
+			}
+			err = root.Symlink(hdr.Linkname, name)
+		default:
+			return fmt.Errorf("unpacking: entry %q has unsupported type %q", hdr.Name, hdr.Typeflag)
+		}
+		if err != nil {
+			return fmt.Errorf("unpacking %s: %w", name, err)
+		}
+	}
+}
+
+func mkdirAll(root *os.Root, name string) error {
+	if name == "." {
+		return nil
+	}
+	return root.MkdirAll(name, 0o755)
+}
+
+func writeFile(root *os.Root, name string, r io.Reader, perm fs.FileMode) error {
+	f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,313 @@
+package installer
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+)
+
+func hashOf(data []byte) string { return fmt.Sprintf("sha256:%x", sha256.Sum256(data)) }
+
+func newInstaller() *Installer { return New(Options{Attempts: 3, Backoff: time.Millisecond}) }
+
+// serve serves content at /c, answering the first failures requests with
+// fail, and counts requests.
+func serve(t *testing.T, content []byte, failures int, fail func(http.ResponseWriter)) (string, *atomic.Int32) {
+	t.Helper()
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if int(hits.Add(1)) <= failures {
+			fail(w)
+			return
+		}
+		_, _ = w.Write(content)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL + "/c", &hits
+}
+
+// truncate sends a Content-Length for the whole content but only half of
+// it, then drops the connection.
+func truncate(content []byte) func(http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Content-Length", fmt.Sprint(len(content)))
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(content[:len(content)/2])
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	}
+}
+
+func status(code int) func(http.ResponseWriter) {
+	return func(w http.ResponseWriter) { w.WriteHeader(code) }
+}
+
+// assertOnly fails unless dir holds exactly the names given.
+func assertOnly(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	if strings.Join(got, ",") != strings.Join(names, ",") {
+		t.Fatalf("%s holds %v, want %v", dir, got, names)
+	}
+}
+
+func TestInstallBinary(t *testing.T) {
+	content := bytes.Repeat([]byte("kubelet "), 10000)
+	for _, tc := range []struct {
+		name     string
+		failures int
+		fail     func(http.ResponseWriter)
+		hits     int32
+	}{
+		{"first try", 0, nil, 1},
+		{"truncated download retried", 1, truncate(content), 2},
+		{"server error retried", 2, status(http.StatusServiceUnavailable), 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, hits := serve(t, content, tc.failures, tc.fail)
+			dir := t.TempDir()
+			dest := filepath.Join(dir, "bin", "kubelet")
+			err := newInstaller().Install(t.Context(), []*componentsv1.Component{{Url: url, Hash: hashOf(content), InstallPath: dest}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(dest)
+			if err != nil || !bytes.Equal(got, content) {
+				t.Fatalf("installed file differs (%v)", err)
+			}
+			if fi, _ := os.Stat(dest); fi.Mode().Perm() != 0o755 {
+				t.Fatalf("mode %v, want 0755", fi.Mode().Perm())
+			}
+			if hits.Load() != tc.hits {
+				t.Fatalf("%d requests, want %d", hits.Load(), tc.hits)
+			}
+			assertOnly(t, filepath.Join(dir, "bin"), "kubelet")
+		})
+	}
+}
+
+// TestInstallFailuresLeaveNothing: a hash mismatch (not retried), a client
+// error (not retried) and persistent truncation (retried, then given up)
+// all fail clearly and leave no file behind, not even a partial one.
+func TestInstallFailuresLeaveNothing(t *testing.T) {
+	content := []byte("the real kubeadm")
+	for _, tc := range []struct {
+		name     string
+		serve    []byte
+		failures int
+		fail     func(http.ResponseWriter)
+		want     string
+		hits     int32
+	}{
+		{"hash mismatch", []byte("a tampered kubeadm"), 0, nil, "does not match its pinned sha256", 1},
+		{"not found", content, 9, status(http.StatusNotFound), "404", 1},
+		{"always truncated", content, 9, truncate(bytes.Repeat(content, 1000)), "unexpected EOF", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, hits := serve(t, tc.serve, tc.failures, tc.fail)
+			dir := t.TempDir()
+			err := newInstaller().Install(t.Context(), []*componentsv1.Component{{Url: url, Hash: hashOf(content), InstallPath: filepath.Join(dir, "kubeadm")}})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+			if tc.name == "hash mismatch" && !errors.Is(err, ErrHashMismatch) {
+				t.Fatalf("error %v is not ErrHashMismatch", err)
+			}
+			if hits.Load() != tc.hits {
+				t.Fatalf("%d requests, want %d", hits.Load(), tc.hits)
+			}
+			assertOnly(t, dir)
+		})
+	}
+}
+
+func TestInstallOfflineURLs(t *testing.T) {
+	content := []byte("#!/bin/sh\necho crictl\n")
+	src := filepath.Join(t.TempDir(), "crictl")
+	if err := os.WriteFile(src, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	components := []*componentsv1.Component{
+		{Url: "file://" + src, Hash: hashOf(content), InstallPath: filepath.Join(dir, "from-file")},
+		{Url: "data:application/octet-stream;base64," + base64.StdEncoding.EncodeToString(content), Hash: hashOf(content), InstallPath: filepath.Join(dir, "from-data")},
+		{Url: "data:,%23!%2Fbin%2Fsh%0Aecho%20crictl%0A", Hash: hashOf(content), InstallPath: filepath.Join(dir, "from-text")},
+	}
+	if err := newInstaller().Install(t.Context(), components); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range components {
+		if got, err := os.ReadFile(c.GetInstallPath()); err != nil || !bytes.Equal(got, content) {
+			t.Errorf("%s: installed %q, %v", c.GetInstallPath(), got, err)
+		}
+	}
+}
+
+type entry struct {
+	name, link string
+	typ        byte
+	body       string
+}
+
+func tarGz(t *testing.T, entries []entry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	for _, e := range entries {
+		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Linkname: e.link, Mode: 0o755, Size: int64(len(e.body))}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(e.body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := errors.Join(tw.Close(), zw.Close()); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestInstallExtract(t *testing.T) {
+	archive := tarGz(t, []entry{
+		{name: "./", typ: tar.TypeDir},
+		{name: "./bridge", typ: tar.TypeReg, body: "bridge plugin"},
+		{name: "./loopback", typ: tar.TypeReg, body: "loopback plugin"},
+		{name: "./sub/", typ: tar.TypeDir},
+		{name: "./sub/x", typ: tar.TypeReg, body: "x"},
+		{name: "./lo", typ: tar.TypeSymlink, link: "loopback"},
+	})
+	url, _ := serve(t, archive, 0, nil)
+	dest := filepath.Join(t.TempDir(), "opt", "cni", "bin")
+	if err := os.MkdirAll(dest, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dest, "keep-me"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := newInstaller().Install(t.Context(), []*componentsv1.Component{{Url: url, Hash: hashOf(archive), InstallPath: dest, Extract: true}}); err != nil {
+		t.Fatal(err)
+	}
+	assertOnly(t, dest, "bridge", "keep-me", "lo", "loopback", "sub")
+	if got, _ := os.ReadFile(filepath.Join(dest, "lo")); string(got) != "loopback plugin" {
+		t.Fatalf("symlink reads %q", got)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dest, "sub", "x")); string(got) != "x" {
+		t.Fatalf("sub/x reads %q", got)
+	}
+}
+
+// TestExtractRefusesEscapes: archives with entries leaving the install
+// directory are refused and install nothing, not even their good entries.
+func TestExtractRefusesEscapes(t *testing.T) {
+	for name, entries := range map[string][]entry{
+		"dot-dot":          {{name: "good", typ: tar.TypeReg, body: "g"}, {name: "../evil", typ: tar.TypeReg, body: "e"}},
+		"absolute":         {{name: "good", typ: tar.TypeReg, body: "g"}, {name: "/etc/evil", typ: tar.TypeReg, body: "e"}},
+		"symlink out":      {{name: "good", typ: tar.TypeReg, body: "g"}, {name: "evil", typ: tar.TypeSymlink, link: "../../etc/passwd"}},
+		"absolute symlink": {{name: "evil", typ: tar.TypeSymlink, link: "/etc/passwd"}},
+		"device":           {{name: "good", typ: tar.TypeReg, body: "g"}, {name: "dev", typ: tar.TypeChar}},
+		"write via link":   {{name: "sub", typ: tar.TypeSymlink, link: "."}, {name: "sub/../../evil", typ: tar.TypeReg, body: "e"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			archive := tarGz(t, entries)
+			url, _ := serve(t, archive, 0, nil)
+			parent := t.TempDir()
+			dest := filepath.Join(parent, "bin")
+			err := newInstaller().Install(t.Context(), []*componentsv1.Component{{Url: url, Hash: hashOf(archive), InstallPath: dest, Extract: true}})
+			if err == nil {
+				t.Fatal("an escaping archive was installed")
+			}
+			assertOnly(t, dest)
+			assertOnly(t, parent, "bin")
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	good := hashOf([]byte("x"))
+	for _, tc := range []struct {
+		c    *componentsv1.Component
+		want string
+	}{
+		{&componentsv1.Component{Url: "ftp://x/y", Hash: good, InstallPath: "/usr/bin/y"}, "scheme"},
+		{&componentsv1.Component{Url: "https://x/y", Hash: "sha256:abc", InstallPath: "/usr/bin/y"}, "64 lowercase hex"},
+		{&componentsv1.Component{Url: "https://x/y", Hash: strings.ToUpper(good), InstallPath: "/usr/bin/y"}, "64 lowercase hex"},
+		{&componentsv1.Component{Url: "https://x/y", Hash: "sha512:" + good[7:], InstallPath: "/usr/bin/y"}, "sha256"},
+		{&componentsv1.Component{Url: "https://x/y", Hash: good, InstallPath: "usr/bin/y"}, "absolute"},
+		{&componentsv1.Component{Url: "https://x/y", Hash: good, InstallPath: "/usr/../etc/y"}, "clean"},
+		{&componentsv1.Component{Url: "https://x/y", Hash: good, InstallPath: "/"}, "other than /"},
+	} {
+		err := Validate(tc.c)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%v) = %v, want an error containing %q", tc.c, err, tc.want)
+		}
+	}
+	// Install validates everything before downloading anything.
+	dir := t.TempDir()
+	err := newInstaller().Install(t.Context(), []*componentsv1.Component{
+		{Url: "data:,a", Hash: hashOf([]byte("a")), InstallPath: filepath.Join(dir, "a")},
+		{Url: "gopher://x", Hash: good, InstallPath: filepath.Join(dir, "b")},
+	})
+	if err == nil {
+		t.Fatal("Install accepted an invalid component")
+	}
+	assertOnly(t, dir)
+}
+
+func TestParseDataURL(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		err  bool
+	}{
+		{"data:,hello%20world", "hello world", false},
+		{"data:text/plain;charset=utf-8,hi", "hi", false},
+		{"data:;base64,aGk=", "hi", false},
+		{"data:;base64,aGk", "hi", false},
+		{"data:;base64,!!", "", true},
+		{"data:hi", "", true},
+		{"http://x", "", true},
+		{"data:,%zz", "", true},
+	} {
+		got, err := ParseDataURL(tc.in)
+		if (err != nil) != tc.err || string(got) != tc.want {
+			t.Errorf("ParseDataURL(%q) = %q, %v", tc.in, got, err)
+		}
+	}
+}
+
+func FuzzParseDataURL(f *testing.F) {
+	for _, s := range []string{"data:,x", "data:;base64,aGk=", "data:text/plain;base64,%41%41==", "data:"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		out, err := ParseDataURL(s)
+		if err != nil && out != nil {
+			t.Fatal("data and an error")
+		}
+	})
+}
