@@ -67,20 +67,31 @@ type node struct {
 
 func newNode(t testing.TB) *node {
 	t.Helper()
-	sim, err := simulator.Get()
+	a, closeSim, err := bootNode()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = sim.Close() })
+	t.Cleanup(closeSim)
+	return &node{attester: a}
+}
+
+// bootNode opens this process's TPM simulator, measures bootArtefacts into
+// it and returns an attester quoting testPCRs, and what closes both.
+func bootNode() (*tpm.Attester, func(), error) {
+	sim, err := simulator.Get()
+	if err != nil {
+		return nil, nil, err
+	}
 	if _, err := tpm.MeasureBoot(sim, bootArtefacts); err != nil {
-		t.Fatal(err)
+		_ = sim.Close()
+		return nil, nil, err
 	}
 	a, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: testPCRs})
 	if err != nil {
-		t.Fatal(err)
+		_ = sim.Close()
+		return nil, nil, err
 	}
-	t.Cleanup(func() { _ = a.Close() })
-	return &node{attester: a}
+	return a, func() { _ = a.Close(); _ = sim.Close() }, nil
 }
 
 // harness is a join service on loopback against a real API server and
@@ -100,6 +111,8 @@ type harness struct {
 	keyServiceDir string
 	masterKey     []byte
 	salt          []byte
+	// extraAKs are trusted besides the node's (the benchmark's rig process).
+	extraAKs []crypto.PublicKey
 }
 
 type harnessOptions struct {
@@ -295,15 +308,19 @@ func (h *harness) joinConfigData(t testing.TB, override map[uint32]string) map[s
 	for i, v := range override {
 		values[fmt.Sprint(i)] = map[string]any{"expected": v}
 	}
-	spki, err := x509.MarshalPKIXPublicKey(h.node.attester.AttestationKey())
-	if err != nil {
-		t.Fatal(err)
+	var pinned []string
+	for _, ak := range append([]crypto.PublicKey{h.node.attester.AttestationKey()}, h.extraAKs...) {
+		spki, err := x509.MarshalPKIXPublicKey(ak)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pinned = append(pinned, string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki})))
 	}
 	policy, err := yaml.Marshal(map[string]any{
 		"variant":         "tpm",
 		"pcrs":            testPCRs,
 		"referenceValues": values,
-		"pinnedAKs":       []string{string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki}))},
+		"pinnedAKs":       pinned,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -358,15 +375,26 @@ func (h *harness) waitReloads(t testing.TB, configmap, result string, n float64)
 // source address src (a 127.0.0.0/8 address; "" for any).
 func (h *harness) dial(t testing.TB, attester attestation.Attester, src string) joinservicev1.JoinServiceClient {
 	t.Helper()
+	conn, err := dialJoinService(h.addr, h.caHash, attester, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return joinservicev1.NewJoinServiceClient(conn)
+}
+
+// dialJoinService returns a connection to the join service at addr,
+// attesting with attester (nil: not at all) from source address src.
+func dialJoinService(addr, caHash string, attester attestation.Attester, src string) (*grpc.ClientConn, error) {
 	var creds credentials.TransportCredentials
 	var err error
 	if attester != nil {
-		creds, err = ClientCredentials(attester, h.caHash, nil)
+		creds, err = ClientCredentials(attester, caHash, nil)
 	} else {
-		creds, err = unattestedCredentials(h.caHash)
+		creds, err = unattestedCredentials(caHash)
 	}
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if src != "" {
@@ -375,12 +403,7 @@ func (h *harness) dial(t testing.TB, attester attestation.Attester, src string) 
 			return dialer.DialContext(ctx, "tcp", addr)
 		}))
 	}
-	conn, err := grpc.NewClient(h.addr, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return joinservicev1.NewJoinServiceClient(conn)
+	return grpc.NewClient(addr, opts...)
 }
 
 // unattestedCredentials verify the join service like a joiner but do not
@@ -396,19 +419,24 @@ func unattestedCredentials(caHash string) (credentials.TransportCredentials, err
 // nodeCSR returns a kubelet CSR for name and its key.
 func nodeCSR(t testing.TB, name string, ip net.IP) ([]byte, crypto.Signer) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, key, err := newNodeCSR(name, ip)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return der, key
+}
+
+func newNodeCSR(name string, ip net.IP) ([]byte, crypto.Signer, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
 		Subject:     pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}},
 		DNSNames:    []string{name},
 		IPAddresses: []net.IP{ip},
 	}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return der, key
+	return der, key, err
 }
 
 func randomBytes(t testing.TB, n int) []byte {

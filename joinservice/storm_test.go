@@ -12,13 +12,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	bootstraputil "k8s.io/cluster-bootstrap/token/util"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 )
 
 // stormNodes is how many simulated nodes join at once in the CI storm
@@ -34,37 +39,72 @@ type stormResult struct {
 	latency  time.Duration // of the successful attempt, handshake included
 }
 
-// joinStorm makes n simulated nodes join concurrently, each from its own
-// loopback source address over its own attested TLS connection. With
-// retry, a node retries Unavailable errors with exponential backoff and
-// jitter (as the bootstrapper's JoinClient does) until ctx ends.
+// joinStorm makes n simulated nodes join concurrently (see runStorm), with
+// this process's simulated TPM.
 func joinStorm(ctx context.Context, t testing.TB, h *harness, n int, retry bool, onTicket func()) ([]stormResult, time.Duration) {
 	t.Helper()
-	type prepared struct {
-		client joinservicev1.JoinServiceClient
-		req    *joinservicev1.IssueJoinTicketRequest
+	joiners, closeAll, err := newJoiners(h.addr, h.caHash, h.node.attester, n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	nodes := make([]prepared, n)
-	for i := range nodes {
-		src := fmt.Sprintf("127.1.%d.%d", i/250, i%250+1)
-		name := fmt.Sprintf("storm-%03d", i)
-		nodes[i] = prepared{
-			client: h.dial(t, h.node.attester, src),
-			req:    joinRequest(t, name, net.IPv4(10, 1, byte(i/250), byte(i%250+1)), false),
+	defer closeAll()
+	return runStorm(ctx, joiners, retry, onTicket)
+}
+
+// joiner is one simulated node, ready to ask for its ticket.
+type joiner struct {
+	name   string
+	client joinservicev1.JoinServiceClient
+	req    *joinservicev1.IssueJoinTicketRequest
+}
+
+// newJoiners prepares n nodes named storm-NNN, each with its own CSR and
+// its own attested TLS connection (made on first use) from its own loopback
+// source address. The returned function closes the connections.
+func newJoiners(addr, caHash string, attester attestation.Attester, n int) ([]joiner, func(), error) {
+	joiners := make([]joiner, n)
+	var conns []*grpc.ClientConn
+	closeAll := func() {
+		for _, c := range conns {
+			_ = c.Close()
 		}
 	}
-	results := make([]stormResult, n)
+	for i := range joiners {
+		name := fmt.Sprintf("storm-%03d", i)
+		conn, err := dialJoinService(addr, caHash, attester, fmt.Sprintf("127.1.%d.%d", i/250, i%250+1))
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		conns = append(conns, conn)
+		csr, _, err := newNodeCSR(name, net.IPv4(10, 1, byte(i/250), byte(i%250+1)))
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		joiners[i] = joiner{name: name, client: joinservicev1.NewJoinServiceClient(conn),
+			req: &joinservicev1.IssueJoinTicketRequest{DiskUuid: uuid.NewString(), CertificateRequest: csr}}
+	}
+	return joiners, closeAll, nil
+}
+
+// runStorm has all joiners ask for their tickets at once. With retry, a
+// node retries Unavailable errors with exponential backoff and jitter (as
+// the bootstrapper's JoinClient does) until ctx ends. It returns each
+// node's outcome and the wall time until the last finished.
+func runStorm(ctx context.Context, joiners []joiner, retry bool, onTicket func()) ([]stormResult, time.Duration) {
+	results := make([]stormResult, len(joiners))
 	var wg sync.WaitGroup
 	start := time.Now()
-	for i := range nodes {
+	for i, j := range joiners {
 		wg.Go(func() {
 			r := &results[i]
-			r.name = fmt.Sprintf("storm-%03d", i)
+			r.name = j.name
 			backoff := 50 * time.Millisecond
 			for {
 				r.attempts++
 				began := time.Now()
-				r.ticket, r.err = nodes[i].client.IssueJoinTicket(ctx, nodes[i].req)
+				r.ticket, r.err = j.client.IssueJoinTicket(ctx, j.req)
 				r.latency = time.Since(began)
 				if r.err == nil {
 					if onTicket != nil {
@@ -167,31 +207,51 @@ func TestJoinStormSurvivesAPIServerRestart(t *testing.T) {
 // two key service calls over mutual TLS, a kubelet certificate, a bootstrap
 // token Secret) and, in the same run against the same API server and client
 // settings, the raw rate of bootstrap token Secret creations by 200
-// concurrent callers. It reports joins/s, p50/p99 latency, creates/s and
-// their ratio. Run it with bench/joinservice.sh.
+// concurrent callers. The nodes run in a rig process of their own (see
+// startRig). It reports joins/s, p50/p99 latency, creates/s and their
+// ratio, and the CPU time per join and per create of the server side (this
+// process with the join and key services, the API server, etcd and
+// kube-controller-manager) and of the rig. Each phase's CPU is counted
+// until the bootstrap signer has caught up, so neither phase pays for the
+// other's token signing. Run it with bench/joinservice.sh.
 func BenchmarkJoinStorm(b *testing.B) {
 	h := newHarness(b, harnessOptions{discardLog: true})
+	r := startRig(b)
+	h.extraAKs = append(h.extraAKs, r.ak)
+	h.putConfigMap(b, testJoinConfig, h.joinConfigData(b, nil))
+	h.waitReloads(b, testJoinConfig, "applied", 2)
 	client, err := kubernetes.NewForConfig(apiClientConfig(h.env))
 	if err != nil {
 		b.Fatal(err)
 	}
 	var joinRate, rawRate float64
+	var joinCPU, createCPU, rigCPU time.Duration
 	var latencies []time.Duration
 	round := 0
 	for b.Loop() {
 		round++
-		results, elapsed := joinStorm(b.Context(), b, h, stormNodes, false, nil)
+		cpu := serverCPU(b, h)
+		results, report := r.storm(b, h, stormNodes)
+		waitSigned(b, client, stormNodes)
+		joinCPU += serverCPU(b, h) - cpu
+		rigCPU += report.CPU
+		checkStorm(b, h, results)
 		for _, r := range results {
-			if r.err != nil {
-				b.Fatalf("%s: %v", r.name, r.err)
-			}
 			latencies = append(latencies, r.latency)
 		}
-		joinRate += float64(len(results)) / elapsed.Seconds()
-		rawRate += rawTokenCreates(b, client, stormNodes, round)
+		joinRate += float64(len(results)) / report.Elapsed.Seconds()
 		deleteTokens(b, client)
+		waitSigned(b, client, 0)
+
+		cpu = serverCPU(b, h)
+		rawRate += rawTokenCreates(b, client, stormNodes, round)
+		waitSigned(b, client, stormNodes)
+		createCPU += serverCPU(b, h) - cpu
+		deleteTokens(b, client)
+		waitSigned(b, client, 0)
 	}
 	slices.Sort(latencies)
+	perOp := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 / float64(round*stormNodes) }
 	joinRate /= float64(round)
 	rawRate /= float64(round)
 	b.ReportMetric(joinRate, "joins/s")
@@ -199,6 +259,31 @@ func BenchmarkJoinStorm(b *testing.B) {
 	b.ReportMetric(joinRate/rawRate, "ratio")
 	b.ReportMetric(float64(latencies[len(latencies)/2].Milliseconds()), "p50-ms")
 	b.ReportMetric(float64(latencies[len(latencies)*99/100].Milliseconds()), "p99-ms")
+	b.ReportMetric(perOp(joinCPU), "server-cpu-ms/join")
+	b.ReportMetric(perOp(createCPU), "server-cpu-ms/create")
+	b.ReportMetric(perOp(rigCPU), "rig-cpu-ms/join")
+}
+
+// waitSigned polls until the bootstrap signer (kube-controller-manager) has
+// signed cluster-info for exactly n tokens.
+func waitSigned(b *testing.B, client kubernetes.Interface, n int) {
+	b.Helper()
+	err := wait.PollUntilContextTimeout(b.Context(), 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		cm, err := client.CoreV1().ConfigMaps(metav1.NamespacePublic).Get(ctx, bootstrapapi.ConfigMapClusterInfo, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		signed := 0
+		for k := range cm.Data {
+			if strings.HasPrefix(k, bootstrapapi.JWSSignatureKeyPrefix) {
+				signed++
+			}
+		}
+		return signed == n, nil
+	})
+	if err != nil {
+		b.Fatalf("waiting for cluster-info to be signed for %d tokens: %v", n, err)
+	}
 }
 
 // rawTokenCreates creates n bootstrap token Secrets from n goroutines and

@@ -33,13 +33,13 @@ const stateTokenType = "gatehouse-state"
 type State string
 
 const (
-	// Unformatted: no LUKS2 header (a blank disk, or another format).
+	// Unformatted means no LUKS2 header (a blank disk, or another format).
 	Unformatted State = "unformatted"
-	// Fresh: formatted with a random passphrase, not yet initialised.
+	// Fresh means formatted with a random passphrase, not yet initialised.
 	Fresh State = "fresh"
-	// Initialised: re-keyed to the cluster's key at init or join.
+	// Initialised means re-keyed to the cluster's key at init or join.
 	Initialised State = "initialised"
-	// ResetRequested: marked to be formatted again at the next boot.
+	// ResetRequested means marked to be formatted again at the next boot.
 	ResetRequested State = "reset-requested"
 )
 
@@ -249,8 +249,10 @@ func (d *Disk) Rekey(ctx context.Context, oldKey, newKey []byte) error {
 		if _, err := d.run(ctx, nil, keys, append(args, d.device, newPath)...); err != nil {
 			return fmt.Errorf("re-keying the state disk: adding the new key: %w", err)
 		}
-		if ok, err := d.TestKey(ctx, newKey); err != nil || !ok {
-			return fmt.Errorf("re-keying the state disk: the new key does not open it after adding (%v)", err)
+		if ok, err := d.TestKey(ctx, newKey); err != nil {
+			return fmt.Errorf("re-keying the state disk: checking the new key: %w", err)
+		} else if !ok {
+			return errors.New("re-keying the state disk: the new key does not open it after adding")
 		}
 	}
 	if _, err := d.run(ctx, oldKey, nil, "luksRemoveKey", "--batch-mode", "--key-file=-", d.device); err != nil && !errors.Is(err, ErrWrongKey) {
