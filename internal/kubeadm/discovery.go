@@ -1,5 +1,5 @@
 // Package kubeadm holds what Gatehouse needs to speak kubeadm's language:
-// bootstrap-token discovery values, and (later) configuration rendering.
+// bootstrap-token discovery values and typed, hardened v1beta4 configuration.
 package kubeadm
 
 import (
@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"regexp"
 )
 
 // DiscoveryTokenCACertHash returns kubeadm's discovery token CA cert hash for
@@ -35,3 +36,10 @@ func DiscoveryTokenCACertHashPEM(caPEM []byte) (string, error) {
 	}
 	return DiscoveryTokenCACertHash(cert), nil
 }
+
+// bootstrapTokenRE matches a bootstrap token (kubeadm reference, "kubeadm
+// token": "[a-z0-9]{6}.[a-z0-9]{16}").
+var bootstrapTokenRE = regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`)
+
+// caCertHashRE matches a discovery token CA cert hash.
+var caCertHashRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)

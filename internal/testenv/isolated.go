@@ -32,6 +32,10 @@ exec "$@"`
 // how tests run `kubeadm ... --dry-run`, which writes under /etc/kubernetes
 // anyway. It needs root (unshare(1), mount(8)); it returns the combined output.
 func RunIsolated(ctx context.Context, scratch, bin string, args ...string) ([]byte, error) {
+	if strings.ContainsAny(scratch, ",:") {
+		// They separate overlay mount options and lower directories.
+		return nil, fmt.Errorf("scratch directory %q contains ',' or ':', which overlay mounts cannot take", scratch)
+	}
 	if err := os.MkdirAll(scratch, 0o700); err != nil {
 		return nil, fmt.Errorf("creating scratch directory: %w", err)
 	}

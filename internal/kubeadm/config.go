@@ -1,0 +1,448 @@
+package kubeadm
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"k8s.io/utils/ptr"
+	kubeadmv1beta4 "sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/types/upstreamv1beta4"
+	"sigs.k8s.io/yaml"
+)
+
+// API versions of the generated documents (kubeadm configuration reference,
+// "kubeadm Configuration (v1beta4)"; "Kubelet Configuration (v1beta1)";
+// "kube-apiserver Audit Configuration (v1)").
+const (
+	kubeadmAPIVersion = "kubeadm.k8s.io/v1beta4"
+	kubeletAPIVersion = "kubelet.config.k8s.io/v1beta1"
+	auditAPIVersion   = "audit.k8s.io/v1"
+)
+
+// Paths the generated configuration refers to on the node.
+const (
+	// AuditPolicyPath is where the audit policy (AuditPolicy) must be written.
+	AuditPolicyPath = "/etc/kubernetes/audit-policy.yaml"
+	// AuditLogDir holds the API server's audit log.
+	AuditLogDir = "/var/log/kubernetes/audit"
+	// KubeletCertPath and KubeletKeyPath hold the kubelet's serving
+	// certificate, signed by the cluster CA, when KubeletOptions.ServingCert
+	// is set.
+	KubeletCertPath = "/var/lib/kubelet/pki/gatehouse-kubelet.crt"
+	KubeletKeyPath  = "/var/lib/kubelet/pki/gatehouse-kubelet.key"
+	// PKIDir is kubeadm's certificates directory.
+	PKIDir = "/etc/kubernetes/pki"
+	// DefaultCRISocket is containerd's CRI endpoint.
+	DefaultCRISocket = "unix:///run/containerd/containerd.sock"
+	// KubeletPatchFile is the name of the kubelet patch JoinParams.Render
+	// returns, to be written into JoinParams.PatchesDir (kubeadm docs,
+	// "Customizing components with the kubeadm API", patches).
+	KubeletPatchFile = "kubeletconfiguration+merge.yaml"
+)
+
+// TLS settings of every control-plane component and the kubelet: TLS 1.2
+// or newer, and with 1.2 only AEAD suites with forward secrecy.
+const tlsMinVersion = "VersionTLS12"
+
+var tlsCipherSuites = []string{
+	"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+	"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+	"TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+	"TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+	"TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+	"TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+}
+
+func joinComma(s []string) string {
+	var b bytes.Buffer
+	for i, v := range s {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(v)
+	}
+	return b.String()
+}
+
+// Node is the machine kubeadm runs on.
+type Node struct {
+	// Name is the Node name, a DNS-1123 subdomain.
+	Name string
+	// AdvertiseAddress is the node's IP; kubeadm refuses loopback.
+	AdvertiseAddress string
+	// CRISocket is the container runtime's endpoint; "" is DefaultCRISocket.
+	CRISocket string
+	// ImagePullPolicy of the control-plane images; "" is kubeadm's default.
+	// Never suits images imported beforehand (no registry).
+	ImagePullPolicy corev1.PullPolicy
+	// IgnorePreflightErrors are preflight checks to ignore, e.g.
+	// "SystemVerification" on cgroup v1 hosts.
+	IgnorePreflightErrors []string
+}
+
+func (n Node) validate() error {
+	if errs := validation.IsDNS1123Subdomain(n.Name); len(errs) > 0 {
+		return fmt.Errorf("node name %q: %v", n.Name, errs)
+	}
+	ip, err := netip.ParseAddr(n.AdvertiseAddress)
+	if err != nil {
+		return fmt.Errorf("advertise address %q is not an IP address", n.AdvertiseAddress)
+	}
+	if ip.IsLoopback() || ip.IsUnspecified() {
+		return fmt.Errorf("advertise address %s is loopback or unspecified; kubeadm needs the node's routable address", ip)
+	}
+	return nil
+}
+
+func (n Node) registration() kubeadmv1beta4.NodeRegistrationOptions {
+	socket := n.CRISocket
+	if socket == "" {
+		socket = DefaultCRISocket
+	}
+	return kubeadmv1beta4.NodeRegistrationOptions{
+		Name:                  n.Name,
+		CRISocket:             socket,
+		ImagePullPolicy:       n.ImagePullPolicy,
+		IgnorePreflightErrors: n.IgnorePreflightErrors,
+		// The kubelet registers with the advertised address, not whichever
+		// interface has the default route.
+		KubeletExtraArgs: []kubeadmv1beta4.Arg{{Name: "node-ip", Value: n.AdvertiseAddress}},
+	}
+}
+
+// KubeletOptions adapt the kubelet to its host.
+type KubeletOptions struct {
+	// CgroupDriver is "systemd" (the default) or "cgroupfs" (hosts
+	// without systemd, such as a local cluster's nodes).
+	CgroupDriver string
+	// CgroupRoot, when set, is the cgroup the kubelet puts pods under; two
+	// kubelets on one host need distinct roots.
+	CgroupRoot string
+	// AllowCgroupV1 lets the kubelet run on a cgroup v1 host (1.35+ refuses
+	// otherwise).
+	AllowCgroupV1 bool
+	// AllowSwap lets the kubelet start on a host with swap on.
+	AllowSwap bool
+	// ServingCert makes the kubelet serve with the certificate at
+	// KubeletCertPath/KubeletKeyPath (signed by the cluster CA: the join
+	// ticket's, or one the init node signs for itself), and the API server
+	// verify kubelets against the cluster CA.
+	ServingCert bool
+}
+
+func (k KubeletOptions) validate() error {
+	switch k.CgroupDriver {
+	case "", "systemd", "cgroupfs":
+		return nil
+	default:
+		return fmt.Errorf("kubelet cgroup driver %q is neither systemd nor cgroupfs", k.CgroupDriver)
+	}
+}
+
+// kubeletConfiguration returns the hardened kubelet configuration
+// (Kubernetes docs, "Kubelet authentication/authorization", CIS
+// Kubernetes Benchmark section 4.2).
+func (k KubeletOptions) kubeletConfiguration() *kubeletv1beta1.KubeletConfiguration {
+	driver := k.CgroupDriver
+	if driver == "" {
+		driver = "systemd"
+	}
+	c := &kubeletv1beta1.KubeletConfiguration{
+		TypeMeta: metav1.TypeMeta{APIVersion: kubeletAPIVersion, Kind: "KubeletConfiguration"},
+		Authentication: kubeletv1beta1.KubeletAuthentication{
+			Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: ptr.To(false)},
+			Webhook:   kubeletv1beta1.KubeletWebhookAuthentication{Enabled: ptr.To(true)},
+		},
+		Authorization:          kubeletv1beta1.KubeletAuthorization{Mode: kubeletv1beta1.KubeletAuthorizationModeWebhook},
+		ReadOnlyPort:           0,
+		TLSMinVersion:          tlsMinVersion,
+		TLSCipherSuites:        tlsCipherSuites,
+		RotateCertificates:     true,
+		CgroupDriver:           driver,
+		CgroupRoot:             k.CgroupRoot,
+		SeccompDefault:         ptr.To(true),
+		MakeIPTablesUtilChains: ptr.To(true),
+		EventRecordQPS:         ptr.To(int32(5)),
+	}
+	if k.AllowCgroupV1 {
+		c.FailCgroupV1 = ptr.To(false)
+	}
+	if k.AllowSwap {
+		c.FailSwapOn = ptr.To(false)
+	}
+	if k.ServingCert {
+		c.TLSCertFile, c.TLSPrivateKeyFile = KubeletCertPath, KubeletKeyPath
+	}
+	return c
+}
+
+// InitParams are what `kubeadm init` on the first control plane needs.
+type InitParams struct {
+	Node    Node
+	Kubelet KubeletOptions
+	// ClusterName is a DNS-1123 label.
+	ClusterName string
+	// KubernetesVersion, e.g. "v1.36.4".
+	KubernetesVersion string
+	// ControlPlaneEndpoint is the stable host:port of the control plane
+	// (a load balancer); "" is the node's advertise address and BindPort.
+	ControlPlaneEndpoint string
+	// BindPort of the API server; 0 is 6443.
+	BindPort int32
+	// CertSANs are extra API server certificate SANs (DNS names or IPs).
+	CertSANs []string
+	// ServiceCIDR and PodCIDR are CIDRs, e.g. 10.96.0.0/12, 10.244.0.0/16.
+	ServiceCIDR, PodCIDR string
+	// ImageRepository of the control-plane images; "" is kubeadm's.
+	ImageRepository string
+	// SkipPhases are kubeadm init phases to skip, e.g. "addon/kube-proxy".
+	SkipPhases []string
+}
+
+func (p InitParams) validate() error {
+	var errs []error
+	errs = append(errs, p.Node.validate(), p.Kubelet.validate())
+	if msgs := validation.IsDNS1123Label(p.ClusterName); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("cluster name %q: %v", p.ClusterName, msgs))
+	}
+	if !validKubernetesVersion(p.KubernetesVersion) {
+		errs = append(errs, fmt.Errorf("kubernetes version %q is not of the form v1.MINOR.PATCH", p.KubernetesVersion))
+	}
+	for name, cidr := range map[string]string{"service CIDR": p.ServiceCIDR, "pod CIDR": p.PodCIDR} {
+		if _, err := netip.ParsePrefix(cidr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q is not a CIDR such as 10.96.0.0/12", name, cidr))
+		}
+	}
+	if p.ControlPlaneEndpoint != "" {
+		if _, _, err := net.SplitHostPort(p.ControlPlaneEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("control plane endpoint %q is not host:port", p.ControlPlaneEndpoint))
+		}
+	}
+	for _, san := range p.CertSANs {
+		if net.ParseIP(san) == nil && len(validation.IsDNS1123Subdomain(san)) > 0 {
+			errs = append(errs, fmt.Errorf("certificate SAN %q is neither an IP address nor a DNS name", san))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func validKubernetesVersion(v string) bool {
+	var major, minor, patch int
+	n, err := fmt.Sscanf(v, "v%d.%d.%d", &major, &minor, &patch)
+	return err == nil && n == 3 && major == 1 && v == fmt.Sprintf("v%d.%d.%d", major, minor, patch)
+}
+
+// Render returns the kubeadm configuration file for `kubeadm init
+// --config`: InitConfiguration, ClusterConfiguration and
+// KubeletConfiguration as one multi-document YAML. It hardens the control
+// plane: an audit policy (write AuditPolicy to AuditPolicyPath first),
+// profiling off, TLS 1.2+ with forward-secret AEAD suites, and the
+// kubelet settings of KubeletOptions. Errors name each invalid parameter.
+func (p InitParams) Render() ([]byte, error) {
+	if err := p.validate(); err != nil {
+		return nil, fmt.Errorf("kubeadm init configuration: %w", err)
+	}
+	port := p.BindPort
+	if port == 0 {
+		port = 6443
+	}
+	init := &kubeadmv1beta4.InitConfiguration{
+		TypeMeta:         metav1.TypeMeta{APIVersion: kubeadmAPIVersion, Kind: "InitConfiguration"},
+		NodeRegistration: p.Node.registration(),
+		LocalAPIEndpoint: kubeadmv1beta4.APIEndpoint{AdvertiseAddress: p.Node.AdvertiseAddress, BindPort: port},
+		SkipPhases:       p.SkipPhases,
+		// No bootstrap token at init: nodes join with tokens the join
+		// service issues per attested node.
+		BootstrapTokens: []kubeadmv1beta4.BootstrapToken{},
+	}
+	endpoint := p.ControlPlaneEndpoint
+	if endpoint == "" {
+		endpoint = net.JoinHostPort(p.Node.AdvertiseAddress, strconv.Itoa(int(port)))
+	}
+	cluster := &kubeadmv1beta4.ClusterConfiguration{
+		TypeMeta:             metav1.TypeMeta{APIVersion: kubeadmAPIVersion, Kind: "ClusterConfiguration"},
+		ClusterName:          p.ClusterName,
+		KubernetesVersion:    p.KubernetesVersion,
+		ControlPlaneEndpoint: endpoint,
+		ImageRepository:      p.ImageRepository,
+		Networking:           kubeadmv1beta4.Networking{ServiceSubnet: p.ServiceCIDR, PodSubnet: p.PodCIDR},
+		CertificatesDir:      PKIDir,
+		EncryptionAlgorithm:  kubeadmv1beta4.EncryptionAlgorithmECDSAP256,
+		APIServer: kubeadmv1beta4.APIServer{
+			CertSANs:              p.CertSANs,
+			ControlPlaneComponent: p.apiServer(),
+		},
+		ControllerManager: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs(
+			kubeadmv1beta4.Arg{Name: "terminated-pod-gc-threshold", Value: "1000"},
+		)},
+		Scheduler: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs()},
+	}
+	return marshalDocs(init, cluster, p.Kubelet.kubeletConfiguration())
+}
+
+// hardenedArgs are the flags every control-plane component gets, plus extra.
+func hardenedArgs(extra ...kubeadmv1beta4.Arg) []kubeadmv1beta4.Arg {
+	return append([]kubeadmv1beta4.Arg{
+		{Name: "profiling", Value: "false"},
+		{Name: "tls-min-version", Value: tlsMinVersion},
+		{Name: "tls-cipher-suites", Value: joinComma(tlsCipherSuites)},
+	}, extra...)
+}
+
+func (p InitParams) apiServer() kubeadmv1beta4.ControlPlaneComponent {
+	args := hardenedArgs(
+		kubeadmv1beta4.Arg{Name: "audit-policy-file", Value: AuditPolicyPath},
+		kubeadmv1beta4.Arg{Name: "audit-log-path", Value: AuditLogDir + "/audit.log"},
+		kubeadmv1beta4.Arg{Name: "audit-log-maxage", Value: "30"},
+		kubeadmv1beta4.Arg{Name: "audit-log-maxbackup", Value: "10"},
+		kubeadmv1beta4.Arg{Name: "audit-log-maxsize", Value: "100"},
+	)
+	if p.Kubelet.ServingCert {
+		args = append(args, kubeadmv1beta4.Arg{Name: "kubelet-certificate-authority", Value: PKIDir + "/ca.crt"})
+	}
+	return kubeadmv1beta4.ControlPlaneComponent{
+		ExtraArgs: args,
+		ExtraVolumes: []kubeadmv1beta4.HostPathMount{
+			{Name: "audit-policy", HostPath: AuditPolicyPath, MountPath: AuditPolicyPath, ReadOnly: true, PathType: corev1.HostPathFile},
+			{Name: "audit-log", HostPath: AuditLogDir, MountPath: AuditLogDir, PathType: corev1.HostPathDirectoryOrCreate},
+		},
+	}
+}
+
+// JoinParams are what `kubeadm join` needs, from a join ticket.
+type JoinParams struct {
+	Node    Node
+	Kubelet KubeletOptions
+	// APIServerEndpoint is host:port of the API server.
+	APIServerEndpoint string
+	// Token is the bootstrap token, "<id>.<secret>". Secret.
+	Token string
+	// CACertHash is the discovery token CA cert hash, "sha256:<hex>".
+	CACertHash string
+	// ControlPlane makes the node a control plane; the cluster PKI must be
+	// in PKIDir beforehand (manual certificate distribution).
+	ControlPlane bool
+	// BindPort of a control plane's API server; 0 is 6443.
+	BindPort int32
+	// PatchesDir is where the caller writes the returned patches.
+	PatchesDir string
+	// SkipPhases are kubeadm join phases to skip.
+	SkipPhases []string
+}
+
+func (p JoinParams) validate() error {
+	var errs []error
+	errs = append(errs, p.Node.validate(), p.Kubelet.validate())
+	if _, _, err := net.SplitHostPort(p.APIServerEndpoint); err != nil {
+		errs = append(errs, fmt.Errorf("API server endpoint %q is not host:port", p.APIServerEndpoint))
+	}
+	if !bootstrapTokenRE.MatchString(p.Token) {
+		errs = append(errs, errors.New("bootstrap token is not of the form [a-z0-9]{6}.[a-z0-9]{16}"))
+	}
+	if !caCertHashRE.MatchString(p.CACertHash) {
+		errs = append(errs, fmt.Errorf("discovery token CA cert hash %q is not sha256: and 64 hex digits", p.CACertHash))
+	}
+	if p.PatchesDir == "" {
+		errs = append(errs, errors.New("patches directory is not set"))
+	}
+	return errors.Join(errs...)
+}
+
+// Render returns the kubeadm configuration file for `kubeadm join
+// --config` (JoinConfiguration with token discovery pinned to the CA cert
+// hash) and the patches to write into PatchesDir (file name → content),
+// which carry the hardened KubeletConfiguration: kubeadm join takes the
+// cluster's kubelet configuration and applies these on top. The output
+// holds the bootstrap token: write it with mode 0600 and never log it.
+func (p JoinParams) Render() (config []byte, patches map[string][]byte, err error) {
+	if err := p.validate(); err != nil {
+		return nil, nil, fmt.Errorf("kubeadm join configuration: %w", err)
+	}
+	join := &kubeadmv1beta4.JoinConfiguration{
+		TypeMeta:         metav1.TypeMeta{APIVersion: kubeadmAPIVersion, Kind: "JoinConfiguration"},
+		NodeRegistration: p.Node.registration(),
+		CACertPath:       PKIDir + "/ca.crt",
+		Discovery: kubeadmv1beta4.Discovery{
+			BootstrapToken: &kubeadmv1beta4.BootstrapTokenDiscovery{
+				Token:             p.Token,
+				APIServerEndpoint: p.APIServerEndpoint,
+				CACertHashes:      []string{p.CACertHash},
+			},
+			TLSBootstrapToken: p.Token,
+		},
+		Patches:    &kubeadmv1beta4.Patches{Directory: p.PatchesDir},
+		SkipPhases: p.SkipPhases,
+		Timeouts:   &kubeadmv1beta4.Timeouts{KubernetesAPICall: &metav1.Duration{Duration: time.Minute}},
+	}
+	if p.ControlPlane {
+		port := p.BindPort
+		if port == 0 {
+			port = 6443
+		}
+		join.ControlPlane = &kubeadmv1beta4.JoinControlPlane{
+			LocalAPIEndpoint: kubeadmv1beta4.APIEndpoint{AdvertiseAddress: p.Node.AdvertiseAddress, BindPort: port},
+		}
+	}
+	config, err = marshalDocs(join)
+	if err != nil {
+		return nil, nil, err
+	}
+	kubelet := p.Kubelet.kubeletConfiguration()
+	kubelet.TypeMeta = metav1.TypeMeta{}
+	patch, err := yaml.Marshal(kubelet)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encoding the kubelet patch: %w", err)
+	}
+	return config, map[string][]byte{KubeletPatchFile: patch}, nil
+}
+
+// AuditPolicy returns the API server's audit policy (Kubernetes docs,
+// "Auditing"): Secrets, ConfigMaps and token reviews only at Metadata level
+// so their contents never reach the log; no logging of read-only health
+// and discovery endpoints or of the high-volume node/lease updates;
+// everything else at Metadata, and changes at RequestResponse.
+func AuditPolicy() ([]byte, error) {
+	p := &auditv1.Policy{
+		TypeMeta:          metav1.TypeMeta{APIVersion: auditAPIVersion, Kind: "Policy"},
+		OmitStages:        []auditv1.Stage{auditv1.StageRequestReceived},
+		OmitManagedFields: true,
+		Rules: []auditv1.PolicyRule{
+			{Level: auditv1.LevelNone, NonResourceURLs: []string{"/healthz*", "/livez*", "/readyz*", "/version", "/metrics", "/openapi*", "/api", "/apis"}},
+			{Level: auditv1.LevelNone, Verbs: []string{"get", "update"}, Resources: []auditv1.GroupResources{{Group: "coordination.k8s.io", Resources: []string{"leases"}}}},
+			{Level: auditv1.LevelNone, Users: []string{"system:kube-proxy"}, Verbs: []string{"watch"}},
+			{Level: auditv1.LevelMetadata, Resources: []auditv1.GroupResources{
+				{Group: "", Resources: []string{"secrets", "configmaps", "serviceaccounts/token"}},
+				{Group: "authentication.k8s.io", Resources: []string{"tokenreviews"}},
+				{Group: "certificates.k8s.io", Resources: []string{"certificatesigningrequests"}},
+			}},
+			{Level: auditv1.LevelMetadata, Verbs: []string{"get", "list", "watch"}},
+			{Level: auditv1.LevelRequestResponse},
+		},
+	}
+	return marshalDocs(p)
+}
+
+// marshalDocs encodes objects as one multi-document YAML stream.
+func marshalDocs(objs ...any) ([]byte, error) {
+	var out bytes.Buffer
+	for i, o := range objs {
+		data, err := yaml.Marshal(o)
+		if err != nil {
+			return nil, fmt.Errorf("encoding kubeadm configuration: %w", err)
+		}
+		if i > 0 {
+			out.WriteString("---\n")
+		}
+		out.Write(data)
+	}
+	return out.Bytes(), nil
+}

@@ -1,0 +1,268 @@
+package kubeadm_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
+	bootstraputil "k8s.io/cluster-bootstrap/token/util"
+
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+)
+
+const (
+	testToken = "abcdef.0123456789abcdef"
+	testHash  = "sha256:0000000000000000000000000000000000000000000000000000000000000000"
+)
+
+// hostAddress returns a non-loopback IPv4 address of this machine, which
+// kubeadm requires as advertise address.
+func hostAddress(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			return n.IP.String()
+		}
+	}
+	t.Fatal("this machine has no non-loopback IPv4 address for kubeadm to advertise")
+	return ""
+}
+
+func kubeadmBin(t *testing.T) string {
+	t.Helper()
+	dir, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "kubeadm")
+}
+
+func initParams(addr string) kubeadm.InitParams {
+	return kubeadm.InitParams{
+		Node:              kubeadm.Node{Name: "cp-0", AdvertiseAddress: addr},
+		ClusterName:       "gatehouse",
+		KubernetesVersion: "v1.36.4",
+		ServiceCIDR:       "10.96.0.0/12",
+		PodCIDR:           "10.244.0.0/16",
+		CertSANs:          []string{"gatehouse.example", "203.0.113.7"},
+	}
+}
+
+// miniInit is a local cluster's control plane: no systemd, cgroup v1,
+// images imported beforehand, a kubelet serving certificate from the CA.
+func miniInit(addr string) kubeadm.InitParams {
+	p := initParams(addr)
+	p.Node.ImagePullPolicy = corev1.PullNever
+	p.Node.IgnorePreflightErrors = []string{"SystemVerification"}
+	p.Kubelet = kubeadm.KubeletOptions{CgroupDriver: "cgroupfs", CgroupRoot: "/cp-0", AllowCgroupV1: true, AllowSwap: true, ServingCert: true}
+	p.ImageRepository = "docker.io/local"
+	p.SkipPhases = []string{"addon/coredns", "addon/kube-proxy"}
+	return p
+}
+
+func joinParams(t *testing.T, addr string, controlPlane bool) kubeadm.JoinParams {
+	return kubeadm.JoinParams{
+		Node:              kubeadm.Node{Name: "worker-1", AdvertiseAddress: addr},
+		Kubelet:           kubeadm.KubeletOptions{CgroupDriver: "cgroupfs", CgroupRoot: "/w1", ServingCert: true},
+		APIServerEndpoint: "10.0.0.1:6443",
+		Token:             testToken,
+		CACertHash:        testHash,
+		ControlPlane:      controlPlane,
+		PatchesDir:        t.TempDir(),
+	}
+}
+
+// writeJoin renders p into dir: the config file and its patches.
+func writeJoin(t *testing.T, p kubeadm.JoinParams) string {
+	t.Helper()
+	config, patches, err := p.Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range patches {
+		if err := os.WriteFile(filepath.Join(p.PatchesDir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "join.yaml")
+	if err := os.WriteFile(path, config, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func writeInit(t *testing.T, p kubeadm.InitParams) string {
+	t.Helper()
+	config, err := p.Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "init.yaml")
+	if err := os.WriteFile(path, config, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestConfigsPassKubeadmValidate runs the real `kubeadm config validate`
+// on every generated configuration.
+func TestConfigsPassKubeadmValidate(t *testing.T) {
+	addr := hostAddress(t)
+	bin := kubeadmBin(t)
+	files := map[string]string{
+		"init":               writeInit(t, initParams(addr)),
+		"init local cluster": writeInit(t, miniInit(addr)),
+		"join worker":        writeJoin(t, joinParams(t, addr, false)),
+		"join control plane": writeJoin(t, joinParams(t, addr, true)),
+	}
+	policy, err := kubeadm.AuditPolicy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(policy), "kind: Policy") {
+		t.Fatalf("audit policy:\n%s", policy)
+	}
+	for name, path := range files {
+		t.Run(name, func(t *testing.T) {
+			out, err := exec.CommandContext(t.Context(), bin, "config", "validate", "--config", path).CombinedOutput()
+			if err != nil {
+				data, _ := os.ReadFile(path)
+				t.Fatalf("kubeadm config validate: %v\n%s\nconfig:\n%s", err, out, data)
+			}
+		})
+	}
+}
+
+// TestInitDryRun runs the real `kubeadm init --dry-run` with the local
+// cluster's configuration and checks the hardening reached the manifests.
+func TestInitDryRun(t *testing.T) {
+	testenv.RequireRoot(t)
+	p := miniInit(hostAddress(t))
+	// This machine runs no container runtime: every preflight check may fail.
+	p.Node.IgnorePreflightErrors = []string{"all"}
+	out, err := testenv.RunIsolated(t.Context(), t.TempDir(), kubeadmBin(t), "init", "--dry-run", "--config", writeInit(t, p))
+	if err != nil {
+		t.Fatalf("kubeadm init --dry-run: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"--profiling=false", "--audit-policy-file=" + kubeadm.AuditPolicyPath, "--tls-min-version=VersionTLS12",
+		"--kubelet-certificate-authority=/etc/kubernetes/pki/ca.crt", "image: docker.io/local/kube-apiserver:v1.36.4",
+		"failCgroupV1: false", "cgroupRoot: /cp-0", "tlsCertFile: " + kubeadm.KubeletCertPath,
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("kubeadm init --dry-run output lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", out)
+	}
+}
+
+// TestJoinDryRunDiscovery: the real `kubeadm join --dry-run` with a
+// generated JoinConfiguration discovers the test environment's cluster with
+// a bootstrap token and the CA cert hash, as a node holding a join ticket.
+func TestJoinDryRunDiscovery(t *testing.T) {
+	testenv.RequireRoot(t)
+	env := testenv.New(t, testenv.Options{ControllerManager: true})
+	ctx := t.Context()
+	if err := env.PublishClusterInfo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	client, err := env.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := bootstraputil.GenerateBootstrapToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, secret, _ := strings.Cut(token, ".")
+	_, err = client.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: bootstraputil.BootstrapTokenSecretName(id), Namespace: metav1.NamespaceSystem},
+		Type:       bootstrapapi.SecretTypeBootstrapToken,
+		StringData: map[string]string{
+			bootstrapapi.BootstrapTokenIDKey:               id,
+			bootstrapapi.BootstrapTokenSecretKey:           secret,
+			bootstrapapi.BootstrapTokenExpirationKey:       time.Now().Add(15 * time.Minute).UTC().Format(time.RFC3339),
+			bootstrapapi.BootstrapTokenUsageAuthentication: "true",
+			bootstrapapi.BootstrapTokenUsageSigningKey:     "true",
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		cm, err := client.CoreV1().ConfigMaps(metav1.NamespacePublic).Get(ctx, bootstrapapi.ConfigMapClusterInfo, metav1.GetOptions{})
+		return err == nil && cm.Data[bootstrapapi.JWSSignatureKeyPrefix+id] != "", nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for the bootstrap signer to sign cluster-info: %v", err)
+	}
+	hash, err := kubeadm.DiscoveryTokenCACertHashPEM(env.CACertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := joinParams(t, hostAddress(t), false)
+	p.Node.IgnorePreflightErrors = []string{"all"}
+	p.APIServerEndpoint = strings.TrimPrefix(env.APIServerURL, "https://")
+	p.Token, p.CACertHash = token, hash
+	out, err := testenv.RunIsolated(ctx, t.TempDir(), kubeadmBin(t), "join", "--dry-run", "--config", writeJoin(t, p), "--v", "1")
+	if err != nil {
+		t.Fatalf("kubeadm join --dry-run: %v\n%s", err, out)
+	}
+	if want := "Cluster info signature and contents are valid and TLS certificate validates against pinned roots"; !strings.Contains(string(out), want) {
+		t.Fatalf("kubeadm output lacks %q:\n%s", want, out)
+	}
+
+	// A wrong CA hash is refused by kubeadm's discovery.
+	p.CACertHash = testHash
+	out, err = testenv.RunIsolated(ctx, t.TempDir(), kubeadmBin(t), "join", "--dry-run", "--config", writeJoin(t, p))
+	if err == nil || !strings.Contains(string(out), "none of the public keys") {
+		t.Fatalf("kubeadm join with a wrong CA hash: %v\n%s", err, out)
+	}
+}
+
+func TestRenderRejectsBadInput(t *testing.T) {
+	addr := "192.0.2.10"
+	for _, tc := range []struct {
+		name   string
+		mutate func(*kubeadm.InitParams)
+		want   string
+	}{
+		{"loopback address", func(p *kubeadm.InitParams) { p.Node.AdvertiseAddress = "127.0.0.1" }, "loopback"},
+		{"no address", func(p *kubeadm.InitParams) { p.Node.AdvertiseAddress = "" }, "not an IP"},
+		{"node name", func(p *kubeadm.InitParams) { p.Node.Name = "Node_1" }, "node name"},
+		{"cluster name", func(p *kubeadm.InitParams) { p.ClusterName = "a.b" }, "cluster name"},
+		{"version", func(p *kubeadm.InitParams) { p.KubernetesVersion = "1.36" }, "v1.MINOR.PATCH"},
+		{"service CIDR", func(p *kubeadm.InitParams) { p.ServiceCIDR = "10.96.0.0" }, "service CIDR"},
+		{"SAN", func(p *kubeadm.InitParams) { p.CertSANs = []string{"not a name"} }, "SAN"},
+		{"cgroup driver", func(p *kubeadm.InitParams) { p.Kubelet.CgroupDriver = "none" }, "cgroup driver"},
+	} {
+		p := initParams(addr)
+		tc.mutate(&p)
+		if _, err := p.Render(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+	secret := "abcdef.0123456789ABCDEF"
+	p := joinParams(t, addr, false)
+	p.Token = secret
+	_, _, err := p.Render()
+	if err == nil || !strings.Contains(err.Error(), "bootstrap token") || strings.Contains(err.Error(), secret) {
+		t.Errorf("bad token: %v (must name the field, not the token)", err)
+	}
+}
