@@ -34,6 +34,7 @@ type Lock struct {
 	tpm    io.ReadWriter
 	locked bool
 	holder string
+	taken  chan struct{}
 }
 
 // New returns the lock of the TPM at rw. The lock starts locked when PCR
@@ -45,8 +46,16 @@ func New(rw io.ReadWriter) (*Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading node lock PCR %d: %w", PCR, err)
 	}
-	return &Lock{tpm: rw, locked: !bytes.Equal(value, make([]byte, sha256.Size))}, nil
+	l := &Lock{tpm: rw, taken: make(chan struct{})}
+	if !bytes.Equal(value, make([]byte, sha256.Size)) {
+		l.locked = true
+		close(l.taken)
+	}
+	return l, nil
 }
+
+// Taken returns a channel closed once the lock is taken.
+func (l *Lock) Taken() <-chan struct{} { return l.taken }
 
 // Locked reports whether the lock is taken.
 func (l *Lock) Locked() bool {
@@ -80,6 +89,7 @@ func (l *Lock) TryLock(holder string, clusterID []byte) error {
 		return fmt.Errorf("taking the node lock: extending PCR %d: %w", PCR, err)
 	}
 	l.locked, l.holder = true, holder
+	close(l.taken)
 	return nil
 }
 

@@ -72,6 +72,11 @@ func TestRace(t *testing.T) {
 		}
 		close(start)
 		wg.Wait()
+		select {
+		case <-lock.Taken():
+		default:
+			t.Fatalf("round %d: Taken() is not closed after the lock was taken", round)
+		}
 		winner := lock.Holder()
 		loser := map[string]string{"init": "join", "join": "init"}[winner]
 		if winner == "" || errs[winner] != nil || !errors.Is(errs[loser], ErrLocked) {

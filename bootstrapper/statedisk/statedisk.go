@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -134,7 +135,7 @@ func (d *Disk) Format(ctx context.Context, key []byte) error {
 	if _, err := d.run(ctx, key, nil, append(args, d.device)...); err != nil {
 		return fmt.Errorf("formatting the state disk: %w", err)
 	}
-	return d.setState(ctx, Fresh)
+	return d.setState(ctx, Fresh, nil)
 }
 
 // FormatRandom formats the disk with a random passphrase (first boot) and
@@ -150,32 +151,59 @@ func (d *Disk) FormatRandom(ctx context.Context) ([]byte, error) {
 // State reads the disk's state: Unformatted without a LUKS header, else
 // the state token's value (Fresh when the token is missing).
 func (d *Disk) State(ctx context.Context) (State, error) {
+	tok, err := d.readToken(ctx)
+	if err != nil || tok == nil {
+		return Unformatted, err
+	}
+	return State(tok.State), nil
+}
+
+// MeasurementSalt returns the cluster's measurement salt recorded by
+// MarkInitialised; a rebooted node needs it to derive its cluster ID again.
+func (d *Disk) MeasurementSalt(ctx context.Context) ([]byte, error) {
+	tok, err := d.readToken(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if tok == nil || State(tok.State) != Initialised {
+		return nil, errors.New("the state disk is not initialised: it records no measurement salt")
+	}
+	salt, err := hex.DecodeString(tok.MeasurementSalt)
+	if err != nil || len(salt) == 0 {
+		return nil, fmt.Errorf("the state disk's %s token holds no valid measurement salt", stateTokenType)
+	}
+	return salt, nil
+}
+
+// readToken returns the state token; nil without a LUKS header, a Fresh
+// token when the header has none.
+func (d *Disk) readToken(ctx context.Context) (*stateToken, error) {
 	if _, err := d.run(ctx, nil, nil, "isLuks", "--type", "luks2", d.device); err != nil {
 		var exit *exec.ExitError
 		if errors.As(err, &exit) && exit.ExitCode() == 1 {
-			return Unformatted, nil
+			return nil, nil
 		}
-		return "", fmt.Errorf("reading the state disk header: %w", err)
+		return nil, fmt.Errorf("reading the state disk header: %w", err)
 	}
 	out, err := d.run(ctx, nil, nil, "luksDump", "--dump-json-metadata", d.device)
 	if err != nil {
-		return "", fmt.Errorf("reading the state disk header: %w", err)
+		return nil, fmt.Errorf("reading the state disk header: %w", err)
 	}
 	var meta struct {
 		Tokens map[string]stateToken `json:"tokens"`
 	}
 	if err := json.Unmarshal(out, &meta); err != nil {
-		return "", fmt.Errorf("reading the state disk header: %w", err)
+		return nil, fmt.Errorf("reading the state disk header: %w", err)
 	}
 	tok, ok := meta.Tokens[stateTokenID]
 	if !ok || tok.Type != stateTokenType {
-		return Fresh, nil
+		return &stateToken{Type: stateTokenType, State: string(Fresh)}, nil
 	}
-	switch s := State(tok.State); s {
+	switch State(tok.State) {
 	case Fresh, Initialised, ResetRequested:
-		return s, nil
+		return &tok, nil
 	default:
-		return "", fmt.Errorf("the state disk's %s token says %q: not a known state", stateTokenType, tok.State)
+		return nil, fmt.Errorf("the state disk's %s token says %q: not a known state", stateTokenType, tok.State)
 	}
 }
 
@@ -185,10 +213,12 @@ type stateToken struct {
 	Type     string   `json:"type"`
 	Keyslots []string `json:"keyslots"`
 	State    string   `json:"state"`
+	// MeasurementSalt is the cluster's measurement salt in hex (not secret).
+	MeasurementSalt string `json:"measurementSalt,omitempty"`
 }
 
-func (d *Disk) setState(ctx context.Context, s State) error {
-	tok, err := json.Marshal(stateToken{Type: stateTokenType, Keyslots: []string{}, State: string(s)})
+func (d *Disk) setState(ctx context.Context, s State, salt []byte) error {
+	tok, err := json.Marshal(stateToken{Type: stateTokenType, Keyslots: []string{}, State: string(s), MeasurementSalt: hex.EncodeToString(salt)})
 	if err != nil {
 		return err
 	}
@@ -198,12 +228,18 @@ func (d *Disk) setState(ctx context.Context, s State) error {
 	return nil
 }
 
-// MarkInitialised records that the disk holds the cluster's key.
-func (d *Disk) MarkInitialised(ctx context.Context) error { return d.setState(ctx, Initialised) }
+// MarkInitialised records that the disk holds the cluster's key, and the
+// cluster's measurement salt.
+func (d *Disk) MarkInitialised(ctx context.Context, measurementSalt []byte) error {
+	if len(measurementSalt) == 0 {
+		return errors.New("marking the state disk initialised: the measurement salt is empty")
+	}
+	return d.setState(ctx, Initialised, measurementSalt)
+}
 
 // MarkForReset asks the next boot to format the disk again (the node
-// leaves its cluster).
-func (d *Disk) MarkForReset(ctx context.Context) error { return d.setState(ctx, ResetRequested) }
+// leaves its cluster, or its bootstrap failed after the node lock).
+func (d *Disk) MarkForReset(ctx context.Context) error { return d.setState(ctx, ResetRequested, nil) }
 
 // TestKey reports whether key opens a key slot (cryptsetup open
 // --test-passphrase; needs no device-mapper).

@@ -20,20 +20,7 @@ import (
 // returned file first.
 func loopDisk(t *testing.T, argvLog bool) (*Disk, string) {
 	t.Helper()
-	testenv.RequireRoot(t)
-	img := filepath.Join(t.TempDir(), "state.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 32<<20); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
-	if err != nil {
-		t.Fatalf("losetup: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
+	dev := testenv.LoopDevice(t, 32<<20)
 	logFile := ""
 	if argvLog {
 		real, err := exec.LookPath("cryptsetup")
@@ -111,10 +98,17 @@ func TestLifecycle(t *testing.T) {
 	}
 	assertKey(t, d, first, "the old passphrase after re-key", false)
 	assertKey(t, d, derived, "the derived key after re-key", true)
-	if err := d.MarkInitialised(ctx); err != nil {
+	if _, err := d.MeasurementSalt(ctx); err == nil {
+		t.Fatal("a fresh disk has a measurement salt")
+	}
+	salt := []byte("measurement salt")
+	if err := d.MarkInitialised(ctx, salt); err != nil {
 		t.Fatal(err)
 	}
 	assertState(t, d, Initialised)
+	if got, err := d.MeasurementSalt(ctx); err != nil || !bytes.Equal(got, salt) {
+		t.Fatalf("measurement salt %q, %v", got, err)
+	}
 	if again, _ := d.UUID(ctx); again != uuid {
 		t.Fatalf("the UUID changed on re-key: %s → %s", uuid, again)
 	}

@@ -1,4 +1,5 @@
-// Package clusterpki is what the join service does with the cluster CA: it
+// Package clusterpki is what Gatehouse does with the cluster CA: it generates
+// it on the first control plane with a named admin's certificate, and it
 // checks kubelet certificate requests and signs kubelet certificates, and it
 // issues and verifies the join service's own identity, which joiners trust
 // through the cluster CA pin they were provisioned with.

@@ -206,13 +206,25 @@ type InitParams struct {
 	ImageRepository string
 	// SkipPhases are kubeadm init phases to skip, e.g. "addon/kube-proxy".
 	SkipPhases []string
+	// InitToken is the bootstrap token "<id>.<secret>" kubeadm init
+	// creates (it always creates one; its bootstrap-token phase also sets up
+	// the RBAC and cluster-info that joins need). It expires after
+	// InitTokenTTL; delete it after init, since nodes join with tokens the
+	// join service issues per attested node. Secret.
+	InitToken string
 }
+
+// InitTokenTTL is the lifetime of InitParams.InitToken.
+const InitTokenTTL = 15 * time.Minute
 
 func (p InitParams) validate() error {
 	var errs []error
 	errs = append(errs, p.Node.validate(), p.Kubelet.validate())
 	if msgs := validation.IsDNS1123Label(p.ClusterName); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("cluster name %q: %v", p.ClusterName, msgs))
+	}
+	if !bootstrapTokenRE.MatchString(p.InitToken) {
+		errs = append(errs, errors.New("init bootstrap token is not of the form [a-z0-9]{6}.[a-z0-9]{16}"))
 	}
 	if !validKubernetesVersion(p.KubernetesVersion) {
 		errs = append(errs, fmt.Errorf("kubernetes version %q is not of the form v1.MINOR.PATCH", p.KubernetesVersion))
@@ -260,10 +272,18 @@ func (p InitParams) Render() ([]byte, error) {
 		NodeRegistration: p.Node.registration(),
 		LocalAPIEndpoint: kubeadmv1beta4.APIEndpoint{AdvertiseAddress: p.Node.AdvertiseAddress, BindPort: port},
 		SkipPhases:       p.SkipPhases,
-		// No bootstrap token at init: nodes join with tokens the join
-		// service issues per attested node.
-		BootstrapTokens: []kubeadmv1beta4.BootstrapToken{},
 	}
+	token, err := kubeadmv1beta4.NewBootstrapTokenString(p.InitToken)
+	if err != nil {
+		// The library's message quotes the token: do not pass it on.
+		return nil, errors.New("kubeadm init configuration: init bootstrap token is malformed")
+	}
+	init.BootstrapTokens = []kubeadmv1beta4.BootstrapToken{{
+		Token:       token,
+		Description: "made by kubeadm init; deleted by the Gatehouse bootstrapper after init",
+		TTL:         &metav1.Duration{Duration: InitTokenTTL},
+		Usages:      []string{"signing", "authentication"},
+	}}
 	endpoint := p.ControlPlaneEndpoint
 	if endpoint == "" {
 		endpoint = net.JoinHostPort(p.Node.AdvertiseAddress, strconv.Itoa(int(port)))

@@ -59,6 +59,7 @@ func initParams(addr string) kubeadm.InitParams {
 		ServiceCIDR:       "10.96.0.0/12",
 		PodCIDR:           "10.244.0.0/16",
 		CertSANs:          []string{"gatehouse.example", "203.0.113.7"},
+		InitToken:         "abcdef.0123456789abcdef",
 	}
 }
 
@@ -251,6 +252,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 		{"service CIDR", func(p *kubeadm.InitParams) { p.ServiceCIDR = "10.96.0.0" }, "service CIDR"},
 		{"SAN", func(p *kubeadm.InitParams) { p.CertSANs = []string{"not a name"} }, "SAN"},
 		{"cgroup driver", func(p *kubeadm.InitParams) { p.Kubelet.CgroupDriver = "none" }, "cgroup driver"},
+		{"init token", func(p *kubeadm.InitParams) { p.InitToken = "" }, "init bootstrap token"},
 	} {
 		p := initParams(addr)
 		tc.mutate(&p)

@@ -1,0 +1,230 @@
+package bootstrapper
+
+import (
+	"context"
+	"crypto"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm-tools/simulator"
+	"google.golang.org/grpc"
+
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
+)
+
+// testPCRs are quoted by the test nodes: firmware, boot loader, node lock.
+var testPCRs = []int{0, 4, nodelock.PCR}
+
+var bootArtefacts = []tpm.Artefact{tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1"))}
+
+// testNode is a node with its own simulated TPM (the one per process),
+// a LUKS state disk on a loop device, and a temporary root.
+type testNode struct {
+	sim      *simulator.Simulator
+	attester *tpm.Attester
+	lock     *nodelock.Lock
+	disk     *statedisk.Disk
+	setup    *Setup
+	logs     *testkit.LogBuffer
+	runner   *dryRunRunner
+}
+
+func newTestNode(t *testing.T) *testNode {
+	t.Helper()
+	sim, err := simulator.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	if _, err := tpm.MeasureBoot(sim, bootArtefacts); err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: testPCRs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	lock, err := nodelock.New(sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk, err := statedisk.New(testenv.LoopDevice(t, 32<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testkit.LogBuffer{}
+	runner := &dryRunRunner{t: t}
+	n := &testNode{sim: sim, attester: a, lock: lock, disk: disk, logs: logs, runner: runner}
+	n.setup = &Setup{
+		Root:      t.TempDir(),
+		Disk:      disk,
+		Installer: installer.New(installer.Options{Attempts: 2, Backoff: time.Millisecond}),
+		Kubeadm:   runner,
+		Node:      kubeadm.Node{Name: "node-1", AdvertiseAddress: hostAddress(t), IgnorePreflightErrors: []string{"all"}},
+		Kubelet:   kubeadm.KubeletOptions{CgroupDriver: "cgroupfs", ServingCert: true},
+		Log:       slog.New(slog.NewJSONHandler(logs, nil)),
+	}
+	return n
+}
+
+// formatDisk formats the state disk as a first boot does.
+func (n *testNode) formatDisk(t *testing.T) {
+	t.Helper()
+	key, err := n.disk.FormatRandom(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.setup.FirstBootKey = key
+}
+
+// verifier appraises the test nodes' evidence: their boot and, in PCR 15,
+// the given value (zero: not locked).
+func verifier(t *testing.T, a *tpm.Attester) *tpm.Verifier {
+	t.Helper()
+	ref, err := tpm.ReferenceValues(bootArtefacts, testPCRs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := tpm.NewVerifier(tpm.Policy{
+		PCRs: testPCRs, ReferenceValues: ref,
+		Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{a.AttestationKey()}},
+	}, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// serve runs srv on a loopback listener until the test ends and returns
+// its address.
+func serve(t *testing.T, srv *grpc.Server) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String()
+}
+
+// dial returns a connection with attested TLS config c.
+func dial(t *testing.T, addr string, c atls.Config) *grpc.ClientConn {
+	t.Helper()
+	creds, err := atls.NewCredentials(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// hostAddress returns a non-loopback IPv4 address of this machine, which
+// kubeadm requires as advertise address.
+func hostAddress(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			return n.IP.String()
+		}
+	}
+	t.Fatal("this machine has no non-loopback IPv4 address for kubeadm to advertise")
+	return ""
+}
+
+// component returns a component installing content under root via file://.
+func component(t *testing.T, root, name, content string) *componentsv1.Component {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(src, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &componentsv1.Component{
+		Url:         "file://" + src,
+		Hash:        fmt.Sprintf("sha256:%x", sha256.Sum256([]byte(content))),
+		InstallPath: filepath.Join(root, "usr/local/bin", name),
+	}
+}
+
+// dryRunRunner runs the real kubeadm for init and join with --dry-run in a
+// private mount namespace; other subcommands (token delete, reset) are only
+// recorded. fail makes the first fail[subcommand] calls of a subcommand
+// fail with failOutput.
+type dryRunRunner struct {
+	t          *testing.T
+	mu         sync.Mutex
+	calls      [][]string
+	fail       map[string]int
+	failOutput string
+}
+
+func (r *dryRunRunner) Run(ctx context.Context, args ...string) ([]byte, error) {
+	r.mu.Lock()
+	r.calls = append(r.calls, args)
+	if r.fail[args[0]] > 0 {
+		r.fail[args[0]]--
+		r.mu.Unlock()
+		return []byte(r.failOutput), fmt.Errorf("kubeadm %s: exit status 1", args[0])
+	}
+	r.mu.Unlock()
+	if args[0] != "init" && args[0] != "join" {
+		return nil, nil
+	}
+	dir, err := testenv.BinDir()
+	if err != nil {
+		return nil, err
+	}
+	scratch, err := os.MkdirTemp("", "kubeadm-dry-run-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(scratch)
+	return testenv.RunIsolated(ctx, scratch, filepath.Join(dir, "kubeadm"), append(slices.Clone(args), "--dry-run")...)
+}
+
+// subcommands returns the subcommands run so far.
+func (r *dryRunRunner) subcommands() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var s []string
+	for _, c := range r.calls {
+		s = append(s, c[0])
+	}
+	return strings.Join(s, ",")
+}
+
+func parsePEMCert(data []byte) (*x509.Certificate, error) {
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return nil, errors.New("no PEM block")
+	}
+	return x509.ParseCertificate(block.Bytes)
+}

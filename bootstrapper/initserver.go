@@ -1,0 +1,457 @@
+package bootstrapper
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	bootstraputil "k8s.io/cluster-bootstrap/token/util"
+
+	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+)
+
+// DefaultAdminName is the user name of the admin kubeconfig Init returns.
+const DefaultAdminName = "gatehouse-admin"
+
+// measurementSecretID is the key id of the measurement secret (DESIGN.md "Keys").
+const measurementSecretID = "measurementSecret"
+
+// InitConfig holds an InitServer's dependencies.
+type InitConfig struct {
+	Setup *Setup
+	Lock  *nodelock.Lock
+	// InitSecretHash is the bcrypt hash of the init secret the node was
+	// provisioned with.
+	InitSecretHash []byte
+	// AdminName is the admin kubeconfig's user; "" is DefaultAdminName.
+	AdminName string
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+}
+
+// InitServer serves InitService: it makes this node the first control
+// plane of a new cluster. One init runs per node; the job outlives the
+// stream that started it, so a client whose connection dropped can send
+// the same request again and follows the same job to its result.
+type InitServer struct {
+	initservicev1.UnimplementedInitServiceServer
+	cfg InitConfig
+
+	mu  sync.Mutex
+	job *initJob
+
+	finished  chan struct{} // closed when the job has a result
+	delivered chan struct{} // closed when a client received the result
+	deliverMu sync.Once
+}
+
+// NewInitServer returns an InitServer.
+func NewInitServer(cfg InitConfig) (*InitServer, error) {
+	if cfg.Setup == nil || cfg.Lock == nil {
+		return nil, errors.New("init server: Setup and Lock are required")
+	}
+	if _, err := bcrypt.Cost(cfg.InitSecretHash); err != nil {
+		return nil, fmt.Errorf("init server: the provisioned init secret hash is not a bcrypt hash: %w", err)
+	}
+	if cfg.AdminName == "" {
+		cfg.AdminName = DefaultAdminName
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &InitServer{cfg: cfg, finished: make(chan struct{}), delivered: make(chan struct{})}, nil
+}
+
+// Finished is closed once an init has ended; Result then returns how.
+func (s *InitServer) Finished() <-chan struct{} { return s.finished }
+
+// Delivered is closed once a client has received the init's final message.
+func (s *InitServer) Delivered() <-chan struct{} { return s.delivered }
+
+// Result returns the init's error (nil on success); valid after Finished.
+func (s *InitServer) Result() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.job == nil {
+		return errors.New("no init ran")
+	}
+	return s.job.err
+}
+
+// initJob is one init: its request fingerprint and the messages so far.
+type initJob struct {
+	fingerprint [sha256.Size]byte
+
+	mu      sync.Mutex
+	events  []*initservicev1.InitResponse
+	changed chan struct{} // closed and replaced on every new event
+	done    bool
+	err     error
+	logs    bytes.Buffer // what a failure sends back; never secrets
+}
+
+func (j *initJob) emit(ev *initservicev1.InitResponse) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.events = append(j.events, ev)
+	if ev.GetSuccess() != nil || ev.GetFailure() != nil {
+		j.done = true
+	}
+	close(j.changed)
+	j.changed = make(chan struct{})
+}
+
+func (j *initJob) progress(step, msg string) {
+	j.emit(&initservicev1.InitResponse{Kind: &initservicev1.InitResponse_Progress{Progress: &initservicev1.InitProgress{Step: step, Message: msg}}})
+}
+
+// snapshot returns the events from index from on, whether the last of all
+// is final, and a channel closed on the next event.
+func (j *initJob) snapshot(from int) ([]*initservicev1.InitResponse, bool, <-chan struct{}) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.events[from:], j.done, j.changed
+}
+
+// Init creates the cluster (see InitService). Errors: InvalidArgument for a
+// malformed request, naming the field; PermissionDenied for a wrong init
+// secret; FailedPrecondition when the node joins another cluster or is
+// being initialised with a different request. None of them change the node.
+func (s *InitServer) Init(req *initservicev1.InitRequest, stream initservicev1.InitService_InitServer) error {
+	plan, err := s.plan(req)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	// bcrypt compares in constant time.
+	if bcrypt.CompareHashAndPassword(s.cfg.InitSecretHash, req.GetInitSecret()) != nil {
+		s.cfg.Setup.Log.Warn("Init refused: wrong init secret")
+		return status.Error(codes.PermissionDenied, "the init secret does not match the one this node was provisioned with")
+	}
+	job, err := s.attach(plan)
+	if err != nil {
+		return err
+	}
+	return s.follow(stream, job)
+}
+
+// attach returns the running job for plan, starting it if none runs.
+func (s *InitServer) attach(p *initPlan) (*initJob, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.job != nil {
+		if s.job.fingerprint != p.fingerprint {
+			return nil, status.Error(codes.FailedPrecondition, "this node is already being initialised with a different request; wait for it or reset the node")
+		}
+		return s.job, nil
+	}
+	if s.cfg.Lock.Locked() {
+		return nil, status.Error(codes.FailedPrecondition, "this node is joining an existing cluster (its node lock is taken); it cannot be initialised")
+	}
+	s.job = &initJob{fingerprint: p.fingerprint, changed: make(chan struct{})}
+	go s.run(s.job, p)
+	return s.job, nil
+}
+
+// follow streams the job's events from the start until its final one.
+func (s *InitServer) follow(stream initservicev1.InitService_InitServer, j *initJob) error {
+	sent := 0
+	for {
+		events, done, changed := j.snapshot(sent)
+		for _, ev := range events {
+			if err := stream.Send(ev); err != nil {
+				return err
+			}
+			sent++
+		}
+		if done {
+			s.deliverMu.Do(func() { close(s.delivered) })
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-stream.Context().Done():
+			// The job goes on; the client can follow it again.
+			return status.FromContextError(stream.Context().Err()).Err()
+		}
+	}
+}
+
+// initPlan is a checked request with everything derived from it.
+type initPlan struct {
+	req         *initservicev1.InitRequest
+	fingerprint [sha256.Size]byte
+	keys        *kms.ClusterKMS
+	clusterID   []byte
+	params      kubeadm.InitParams
+}
+
+// plan checks req and derives the cluster ID and kubeadm configuration, all
+// before anything on the node changes.
+func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
+	parsed, err := kms.ParseURI(req.GetKmsUri())
+	if err != nil {
+		return nil, fmt.Errorf("kms_uri: %w", err)
+	}
+	uri, ok := parsed.(*kms.ClusterKMSURI)
+	if !ok {
+		return nil, errors.New("kms_uri: the first node derives keys itself and needs kms://cluster-kms?key=…&salt=…")
+	}
+	keys, err := kms.NewClusterKMS(uri.MasterSecret, uri.Salt)
+	if err != nil {
+		return nil, fmt.Errorf("kms_uri: %w", err)
+	}
+	if len(req.GetMeasurementSalt()) != 32 {
+		return nil, fmt.Errorf("measurement_salt has %d bytes, want 32", len(req.GetMeasurementSalt()))
+	}
+	if len(req.GetKubernetesComponents()) == 0 {
+		return nil, errors.New("kubernetes_components is empty: send the pinned components of kubernetes_version")
+	}
+	for i, c := range req.GetKubernetesComponents() {
+		if err := installer.Validate(c); err != nil {
+			return nil, fmt.Errorf("kubernetes_components[%d]: %w", i, err)
+		}
+	}
+	secret, err := keys.GetDEK(context.Background(), measurementSecretID, 32)
+	if err != nil {
+		return nil, err
+	}
+	id, err := clusterID(secret, req.GetMeasurementSalt())
+	if err != nil {
+		return nil, err
+	}
+	token, err := bootstraputil.GenerateBootstrapToken()
+	if err != nil {
+		return nil, err
+	}
+	params := kubeadm.InitParams{
+		Node:              s.cfg.Setup.Node,
+		Kubelet:           s.cfg.Setup.Kubelet,
+		ClusterName:       req.GetClusterName(),
+		KubernetesVersion: req.GetKubernetesVersion(),
+		CertSANs:          req.GetApiServerCertSans(),
+		ServiceCIDR:       req.GetServiceCidr(),
+		PodCIDR:           req.GetPodCidr(),
+		InitToken:         token,
+	}
+	if _, err := params.Render(); err != nil {
+		return nil, err
+	}
+	// The fingerprint identifies the request without its init secret.
+	withoutSecret := proto.CloneOf(req)
+	withoutSecret.InitSecret = nil
+	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(withoutSecret)
+	if err != nil {
+		return nil, err
+	}
+	return &initPlan{req: req, fingerprint: sha256.Sum256(data), keys: keys, clusterID: id, params: params}, nil
+}
+
+// run executes the init and records its end.
+func (s *InitServer) run(j *initJob, p *initPlan) {
+	log := slog.New(slog.NewTextHandler(&j.logs, nil)).With("component", "init")
+	result, err := s.execute(context.Background(), j, p, log)
+	now := s.cfg.Now()
+	if err != nil {
+		s.cfg.Setup.Log.Error("Init failed", "error", err.Error())
+		log.Error("Init failed", "error", err.Error())
+		if s.cfg.Lock.Holder() == "init" {
+			// Past the point of no return: report and mark for reset.
+			if rerr := s.cfg.Setup.Disk.MarkForReset(context.Background()); rerr != nil {
+				s.cfg.Setup.Log.Error("Marking the state disk for reset failed", "error", rerr.Error())
+			}
+			_ = writeStatus(s.cfg.Setup.Root, PhaseFailed, err, now)
+		}
+		j.mu.Lock()
+		j.err = err
+		logs := gzipBytes(j.logs.Bytes())
+		j.mu.Unlock()
+		j.emit(&initservicev1.InitResponse{Kind: &initservicev1.InitResponse_Failure{Failure: &initservicev1.InitFailure{Error: err.Error(), LogsGzip: logs}}})
+	} else {
+		_ = writeStatus(s.cfg.Setup.Root, PhaseDone, nil, now)
+		j.emit(&initservicev1.InitResponse{Kind: &initservicev1.InitResponse_Success{Success: result}})
+		s.cfg.Setup.Log.Info("Init succeeded: this node is the cluster's first control plane")
+	}
+	close(s.finished)
+}
+
+// execute takes the lock and creates the cluster.
+func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *slog.Logger) (*initservicev1.InitSuccess, error) {
+	setup := s.cfg.Setup
+	step := func(name, msg string) {
+		setup.Log.Info(msg, "step", name)
+		log.Info(msg, "step", name)
+		j.progress(name, msg)
+	}
+	step("node-lock", "Taking the node lock (extending PCR 15 with the cluster ID)")
+	if err := s.cfg.Lock.TryLock("init", p.clusterID); err != nil {
+		if errors.Is(err, nodelock.ErrLocked) {
+			return nil, errors.New("this node is joining an existing cluster (its node lock is taken); it cannot be initialised")
+		}
+		return nil, err
+	}
+	_ = writeStatus(setup.Root, PhaseInitialising, nil, s.cfg.Now())
+
+	step("rekey-state-disk", "Re-keying the state disk with the key derived from the master secret")
+	diskUUID, err := setup.Disk.UUID(ctx)
+	if err != nil {
+		return nil, err
+	}
+	diskKey, err := p.keys.GetDEK(ctx, diskUUID, 32)
+	if err != nil {
+		return nil, err
+	}
+	if err := setup.rekeyDisk(ctx, diskKey, p.req.GetMeasurementSalt()); err != nil {
+		return nil, err
+	}
+
+	step("install-components", fmt.Sprintf("Installing the %d pinned components of Kubernetes %s", len(p.req.GetKubernetesComponents()), p.req.GetKubernetesVersion()))
+	if err := setup.Installer.Install(ctx, p.req.GetKubernetesComponents()); err != nil {
+		return nil, err
+	}
+
+	step("pki", "Generating the cluster CA and this node's kubelet serving certificate")
+	ca, err := s.writePKI(setup)
+	if err != nil {
+		return nil, err
+	}
+
+	step("kubeadm-config", "Writing the kubeadm configuration and audit policy")
+	configPath := KubeadmDir + "/init.yaml"
+	if err := s.writeInitFiles(setup, p, configPath); err != nil {
+		return nil, err
+	}
+
+	step("kubeadm-init", "Running kubeadm init")
+	out, err := setup.Kubeadm.Run(ctx, "init", "--config", setup.path(configPath), "--skip-token-print")
+	log.Info("kubeadm init output", "output", string(out))
+	if err != nil {
+		return nil, fmt.Errorf("kubeadm init failed: %w (its output is in the logs)", err)
+	}
+	tokenID, _, _ := strings.Cut(p.params.InitToken, ".")
+	if out, err := setup.Kubeadm.Run(ctx, "token", "delete", tokenID, "--kubeconfig", setup.path("/etc/kubernetes/admin.conf")); err != nil {
+		// It expires by itself within kubeadm.InitTokenTTL.
+		log.Warn("Deleting kubeadm init's bootstrap token failed", "error", err.Error(), "output", string(out))
+	}
+	if err := removeFile(setup.path(configPath)); err != nil {
+		log.Warn("Removing the init configuration failed", "error", err.Error())
+	}
+
+	step("admin-kubeconfig", "Issuing the admin kubeconfig for "+s.cfg.AdminName)
+	kubeconfig, err := s.adminKubeconfig(ca, p)
+	if err != nil {
+		return nil, err
+	}
+	return &initservicev1.InitSuccess{Kubeconfig: kubeconfig, ClusterId: p.clusterID}, nil
+}
+
+// writePKI writes a new cluster CA where kubeadm init finds and keeps it,
+// and the kubelet's serving certificate signed by it.
+func (s *InitServer) writePKI(setup *Setup) (*clusterpki.CA, error) {
+	ca, certPEM, keyPEM, err := clusterpki.GenerateCA(s.cfg.Now())
+	if err != nil {
+		return nil, err
+	}
+	if err := setup.writeFile(kubeadm.PKIDir+"/ca.crt", certPEM, 0o644); err != nil {
+		return nil, err
+	}
+	if err := setup.writeFile(kubeadm.PKIDir+"/ca.key", keyPEM, 0o600); err != nil {
+		return nil, err
+	}
+	if setup.Kubelet.ServingCert {
+		if err := writeKubeletServingCert(setup, ca, s.cfg.Now()); err != nil {
+			return nil, err
+		}
+	}
+	return ca, nil
+}
+
+// writeKubeletServingCert issues this node's kubelet serving certificate
+// with ca and writes it with its key.
+func writeKubeletServingCert(setup *Setup, ca *clusterpki.CA, now time.Time) error {
+	csr, keyPEM, err := clusterpki.NewKubeletCSR(setup.Node.Name, []net.IP{net.ParseIP(setup.Node.AdvertiseAddress)})
+	if err != nil {
+		return err
+	}
+	req, err := clusterpki.ParseKubeletCSR(csr)
+	if err != nil {
+		return err
+	}
+	der, err := ca.SignKubelet(req, now)
+	if err != nil {
+		return err
+	}
+	return writeKubeletCert(setup, der, keyPEM)
+}
+
+func writeKubeletCert(setup *Setup, certDER, keyPEM []byte) error {
+	if err := setup.writeFile(kubeadm.KubeletCertPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER}), 0o644); err != nil {
+		return err
+	}
+	return setup.writeFile(kubeadm.KubeletKeyPath, keyPEM, 0o600)
+}
+
+func (s *InitServer) writeInitFiles(setup *Setup, p *initPlan, configPath string) error {
+	policy, err := kubeadm.AuditPolicy()
+	if err != nil {
+		return err
+	}
+	if err := setup.writeFile(kubeadm.AuditPolicyPath, policy, 0o600); err != nil {
+		return err
+	}
+	config, err := p.params.Render()
+	if err != nil {
+		return err
+	}
+	if err := setup.writeFile(configPath, config, 0o600); err != nil {
+		return err
+	}
+	// The key service on this control plane derives keys from it.
+	return setup.writeFile(KMSURIPath, []byte(p.req.GetKmsUri()), 0o600)
+}
+
+// adminKubeconfig returns a kubeconfig for the named admin.
+func (s *InitServer) adminKubeconfig(ca *clusterpki.CA, p *initPlan) ([]byte, error) {
+	certPEM, keyPEM, err := ca.SignAdmin(s.cfg.AdminName, s.cfg.Now())
+	if err != nil {
+		return nil, err
+	}
+	server := "https://" + net.JoinHostPort(p.params.Node.AdvertiseAddress, strconv.Itoa(6443))
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Certificate().Raw})
+	name := p.params.ClusterName
+	user := s.cfg.AdminName + "@" + name
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	cfg.Contexts[user] = &clientcmdapi.Context{Cluster: name, AuthInfo: user}
+	cfg.CurrentContext = user
+	return clientcmd.Write(*cfg)
+}
+
+func gzipBytes(data []byte) []byte {
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	_, _ = zw.Write(data)
+	_ = zw.Close()
+	return buf.Bytes()
+}

@@ -1,0 +1,399 @@
+package bootstrapper
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-tpm/legacy/tpm2"
+	"golang.org/x/crypto/bcrypt"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/client-go/tools/clientcmd"
+
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
+)
+
+func random(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// initFixture is a node serving InitService over attested TLS, and what a
+// client (the CLI) knows.
+type initFixture struct {
+	node       *testNode
+	server     *InitServer
+	client     initservicev1.InitServiceClient
+	secret     []byte
+	master     []byte
+	masterSalt []byte
+	req        *initservicev1.InitRequest
+}
+
+func newInitFixture(t *testing.T) *initFixture {
+	t.Helper()
+	n := newTestNode(t)
+	n.formatDisk(t)
+	f := &initFixture{node: n, secret: random(t, 32), master: random(t, 32), masterSalt: random(t, 32)}
+	hash, err := bcrypt.GenerateFromPassword(f.secret, bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.server, err = NewInitServer(InitConfig{Setup: n.setup, Lock: n.lock, InitSecretHash: hash, AdminName: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := atls.NewCredentials(atls.Config{Attester: n.attester})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(creds))
+	initservicev1.RegisterInitServiceServer(srv, f.server)
+	addr := serve(t, srv)
+	f.client = initservicev1.NewInitServiceClient(dial(t, addr, atls.Config{Verifiers: []attestation.Verifier{verifier(t, n.attester)}}))
+	root := n.setup.Root
+	f.req = &initservicev1.InitRequest{
+		InitSecret:        f.secret,
+		KmsUri:            kms.ClusterKMSURIString(f.master, f.masterSalt),
+		MeasurementSalt:   random(t, 32),
+		KubernetesVersion: "v1.36.4",
+		KubernetesComponents: []*componentsv1.Component{
+			component(t, root, "kubelet", "kubelet v1.36.4"),
+			component(t, root, "kubeadm", "kubeadm v1.36.4"),
+		},
+		ClusterName:       "gatehouse",
+		ApiServerCertSans: []string{"gatehouse.example"},
+		ServiceCidr:       "10.96.0.0/12",
+		PodCidr:           "10.244.0.0/16",
+	}
+	return f
+}
+
+// expected derives what the node must end up with from the client's view.
+func (f *initFixture) expected(t *testing.T) (id, diskKey []byte) {
+	t.Helper()
+	keys, err := kms.NewClusterKMS(f.master, f.masterSalt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, err := keys.GetDEK(t.Context(), measurementSecretID, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, err = clusterID(secret, f.req.GetMeasurementSalt()); err != nil {
+		t.Fatal(err)
+	}
+	uuid, err := f.node.disk.UUID(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diskKey, err = keys.GetDEK(t.Context(), uuid, 32); err != nil {
+		t.Fatal(err)
+	}
+	return id, diskKey
+}
+
+// receive reads a stream to its end: progress steps and the final message.
+func receive(t *testing.T, stream grpc.ServerStreamingClient[initservicev1.InitResponse]) ([]string, *initservicev1.InitResponse, error) {
+	t.Helper()
+	var steps []string
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return steps, nil, errors.New("stream ended without a final message")
+		}
+		if err != nil {
+			return steps, nil, err
+		}
+		if p := resp.GetProgress(); p != nil {
+			steps = append(steps, p.GetStep())
+			continue
+		}
+		return steps, resp, nil
+	}
+}
+
+func fileMode(t *testing.T, path string) os.FileMode {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
+
+// TestInit: an init with the right secret takes the lock with the cluster
+// ID, re-keys the disk to the derived key, installs the components, writes
+// the CA and configuration, runs the real kubeadm init (dry run), and
+// returns a named admin's kubeconfig and the cluster ID.
+func TestInit(t *testing.T) {
+	f := newInitFixture(t)
+	ctx := t.Context()
+	first := f.node.setup.FirstBootKey
+	stream, err := f.client.Init(ctx, f.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps, final, err := receive(t, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if failure := final.GetFailure(); failure != nil {
+		t.Fatalf("init failed: %s\n%s", failure.GetError(), gunzip(t, failure.GetLogsGzip()))
+	}
+	want := "node-lock,rekey-state-disk,install-components,pki,kubeadm-config,kubeadm-init,admin-kubeconfig"
+	if got := strings.Join(steps, ","); got != want {
+		t.Fatalf("progress steps %s, want %s", got, want)
+	}
+	wantID, diskKey := f.expected(t)
+	if !bytes.Equal(final.GetSuccess().GetClusterId(), wantID) {
+		t.Fatal("cluster ID differs from HKDF(measurementSecret, measurementSalt, \"key-clusterID\")")
+	}
+	pcr, err := tpm2.ReadPCR(f.node.sim, nodelock.PCR, tpm2.AlgSHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(pcr, nodelock.ExpectedPCR(wantID)) {
+		t.Fatal("PCR 15 does not hold the cluster ID")
+	}
+	for key, want := range map[string]bool{"first-boot": false, "derived": true} {
+		k := first
+		if key == "derived" {
+			k = diskKey
+		}
+		if ok, err := f.node.disk.TestKey(ctx, k); err != nil || ok != want {
+			t.Errorf("%s key opens the disk: %v (%v), want %v", key, ok, err, want)
+		}
+	}
+	if st, _ := f.node.disk.State(ctx); st != statedisk.Initialised {
+		t.Errorf("disk state %s", st)
+	}
+	root := f.node.setup.Root
+	for path, mode := range map[string]os.FileMode{
+		"usr/local/bin/kubelet": 0o755, "etc/kubernetes/pki/ca.key": 0o600, "etc/kubernetes/pki/ca.crt": 0o644,
+		strings.TrimPrefix(KMSURIPath, "/"): 0o600, strings.TrimPrefix(kubeadm.AuditPolicyPath, "/"): 0o600,
+		strings.TrimPrefix(kubeadm.KubeletKeyPath, "/"): 0o600,
+	} {
+		if got := fileMode(t, filepath.Join(root, path)); got != mode {
+			t.Errorf("%s has mode %v, want %v", path, got, mode)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, KubeadmDir, "init.yaml")); !os.IsNotExist(err) {
+		t.Error("the init configuration (it holds a bootstrap token) was not removed")
+	}
+	if got := f.node.runner.subcommands(); got != "init,token" {
+		t.Errorf("kubeadm subcommands %s, want init then token delete", got)
+	}
+	checkAdminKubeconfig(t, final.GetSuccess().GetKubeconfig(), filepath.Join(root, "etc/kubernetes/pki/ca.crt"))
+	if st, _ := ReadStatus(root); st.Phase != PhaseDone {
+		t.Errorf("status %+v", st)
+	}
+	select {
+	case <-f.server.Delivered():
+	default:
+		t.Error("the InitServer does not know the result was delivered")
+	}
+	testkit.AssertNoSecrets(t, f.node.logs.String(), [][]byte{f.secret, f.master, diskKey, []byte(f.req.GetKmsUri())})
+}
+
+func checkAdminKubeconfig(t *testing.T, data []byte, caPath string) {
+	t.Helper()
+	cfg, err := clientcmd.Load(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := cfg.AuthInfos[cfg.Contexts[cfg.CurrentContext].AuthInfo]
+	cert, err := parsePEMCert(user.ClientCertificateData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert.Subject.CommonName != "alice" || strings.Join(cert.Subject.Organization, ",") != clusterpki.AdminGroup {
+		t.Fatalf("admin certificate subject %s, want CN=alice O=%s", cert.Subject, clusterpki.AdminGroup)
+	}
+	caPEM, err := os.ReadFile(caPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Fatalf("admin certificate does not chain to the cluster CA kubeadm used: %v", err)
+	}
+}
+
+func gunzip(t *testing.T, data []byte) string {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// TestInitWrongSecret: PermissionDenied and nothing changed.
+func TestInitWrongSecret(t *testing.T) {
+	f := newInitFixture(t)
+	f.req.InitSecret = random(t, 32)
+	stream, err := f.client.Init(t.Context(), f.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := receive(t, stream); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("wrong secret: %v, want PermissionDenied", err)
+	}
+	f.assertUnchanged(t)
+}
+
+func (f *initFixture) assertUnchanged(t *testing.T) {
+	t.Helper()
+	if f.node.lock.Locked() {
+		t.Error("the node lock was taken")
+	}
+	if ok, _ := f.node.disk.TestKey(t.Context(), f.node.setup.FirstBootKey); !ok {
+		t.Error("the first-boot passphrase no longer opens the disk")
+	}
+	if entries, _ := os.ReadDir(f.node.setup.Root); len(entries) > 0 {
+		t.Errorf("files were written: %v", entries)
+	}
+}
+
+func TestInitInvalidRequest(t *testing.T) {
+	for name, tc := range map[string]struct {
+		mutate func(*initservicev1.InitRequest)
+		want   string
+	}{
+		"kms":        {func(r *initservicev1.InitRequest) { r.KmsUri = "kms://vault?x=1" }, "kms_uri"},
+		"salt":       {func(r *initservicev1.InitRequest) { r.MeasurementSalt = []byte("short") }, "measurement_salt"},
+		"components": {func(r *initservicev1.InitRequest) { r.KubernetesComponents[0].Hash = "md5:x" }, "kubernetes_components[0]"},
+		"version":    {func(r *initservicev1.InitRequest) { r.KubernetesVersion = "latest" }, "kubernetes version"},
+		"cidr":       {func(r *initservicev1.InitRequest) { r.PodCidr = "10.244.0.0" }, "pod CIDR"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newInitFixture(t)
+			tc.mutate(f.req)
+			stream, err := f.client.Init(t.Context(), f.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = receive(t, stream)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%v, want InvalidArgument naming %q", err, tc.want)
+			}
+			testkit.AssertNoSecrets(t, err.Error(), [][]byte{f.master, []byte(base64.RawURLEncoding.EncodeToString(f.master))})
+			f.assertUnchanged(t)
+		})
+	}
+}
+
+// TestInitResumesAfterDroppedConnection: a client that lost its stream
+// sends the same request again and gets the same job's whole stream and
+// result; a different request is refused while the first one runs.
+func TestInitResumesAfterDroppedConnection(t *testing.T) {
+	f := newInitFixture(t)
+	ctx, drop := context.WithCancel(t.Context())
+	stream, err := f.client.Init(ctx, f.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	drop()
+
+	other := proto.CloneOf(f.req)
+	other.ClusterName = "another"
+	stream, err = f.client.Init(t.Context(), other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := receive(t, stream); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("a different request during the init: %v, want FailedPrecondition", err)
+	}
+
+	var results [][]byte
+	for range 2 { // resume, then ask again after the end
+		stream, err := f.client.Init(t.Context(), f.req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps, final, err := receive(t, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if final.GetSuccess() == nil || len(steps) != 7 {
+			t.Fatalf("resumed stream: %d steps, final %v", len(steps), final)
+		}
+		results = append(results, final.GetSuccess().GetKubeconfig())
+	}
+	if !bytes.Equal(results[0], results[1]) {
+		t.Fatal("asking again returned another result")
+	}
+	if got := f.node.runner.subcommands(); got != "init,token" {
+		t.Fatalf("kubeadm ran %s: the init ran more than once", got)
+	}
+}
+
+// TestInitFailureAfterLock: kubeadm init fails; the client gets an
+// InitFailure with the logs (no secrets), the disk is marked for reset and
+// the status says failed.
+func TestInitFailureAfterLock(t *testing.T) {
+	f := newInitFixture(t)
+	f.node.runner.fail = map[string]int{"init": 1}
+	f.node.runner.failOutput = "[wait-control-plane] timed out waiting for the API server"
+	stream, err := f.client.Init(t.Context(), f.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, final, err := receive(t, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failure := final.GetFailure()
+	if failure == nil || !strings.Contains(failure.GetError(), "kubeadm init failed") {
+		t.Fatalf("final message %v, want a kubeadm init failure", final)
+	}
+	logs := gunzip(t, failure.GetLogsGzip())
+	if !strings.Contains(logs, "timed out waiting for the API server") {
+		t.Fatalf("failure logs lack kubeadm's output:\n%s", logs)
+	}
+	_, diskKey := f.expected(t)
+	testkit.AssertNoSecrets(t, logs+f.node.logs.String(), [][]byte{f.secret, f.master, diskKey})
+	if st, _ := f.node.disk.State(t.Context()); st != statedisk.ResetRequested {
+		t.Errorf("disk state %s, want %s", st, statedisk.ResetRequested)
+	}
+	if st, _ := ReadStatus(f.node.setup.Root); st.Phase != PhaseFailed || !strings.Contains(st.Error, "kubeadm init") {
+		t.Errorf("status %+v", st)
+	}
+	if f.server.Result() == nil {
+		t.Error("Result is nil after a failure")
+	}
+}

@@ -1,0 +1,125 @@
+// Package bootstrapper is the daemon every new node starts
+// (gatehouse-bootstrapper): it runs the InitServer and the JoinClient in
+// parallel until one of them takes the node lock, then re-keys the state
+// disk, installs the Kubernetes components and runs kubeadm, and exits.
+// docs/bootstrapper.md has the state machine and the failure policy.
+package bootstrapper
+
+import (
+	"context"
+	"crypto/hkdf"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+)
+
+// Files the bootstrapper writes, relative to the node's root.
+const (
+	// KubeadmDir holds the generated kubeadm configuration and patches.
+	KubeadmDir = "/etc/gatehouse/kubeadm"
+	// KMSURIPath holds the cluster's KMS URI for the key service on the
+	// first control plane (mode 0600). Secret.
+	KMSURIPath = "/etc/kubernetes/gatehouse/kms-uri"
+)
+
+// stateDisk is the part of the state disk a bootstrap changes.
+type stateDisk interface {
+	UUID(ctx context.Context) (string, error)
+	Rekey(ctx context.Context, oldKey, newKey []byte) error
+	MarkInitialised(ctx context.Context, measurementSalt []byte) error
+	MarkForReset(ctx context.Context) error
+}
+
+// componentInstaller installs pinned components; *installer.Installer.
+type componentInstaller interface {
+	Install(ctx context.Context, components []*componentsv1.Component) error
+}
+
+// Runner runs kubeadm with args and returns its combined output.
+// ExecRunner runs the real binary.
+type Runner interface {
+	Run(ctx context.Context, args ...string) ([]byte, error)
+}
+
+// Setup is what init and join share after the node lock: the node's
+// machine and how to change it.
+type Setup struct {
+	// Root is the file system root files are written under: "/" on a node,
+	// a temporary directory in tests.
+	Root string
+	// Disk is the state disk, formatted at first boot with FirstBootKey.
+	Disk         stateDisk
+	FirstBootKey []byte
+	Installer    componentInstaller
+	Kubeadm      Runner
+	// Node and Kubelet describe the node to kubeadm.
+	Node    kubeadm.Node
+	Kubelet kubeadm.KubeletOptions
+	Log     *slog.Logger
+}
+
+// path returns p (absolute on the node) under Root.
+func (s *Setup) path(p string) string { return filepath.Join(s.Root, p) }
+
+// writeFile writes data to p under Root with mode, atomically: readers see
+// the old file or the whole new one.
+func (s *Setup) writeFile(p string, data []byte, mode fs.FileMode) error {
+	full := s.path(p)
+	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil { //nolint:gosec // /etc/kubernetes and friends are world-readable directories
+		return fmt.Errorf("writing %s: %w", p, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(full), ".gatehouse-*")
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", p, err)
+	}
+	defer os.Remove(tmp.Name())
+	_, werr := tmp.Write(data)
+	err = errors.Join(werr, tmp.Chmod(mode), tmp.Close())
+	if err == nil {
+		err = os.Rename(tmp.Name(), full)
+	}
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", p, err)
+	}
+	return nil
+}
+
+// rekeyDisk replaces the first-boot passphrase with diskKey and records the
+// measurement salt. Re-running it after an interruption is safe.
+func (s *Setup) rekeyDisk(ctx context.Context, diskKey, measurementSalt []byte) error {
+	if err := s.Disk.Rekey(ctx, s.FirstBootKey, diskKey); err != nil {
+		return err
+	}
+	return s.Disk.MarkInitialised(ctx, measurementSalt)
+}
+
+// clusterID derives the cluster ID from the measurement secret and salt:
+// HKDF-SHA256(measurementSecret, measurementSalt, "key-clusterID", 32)
+// (DESIGN.md "Keys").
+func clusterID(measurementSecret, measurementSalt []byte) ([]byte, error) {
+	if len(measurementSecret) == 0 || len(measurementSalt) == 0 {
+		return nil, errors.New("deriving the cluster ID: measurement secret and salt must not be empty")
+	}
+	return hkdf.Key(sha256.New, measurementSecret, measurementSalt, "key-clusterID", 32)
+}
+
+// ExecRunner runs the kubeadm binary at Path (found in PATH when empty).
+type ExecRunner struct {
+	Path string
+}
+
+// Run runs kubeadm with args.
+func (r ExecRunner) Run(ctx context.Context, args ...string) ([]byte, error) {
+	bin := r.Path
+	if bin == "" {
+		bin = "kubeadm"
+	}
+	return runCommand(ctx, bin, args...)
+}
