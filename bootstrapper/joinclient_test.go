@@ -1,0 +1,357 @@
+package bootstrapper
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm/legacy/tpm2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
+	bootstraputil "k8s.io/cluster-bootstrap/token/util"
+
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
+)
+
+// fakeJoinService answers over real attested TLS with a cluster identity,
+// as the join service does, with scripted tickets.
+type fakeJoinService struct {
+	joinservicev1.UnimplementedJoinServiceServer
+	ca *clusterpki.CA
+
+	mu          sync.Mutex
+	unavailable int        // answer the first calls Unavailable
+	refuse      codes.Code // if set, refuse every call with it
+	calls       int
+	ticket      *joinservicev1.IssueJoinTicketResponse
+}
+
+func (s *fakeJoinService) answer() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	if s.refuse != codes.OK {
+		return status.Error(s.refuse, "refused by the test")
+	}
+	if s.unavailable > 0 {
+		s.unavailable--
+		return status.Error(codes.Unavailable, "try again")
+	}
+	return nil
+}
+
+func (s *fakeJoinService) IssueJoinTicket(_ context.Context, req *joinservicev1.IssueJoinTicketRequest) (*joinservicev1.IssueJoinTicketResponse, error) {
+	if err := s.answer(); err != nil {
+		return nil, err
+	}
+	kubelet, err := clusterpki.ParseKubeletCSR(req.GetCertificateRequest())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	cert, err := s.ca.SignKubelet(kubelet, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	t := proto.CloneOf(s.ticket)
+	t.KubeletCert = cert
+	return t, nil
+}
+
+func (s *fakeJoinService) IssueRejoinTicket(_ context.Context, _ *joinservicev1.IssueRejoinTicketRequest) (*joinservicev1.IssueRejoinTicketResponse, error) {
+	if err := s.answer(); err != nil {
+		return nil, err
+	}
+	return &joinservicev1.IssueRejoinTicketResponse{StateDiskKey: s.ticket.GetStateDiskKey(), MeasurementSecret: s.ticket.GetMeasurementSecret()}, nil
+}
+
+// startJoinService serves fake for n's attester, signed by ca, and returns
+// its address.
+func startJoinService(t *testing.T, n *testNode, fake *fakeJoinService) string {
+	t.Helper()
+	creds, err := atls.NewCredentials(atls.Config{
+		Verifiers:   []attestation.Verifier{verifier(t, n.attester)},
+		Certificate: clusterpki.NewIdentity(fake.ca, time.Now).Certificate,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(creds))
+	joinservicev1.RegisterJoinServiceServer(srv, fake)
+	return serve(t, srv)
+}
+
+func testTicket(t *testing.T, root string) *joinservicev1.IssueJoinTicketResponse {
+	t.Helper()
+	return &joinservicev1.IssueJoinTicketResponse{
+		StateDiskKey:         random(t, 32),
+		MeasurementSecret:    random(t, 32),
+		MeasurementSalt:      random(t, 32),
+		ApiServerEndpoint:    "192.0.2.1:6443",
+		Token:                "abcdef.0123456789abcdef",
+		KubernetesVersion:    "v1.36.4",
+		KubernetesComponents: []*componentsv1.Component{component(t, root, "kubelet", "kubelet v1.36.4")},
+	}
+}
+
+func newJoinClient(t *testing.T, n *testNode, caHash string, controlPlane bool, endpoints ...string) *JoinClient {
+	t.Helper()
+	c, err := NewJoinClient(JoinConfig{
+		Setup: n.setup, Lock: n.lock, Endpoints: StaticEndpoints(endpoints), Attester: n.attester,
+		CACertHash: caHash, ControlPlane: controlPlane, Backoff: Backoff{Initial: time.Millisecond, Max: 10 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// createToken creates a bootstrap token in env and waits until the
+// bootstrap signer has signed cluster-info with it.
+func createToken(t *testing.T, env *testenv.Env) string {
+	t.Helper()
+	client, err := env.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := bootstraputil.GenerateBootstrapToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, secret, _ := strings.Cut(token, ".")
+	_, err = client.CoreV1().Secrets(metav1.NamespaceSystem).Create(t.Context(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: bootstraputil.BootstrapTokenSecretName(id), Namespace: metav1.NamespaceSystem},
+		Type:       bootstrapapi.SecretTypeBootstrapToken,
+		StringData: map[string]string{
+			bootstrapapi.BootstrapTokenIDKey: id, bootstrapapi.BootstrapTokenSecretKey: secret,
+			bootstrapapi.BootstrapTokenExpirationKey:       time.Now().Add(15 * time.Minute).UTC().Format(time.RFC3339),
+			bootstrapapi.BootstrapTokenUsageAuthentication: "true", bootstrapapi.BootstrapTokenUsageSigningKey: "true",
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		cm, err := client.CoreV1().ConfigMaps(metav1.NamespacePublic).Get(ctx, bootstrapapi.ConfigMapClusterInfo, metav1.GetOptions{})
+		return err == nil && cm.Data[bootstrapapi.JWSSignatureKeyPrefix+id] != "", nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for cluster-info to be signed: %v", err)
+	}
+	return token
+}
+
+// TestJoin: a worker finds the join service on its second endpoint,
+// retries an Unavailable answer, verifies the service by the CA pin, takes
+// the lock with the ticket's cluster ID, re-keys its disk, installs the
+// components and runs the real kubeadm join (dry run), whose discovery
+// checks the ticket's token and CA hash against the real API server.
+func TestJoin(t *testing.T) {
+	env := testenv.New(t, testenv.Options{ControllerManager: true})
+	if err := env.PublishClusterInfo(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := clusterpki.LoadCA(filepath.Join(env.Dir, "pki", "ca.crt"), filepath.Join(env.Dir, "pki", "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newTestNode(t)
+	n.formatDisk(t)
+	first := n.setup.FirstBootKey
+	ticket := testTicket(t, n.setup.Root)
+	ticket.ApiServerEndpoint = strings.TrimPrefix(env.APIServerURL, "https://")
+	ticket.Token = createToken(t, env)
+	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
+	fake := &fakeJoinService{ca: ca, ticket: ticket, unavailable: 1}
+	addr := startJoinService(t, n, fake)
+
+	client := newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), false, "127.0.0.1:1", addr)
+	if err := client.Join(t.Context()); err != nil {
+		t.Fatalf("join: %v\nlogs:\n%s", err, n.logs)
+	}
+	if fake.calls != 2 {
+		t.Errorf("%d calls to the join service, want 2 (one Unavailable)", fake.calls)
+	}
+	id, err := clusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcr, err := tpm2.ReadPCR(n.sim, nodelock.PCR, tpm2.AlgSHA256)
+	if err != nil || !bytes.Equal(pcr, nodelock.ExpectedPCR(id)) || n.lock.Holder() != "join" {
+		t.Fatalf("lock holder %q, PCR 15 %x: want the join's cluster ID", n.lock.Holder(), pcr)
+	}
+	ctx := t.Context()
+	if ok, _ := n.disk.TestKey(ctx, first); ok {
+		t.Error("the first-boot passphrase still opens the disk")
+	}
+	if ok, _ := n.disk.TestKey(ctx, ticket.GetStateDiskKey()); !ok {
+		t.Error("the ticket's disk key does not open the disk")
+	}
+	if salt, err := n.disk.MeasurementSalt(ctx); err != nil || !bytes.Equal(salt, ticket.GetMeasurementSalt()) {
+		t.Errorf("recorded measurement salt: %v", err)
+	}
+	root := n.setup.Root
+	if got := fileMode(t, filepath.Join(root, "usr/local/bin/kubelet")); got != 0o755 {
+		t.Errorf("kubelet installed with mode %v", got)
+	}
+	if got := fileMode(t, filepath.Join(root, kubeadm.KubeletKeyPath)); got != 0o600 {
+		t.Errorf("kubelet key mode %v", got)
+	}
+	certPEM, err := os.ReadFile(filepath.Join(root, kubeadm.KubeletCertPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert, err := parsePEMCert(certPEM); err != nil || cert.Subject.CommonName != "system:node:node-1" {
+		t.Errorf("kubelet certificate: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, KubeadmDir, "join.yaml")); !os.IsNotExist(err) {
+		t.Error("the join configuration (it holds the token) was not removed")
+	}
+	if got := n.runner.subcommands(); got != "join" {
+		t.Errorf("kubeadm subcommands %q, want join", got)
+	}
+	if st, _ := ReadStatus(root); st.Phase != PhaseDone {
+		t.Errorf("status %+v", st)
+	}
+	testkit.AssertNoSecrets(t, n.logs.String(), [][]byte{[]byte(ticket.GetToken()), ticket.GetStateDiskKey(), ticket.GetMeasurementSecret()})
+}
+
+// joinControlPlane joins a fresh node as a control plane whose ticket
+// carries files (kubeadm only recorded).
+func joinControlPlane(t *testing.T, files []*joinservicev1.ControlPlaneFile) (*testNode, error) {
+	t.Helper()
+	ca, _, _, err := clusterpki.GenerateCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newTestNode(t)
+	n.formatDisk(t)
+	n.runner.recordOnly = true
+	ticket := testTicket(t, n.setup.Root)
+	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
+	ticket.ControlPlaneFiles = files
+	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
+	return n, newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), true, addr).Join(t.Context())
+}
+
+// TestJoinControlPlaneFiles: a control plane writes the ticket's PKI
+// files, keys 0600 and certificates 0644.
+func TestJoinControlPlaneFiles(t *testing.T) {
+	n, err := joinControlPlane(t, []*joinservicev1.ControlPlaneFile{
+		{Name: "ca.crt", Data: []byte("ca cert")}, {Name: "ca.key", Data: []byte("ca key")},
+		{Name: "etcd/ca.key", Data: []byte("etcd key")}, {Name: "sa.pub", Data: []byte("sa pub")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, mode := range map[string]os.FileMode{"ca.crt": 0o644, "ca.key": 0o600, "etcd/ca.key": 0o600, "sa.pub": 0o644} {
+		if got := fileMode(t, filepath.Join(n.setup.Root, kubeadm.PKIDir, name)); got != mode {
+			t.Errorf("%s mode %v, want %v", name, got, mode)
+		}
+	}
+}
+
+// TestJoinRefusesEscapingFileNames: a ticket naming a file outside the PKI
+// directory fails the join (after the lock) and writes nothing there.
+func TestJoinRefusesEscapingFileNames(t *testing.T) {
+	n, err := joinControlPlane(t, []*joinservicev1.ControlPlaneFile{{Name: "../../passwd", Data: []byte("x")}})
+	var failed *FailedError
+	if !errors.As(err, &failed) || !strings.Contains(err.Error(), "outside the PKI directory") {
+		t.Fatalf("escaping file name: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(n.setup.Root, "etc/passwd")); !os.IsNotExist(err) {
+		t.Fatal("the escaping file was written")
+	}
+}
+
+// TestJoinFailureAfterLock: kubeadm join fails every bounded attempt (with
+// a reset between); the node reports failed and its disk is marked for
+// reset.
+func TestJoinFailureAfterLock(t *testing.T) {
+	ca, _, _, err := clusterpki.GenerateCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newTestNode(t)
+	n.formatDisk(t)
+	n.runner.recordOnly = true
+	n.runner.fail = map[string]int{"join": 3}
+	n.runner.failOutput = "error execution phase kubelet-start: timed out"
+	ticket := testTicket(t, n.setup.Root)
+	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
+	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
+	err = newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), false, addr).Join(t.Context())
+	var failed *FailedError
+	if !errors.As(err, &failed) || !strings.Contains(err.Error(), "attempt 3 of 3") || !strings.Contains(err.Error(), "kubelet-start") {
+		t.Fatalf("join error %v, want a FailedError after 3 attempts with kubeadm's output", err)
+	}
+	if got := n.runner.subcommands(); got != "join,reset,join,reset,join" {
+		t.Errorf("kubeadm subcommands %s", got)
+	}
+	if st, _ := n.disk.State(t.Context()); st != statedisk.ResetRequested {
+		t.Errorf("disk state %s", st)
+	}
+	if st, _ := ReadStatus(n.setup.Root); st.Phase != PhaseFailed {
+		t.Errorf("status %+v", st)
+	}
+}
+
+// TestJoinRefused: a refusal that retrying cannot change ends the join
+// before the lock, with nothing changed.
+func TestJoinRefused(t *testing.T) {
+	ca, _, _, err := clusterpki.GenerateCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newTestNode(t)
+	n.formatDisk(t)
+	ticket := testTicket(t, n.setup.Root)
+	fake := &fakeJoinService{ca: ca, ticket: ticket, refuse: codes.PermissionDenied}
+	addr := startJoinService(t, n, fake)
+	err = newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), false, addr).Join(t.Context())
+	if status.Code(errors.Unwrap(err)) != codes.PermissionDenied && !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Fatalf("refused join: %v", err)
+	}
+	if n.lock.Locked() || n.runner.subcommands() != "" {
+		t.Fatal("a refused join changed the node")
+	}
+	if ok, _ := n.disk.TestKey(t.Context(), n.setup.FirstBootKey); !ok {
+		t.Fatal("a refused join re-keyed the disk")
+	}
+
+	// A service with another cluster identity is not trusted at all.
+	other, _, _, err := clusterpki.GenerateCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake.refuse = codes.OK
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	err = newJoinClient(t, n, other.DiscoveryTokenCACertHash(), false, addr).Join(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) || n.lock.Locked() {
+		t.Fatalf("join against an untrusted service: %v (locked %v)", err, n.lock.Locked())
+	}
+	if !strings.Contains(n.logs.String(), "cluster") {
+		t.Errorf("the logs do not say why the service was not trusted:\n%s", n.logs)
+	}
+}
