@@ -46,6 +46,11 @@ type InitConfig struct {
 	InitSecretHash []byte
 	// AdminName is the admin kubeconfig's user; "" is DefaultAdminName.
 	AdminName string
+	// ImageRepository and SkipPhases go into kubeadm's init configuration
+	// (e.g. locally built images, and skipping the addons a local cluster
+	// has no images for).
+	ImageRepository string
+	SkipPhases      []string
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 }
@@ -253,6 +258,8 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		ServiceCIDR:       req.GetServiceCidr(),
 		PodCIDR:           req.GetPodCidr(),
 		InitToken:         token,
+		ImageRepository:   s.cfg.ImageRepository,
+		SkipPhases:        s.cfg.SkipPhases,
 	}
 	if _, err := params.Render(); err != nil {
 		return nil, err

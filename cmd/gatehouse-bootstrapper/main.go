@@ -1,0 +1,202 @@
+// Command gatehouse-bootstrapper turns a new machine into a Kubernetes node:
+// it serves InitService (the first control plane) and runs the JoinClient
+// (every other node) until one of them takes the node lock, then exits. It
+// only wires flags to package bootstrapper (docs/bootstrapper.md).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/google/go-tpm/tpmutil"
+	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gatehouse-dev/gatehouse/bootstrapper"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+)
+
+// Exit codes: 1 for errors before the node lock (systemd retries), 2 for
+// a failure after it (the node must be reset; retrying cannot help).
+const (
+	exitError  = 1
+	exitFailed = 2
+)
+
+func main() {
+	level := new(slog.LevelVar)
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := run(log, level); err != nil {
+		log.Error("Bootstrap failed", slog.String("error", err.Error()))
+		var failed *bootstrapper.FailedError
+		if errors.As(err, &failed) {
+			os.Exit(exitFailed)
+		}
+		os.Exit(exitError)
+	}
+}
+
+func run(log *slog.Logger, level *slog.LevelVar) error {
+	hostname, _ := os.Hostname()
+	var (
+		logLevel        = flag.String("log-level", "info", "debug, info, warn or error")
+		nodeName        = flag.String("node-name", strings.ToLower(hostname), "Kubernetes node name")
+		advertise       = flag.String("advertise-address", "", "this node's IP address (required; not loopback)")
+		tpmPath         = flag.String("tpm", "/dev/tpmrm0", "TPM character device or swtpm Unix socket")
+		pcrList         = flag.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
+		stateDisk       = flag.String("state-disk", "", "block device of the LUKS2 state disk (required)")
+		mapperName      = flag.String("state-disk-mapper-name", "gatehouse-state", "device-mapper name of the opened state disk")
+		initListen      = flag.String("init-listen", ":9000", "attested TLS address of InitService")
+		initSecretHash  = flag.String("init-secret-hash-file", "/etc/gatehouse/init-secret.bcrypt", "file with the bcrypt hash of the init secret")
+		endpoints       = flag.String("join-endpoints", "", "comma-separated join service host:port list")
+		endpointsFile   = flag.String("join-endpoints-file", "", "file listing join service host:port endpoints, one per line")
+		caHash          = flag.String("cluster-ca-hash", "", "discovery token CA cert hash (sha256:<hex>) of the cluster to join")
+		controlPlane    = flag.Bool("control-plane", false, "join as a control plane")
+		root            = flag.String("root", "/", "file system root to install into")
+		kubeadmPath     = flag.String("kubeadm", "/usr/local/bin/kubeadm", "kubeadm binary (installed from the pinned components)")
+		criSocket       = flag.String("cri-socket", kubeadm.DefaultCRISocket, "container runtime endpoint")
+		cgroupDriver    = flag.String("cgroup-driver", "systemd", "kubelet cgroup driver: systemd or cgroupfs")
+		cgroupRoot      = flag.String("cgroup-root", "", "kubelet cgroup root (distinct per kubelet on one host)")
+		allowCgroupV1   = flag.Bool("allow-cgroup-v1", false, "let the kubelet run on a cgroup v1 host")
+		allowSwap       = flag.Bool("allow-swap", false, "let the kubelet start with swap on")
+		servingCert     = flag.Bool("kubelet-serving-cert", true, "serve the kubelet with a cluster-CA-signed certificate and verify kubelets in the API server")
+		imageRepo       = flag.String("image-repository", "", "control-plane image repository for kubeadm init")
+		pullPolicy      = flag.String("image-pull-policy", "", "control-plane image pull policy: Always, IfNotPresent or Never")
+		skipPhases      = flag.String("skip-phases", "", "comma-separated kubeadm init phases to skip")
+		ignorePreflight = flag.String("ignore-preflight-errors", "", "comma-separated kubeadm preflight checks to ignore")
+	)
+	flag.Parse()
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	if *advertise == "" || *stateDisk == "" {
+		return errors.New("--advertise-address and --state-disk are required")
+	}
+	pcrs, err := parsePCRs(*pcrList)
+	if err != nil {
+		return err
+	}
+	var source bootstrapper.EndpointSource
+	switch {
+	case *endpointsFile != "":
+		source = bootstrapper.FileEndpoints(*endpointsFile)
+	case *endpoints != "":
+		source = bootstrapper.StaticEndpoints(strings.Split(*endpoints, ","))
+	default:
+		return errors.New("--join-endpoints or --join-endpoints-file is required: the node must know where to join")
+	}
+	hash, err := os.ReadFile(*initSecretHash)
+	if err != nil {
+		return fmt.Errorf("reading the init secret hash: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	rw, err := tpmutil.OpenTPM(*tpmPath)
+	if err != nil {
+		return fmt.Errorf("opening the TPM %s: %w", *tpmPath, err)
+	}
+	defer rw.Close()
+	attester, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: pcrs})
+	if err != nil {
+		return fmt.Errorf("creating the attestation key: %w", err)
+	}
+	defer attester.Close()
+	lock, err := nodelock.New(rw)
+	if err != nil {
+		return err
+	}
+	disk, err := statedisk.New(*stateDisk)
+	if err != nil {
+		return err
+	}
+	setup := &bootstrapper.Setup{
+		Root:      *root,
+		Disk:      disk,
+		Installer: installer.New(installer.Options{Log: log}),
+		Kubeadm:   bootstrapper.ExecRunner{Path: *kubeadmPath},
+		Node: kubeadm.Node{
+			Name: *nodeName, AdvertiseAddress: *advertise, CRISocket: *criSocket,
+			ImagePullPolicy: corev1.PullPolicy(*pullPolicy), IgnorePreflightErrors: splitList(*ignorePreflight),
+		},
+		Kubelet: kubeadm.KubeletOptions{
+			CgroupDriver: *cgroupDriver, CgroupRoot: *cgroupRoot, AllowCgroupV1: *allowCgroupV1,
+			AllowSwap: *allowSwap, ServingCert: *servingCert,
+		},
+		Log: log,
+	}
+	initServer, err := bootstrapper.NewInitServer(bootstrapper.InitConfig{
+		Setup: setup, Lock: lock, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
+		ImageRepository: *imageRepo, SkipPhases: splitList(*skipPhases),
+	})
+	if err != nil {
+		return err
+	}
+	join, err := bootstrapper.NewJoinClient(bootstrapper.JoinConfig{
+		Setup: setup, Lock: lock, Endpoints: source, Attester: attester,
+		CACertHash: *caHash, ControlPlane: *controlPlane,
+	})
+	if err != nil {
+		return err
+	}
+	creds, err := atls.NewCredentials(atls.Config{Attester: attester})
+	if err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", *initListen)
+	if err != nil {
+		return fmt.Errorf("listening for InitService: %w", err)
+	}
+	cfg := bootstrapper.Config{
+		Setup: setup, Lock: lock, Disk: disk,
+		Init: initServer, InitServer: grpc.NewServer(grpc.Creds(creds)), InitListener: lis,
+		Join: join, Kubelet: bootstrapper.SystemdKubelet{},
+	}
+	if ok, why := statedisk.DeviceMapperAvailable(); ok {
+		cfg.Opener, cfg.MapperName = disk, *mapperName
+	} else {
+		log.Warn("The state disk will not be opened after a reboot", "reason", why)
+	}
+	return bootstrapper.Run(ctx, cfg)
+}
+
+func parsePCRs(list string) ([]int, error) {
+	var pcrs []int
+	for _, f := range splitList(list) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 || n > 23 {
+			return nil, fmt.Errorf("--pcrs: %q is not a PCR index 0-23", f)
+		}
+		pcrs = append(pcrs, n)
+	}
+	for _, p := range pcrs {
+		if p == nodelock.PCR {
+			return pcrs, nil
+		}
+	}
+	return nil, fmt.Errorf("--pcrs must include the node lock PCR %d", nodelock.PCR)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
