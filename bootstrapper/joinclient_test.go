@@ -45,6 +45,8 @@ type fakeJoinService struct {
 	refuse      codes.Code // if set, refuse every call with it
 	calls       int
 	ticket      *joinservicev1.IssueJoinTicketResponse
+	// onIssue, if set, runs as a join ticket is returned.
+	onIssue func()
 }
 
 func (s *fakeJoinService) answer() error {
@@ -75,6 +77,12 @@ func (s *fakeJoinService) IssueJoinTicket(_ context.Context, req *joinservicev1.
 	}
 	t := proto.CloneOf(s.ticket)
 	t.KubeletCert = cert
+	s.mu.Lock()
+	onIssue := s.onIssue
+	s.mu.Unlock()
+	if onIssue != nil {
+		onIssue()
+	}
 	return t, nil
 }
 
