@@ -27,14 +27,15 @@ tools: ## Install the pinned Go tools into the cache
 	hack/go-tools.sh >/dev/null
 
 .PHONY: generate
-generate: tools ## Regenerate code from api/*.proto with buf
+generate: tools ## Regenerate code: api/*.proto with buf, the versions table from its data file
 	buf lint
 	buf generate
+	go generate ./internal/versions
 
 .PHONY: check-generate
-check-generate: generate ## Fail when regenerating changes anything under api/
-	@if [[ -n "$$(git status --porcelain -- api)" ]]; then \
-		git status --porcelain -- api; git diff -- api | head -50; \
+check-generate: generate ## Fail when regenerating changes any generated code
+	@if [[ -n "$$(git status --porcelain -- api internal/versions)" ]]; then \
+		git status --porcelain -- api internal/versions; git diff -- api internal/versions | head -50; \
 		echo "generated code is out of date: run 'make generate' and commit the result" >&2; exit 1; fi
 
 .PHONY: lint

@@ -1,0 +1,87 @@
+package versions
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
+)
+
+func TestSupported(t *testing.T) {
+	want := []string{"v1.36.4", "v1.35.8", "v1.34.11", "v1.33.11"}
+	if got := Supported(); !slices.Equal(got, want) {
+		t.Fatalf("supported %v, want the newest patch of each minor in the data file: %v", got, want)
+	}
+	if Default().Version != "v1.36.4" {
+		t.Fatalf("default %s", Default().Version)
+	}
+}
+
+func TestResolve(t *testing.T) {
+	for _, tc := range []struct {
+		in, want, err string
+	}{
+		{in: "1.35", want: "v1.35.8"},
+		{in: "v1.35", want: "v1.35.8"},
+		{in: "v1.36.4", want: "v1.36.4"},
+		{in: "1.34.11", want: "v1.34.11"},
+		{in: "v1.35.7", err: "not supported"},
+		{in: "1.32", err: "not supported: supported are v1.36.4, v1.35.8, v1.34.11, v1.33.11"},
+		{in: "latest", err: "malformed"},
+		{in: "v2.0.0", err: "malformed"},
+		{in: "1.36.4-rc.0", err: "malformed"},
+		{in: "", err: "malformed"},
+	} {
+		r, err := Resolve(tc.in)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("Resolve(%q) = %v, %v; want an error containing %q", tc.in, r.Version, err, tc.err)
+		case tc.err == "" && (err != nil || r.Version != tc.want):
+			t.Errorf("Resolve(%q) = %v, %v; want %s", tc.in, r.Version, err, tc.want)
+		}
+	}
+}
+
+// TestComponents: every release has the five components in install order
+// for both architectures, each valid for the installer and matching its
+// release's version and architecture.
+func TestComponents(t *testing.T) {
+	for _, v := range Supported() {
+		r, err := Resolve(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, arch := range Architectures {
+			list, err := r.Components(arch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, c := range list {
+				names = append(names, c.Name)
+				if !strings.Contains(c.URL, arch) {
+					t.Errorf("%s %s %s: URL %s is not for %s", v, arch, c.Name, c.URL, arch)
+				}
+				if strings.HasPrefix(c.Name, "kube") && !strings.Contains(c.URL, "/"+v+"/") {
+					t.Errorf("%s %s: URL %s is not for %s", v, c.Name, c.URL, v)
+				}
+			}
+			if got := strings.Join(names, ","); got != "kubelet,kubeadm,kubectl,crictl,cni-plugins" {
+				t.Errorf("%s %s: components %s", v, arch, got)
+			}
+			protos, err := r.Proto(arch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range protos {
+				if err := installer.Validate(p); err != nil {
+					t.Errorf("%s %s: %v", v, arch, err)
+				}
+			}
+		}
+	}
+	if _, err := Default().Components("riscv64"); err == nil || !strings.Contains(err.Error(), "amd64, arm64") {
+		t.Fatalf("unknown architecture: %v", err)
+	}
+}
