@@ -89,7 +89,7 @@ var versionRE = regexp.MustCompile(`^v?1\.(\d+)(?:\.(\d+))?$`)
 func Resolve(v string) (Release, error) {
 	m := versionRE.FindStringSubmatch(strings.TrimSpace(v))
 	if m == nil {
-		return Release{}, fmt.Errorf("Kubernetes version %q is malformed: use 1.MINOR or v1.MINOR.PATCH; supported: %s", v, strings.Join(Supported(), ", "))
+		return Release{}, fmt.Errorf("kubernetes version %q is malformed: use 1.MINOR or v1.MINOR.PATCH; supported: %s", v, strings.Join(Supported(), ", "))
 	}
 	for _, r := range releases {
 		minor := strings.Split(r.Version, ".")[1]
@@ -100,5 +100,5 @@ func Resolve(v string) (Release, error) {
 			return r, nil
 		}
 	}
-	return Release{}, fmt.Errorf("Kubernetes version %q is not supported: supported are %s (a minor version such as 1.%s picks its patch release)", v, strings.Join(Supported(), ", "), strings.Split(releases[0].Version, ".")[1])
+	return Release{}, fmt.Errorf("kubernetes version %q is not supported: supported are %s (a minor version such as 1.%s picks its patch release)", v, strings.Join(Supported(), ", "), strings.Split(releases[0].Version, ".")[1])
 }
