@@ -282,6 +282,13 @@ func (s *InitServer) run(j *initJob, p *initPlan) {
 	if err != nil {
 		s.cfg.Setup.Log.Error("Init failed", "error", err.Error())
 		log.Error("Init failed", "error", err.Error())
+		if get := s.cfg.Setup.KubeletLogs; get != nil && s.cfg.Lock.Holder() == "init" {
+			kubelet, kerr := get(context.Background())
+			if kerr != nil {
+				log.Warn("Reading the kubelet's log failed", "error", kerr.Error())
+			}
+			log.Info("kubelet log", "output", string(kubelet))
+		}
 		if s.cfg.Lock.Holder() == "init" {
 			// Past the point of no return: report and mark for reset.
 			if rerr := s.cfg.Setup.Disk.MarkForReset(context.Background()); rerr != nil {

@@ -369,6 +369,9 @@ func TestInitFailureAfterLock(t *testing.T) {
 	f := newInitFixture(t)
 	f.node.runner.fail = map[string]int{"init": 1}
 	f.node.runner.failOutput = "[wait-control-plane] timed out waiting for the API server"
+	f.node.setup.KubeletLogs = func(context.Context) ([]byte, error) {
+		return []byte("E1122 kubelet.go:1 \"Failed to run kubelet\" err=\"cgroup v1\""), nil
+	}
 	stream, err := f.client.Init(t.Context(), f.req)
 	if err != nil {
 		t.Fatal(err)
@@ -382,8 +385,8 @@ func TestInitFailureAfterLock(t *testing.T) {
 		t.Fatalf("final message %v, want a kubeadm init failure", final)
 	}
 	logs := gunzip(t, failure.GetLogsGzip())
-	if !strings.Contains(logs, "timed out waiting for the API server") {
-		t.Fatalf("failure logs lack kubeadm's output:\n%s", logs)
+	if !strings.Contains(logs, "timed out waiting for the API server") || !strings.Contains(logs, "Failed to run kubelet") {
+		t.Fatalf("failure logs lack kubeadm's or the kubelet's output:\n%s", logs)
 	}
 	_, diskKey := f.expected(t)
 	testkit.AssertNoSecrets(t, logs+f.node.logs.String(), [][]byte{f.secret, f.master, diskKey})

@@ -63,6 +63,14 @@ type Setup struct {
 	Node    kubeadm.Node
 	Kubelet kubeadm.KubeletOptions
 	Log     *slog.Logger
+	// KubeletLogs returns the kubelet's recent log for failure reports;
+	// nil reports none. JournalKubeletLogs reads systemd's journal.
+	KubeletLogs func(ctx context.Context) ([]byte, error)
+}
+
+// JournalKubeletLogs returns the last 200 lines of kubelet.service's log.
+func JournalKubeletLogs(ctx context.Context) ([]byte, error) {
+	return runCommand(ctx, "journalctl", "--unit", "kubelet.service", "--lines", "200", "--no-pager", "--output", "short-iso")
 }
 
 // path returns p (absolute on the node) under Root.

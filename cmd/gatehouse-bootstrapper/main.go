@@ -137,7 +137,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 			CgroupDriver: *cgroupDriver, CgroupRoot: *cgroupRoot, AllowCgroupV1: *allowCgroupV1,
 			AllowSwap: *allowSwap, ServingCert: *servingCert,
 		},
-		Log: log,
+		Log:         log,
+		KubeletLogs: bootstrapper.JournalKubeletLogs,
 	}
 	initServer, err := bootstrapper.NewInitServer(bootstrapper.InitConfig{
 		Setup: setup, Lock: lock, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
