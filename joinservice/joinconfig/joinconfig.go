@@ -177,21 +177,42 @@ func parseComponents(data []byte) ([]*componentsv1.Component, error) {
 }
 
 func parseAttestationPolicy(data []byte, variant attestation.Variant, now func() time.Time) (attestation.Verifier, string, error) {
-	jsonData, err := yaml.YAMLToJSONStrict(data)
+	p, err := DecodeAttestationPolicy(data)
 	if err != nil {
-		return nil, "", err
-	}
-	var p AttestationPolicy
-	dec := json.NewDecoder(bytes.NewReader(jsonData))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
 		return nil, "", err
 	}
 	if p.Variant != string(variant) {
 		return nil, "", fmt.Errorf("variant %q differs from the service's variant %q", p.Variant, variant)
 	}
+	return p.Verifier(now, nil)
+}
+
+// DecodeAttestationPolicy decodes YAML (or JSON) strictly: unknown fields
+// are errors.
+func DecodeAttestationPolicy(data []byte) (AttestationPolicy, error) {
+	var p AttestationPolicy
+	jsonData, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return p, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(jsonData))
+	dec.DisallowUnknownFields()
+	err = dec.Decode(&p)
+	return p, err
+}
+
+// Verifier returns the verifier of p and a summary of it for logs (variant,
+// PCRs, a digest of the reference values). The node-lock PCR must hold
+// lockPCR: nil means zero, a node that has not taken its node lock, which
+// is what key-issuing endpoints require; a verifier of a running node
+// passes the value its cluster ID extended into it.
+func (p AttestationPolicy) Verifier(now func() time.Time, lockPCR []byte) (attestation.Verifier, string, error) {
+	variant, err := attestation.ParseVariant(p.Variant)
+	if err != nil {
+		return nil, "", err
+	}
 	if variant != attestation.VariantTPM {
-		return nil, "", fmt.Errorf("variant %q has no join policy format yet; use tpm", variant)
+		return nil, "", fmt.Errorf("variant %q has no policy format yet; use tpm", variant)
 	}
 	if !slices.Contains(p.PCRs, NodeLockPCR) {
 		return nil, "", fmt.Errorf("pcrs must include the node-lock PCR %d", NodeLockPCR)
@@ -203,9 +224,12 @@ func parseAttestationPolicy(data []byte, variant attestation.Variant, now func()
 		}
 	}
 	if _, ok := ref[NodeLockPCR]; ok {
-		return nil, "", fmt.Errorf("referenceValues must not set PCR %d: the join service always requires the node-lock PCR to be zero", NodeLockPCR)
+		return nil, "", fmt.Errorf("referenceValues must not set PCR %d: it holds the node lock, always checked", NodeLockPCR)
 	}
-	ref[NodeLockPCR] = measurements.Measurement{Expected: make([]byte, 32)}
+	if lockPCR == nil {
+		lockPCR = make([]byte, 32)
+	}
+	ref[NodeLockPCR] = measurements.Measurement{Expected: lockPCR}
 	endorsement, err := parseEndorsement(p)
 	if err != nil {
 		return nil, "", err

@@ -1,0 +1,195 @@
+// Package clusterconfig is the cluster configuration file the CLI reads
+// (gatehouse-config.yaml): cluster name, Kubernetes version, attestation
+// policy (variant, PCRs, reference values, trusted attestation keys) and
+// networking. `gatehouse config generate` writes a commented one.
+package clusterconfig
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"text/template"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/versions"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
+)
+
+// DefaultPath is the configuration file's default name.
+const DefaultPath = "gatehouse-config.yaml"
+
+// Config is the cluster configuration.
+type Config struct {
+	// Name is the cluster name, a DNS-1123 label.
+	Name string `json:"name"`
+	// KubernetesVersion is 1.MINOR or v1.MINOR.PATCH, resolved with
+	// package versions.
+	KubernetesVersion string `json:"kubernetesVersion"`
+	// Attestation is the appraisal policy of the cluster's nodes, in the
+	// join service's format (docs/joinservice.md).
+	Attestation joinconfig.AttestationPolicy `json:"attestation"`
+	// Networking holds the cluster's CIDRs.
+	Networking Networking `json:"networking"`
+	// APIServerCertSANs are extra API server certificate names.
+	APIServerCertSANs []string `json:"apiServerCertSANs,omitempty"`
+}
+
+// Networking holds the cluster's CIDRs.
+type Networking struct {
+	ServiceCIDR string `json:"serviceCIDR"`
+	PodCIDR     string `json:"podCIDR"`
+}
+
+// Load reads and validates the configuration at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the cluster configuration: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes YAML strictly and validates it. Errors name every field
+// that is wrong.
+func Parse(data []byte) (*Config, error) {
+	jsonData, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, err
+	}
+	var c Config
+	dec := json.NewDecoder(bytes.NewReader(jsonData))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, err
+	}
+	return &c, c.Validate()
+}
+
+// Validate checks every field.
+func (c *Config) Validate() error {
+	var errs []error
+	if msgs := validation.IsDNS1123Label(c.Name); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("name %q: %v", c.Name, msgs))
+	}
+	if _, err := versions.Resolve(c.KubernetesVersion); err != nil {
+		errs = append(errs, fmt.Errorf("kubernetesVersion: %w", err))
+	}
+	if _, err := c.Verifier(nil); err != nil {
+		errs = append(errs, fmt.Errorf("attestation: %w", err))
+	} else if ref, err := measurements.Parse(c.Attestation.ReferenceValues, 32); err != nil || len(ref) == 0 {
+		errs = append(errs, errors.New("attestation.referenceValues is empty: a policy without reference values accepts any software"))
+	}
+	prefixes := map[string]netip.Prefix{}
+	for name, s := range map[string]string{"networking.serviceCIDR": c.Networking.ServiceCIDR, "networking.podCIDR": c.Networking.PodCIDR} {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %q is not a CIDR such as 10.96.0.0/12", name, s))
+			continue
+		}
+		prefixes[name] = p
+	}
+	if s, p := prefixes["networking.serviceCIDR"], prefixes["networking.podCIDR"]; s.IsValid() && p.IsValid() && s.Overlaps(p) {
+		errs = append(errs, fmt.Errorf("networking.serviceCIDR %s and networking.podCIDR %s overlap", s, p))
+	}
+	for _, san := range c.APIServerCertSANs {
+		if _, err := netip.ParseAddr(san); err != nil && len(validation.IsDNS1123Subdomain(san)) > 0 {
+			errs = append(errs, fmt.Errorf("apiServerCertSANs: %q is neither an IP address nor a DNS name", san))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Verifier returns the verifier of the nodes' evidence. lockPCR is what
+// PCR 15 must hold: nil for a node before init or join (zero), the value
+// its cluster ID extended into it for a running node.
+func (c *Config) Verifier(lockPCR []byte) (attestation.Verifier, error) {
+	v, _, err := c.Attestation.Verifier(time.Now, lockPCR)
+	return v, err
+}
+
+// Release returns the Kubernetes release of the configuration.
+func (c *Config) Release() (versions.Release, error) { return versions.Resolve(c.KubernetesVersion) }
+
+// TemplateValues fill the commented configuration Generate writes.
+type TemplateValues struct {
+	Name              string
+	KubernetesVersion string
+	// ReferenceValues is the JSON of the expected PCR values (package
+	// measurements' format), e.g. computed from what the nodes boot.
+	ReferenceValues string
+	// PCRs is the quoted selection; it must include 15.
+	PCRs []int
+	// PinnedAKs are PEM public keys of trusted attestation keys.
+	PinnedAKs            []string
+	ServiceCIDR, PodCIDR string
+}
+
+var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap{
+	"json": func(v any) (string, error) {
+		b, err := json.Marshal(v)
+		return string(b), err
+	},
+	"supported": func() string { return fmt.Sprint(versions.Supported()) },
+}).Parse(`# Gatehouse cluster configuration (docs/quickstart.md).
+# Every field is checked when a command reads this file.
+
+# Cluster name: a DNS-1123 label (lowercase letters, digits, '-').
+name: {{.Name}}
+
+# Kubernetes version: 1.MINOR picks that minor's supported patch release.
+# Supported: {{supported}}
+kubernetesVersion: {{.KubernetesVersion}}
+
+# How nodes prove what they run (remote attestation, IETF RATS terms).
+attestation:
+  # Attestation variant: tpm (TPM 2.0 quotes). sev-snp and tdx verifiers exist;
+  # their policy format here is still to come.
+  variant: tpm
+  # SHA-256 PCRs every quote must cover. 15 is the node lock: it must be zero
+  # when a node asks for keys, and holds the cluster ID afterwards.
+  pcrs: {{json .PCRs}}
+  # Reference values: per PCR the expected value (hex) and whether a mismatch
+  # only warns. Never list PCR 15 here.
+  referenceValues: {{.ReferenceValues}}
+  # Trusted attestation keys (PEM public keys). Alternatively set akRoots to a
+  # PEM bundle of CA certificates that AK certificates chain to.
+  pinnedAKs:
+{{- range .PinnedAKs}}
+    - {{json .}}
+{{- else}} []
+{{- end}}
+
+networking:
+  # Cluster IPs of Services.
+  serviceCIDR: {{.ServiceCIDR}}
+  # Pod addresses; must not overlap serviceCIDR.
+  podCIDR: {{.PodCIDR}}
+
+# Extra names (DNS names or IPs) for the API server's certificate.
+apiServerCertSANs: []
+`))
+
+// Generate renders a commented configuration from v and checks that it
+// parses and validates.
+func Generate(v TemplateValues) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := configTemplate.Execute(&buf, v); err != nil {
+		return nil, err
+	}
+	if _, err := Parse(buf.Bytes()); err != nil {
+		return nil, fmt.Errorf("the generated configuration is invalid: %w", err)
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,142 @@
+package cli
+
+import (
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/versions"
+)
+
+func newConfigCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Work with the cluster configuration file",
+	}
+	cmd.AddCommand(newConfigGenerateCmd())
+	return cmd
+}
+
+func newConfigGenerateCmd() *cobra.Command {
+	var (
+		out, name, version, refFile, serviceCIDR, podCIDR string
+		akFiles                                           []string
+		pcrs                                              []int
+		force                                             bool
+	)
+	cmd := &cobra.Command{
+		Use:   "generate",
+		Short: "Write a commented cluster configuration",
+		Long: "Write a commented cluster configuration file. The attestation policy needs the\n" +
+			"reference values of what the nodes boot (--reference-values, a JSON or YAML map of\n" +
+			"PCR index to {expected: <hex>, warnOnly: <bool>}) and the nodes' trusted\n" +
+			"attestation keys (--pinned-ak, PEM public keys).",
+		Example: "  gatehouse config generate --reference-values refs.yaml --pinned-ak ak.pem",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if refFile == "" || len(akFiles) == 0 {
+				return errors.New("--reference-values and at least one --pinned-ak are required: " +
+					"without them the policy would accept any software or any TPM")
+			}
+			rawRefs, err := os.ReadFile(refFile)
+			if err != nil {
+				return fmt.Errorf("--reference-values: %w", err)
+			}
+			refs, err := measurements.Parse(rawRefs, 32)
+			if err != nil {
+				return fmt.Errorf("--reference-values %s: %w", refFile, err)
+			}
+			refYAML, err := refs.Marshal()
+			if err != nil {
+				return err
+			}
+			refJSON, err := yaml.YAMLToJSON(refYAML)
+			if err != nil {
+				return err
+			}
+			var aks []string
+			for _, f := range akFiles {
+				pem, err := os.ReadFile(f)
+				if err != nil {
+					return fmt.Errorf("--pinned-ak: %w", err)
+				}
+				aks = append(aks, strings.TrimSpace(string(pem))+"\n")
+			}
+			release, err := versions.Resolve(version)
+			if err != nil {
+				return fmt.Errorf("--kubernetes-version: %w", err)
+			}
+			data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
+				Name: name, KubernetesVersion: release.Version, ReferenceValues: string(refJSON),
+				PCRs: pcrs, PinnedAKs: aks, ServiceCIDR: serviceCIDR, PodCIDR: podCIDR,
+			})
+			if err != nil {
+				return err
+			}
+			if err := writeNew(out, data, 0o644, force); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Wrote %s (Kubernetes %s). Review it, then run: gatehouse init --config %s --node <address>\n", out, release.Version, out)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&out, "output", "o", clusterconfig.DefaultPath, "file to write")
+	f.StringVar(&name, "name", "gatehouse", "cluster name (DNS-1123 label)")
+	f.StringVar(&version, "kubernetes-version", versions.Default().Version, "Kubernetes version: 1.MINOR or v1.MINOR.PATCH; supported: "+strings.Join(versions.Supported(), ", "))
+	f.StringVar(&refFile, "reference-values", "", "file with the expected PCR values (JSON or YAML)")
+	f.StringArrayVar(&akFiles, "pinned-ak", nil, "PEM public key of a trusted attestation key (repeatable)")
+	f.IntSliceVar(&pcrs, "pcrs", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15}, "SHA-256 PCRs quotes must cover; must include 15")
+	f.StringVar(&serviceCIDR, "service-cidr", "10.96.0.0/12", "Service CIDR")
+	f.StringVar(&podCIDR, "pod-cidr", "10.244.0.0/16", "pod CIDR")
+	f.BoolVar(&force, "force", false, "overwrite an existing file")
+	return cmd
+}
+
+// writeNew writes data to path with mode; unless force, an existing file
+// is an error naming it.
+func writeNew(path string, data []byte, mode fs.FileMode, force bool) error {
+	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
+	if force {
+		flags = os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	}
+	f, err := os.OpenFile(path, flags, mode)
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%s exists; move it away or choose another file (--force overwrites configuration files)", path)
+	}
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(data)
+	if err := errors.Join(werr, f.Close()); err != nil {
+		_ = os.Remove(path)
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func gunzip(data []byte) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(io.LimitReader(zr, 16<<20))
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,309 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-tpm-tools/simulator"
+	"golang.org/x/crypto/bcrypt"
+	"google.golang.org/grpc"
+	"k8s.io/client-go/tools/clientcmd"
+
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+)
+
+var bootArtefacts = []tpm.Artefact{tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1"))}
+
+// Fakes for what the node changes; the InitServer, the node lock and the
+// attested TLS are real.
+type memDisk struct{}
+
+func (memDisk) UUID(context.Context) (string, error) {
+	return "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b", nil
+}
+func (memDisk) Rekey(context.Context, []byte, []byte) error              { return nil }
+func (memDisk) MarkInitialised(context.Context, []byte) error            { return nil }
+func (memDisk) MarkForReset(context.Context) error                       { return nil }
+func (memDisk) Install(context.Context, []*componentsv1.Component) error { return nil }
+
+type fakeKubeadm struct {
+	mu    sync.Mutex
+	calls []string
+	fail  bool
+}
+
+func (k *fakeKubeadm) Run(_ context.Context, args ...string) ([]byte, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = append(k.calls, args[0])
+	if k.fail && args[0] == "init" {
+		return []byte("[kubelet-check] the kubelet is not healthy"), fmt.Errorf("exit status 1")
+	}
+	return nil, nil
+}
+
+// node serves InitService like a booted node: simulated TPM, real
+// InitServer over attested TLS.
+type node struct {
+	addr    string
+	akPEM   string
+	lock    *nodelock.Lock
+	kubeadm *fakeKubeadm
+	secret  string
+}
+
+func startNode(t *testing.T) *node {
+	t.Helper()
+	sim, err := simulator.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	if _, err := tpm.MeasureBoot(sim, bootArtefacts); err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: []int{0, 4, 15}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	lock, err := nodelock.New(sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{lock: lock, kubeadm: &fakeKubeadm{}, secret: "init-secret-of-the-test"}
+	hash, err := bcrypt.GenerateFromPassword([]byte(n.secret), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := &bootstrapper.Setup{
+		Root: t.TempDir(), Disk: memDisk{}, FirstBootKey: []byte("first"), Installer: memDisk{}, Kubeadm: n.kubeadm,
+		Node: kubeadm.Node{Name: "cp-0", AdvertiseAddress: "192.0.2.10"}, Log: slog.New(slog.DiscardHandler),
+	}
+	srv, err := bootstrapper.NewInitServer(bootstrapper.InitConfig{Setup: setup, Lock: lock, InitSecretHash: hash})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := atls.NewCredentials(atls.Config{Attester: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.Creds(creds))
+	initservicev1.RegisterInitServiceServer(g, srv)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	n.addr = lis.Addr().String()
+	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.akPEM = string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki}))
+	return n
+}
+
+// writeConfig runs `config generate` for n's boot and AK into dir.
+func writeConfig(t *testing.T, dir string, n *node, tamper bool) string {
+	t.Helper()
+	ref, err := tpm.ReferenceValues(bootArtefacts, []int{0, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tamper {
+		m := ref[4]
+		m.Expected = bytes.Repeat([]byte{0xee}, 32)
+		ref[4] = m
+	}
+	refJSON, err := ref.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	refFile, akFile := filepath.Join(dir, "refs.json"), filepath.Join(dir, "ak.pem")
+	if err := os.WriteFile(refFile, refJSON, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(akFile, []byte(n.akPEM), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, clusterconfig.DefaultPath)
+	run(t, "config", "generate", "--output", out, "--reference-values", refFile, "--pinned-ak", akFile, "--pcrs", "0,4,15", "--name", "test")
+	return out
+}
+
+// run runs the CLI with args and returns its output; it fails the test on
+// an error.
+func run(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := runErr(t, args...)
+	if err != nil {
+		t.Fatalf("gatehouse %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func runErr(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := NewRootCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(t.Context())
+	return out.String(), err
+}
+
+func TestInit(t *testing.T) {
+	n := startNode(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	config := writeConfig(t, dir, n, false)
+	if err := os.WriteFile("secret", []byte(n.secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := run(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret")
+	for _, want := range []string{"[node-lock]", "[kubeadm-init]", "[admin-kubeconfig]", "is initialised", DefaultKubeconfig} {
+		if !strings.Contains(out, want) {
+			t.Errorf("init output lacks %q:\n%s", want, out)
+		}
+	}
+	for file, mode := range map[string]os.FileMode{DefaultKubeconfig: 0o600, DefaultMasterSecretFile: 0o600, DefaultStateFile: 0o600} {
+		fi, err := os.Stat(file)
+		if err != nil || fi.Mode().Perm() != mode {
+			t.Errorf("%s: %v, mode %v; want %v", file, err, fi.Mode().Perm(), mode)
+		}
+	}
+	if _, err := clientcmd.LoadFromFile(DefaultKubeconfig); err != nil {
+		t.Error(err)
+	}
+	state, err := ReadState(DefaultStateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state.Phase != "initialised" || len(state.ClusterID) != 64 || !n.lock.Locked() {
+		t.Fatalf("state %+v, node locked %v", state, n.lock.Locked())
+	}
+	if _, err := hex.DecodeString(state.MeasurementSalt); err != nil {
+		t.Fatal(err)
+	}
+
+	// Again: the cluster exists, and the master secret is never overwritten.
+	secretBefore, _ := os.ReadFile(DefaultMasterSecretFile)
+	if out, err := runErr(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret"); err == nil || !strings.Contains(err.Error(), "already initialised") {
+		t.Fatalf("second init: %v\n%s", err, out)
+	}
+	if secretAfter, _ := os.ReadFile(DefaultMasterSecretFile); !bytes.Equal(secretBefore, secretAfter) {
+		t.Fatal("the master secret file changed")
+	}
+	if err := os.Remove(DefaultStateFile); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runErr(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret"); err == nil || !strings.Contains(err.Error(), "exists") {
+		t.Fatalf("init over an existing master secret file: %v", err)
+	}
+}
+
+// TestInitRefusesTamperedNode: a node whose measurements differ from the
+// configuration gets nothing, and init says why without retrying.
+func TestInitRefusesTamperedNode(t *testing.T) {
+	n := startNode(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	config := writeConfig(t, dir, n, true)
+	if err := os.WriteFile("secret", []byte(n.secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runErr(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret")
+	if err == nil || !strings.Contains(err.Error(), "did not prove it runs what the configuration expects") || !strings.Contains(err.Error(), "index 4") {
+		t.Fatalf("init of a tampered node: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "retrying") || n.lock.Locked() || len(n.kubeadm.calls) != 0 {
+		t.Fatalf("the tampered node was retried or changed:\n%s", out)
+	}
+}
+
+// TestInitFailureShowsLogs: a failed init reports the node's error and
+// saves its logs.
+func TestInitFailureShowsLogs(t *testing.T) {
+	n := startNode(t)
+	n.kubeadm.fail = true
+	dir := t.TempDir()
+	t.Chdir(dir)
+	config := writeConfig(t, dir, n, false)
+	if err := os.WriteFile("secret", []byte(n.secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runErr(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret")
+	if err == nil || !strings.Contains(err.Error(), "kubeadm init failed") {
+		t.Fatalf("failed init: %v\n%s", err, out)
+	}
+	logs, rerr := os.ReadFile("gatehouse-init-failure.log")
+	if rerr != nil || !strings.Contains(string(logs), "the kubelet is not healthy") {
+		t.Fatalf("failure log: %v\n%s", rerr, logs)
+	}
+}
+
+func TestInitWaitsForUnreachableNode(t *testing.T) {
+	n := startNode(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	config := writeConfig(t, dir, n, false)
+	if err := os.WriteFile("secret", []byte(n.secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runErr(t, "init", "--config", config, "--node", "127.0.0.1:1", "--init-secret-file", "secret", "--timeout", "1500ms")
+	if err == nil || !strings.Contains(err.Error(), "giving up") || !strings.Contains(out, "not reachable") {
+		t.Fatalf("unreachable node: %v\n%s", err, out)
+	}
+}
+
+func TestConfigGenerate(t *testing.T) {
+	n := startNode(t)
+	dir := t.TempDir()
+	config := writeConfig(t, dir, n, false)
+	cfg, err := clusterconfig.Load(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Name != "test" || cfg.KubernetesVersion == "" {
+		t.Fatalf("config %+v", cfg)
+	}
+	data, _ := os.ReadFile(config)
+	if !strings.Contains(string(data), "# Kubernetes version") {
+		t.Fatalf("the configuration has no comments:\n%s", data)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"config", "generate", "--output", config}, "--reference-values and at least one --pinned-ak"},
+		{[]string{"config", "generate", "--output", filepath.Join(dir, "x.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--kubernetes-version", "1.20"}, "not supported"},
+		{[]string{"config", "generate", "--output", config, "--reference-values", filepath.Join(dir, "refs.json"), "--pinned-ak", filepath.Join(dir, "ak.pem")}, "exists"},
+		{[]string{"config", "generate", "--output", filepath.Join(dir, "y.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--pcrs", "0,4"}, "must include the node-lock PCR 15"},
+		{[]string{"config", "generate", "--output", filepath.Join(dir, "z.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--pod-cidr", "10.96.0.0/16"}, "overlap"},
+	} {
+		if out, err := runErr(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v (%s), want an error containing %q", tc.args, err, out, tc.want)
+		}
+	}
+}
