@@ -63,11 +63,13 @@ func (k *fakeKubeadm) Run(_ context.Context, args ...string) ([]byte, error) {
 // node serves InitService like a booted node: simulated TPM, real
 // InitServer over attested TLS.
 type node struct {
-	addr    string
-	akPEM   string
-	lock    *nodelock.Lock
-	kubeadm *fakeKubeadm
-	secret  string
+	addr string
+	// evidence serves the node's evidence (atls.ServeEvidence).
+	evidence string
+	akPEM    string
+	lock     *nodelock.Lock
+	kubeadm  *fakeKubeadm
+	secret   string
 }
 
 func startNode(t *testing.T) *node {
@@ -115,6 +117,12 @@ func startNode(t *testing.T) *node {
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
 	n.addr = lis.Addr().String()
+	elis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = atls.ServeEvidence(t.Context(), elis, a) }()
+	n.evidence = elis.Addr().String()
 	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,9 @@
 // Command gatehouse-bootstrapper turns a new machine into a Kubernetes node:
 // it serves InitService (the first control plane) and runs the JoinClient
-// (every other node) until one of them takes the node lock, then exits. It
-// only wires flags to package bootstrapper (docs/bootstrapper.md).
+// (every other node) until one of them takes the node lock, then exits.
+// `gatehouse-bootstrapper serve-evidence` instead serves the node's fresh
+// evidence to verifiers such as `gatehouse verify` for as long as it runs.
+// It only wires flags to package bootstrapper (docs/bootstrapper.md).
 package main
 
 import (
@@ -40,6 +42,13 @@ const (
 func main() {
 	level := new(slog.LevelVar)
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if len(os.Args) > 1 && os.Args[1] == "serve-evidence" {
+		if err := serveEvidence(log, os.Args[2:]); err != nil {
+			log.Error("Serving evidence failed", slog.String("error", err.Error()))
+			os.Exit(exitError)
+		}
+		return
+	}
 	if err := run(log, level); err != nil {
 		log.Error("Bootstrap failed", slog.String("error", err.Error()))
 		var failed *bootstrapper.FailedError
@@ -200,4 +209,40 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// serveEvidence answers every connection with an attested TLS handshake.
+func serveEvidence(log *slog.Logger, args []string) error {
+	fs := flag.NewFlagSet("serve-evidence", flag.ExitOnError)
+	listen := fs.String("listen", ":9001", "address verifiers connect to")
+	tpmPath := fs.String("tpm", "/dev/tpmrm0", "TPM character device or swtpm Unix socket")
+	pcrList := fs.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pcrs, err := parsePCRs(*pcrList)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rw, err := tpmutil.OpenTPM(*tpmPath)
+	if err != nil {
+		return fmt.Errorf("opening the TPM %s: %w", *tpmPath, err)
+	}
+	defer rw.Close()
+	attester, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: pcrs})
+	if err != nil {
+		return fmt.Errorf("creating the attestation key: %w", err)
+	}
+	defer attester.Close()
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	log.Info("Serving evidence", "address", lis.Addr().String())
+	if err := atls.ServeEvidence(ctx, lis, attester); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
 }

@@ -1,0 +1,115 @@
+package cli
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+)
+
+// verifyReport is verify's JSON output.
+type verifyReport struct {
+	Node     string `json:"node"`
+	Variant  string `json:"variant"`
+	Identity string `json:"identity"`
+	// ClusterID is the cluster ID PCR 15 was checked against; empty when
+	// the node was expected not to have taken its node lock.
+	ClusterID    string            `json:"clusterID,omitempty"`
+	Measurements map[string]string `json:"measurements"`
+	Warnings     []string          `json:"warnings,omitempty"`
+}
+
+func newVerifyCmd() *cobra.Command {
+	var config, node, stateFile, output string
+	cmd := &cobra.Command{
+		Use:   "verify",
+		Short: "Verify a node's attestation and print its measurements",
+		Long: "Fetch fresh evidence from a node (its evidence endpoint, or the InitService of a\n" +
+			"node not yet initialised) for a new nonce, verify it against the configuration's\n" +
+			"policy and print the verified measurements. PCR 15 must hold the cluster ID from\n" +
+			"the state file, or zero when there is no state file.",
+		Example: "  gatehouse verify --node 192.0.2.11:9001\n  gatehouse verify --node 192.0.2.11:9001 --output json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "text" && output != "json" {
+				return fmt.Errorf("unknown --output %q: use text or json", output)
+			}
+			cfg, err := clusterconfig.Load(config)
+			if err != nil {
+				return err
+			}
+			report := verifyReport{Node: node}
+			var lockPCR []byte
+			state, err := ReadState(stateFile)
+			switch {
+			case err == nil && state.ClusterID != "":
+				id, err := hex.DecodeString(state.ClusterID)
+				if err != nil || len(id) != nodelock.ClusterIDSize {
+					return fmt.Errorf("%s: cluster ID is not %d bytes of hex", stateFile, nodelock.ClusterIDSize)
+				}
+				lockPCR, report.ClusterID = nodelock.ExpectedPCR(id), state.ClusterID
+			case err != nil && !errors.Is(err, fs.ErrNotExist):
+				return err
+			}
+			verifier, err := cfg.Verifier(lockPCR)
+			if err != nil {
+				return err
+			}
+			result, err := atls.FetchEvidence(cmd.Context(), node, []attestation.Verifier{verifier})
+			if err != nil {
+				return fmt.Errorf("node %s does not verify: %w", node, err)
+			}
+			report.Variant, report.Identity, report.Warnings = string(result.Variant), result.Identity, result.Warnings
+			report.Measurements = map[string]string{}
+			for i, v := range result.Measurements {
+				report.Measurements[fmt.Sprint(i)] = hex.EncodeToString(v)
+			}
+			if output == "json" {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(report)
+			}
+			return printVerifyReport(cmd.OutOrStdout(), report, result)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&config, "config", clusterconfig.DefaultPath, "cluster configuration file")
+	f.StringVar(&node, "node", "", "the node's evidence address, host:port (required)")
+	f.StringVar(&stateFile, "state-file", DefaultStateFile, "cluster state file (holds the cluster ID)")
+	f.StringVarP(&output, "output", "o", "text", "output format: text or json")
+	_ = cmd.MarkFlagRequired("node")
+	return cmd
+}
+
+func printVerifyReport(out io.Writer, r verifyReport, result *attestation.Result) error {
+	fmt.Fprintf(out, "Node %s is verified (%s, %s).\n", r.Node, r.Variant, r.Identity)
+	if r.ClusterID != "" {
+		fmt.Fprintf(out, "PCR %d holds cluster ID %s.\n", nodelock.PCR, r.ClusterID)
+	} else {
+		fmt.Fprintf(out, "PCR %d is zero: the node has not taken its node lock.\n", nodelock.PCR)
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "PCR\tVALUE")
+	for _, i := range slices.Sorted(maps.Keys(result.Measurements)) {
+		fmt.Fprintf(w, "%d\t%s\n", i, hex.EncodeToString(result.Measurements[i]))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for _, warn := range r.Warnings {
+		fmt.Fprintln(out, "warning:", warn)
+	}
+	return nil
+}
