@@ -1,0 +1,152 @@
+// Package images builds the local cluster's container images from local
+// binaries, with go-containerregistry: no registry, no pull. Each image has
+// one layer holding the binaries (and symlinks to them) under
+// /usr/local/bin and a PATH, since kubeadm's static pod manifests start
+// components by name. The images are written as one tarball that
+// `ctr images import` loads into each node's containerd.
+package images
+
+import (
+	"archive/tar"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"sort"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// BinDir is where binaries live in the images.
+const BinDir = "/usr/local/bin"
+
+// Spec describes one image.
+type Spec struct {
+	// Ref is the image reference, e.g. docker.io/local/kube-apiserver:v1.36.4.
+	Ref string
+	// Files maps a binary's name in BinDir to the host file it is copied from.
+	Files map[string]string
+	// Links maps further names in BinDir to a name in Files (multi-call
+	// binaries dispatch on the name they are started as).
+	Links map[string]string
+	// Entrypoint, if set, is the image's entrypoint (e.g. the pause binary).
+	Entrypoint []string
+}
+
+// epoch is every file's and image's timestamp, so identical inputs give
+// identical digests.
+var epoch = time.Unix(0, 0).UTC()
+
+// Build returns the image of s for linux/amd64 or linux/arm64 (arch).
+func Build(s Spec, arch string) (v1.Image, error) {
+	layer, err := binLayer(s)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.DeepCopy()
+	cfg.OS, cfg.Architecture, cfg.Created = "linux", arch, v1.Time{Time: epoch}
+	cfg.Config.Env = []string{"PATH=" + BinDir + ":/usr/bin:/bin"}
+	cfg.Config.Entrypoint = s.Entrypoint
+	img, err = mutate.ConfigFile(img, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
+	}
+	return img, nil
+}
+
+// binLayer is an uncompressed tar of BinDir with s's files and links.
+func binLayer(s Spec) (v1.Layer, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, dir := range []string{"usr/", "usr/local/", "usr/local/bin/", "tmp/"} {
+		mode := int64(0o755)
+		if dir == "tmp/" {
+			mode = 0o1777
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: mode, ModTime: epoch}); err != nil {
+			return nil, err
+		}
+	}
+	for _, n := range sortedKeys(s.Files) {
+		if err := addFile(tw, path.Join(BinDir[1:], n), s.Files[n]); err != nil {
+			return nil, err
+		}
+	}
+	for _, n := range sortedKeys(s.Links) {
+		target := s.Links[n]
+		if _, ok := s.Files[target]; !ok {
+			return nil, fmt.Errorf("link %s points to %s, which is not among the files", n, target)
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: path.Join(BinDir[1:], n), Linkname: target, Mode: 0o777, ModTime: epoch}); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	data := buf.Bytes()
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+}
+
+func addFile(tw *tar.Writer, name, src string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755, Size: fi.Size(), ModTime: epoch}); err != nil {
+		return err
+	}
+	_, err = io.Copy(tw, f)
+	return err
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// WriteArchive builds every spec for arch and writes them as one
+// docker-archive tarball (what `ctr images import` reads) to path.
+func WriteArchive(file string, arch string, specs []Spec) error {
+	refs := map[name.Reference]v1.Image{}
+	for _, s := range specs {
+		ref, err := name.ParseReference(s.Ref)
+		if err != nil {
+			return fmt.Errorf("image reference %q: %w", s.Ref, err)
+		}
+		img, err := Build(s, arch)
+		if err != nil {
+			return err
+		}
+		refs[ref] = img
+	}
+	tmp := file + ".tmp"
+	if err := tarball.MultiRefWriteToFile(tmp, refs); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("writing images to %s: %w", file, err)
+	}
+	return os.Rename(tmp, file)
+}

@@ -1,0 +1,98 @@
+package images
+
+import (
+	"archive/tar"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+func TestWriteArchive(t *testing.T) {
+	dir := t.TempDir()
+	kube := filepath.Join(dir, "kube")
+	if err := os.WriteFile(kube, []byte("#!/bin/sh\necho kube\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	specs := []Spec{
+		{Ref: "docker.io/local/kube-apiserver:v1.36.4", Files: map[string]string{"kube": kube}, Links: map[string]string{"kube-apiserver": "kube"}},
+		{Ref: "docker.io/local/pause:3.10.2", Files: map[string]string{"pause": kube}, Entrypoint: []string{BinDir + "/pause"}},
+	}
+	archive := filepath.Join(dir, "images.tar")
+	if err := WriteArchive(archive, "amd64", specs); err != nil {
+		t.Fatal(err)
+	}
+	tag, err := name.NewTag("docker.io/local/kube-apiserver:v1.36.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := tarball.ImageFromPath(archive, &tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Architecture != "amd64" || cfg.OS != "linux" || !slices.Contains(cfg.Config.Env, "PATH=/usr/local/bin:/usr/bin:/bin") {
+		t.Fatalf("config %+v", cfg)
+	}
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("layers %d, %v", len(layers), err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	entries := map[string]string{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries[h.Name] = h.Linkname
+	}
+	if _, ok := entries["usr/local/bin/kube"]; !ok || entries["usr/local/bin/kube-apiserver"] != "kube" {
+		t.Fatalf("layer entries %v", entries)
+	}
+
+	// The same inputs give the same image.
+	again, err := Build(specs[0], "amd64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1, _ := img.Digest()
+	d2, _ := again.Digest()
+	if d1 != d2 {
+		t.Fatalf("digests differ: %s, %s", d1, d2)
+	}
+
+	pauseTag, _ := name.NewTag("docker.io/local/pause:3.10.2")
+	pause, err := tarball.ImageFromPath(archive, &pauseTag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg, _ := pause.ConfigFile()
+	if !slices.Equal(pcfg.Config.Entrypoint, []string{"/usr/local/bin/pause"}) {
+		t.Fatalf("pause entrypoint %v", pcfg.Config.Entrypoint)
+	}
+
+	bad := []Spec{{Ref: "docker.io/local/x:1", Files: map[string]string{"a": kube}, Links: map[string]string{"b": "missing"}}}
+	if err := WriteArchive(filepath.Join(dir, "bad.tar"), "amd64", bad); err == nil {
+		t.Fatal("a dangling link was accepted")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "bad.tar")); !os.IsNotExist(err) {
+		t.Fatal("a failed archive was left behind")
+	}
+}
