@@ -33,6 +33,13 @@ type KubeletService interface {
 	Restart(ctx context.Context) error
 }
 
+// NoKubelet is for nodes whose kubelet something else supervises (the
+// local cluster's node agent): there is nothing to restart.
+type NoKubelet struct{}
+
+// Restart does nothing.
+func (NoKubelet) Restart(context.Context) error { return nil }
+
 // SystemdKubelet restarts the kubelet.service unit.
 type SystemdKubelet struct{}
 
@@ -56,8 +63,10 @@ type Config struct {
 	Init         *InitServer
 	InitServer   *grpc.Server
 	InitListener net.Listener
-	Join         *JoinClient
-	Kubelet      KubeletService
+	// Join is nil on a node that can only be initialised (no join service
+	// to ask, e.g. the first node of a local cluster).
+	Join    *JoinClient
+	Kubelet KubeletService
 	// Linger is how long the InitServer keeps serving after an init ended
 	// and no client received the result, so a client whose connection
 	// dropped can fetch it; 0 is 10 minutes.
@@ -98,6 +107,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if state == statedisk.Initialised {
+		if cfg.Join == nil {
+			return errors.New("the state disk is initialised, but without join service endpoints this node cannot rejoin")
+		}
 		return rejoin(ctx, cfg)
 	}
 	setup.Log.Info("Formatting the state disk with a random passphrase", "previousState", string(state))
@@ -118,8 +130,11 @@ func race(ctx context.Context, cfg Config) error {
 
 	joinCtx, stopJoin := context.WithCancel(ctx)
 	defer stopJoin()
-	joined := make(chan error, 1)
-	go func() { joined <- cfg.Join.Join(joinCtx) }()
+	var joined chan error // nil without a JoinClient: an init-only node
+	if cfg.Join != nil {
+		joined = make(chan error, 1)
+		go func() { joined <- cfg.Join.Join(joinCtx) }()
+	}
 
 	finished := cfg.Init.Finished()
 	for {

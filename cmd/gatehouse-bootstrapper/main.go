@@ -87,6 +87,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		pullPolicy      = flag.String("image-pull-policy", "", "control-plane image pull policy: Always, IfNotPresent or Never")
 		skipPhases      = flag.String("skip-phases", "", "comma-separated kubeadm init phases to skip")
 		ignorePreflight = flag.String("ignore-preflight-errors", "", "comma-separated kubeadm preflight checks to ignore")
+		kubeletService  = flag.String("kubelet-service", "systemd", "how the kubelet is restarted: systemd, or none when something else supervises it")
 	)
 	flag.Parse()
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -106,7 +107,16 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	case *endpoints != "":
 		source = bootstrapper.StaticEndpoints(strings.Split(*endpoints, ","))
 	default:
-		return errors.New("--join-endpoints or --join-endpoints-file is required: the node must know where to join")
+		log.Warn("No join service endpoints: this node can only be initialised (gatehouse init)")
+	}
+	var kubelet bootstrapper.KubeletService
+	switch *kubeletService {
+	case "systemd":
+		kubelet = bootstrapper.SystemdKubelet{}
+	case "none":
+		kubelet = bootstrapper.NoKubelet{}
+	default:
+		return fmt.Errorf("--kubelet-service %q: use systemd or none", *kubeletService)
 	}
 	hash, err := os.ReadFile(*initSecretHash)
 	if err != nil {
@@ -156,12 +166,14 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err != nil {
 		return err
 	}
-	join, err := bootstrapper.NewJoinClient(bootstrapper.JoinConfig{
-		Setup: setup, Lock: lock, Endpoints: source, Attester: attester,
-		CACertHash: *caHash, ControlPlane: *controlPlane,
-	})
-	if err != nil {
-		return err
+	var join *bootstrapper.JoinClient
+	if source != nil {
+		if join, err = bootstrapper.NewJoinClient(bootstrapper.JoinConfig{
+			Setup: setup, Lock: lock, Endpoints: source, Attester: attester,
+			CACertHash: *caHash, ControlPlane: *controlPlane,
+		}); err != nil {
+			return err
+		}
 	}
 	creds, err := atls.NewCredentials(atls.Config{Attester: attester})
 	if err != nil {
@@ -174,7 +186,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	cfg := bootstrapper.Config{
 		Setup: setup, Lock: lock, Disk: disk,
 		Init: initServer, InitServer: grpc.NewServer(grpc.Creds(creds)), InitListener: lis,
-		Join: join, Kubelet: bootstrapper.SystemdKubelet{},
+		Join: join, Kubelet: kubelet,
 	}
 	if ok, why := statedisk.DeviceMapperAvailable(); ok {
 		cfg.Opener, cfg.MapperName = disk, *mapperName

@@ -74,19 +74,31 @@ func (ca *CA) SignAdmin(name string, now time.Time) (certPEM, keyPEM []byte, err
 	if name == "" || name == "kubernetes-super-admin" {
 		return nil, nil, fmt.Errorf("admin name %q: choose a named administrator, not the super-admin", name)
 	}
+	return ca.SignClient(name, []string{AdminGroup}, now)
+}
+
+// SignClient issues a Kubernetes client certificate (PEM) and its new key
+// (PEM): user CN=name in groups O=groups, valid AdminCertValidity from now.
+// groups must not contain system:masters.
+func (ca *CA) SignClient(name string, groups []string, now time.Time) (certPEM, keyPEM []byte, err error) {
+	for _, g := range groups {
+		if g == "system:masters" {
+			return nil, nil, errors.New("refusing to issue a system:masters certificate: it bypasses authorization")
+		}
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, nil, fmt.Errorf("generating admin key: %w", err)
+		return nil, nil, fmt.Errorf("generating client key: %w", err)
 	}
 	der, err := ca.sign(&x509.Certificate{
-		Subject:     pkix.Name{CommonName: name, Organization: []string{AdminGroup}},
+		Subject:     pkix.Name{CommonName: name, Organization: groups},
 		NotBefore:   now.Add(-clockSkew),
 		NotAfter:    now.Add(AdminCertValidity),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}, key.Public())
 	if err != nil {
-		return nil, nil, fmt.Errorf("signing admin certificate: %w", err)
+		return nil, nil, fmt.Errorf("signing client certificate for %s: %w", name, err)
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
@@ -160,16 +161,10 @@ func parseComponents(data []byte) ([]*componentsv1.Component, error) {
 		if err := protojson.Unmarshal(r, c); err != nil {
 			return nil, fmt.Errorf("component %d: %w", i, err)
 		}
-		if !strings.HasPrefix(c.GetUrl(), "https://") {
-			return nil, fmt.Errorf("component %d: url %q is not https", i, c.GetUrl())
-		}
-		if h, ok := strings.CutPrefix(c.GetHash(), "sha256:"); !ok || len(h) != 64 || strings.ToLower(h) != h {
-			return nil, fmt.Errorf("component %d: hash %q is not \"sha256:\" and 64 lowercase hex digits", i, c.GetHash())
-		} else if _, err := hex.DecodeString(h); err != nil {
-			return nil, fmt.Errorf("component %d: hash %q is not hex", i, c.GetHash())
-		}
-		if !strings.HasPrefix(c.GetInstallPath(), "/") || strings.Contains(c.GetInstallPath(), "..") {
-			return nil, fmt.Errorf("component %d: install path %q must be absolute and free of \"..\"", i, c.GetInstallPath())
+		// What the node's installer accepts: https, http, file or data URLs
+		// (the pinned digest makes the transport's integrity irrelevant).
+		if err := installer.Validate(c); err != nil {
+			return nil, fmt.Errorf("component %d: %w", i, err)
 		}
 		out = append(out, c)
 	}

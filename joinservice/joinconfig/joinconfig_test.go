@@ -71,7 +71,7 @@ func TestParseJoinConfig(t *testing.T) {
 		{name: "endpoint without port", data: change(KeyAPIServerEndpoint, "10.0.0.1"), wantErr: "is not host:port"},
 		{name: "bad version", data: change(KeyKubernetesVersion, "1.36"), wantErr: "not a release version"},
 		{name: "components not JSON", data: change(KeyKubernetesComponents, "kubelet"), wantErr: "not a JSON array"},
-		{name: "component over http", data: change(KeyKubernetesComponents, strings.Replace(valid[KeyKubernetesComponents], "https", "http", 1)), wantErr: "is not https"},
+		{name: "component over ftp", data: change(KeyKubernetesComponents, strings.Replace(valid[KeyKubernetesComponents], "https", "ftp", 1)), wantErr: "is not https, http, file or data"},
 		{name: "component with bad hash", data: change(KeyKubernetesComponents, strings.Replace(valid[KeyKubernetesComponents], "sha256:", "md5:", 1)), wantErr: "hash"},
 		{name: "wrong variant", data: policy(func(s string) string { return strings.Replace(s, "variant: tpm", "variant: tdx", 1) }), wantErr: `variant "tdx" differs`},
 		{name: "selection without node-lock PCR", data: policy(func(s string) string { return strings.Replace(s, "[4, 15]", "[4]", 1) }), wantErr: "must include the node-lock PCR 15"},

@@ -12,8 +12,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path"
+	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -81,8 +84,37 @@ func binLayer(s Spec) (v1.Layer, error) {
 			return nil, err
 		}
 	}
+	libs := map[string]bool{}
 	for _, n := range sortedKeys(s.Files) {
 		if err := addFile(tw, path.Join(BinDir[1:], n), s.Files[n]); err != nil {
+			return nil, err
+		}
+		deps, err := sharedLibraries(s.Files[n])
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range deps {
+			libs[d] = true
+		}
+	}
+	// Dynamically linked binaries (cgo, e.g. PKCS#11) get their loader and
+	// libraries at the same paths as on the host.
+	dirs := map[string]bool{}
+	for _, lib := range sortedKeys(boolKeys(libs)) {
+		for d := path.Dir(lib[1:]); d != "." && !dirs[d]; d = path.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	for _, d := range sortedKeys(boolKeys(dirs)) {
+		if d == "usr" || d == "usr/local" || d == "usr/local/bin" {
+			continue
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: epoch}); err != nil {
+			return nil, err
+		}
+	}
+	for _, lib := range sortedKeys(boolKeys(libs)) {
+		if err := addFile(tw, lib[1:], lib); err != nil {
 			return nil, err
 		}
 	}
@@ -117,6 +149,44 @@ func addFile(tw *tar.Writer, name, src string) error {
 	}
 	_, err = io.Copy(tw, f)
 	return err
+}
+
+// sharedLibraries returns the absolute paths of the loader and shared
+// libraries bin needs (ldd), none for a static binary.
+func sharedLibraries(bin string) ([]string, error) {
+	out, err := exec.Command("ldd", bin).CombinedOutput()
+	if err != nil {
+		if strings.Contains(string(out), "not a dynamic executable") {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("ldd %s: %w: %s", bin, err, out)
+	}
+	var libs []string
+	for _, line := range strings.Split(string(out), "\n") {
+		fields := strings.Fields(line)
+		for _, f := range fields {
+			if strings.HasPrefix(f, "/") {
+				real, err := filepath.EvalSymlinks(f)
+				if err != nil {
+					return nil, err
+				}
+				libs = append(libs, f)
+				if real != f {
+					libs = append(libs, real)
+				}
+				break
+			}
+		}
+	}
+	return libs, nil
+}
+
+func boolKeys(m map[string]bool) map[string]string {
+	out := make(map[string]string, len(m))
+	for k := range m {
+		out[k] = k
+	}
+	return out
 }
 
 func sortedKeys(m map[string]string) []string {

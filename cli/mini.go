@@ -1,0 +1,149 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/versions"
+	"github.com/gatehouse-dev/gatehouse/mini"
+)
+
+func newMiniCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "mini",
+		Short: "Run a local attested cluster on this machine (as root)",
+	}
+	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniStatusCmd(), newMiniAgentCmd())
+	return cmd
+}
+
+func newMiniUpCmd() *cobra.Command {
+	opts := mini.Options{}
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Create a local cluster: one control plane and --workers workers",
+		Long: "Create a local attested Kubernetes cluster. Every node has its own network and mount\n" +
+			"namespaces, containerd, kubelet, software TPM and LUKS2 state disk, and runs the real\n" +
+			"gatehouse-bootstrapper: the first is initialised with `gatehouse init`, the others\n" +
+			"join through the join service.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			if opts.BinDir == "" {
+				opts.BinDir = filepath.Dir(self)
+			}
+			if opts.KubeBinDir == "" {
+				opts.KubeBinDir = os.Getenv("GATEHOUSE_KUBE_BIN")
+			}
+			if opts.KubeBinDir == "" {
+				return fmt.Errorf("the pinned Kubernetes binaries are not found: pass --kube-bin or set GATEHOUSE_KUBE_BIN (make mini-up does)")
+			}
+			opts.KubernetesVersion = versions.Default().Version
+			opts.Out = cmd.OutOrStdout()
+			opts.Init = func(ctx context.Context, dir, config, node, secretFile string, components []*componentsv1.Component) error {
+				compFile := filepath.Join(dir, "components.json")
+				if err := writeComponents(compFile, components); err != nil {
+					return err
+				}
+				return runInit(ctx, cmd.OutOrStdout(), initOptions{
+					config: config, node: node, initSecretFile: secretFile,
+					masterSecretFile: filepath.Join(dir, DefaultMasterSecretFile), stateFile: filepath.Join(dir, DefaultStateFile),
+					kubeconfig: filepath.Join(dir, DefaultKubeconfig), componentsFile: compFile, arch: "amd64", timeout: 10 * time.Minute,
+				})
+			}
+			return mini.Up(cmd.Context(), opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Dir, "dir", mini.DefaultDir, "directory for the cluster's state")
+	f.IntVar(&opts.Workers, "workers", 2, "number of worker nodes")
+	f.StringVar(&opts.BinDir, "bin", "", "directory of the gatehouse binaries (default: this binary's)")
+	f.StringVar(&opts.KubeBinDir, "kube-bin", "", "directory of the pinned Kubernetes binaries (default $GATEHOUSE_KUBE_BIN)")
+	f.StringSliceVar(&opts.Tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")
+	_ = f.MarkHidden("tamper")
+	return cmd
+}
+
+func newMiniDownCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Remove the local cluster and everything it made",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return mini.Down(cmd.Context(), dir, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster's state")
+	return cmd
+}
+
+func newMiniStatusCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the local cluster's nodes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return mini.Status(cmd.Context(), dir, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster's state")
+	return cmd
+}
+
+// newMiniAgentCmd runs one node; mini up starts it inside the node's
+// namespaces.
+func newMiniAgentCmd() *cobra.Command {
+	var spec string
+	cmd := &cobra.Command{
+		Use:    "node-agent",
+		Short:  "Run one local cluster node (started by mini up)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := mini.ReadNodeSpec(spec)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil)).With("node", s.Name)
+			return mini.Agent(ctx, s, log)
+		},
+	}
+	cmd.Flags().StringVar(&spec, "spec", "", "node.json")
+	return cmd
+}
+
+func writeComponents(path string, components []*componentsv1.Component) error {
+	var out []byte
+	out = append(out, '[')
+	for i, c := range components {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		b, err := protojsonMarshal(c)
+		if err != nil {
+			return err
+		}
+		out = append(out, b...)
+	}
+	out = append(out, ']')
+	return os.WriteFile(path, out, 0o600)
+}
+
+func protojsonMarshal(c *componentsv1.Component) ([]byte, error) { return protojson.Marshal(c) }

@@ -1,0 +1,317 @@
+package mini
+
+import (
+	"bufio"
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+)
+
+// privateDirs are bind-mounted from the node's root directory over the
+// host's, inside the node's mount namespace, so nodes never share state.
+var privateDirs = []string{
+	"/etc/kubernetes", "/etc/gatehouse", "/etc/cni/net.d", "/usr/local/bin", "/opt/cni/bin",
+	"/var/lib/kubelet", "/var/lib/etcd", "/var/lib/containerd", "/var/lib/cni",
+	"/var/log/pods", "/var/log/containers", "/var/log/kubernetes",
+	"/run/containerd", "/run/gatehouse",
+}
+
+// Status files the agent writes into the node directory.
+const (
+	bootstrapStatusFile = "bootstrap.status" // "ok" or "failed: <error>"
+	mountpointsFile     = "created-mountpoints"
+)
+
+// BootArtefacts are what a node measures into PCR 4 at "boot": its
+// bootstrapper binary and its boot manifest.
+func BootArtefacts(bootstrapperBin string, manifest []byte) ([]tpm.Artefact, error) {
+	bin, err := tpm.FileArtefact(4, bootstrapperBin)
+	if err != nil {
+		return nil, err
+	}
+	return []tpm.Artefact{bin, tpm.BytesArtefact(4, "boot-manifest", manifest)}, nil
+}
+
+// Agent runs one node. It must run inside the node's network namespace and
+// a private mount namespace (Up starts it that way). It returns when ctx
+// ends, after stopping the node's processes.
+func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
+	if err := os.MkdirAll(spec.logDir(), 0o755); err != nil {
+		return err
+	}
+	if err := mountPrivateDirs(spec); err != nil {
+		return fmt.Errorf("private directories: %w", err)
+	}
+	log.Info("Starting the node's TPM and measuring its boot")
+	tpmDev, err := swtpm.Start(ctx, filepath.Dir(spec.tpmSocket()))
+	if err != nil {
+		return err
+	}
+	defer tpmDev.Stop()
+	if err := measureBoot(spec, tpmDev); err != nil {
+		return err
+	}
+	if err := writeAK(spec, tpmDev); err != nil {
+		return err
+	}
+	if err := writeCNIConfig(spec); err != nil {
+		return err
+	}
+	log.Info("Starting containerd")
+	procs := &processes{log: log, dir: spec.logDir()}
+	defer procs.stopAll()
+	if err := startContainerd(ctx, spec, procs); err != nil {
+		return err
+	}
+	log.Info("Importing the node's images")
+	if out, err := exec.CommandContext(ctx, "ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io",
+		"images", "import", "--no-unpack", spec.Images).CombinedOutput(); err != nil {
+		return fmt.Errorf("importing images: %w: %s", err, out)
+	}
+	procs.start(ctx, "evidence", filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), "serve-evidence",
+		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--listen", fmt.Sprintf("%s:%d", spec.IP, EvidencePort))
+	go superviseKubelet(ctx, spec, procs, log)
+
+	log.Info("Running the bootstrapper")
+	status := "ok"
+	if err := runBootstrapper(ctx, spec); err != nil {
+		status = "failed: " + err.Error()
+		log.Error("The bootstrapper failed", "error", err.Error())
+	} else {
+		log.Info("The bootstrapper finished")
+	}
+	if err := os.WriteFile(filepath.Join(spec.Dir, bootstrapStatusFile), []byte(status+"\n"), 0o644); err != nil { //nolint:gosec // status, not secret
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func pcrList() string {
+	var s []string
+	for _, p := range PCRs {
+		s = append(s, strconv.Itoa(p))
+	}
+	return strings.Join(s, ",")
+}
+
+// mountPrivateDirs bind-mounts the node's directories and /etc/hosts. A
+// mountpoint missing on the host is created and recorded for Down.
+func mountPrivateDirs(spec *NodeSpec) error {
+	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
+	var created []string
+	for _, dir := range privateDirs {
+		src := filepath.Join(spec.rootDir(), dir)
+		if err := os.MkdirAll(src, 0o755); err != nil {
+			return err
+		}
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			created = append(created, dir)
+		}
+		if err := syscall.Mount(src, dir, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind-mounting %s over %s: %w", src, dir, err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(spec.Dir, mountpointsFile), []byte(strings.Join(created, "\n")), 0o644); err != nil { //nolint:gosec // not secret
+		return err
+	}
+	hosts := filepath.Join(spec.Dir, "hosts")
+	content := fmt.Sprintf("127.0.0.1 localhost\n%s %s\n", spec.IP, spec.Name)
+	if err := os.WriteFile(hosts, []byte(content), 0o644); err != nil { //nolint:gosec // /etc/hosts is world-readable
+		return err
+	}
+	return syscall.Mount(hosts, "/etc/hosts", "", syscall.MS_BIND, "")
+}
+
+func measureBoot(spec *NodeSpec, t *swtpm.TPM) error {
+	artefacts, err := BootArtefacts(filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), spec.BootManifest)
+	if err != nil {
+		return err
+	}
+	rw, err := t.Open()
+	if err != nil {
+		return err
+	}
+	defer rw.Close()
+	_, err = tpm.MeasureBoot(rw, artefacts)
+	return err
+}
+
+// writeAK records the public key of the attestation key the node's
+// attesters use (the same key each time: it derives from the TPM's
+// endorsement seed).
+func writeAK(spec *NodeSpec, t *swtpm.TPM) error {
+	rw, err := t.Open()
+	if err != nil {
+		return err
+	}
+	defer rw.Close()
+	a, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: PCRs})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(spec.akFile(), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki}), 0o644) //nolint:gosec // a public key
+}
+
+// writeCNIConfig gives the node a bridge network for its pods.
+func writeCNIConfig(spec *NodeSpec) error {
+	conf := fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": "gatehouse-mini",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "loopback"}
+  ]
+}
+`, spec.PodCIDR)
+	return os.WriteFile("/etc/cni/net.d/10-gatehouse-mini.conflist", []byte(conf), 0o644) //nolint:gosec // CNI reads it
+}
+
+// containerdConfig is containerd 1.6's configuration for a node: its own
+// paths, the local pause image, Debian's CNI plugins, and
+// restrict_oom_score_adj, without which runc fails when root lacks
+// CAP_SYS_RESOURCE (../shared/notes/real-kubelet.md).
+const containerdConfig = `version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "%s"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    SystemdCgroup = false
+`
+
+func startContainerd(ctx context.Context, spec *NodeSpec, procs *processes) error {
+	cfg := filepath.Join(spec.Dir, "containerd.toml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, containerdConfig, spec.PauseImage), 0o644); err != nil { //nolint:gosec // not secret
+		return err
+	}
+	procs.start(ctx, "containerd", "containerd", "--config", cfg)
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if out, err := exec.CommandContext(ctx, "ctr", "--address", "/run/containerd/containerd.sock", "version").CombinedOutput(); err == nil {
+			return nil
+		} else if ctx.Err() != nil {
+			return fmt.Errorf("waiting for containerd: %w: %s", ctx.Err(), out)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return errors.New("containerd did not start within a minute; see its log in the node's logs directory")
+}
+
+// superviseKubelet runs the kubelet the way kubeadm's systemd drop-in
+// does, once kubeadm has written its configuration, and restarts it when
+// it exits (there is no systemd in a node).
+func superviseKubelet(ctx context.Context, spec *NodeSpec, procs *processes, log *slog.Logger) {
+	const config = "/var/lib/kubelet/config.yaml"
+	for ctx.Err() == nil {
+		if _, err := os.Stat(config); err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			continue
+		}
+		args := []string{
+			"--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf",
+			"--kubeconfig=/etc/kubernetes/kubelet.conf", "--config=" + config,
+		}
+		args = append(args, kubeadmFlags("/var/lib/kubelet/kubeadm-flags.env")...)
+		log.Info("Starting the kubelet")
+		p := procs.start(ctx, "kubelet", "/usr/local/bin/kubelet", args...)
+		<-p.done
+		if ctx.Err() == nil {
+			log.Warn("The kubelet exited; restarting it", "error", fmt.Sprint(p.err))
+			select {
+			case <-ctx.Done():
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}
+}
+
+// kubeadmFlags reads KUBELET_KUBEADM_ARGS from kubeadm's flags file.
+func kubeadmFlags(path string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	lines := bufio.NewScanner(f)
+	for lines.Scan() {
+		if v, ok := strings.CutPrefix(lines.Text(), "KUBELET_KUBEADM_ARGS="); ok {
+			return strings.Fields(strings.Trim(v, `"`))
+		}
+	}
+	return nil
+}
+
+// runBootstrapper runs the real gatehouse-bootstrapper for the node.
+func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
+	args := []string{
+		"--node-name", spec.Name, "--advertise-address", spec.IP,
+		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--state-disk", spec.StateDisk,
+		"--init-listen", fmt.Sprintf("%s:%d", spec.IP, InitPort), "--init-secret-hash-file", spec.InitSecretHashFile,
+		"--cgroup-driver", "cgroupfs", "--cgroup-root", spec.CgroupRoot, "--allow-cgroup-v1", "--allow-swap",
+		"--image-repository", ImageRepository, "--image-pull-policy", "Never",
+		"--skip-phases", "addon/coredns,addon/kube-proxy",
+		"--ignore-preflight-errors", "SystemVerification,Swap,FileExisting-crictl,FileContent--proc-sys-net-bridge-bridge-nf-call-iptables,FileContent--proc-sys-net-ipv4-ip_forward,NumCPU,Mem,Port-10250",
+		"--kubelet-service", "none",
+	}
+	if len(spec.JoinEndpoints) > 0 {
+		args = append(args, "--join-endpoints", strings.Join(spec.JoinEndpoints, ","), "--cluster-ca-hash", spec.CACertHash)
+		if spec.ControlPlane {
+			args = append(args, "--control-plane")
+		}
+	}
+	log, err := os.OpenFile(filepath.Join(spec.logDir(), "bootstrapper.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) //nolint:gosec // logs hold no secrets
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd := exec.CommandContext(ctx, filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.Env = append(os.Environ(), "PATH=/usr/local/bin:"+os.Getenv("PATH"))
+	return cmd.Run()
+}

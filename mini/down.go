@@ -1,0 +1,118 @@
+package mini
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Down removes the local cluster recorded in dir: every node's processes
+// (by mount namespace and cgroup), its network namespace and link, state
+// disk loop device, cgroups and the mountpoints its agent created, then
+// the bridge and the directory. It goes on past errors and reports them
+// all; a missing cluster is not an error.
+func Down(ctx context.Context, dir string, out io.Writer) error {
+	rec, err := ReadRecord(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(out, "No local cluster in %s.\n", dir)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := len(rec.Nodes) - 1; i >= 0; i-- {
+		n := rec.Nodes[i]
+		fmt.Fprintf(out, "Removing node %s\n", n.Name)
+		if n.AgentPID > 0 {
+			_ = syscall.Kill(n.AgentPID, syscall.SIGTERM)
+			waitGone(n.AgentPID, 15*time.Second)
+		}
+		if n.AgentMountNS != "" {
+			killPIDs(pidsInMountNS(n.AgentMountNS))
+		}
+		if n.CgroupRoot != "" {
+			if err := removeCgroup(n.CgroupRoot); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if n.AgentMountNS != "" {
+			killPIDs(pidsInMountNS(n.AgentMountNS))
+		}
+		if n.LoopDevice != "" {
+			if err := run(ctx, "losetup", "--detach", n.LoopDevice); err != nil && !strings.Contains(err.Error(), "No such") {
+				errs = append(errs, err)
+			}
+		}
+		if n.HostVeth != "" {
+			_ = run(ctx, "ip", "link", "del", n.HostVeth)
+		}
+		if n.NetNS != "" {
+			if err := run(ctx, "ip", "netns", "del", n.NetNS); err != nil && !strings.Contains(err.Error(), "No such file") {
+				errs = append(errs, err)
+			}
+		}
+		if data, err := os.ReadFile(filepath.Join(n.Dir, mountpointsFile)); err == nil {
+			for _, mp := range strings.Fields(string(data)) {
+				_ = os.Remove(mp) // only if still empty
+			}
+		}
+	}
+	if rec.Bridge != "" {
+		if err := run(ctx, "ip", "link", "del", rec.Bridge); err != nil && !strings.Contains(err.Error(), "Cannot find") {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+		fmt.Fprintf(out, "Removed the local cluster in %s.\n", dir)
+	}
+	return errors.Join(errs...)
+}
+
+func waitGone(pid int, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// Status prints the local cluster's nodes, or that there is none.
+func Status(ctx context.Context, dir string, out io.Writer) error {
+	rec, err := ReadRecord(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(out, "No local cluster in %s.\n", dir)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "Local cluster in %s, created %s.\n", dir, rec.Created.Format(time.RFC3339))
+	for _, n := range rec.Nodes {
+		status, _ := os.ReadFile(filepath.Join(n.Dir, bootstrapStatusFile))
+		alive := syscall.Kill(n.AgentPID, 0) == nil
+		fmt.Fprintf(out, "  %-10s agent running: %-5t bootstrap: %s\n", n.Name, alive, strings.TrimSpace(string(status)))
+	}
+	if rec.Kubeconfig == "" {
+		return nil
+	}
+	svc, err := servicesFromKubeconfig(rec.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
+	return svc.printNodes(ctx, out)
+}

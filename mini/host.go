@@ -1,0 +1,196 @@
+package mini
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// run runs a host command; errors carry its output.
+func run(ctx context.Context, name string, args ...string) error {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Prerequisite is a program or file the local cluster needs.
+type Prerequisite struct {
+	What, Path, HowToGet string
+}
+
+// prerequisites of a node; the Kubernetes and gatehouse binaries are
+// checked separately.
+var prerequisites = []Prerequisite{
+	{"containerd", "containerd", "apt-get install containerd (make setup does)"},
+	{"runc", "runc", "apt-get install runc"},
+	{"ctr", "ctr", "apt-get install containerd"},
+	{"CNI plugins", "/usr/lib/cni/bridge", "apt-get install containernetworking-plugins"},
+	{"iproute2", "ip", "apt-get install iproute2"},
+	{"iptables", "iptables", "apt-get install iptables"},
+	{"nsenter and unshare", "nsenter", "apt-get install util-linux"},
+	{"losetup", "losetup", "apt-get install mount"},
+	{"swtpm", "swtpm", "apt-get install swtpm swtpm-tools"},
+	{"cryptsetup", "cryptsetup", "apt-get install cryptsetup-bin"},
+}
+
+// CheckPrerequisites returns an error naming every missing prerequisite
+// and how to get it.
+func CheckPrerequisites() error {
+	var errs []error
+	if os.Geteuid() != 0 {
+		errs = append(errs, errors.New("mini up needs root: it creates network namespaces, mounts, cgroups and loop devices (run it with sudo)"))
+	}
+	for _, p := range prerequisites {
+		if strings.HasPrefix(p.Path, "/") {
+			if _, err := os.Stat(p.Path); err != nil {
+				errs = append(errs, fmt.Errorf("%s missing (%s): %s", p.What, p.Path, p.HowToGet))
+			}
+		} else if _, err := exec.LookPath(p.Path); err != nil {
+			errs = append(errs, fmt.Errorf("%s missing: %s", p.What, p.HowToGet))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cgroupMounts returns the mountpoints of every cgroup hierarchy (v1
+// controllers and the unified v2 one).
+func cgroupMounts() ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	lines := bufio.NewScanner(f)
+	for lines.Scan() {
+		fields := strings.Fields(lines.Text())
+		i := slices.Index(fields, "-")
+		if i < 0 || i+1 >= len(fields) {
+			continue
+		}
+		if fs := fields[i+1]; fs == "cgroup" || fs == "cgroup2" {
+			out = append(out, fields[4])
+		}
+	}
+	return out, lines.Err()
+}
+
+// createCgroup creates root in every hierarchy; a cpuset copies its
+// parent's CPUs and memory nodes, without which nothing can join it.
+func createCgroup(root string) error {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return err
+	}
+	for _, m := range mounts {
+		dir := filepath.Join(m, root)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("creating cgroup %s: %w", dir, err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			parent, err := os.ReadFile(filepath.Join(m, f))
+			if err != nil {
+				continue
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), parent, 0o644); err != nil { //nolint:gosec // cgroup files
+				return fmt.Errorf("setting %s of %s: %w", f, dir, err)
+			}
+		}
+	}
+	return nil
+}
+
+// removeCgroup kills every process in root's subtree in every hierarchy
+// and removes the subtree, deepest first.
+func removeCgroup(root string) error {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mounts {
+		dir := filepath.Join(m, root)
+		var dirs []string
+		_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for _, d := range dirs {
+			killPIDs(readPIDs(filepath.Join(d, "cgroup.procs")))
+		}
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := rmdirRetry(dirs[i]); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func rmdirRetry(dir string) error {
+	var err error
+	for range 50 {
+		if err = syscall.Rmdir(dir); err == nil || errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond) // the kernel frees a cgroup after its last process is reaped
+	}
+	return fmt.Errorf("removing cgroup %s: %w", dir, err)
+}
+
+func readPIDs(file string) []int {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(data)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func killPIDs(pids []int) {
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// mountNS returns the mount namespace of pid ("mnt:[inode]").
+func mountNS(pid int) (string, error) {
+	return os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+}
+
+// pidsInMountNS returns every process in mount namespace ns.
+func pidsInMountNS(ns string) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if got, err := mountNS(pid); err == nil && got == ns {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}

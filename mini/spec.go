@@ -1,0 +1,101 @@
+// Package mini runs a local attested Kubernetes cluster on one Linux
+// machine (`gatehouse mini up`): every node has its own network namespace
+// and address, a private mount namespace, its own containerd, kubelet,
+// cgroup root, software TPM and LUKS2 state disk, and runs the real
+// gatehouse-bootstrapper, which runs the real kubeadm. docs/quickstart.md
+// shows what a user sees; ../shared/notes/real-kubelet.md is the recipe.
+package mini
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// NodeSpec is what a node agent needs, written by Up as node.json.
+type NodeSpec struct {
+	Name string `json:"name"`
+	// IP is the node's address on the cluster bridge.
+	IP string `json:"ip"`
+	// Gateway is the bridge's address on the host.
+	Gateway string `json:"gateway"`
+	// Dir is the node's directory on the host.
+	Dir string `json:"dir"`
+	// NetNS names the node's network namespace (/run/netns/<NetNS>).
+	NetNS string `json:"netns"`
+	// ControlPlane and Init: the first control plane is initialised by
+	// `gatehouse init`; the others join.
+	ControlPlane bool `json:"controlPlane"`
+	Init         bool `json:"init"`
+	// StateDisk is the loop device of the node's LUKS2 state disk.
+	StateDisk string `json:"stateDisk"`
+	// BinDir holds the gatehouse binaries, KubeBinDir the pinned Kubernetes ones.
+	BinDir     string `json:"binDir"`
+	KubeBinDir string `json:"kubeBinDir"`
+	// Images is the image archive imported into the node's containerd, and
+	// PauseImage the sandbox image among them.
+	Images     string `json:"images"`
+	PauseImage string `json:"pauseImage"`
+	// PodCIDR is the node's pod range for its CNI bridge.
+	PodCIDR string `json:"podCIDR"`
+	// CgroupRoot is the node's kubelet cgroup root.
+	CgroupRoot string `json:"cgroupRoot"`
+	// BootManifest is what the node measures into PCR 4 besides the
+	// bootstrapper binary (a tampered node measures something else).
+	BootManifest []byte `json:"bootManifest"`
+	// JoinEndpoints and CACertHash: where and whom to join (empty on the
+	// init node).
+	JoinEndpoints []string `json:"joinEndpoints,omitempty"`
+	CACertHash    string   `json:"caCertHash,omitempty"`
+	// InitSecretHashFile holds the bcrypt hash of the init secret.
+	InitSecretHashFile string `json:"initSecretHashFile"`
+}
+
+// ImageRepository is where the local images are named (never pulled).
+const ImageRepository = "docker.io/local"
+
+// Ports the node services listen on at the node's address.
+const (
+	InitPort     = 9000
+	EvidencePort = 9001
+	JoinPort     = 9090
+)
+
+// PCRs the local cluster's nodes quote: the boot loader PCR (4, where a
+// node measures its bootstrapper) and the node lock.
+var PCRs = []int{4, 15}
+
+// ReadNodeSpec reads node.json.
+func ReadNodeSpec(path string) (*NodeSpec, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var s NodeSpec
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &s, nil
+}
+
+func (s *NodeSpec) write() error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(s.Dir, "node.json"), data, 0o600)
+}
+
+// rootDir is where the node's private directories live on the host.
+func (s *NodeSpec) rootDir() string { return filepath.Join(s.Dir, "root") }
+
+// logDir holds the logs of the node's processes.
+func (s *NodeSpec) logDir() string { return filepath.Join(s.Dir, "logs") }
+
+// tpmSocket is the node's swtpm socket.
+func (s *NodeSpec) tpmSocket() string { return filepath.Join(s.Dir, "tpm", "tpm.sock") }
+
+// akFile is where the agent writes the public key of the node's
+// attestation key (PEM), for the cluster configuration's pinned AKs.
+func (s *NodeSpec) akFile() string { return filepath.Join(s.Dir, "ak.pem") }
