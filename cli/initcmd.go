@@ -76,7 +76,9 @@ func ReadState(path string) (*State, error) {
 
 type initOptions struct {
 	config, node, initSecretFile, masterSecretFile, stateFile, kubeconfig, componentsFile, arch string
-	timeout                                                                                     time.Duration
+	// failureLog is where a failed init's node logs go.
+	failureLog string
+	timeout    time.Duration
 }
 
 func newInitCmd() *cobra.Command {
@@ -104,6 +106,7 @@ func newInitCmd() *cobra.Command {
 	f.StringVar(&o.componentsFile, "components-file", "", "JSON list of components to install instead of the versions table's (offline use)")
 	f.StringVar(&o.arch, "node-arch", runtime.GOARCH, "CPU architecture of the node: amd64 or arm64")
 	f.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
+	f.StringVar(&o.failureLog, "failure-log", "gatehouse-init-failure.log", "where the node's logs of a failed init are written")
 	_ = cmd.MarkFlagRequired("node")
 	_ = cmd.MarkFlagRequired("init-secret-file")
 	return cmd
@@ -152,7 +155,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	fmt.Fprintf(out, "Initialising cluster %q (Kubernetes %s) on %s\n", cfg.Name, release.Version, o.node)
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	success, err := streamInit(ctx, out, o.node, verifier, req)
+	success, err := streamInit(ctx, out, o.node, verifier, req, o.failureLog)
 	if err != nil {
 		return err
 	}
@@ -252,7 +255,7 @@ func loadComponents(file string, table func(string) ([]*componentsv1.Component, 
 // printing progress once per step. It retries while the node is
 // unreachable or the connection drops (the node resumes the same init);
 // a node whose evidence does not verify is not retried.
-func streamInit(ctx context.Context, out io.Writer, node string, verifier attestation.Verifier, req *initservicev1.InitRequest) (*initservicev1.InitSuccess, error) {
+func streamInit(ctx context.Context, out io.Writer, node string, verifier attestation.Verifier, req *initservicev1.InitRequest, failureLog string) (*initservicev1.InitSuccess, error) {
 	creds, err := atls.NewCredentials(atls.Config{Verifiers: []attestation.Verifier{verifier}})
 	if err != nil {
 		return nil, err
@@ -271,7 +274,7 @@ func streamInit(ctx context.Context, out io.Writer, node string, verifier attest
 		seen = max(seen, n)
 		if err == nil {
 			if f := final.GetFailure(); f != nil {
-				return nil, initFailure(out, f)
+				return nil, initFailure(out, f, failureLog)
 			}
 			return final.GetSuccess(), nil
 		}
@@ -320,10 +323,9 @@ func receiveInit(ctx context.Context, out io.Writer, client initservicev1.InitSe
 }
 
 // initFailure prints the node's logs of a failed init and returns its error.
-func initFailure(out io.Writer, f *initservicev1.InitFailure) error {
+func initFailure(out io.Writer, f *initservicev1.InitFailure, name string) error {
 	logs, err := gunzip(f.GetLogsGzip())
 	if err == nil && len(logs) > 0 {
-		name := "gatehouse-init-failure.log"
 		if werr := os.WriteFile(name, logs, 0o600); werr == nil {
 			fmt.Fprintf(out, "The node's logs are in %s. Last lines:\n%s\n", name, lastLines(string(logs), 15))
 		}

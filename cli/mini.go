@@ -62,6 +62,7 @@ func newMiniUpCmd() *cobra.Command {
 					config: config, node: node, initSecretFile: secretFile,
 					masterSecretFile: filepath.Join(dir, DefaultMasterSecretFile), stateFile: filepath.Join(dir, DefaultStateFile),
 					kubeconfig: filepath.Join(dir, DefaultKubeconfig), componentsFile: compFile, arch: "amd64", timeout: 10 * time.Minute,
+					failureLog: filepath.Join(dir, "init-failure.log"),
 				})
 			}
 			return mini.Up(cmd.Context(), opts)

@@ -27,6 +27,8 @@ var privateDirs = []string{
 	"/var/lib/kubelet", "/var/lib/etcd", "/var/lib/containerd", "/var/lib/cni",
 	"/var/log/pods", "/var/log/containers", "/var/log/kubernetes",
 	"/run/containerd", "/run/gatehouse",
+	// containerd pins pod network namespaces here.
+	"/run/netns",
 }
 
 // Status files the agent writes into the node directory.

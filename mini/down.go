@@ -44,7 +44,9 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 			}
 		}
 		if n.AgentMountNS != "" {
-			killPIDs(pidsInMountNS(n.AgentMountNS))
+			if err := killMountNS(n.AgentMountNS, 15*time.Second); err != nil {
+				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+			}
 		}
 		if n.LoopDevice != "" {
 			if err := run(ctx, "losetup", "--detach", n.LoopDevice); err != nil && !strings.Contains(err.Error(), "No such") {
@@ -77,6 +79,23 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 		fmt.Fprintf(out, "Removed the local cluster in %s.\n", dir)
 	}
 	return errors.Join(errs...)
+}
+
+// killMountNS kills every process in mount namespace ns until none is
+// left, or fails after timeout.
+func killMountNS(ns string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		pids := pidsInMountNS(ns)
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes %v of mount namespace %s survive SIGKILL", pids, ns)
+		}
+		killPIDs(pids)
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func waitGone(pid int, timeout time.Duration) {

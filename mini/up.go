@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,6 +73,9 @@ func Up(ctx context.Context, opts Options) (err error) {
 		return err
 	} else if running {
 		return fmt.Errorf("a local cluster already runs from %s; run `gatehouse mini down` first", opts.Dir)
+	}
+	if _, err := net.InterfaceByName(bridgeName); err == nil {
+		return fmt.Errorf("a local cluster already runs (its bridge %s exists), from another directory; run `gatehouse mini down --dir <its directory>` first", bridgeName)
 	}
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return err

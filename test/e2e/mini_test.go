@@ -1,0 +1,253 @@
+// Package e2e tests the local attested cluster end to end: `gatehouse mini
+// up` with real kubeadm, kubelets and containerd on this machine.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/mini"
+)
+
+// buildBinaries builds the gatehouse binaries into a directory for the test.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+	cmd.Dir = filepath.Join("..", "..")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the binaries: %v\n%s", err, out)
+	}
+	return dir
+}
+
+func gatehouse(t *testing.T, bin string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(bin, "gatehouse"), args...)
+	cmd.Env = append(os.Environ(), "GATEHOUSE_KUBE_BIN="+kubeBin(t))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+func kubeBin(t *testing.T) string {
+	t.Helper()
+	dir, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestMiniCluster brings up one control plane, two workers and a tampered
+// third worker; checks Ready nodes, a workload on a worker, the tampered
+// worker's refusal, verify on good and tampered nodes; then mini down and
+// that nothing is left.
+func TestMiniCluster(t *testing.T) {
+	testenv.RequireRoot(t)
+	if err := mini.CheckPrerequisites(); err != nil {
+		t.Fatalf("this machine cannot run a local cluster (make setup installs what is missing):\n%v", err)
+	}
+	bin := buildBinaries(t)
+	dir := filepath.Join(t.TempDir(), "mini")
+	t.Cleanup(func() {
+		if out, err := gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
+			t.Errorf("cleanup: mini down: %v\n%s", err, out)
+		}
+	})
+	start := time.Now()
+	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--workers", "3", "--tamper", "worker-3")
+	if err != nil {
+		t.Fatalf("mini up: %v\n%s\n%s", err, out, nodeLogs(dir))
+	}
+	t.Logf("mini up took %s:\n%s", time.Since(start).Round(time.Second), out)
+	for _, want := range []string{"Node cp-0 is Ready", "Node worker-1 is Ready", "Node worker-2 is Ready", "The cluster is up", "kubeconfig:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("mini up output lacks %q", want)
+		}
+	}
+	if out, err := gatehouse(t, bin, "mini", "up", "--dir", dir); err == nil || !strings.Contains(out, "already runs") {
+		t.Errorf("a second mini up: %v\n%s", err, out)
+	}
+
+	client := clientFor(t, filepath.Join(dir, "gatehouse-admin.conf"))
+	ctx := t.Context()
+	t.Run("workload on a worker", func(t *testing.T) {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "workload", Namespace: "default"},
+			Spec: corev1.PodSpec{NodeName: "worker-1", Containers: []corev1.Container{{
+				Name: "workload", Image: mini.ImageRepository + "/pause:3.10.2", ImagePullPolicy: corev1.PullNever,
+				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)},
+			}}},
+		}
+		if _, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			p, err := client.CoreV1().Pods("default").Get(ctx, "workload", metav1.GetOptions{})
+			return err == nil && p.Status.Phase == corev1.PodRunning, nil
+		})
+		if err != nil {
+			t.Fatalf("the workload pod is not Running on worker-1: %v", err)
+		}
+	})
+
+	t.Run("tampered worker refused", func(t *testing.T) {
+		if _, err := client.CoreV1().Nodes().Get(ctx, "worker-3", metav1.GetOptions{}); err == nil {
+			t.Fatal("the tampered worker-3 is a Node")
+		}
+		secrets, err := client.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range secrets.Items {
+			if strings.Contains(string(s.Data["description"]), "worker-3") {
+				t.Errorf("the tampered worker got bootstrap token %s", s.Name)
+			}
+		}
+		audit := joinServiceLog(t, dir)
+		refused, allowed := false, false
+		for _, line := range strings.Split(audit, "\n") {
+			if !strings.Contains(line, `"source":"10.88.0.13"`) {
+				continue
+			}
+			refused = refused || (strings.Contains(line, `"verdict":"refused"`) && strings.Contains(line, `"reason":"measurement_mismatch"`))
+			allowed = allowed || strings.Contains(line, `"verdict":"allowed"`)
+		}
+		if !refused || allowed {
+			t.Fatalf("join service audit for the tampered worker: refused for measurements %v, ever allowed %v\n%s", refused, allowed, audit)
+		}
+		log, _ := os.ReadFile(filepath.Join(dir, "nodes", "worker-3", "logs", "bootstrapper.log"))
+		if !strings.Contains(string(log), "Join service call failed") {
+			t.Fatalf("the tampered worker's log does not say its join failed:\n%s", log)
+		}
+	})
+
+	t.Run("verify", func(t *testing.T) {
+		config, state := filepath.Join(dir, "gatehouse-config.yaml"), filepath.Join(dir, "gatehouse-state.json")
+		out, err := gatehouse(t, bin, "verify", "--config", config, "--state-file", state, "--node", "10.88.0.11:9001", "--output", "json")
+		if err != nil {
+			t.Fatalf("verify worker-1: %v\n%s", err, out)
+		}
+		var report struct {
+			ClusterID    string            `json:"clusterID"`
+			Measurements map[string]string `json:"measurements"`
+		}
+		if err := json.Unmarshal([]byte(out), &report); err != nil || report.ClusterID == "" || report.Measurements["15"] == "" {
+			t.Fatalf("verify report %v: %s", err, out)
+		}
+		out, err = gatehouse(t, bin, "verify", "--config", config, "--node", "10.88.0.13:9001")
+		if err == nil || !strings.Contains(out, "does not verify") || !strings.Contains(out, "index 4") {
+			t.Fatalf("verify of the tampered worker: %v\n%s", err, out)
+		}
+	})
+
+	var rec *mini.Record
+	if rec, err = mini.ReadRecord(dir); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
+		t.Fatalf("mini down: %v\n%s", err, out)
+	}
+	assertNothingLeft(t, rec)
+}
+
+func clientFor(t *testing.T, kubeconfig string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}
+
+func joinServiceLog(t *testing.T, dir string) string {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "cp-0", "root", "var", "log", "pods", "kube-system_gatehouse-joinservice-*", "*", "*.log"))
+	var all strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all.Write(data)
+	}
+	return all.String()
+}
+
+func nodeLogs(dir string) string {
+	var b strings.Builder
+	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "logs", "*.log"))
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		if len(lines) > 15 {
+			lines = lines[len(lines)-15:]
+		}
+		b.WriteString("== " + f + "\n" + strings.Join(lines, "\n") + "\n")
+	}
+	return b.String()
+}
+
+// assertNothingLeft checks that no namespace, link, process, mount, cgroup,
+// loop device or file of the cluster remains.
+func assertNothingLeft(t *testing.T, rec *mini.Record) {
+	t.Helper()
+	netns, _ := exec.Command("ip", "netns", "list").CombinedOutput()
+	links, _ := exec.Command("ip", "-o", "link").CombinedOutput()
+	loops, _ := exec.Command("losetup", "-a").CombinedOutput()
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, n := range rec.Nodes {
+		if strings.Contains(string(netns), n.NetNS) {
+			t.Errorf("network namespace %s remains", n.NetNS)
+		}
+		if strings.Contains(string(links), n.HostVeth+"@") {
+			t.Errorf("link %s remains", n.HostVeth)
+		}
+		if strings.Contains(string(loops), filepath.Join(n.Dir, "state-disk.img")) {
+			t.Errorf("the loop device of %s remains", n.Name)
+		}
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			if ns, err := os.Readlink("/proc/" + e.Name() + "/ns/mnt"); err == nil && ns == n.AgentMountNS {
+				t.Errorf("process %s of node %s remains", e.Name(), n.Name)
+			}
+		}
+		matches, _ := filepath.Glob("/sys/fs/cgroup/*" + n.CgroupRoot)
+		if len(matches) > 0 {
+			t.Errorf("cgroups of %s remain: %v", n.Name, matches)
+		}
+	}
+	if strings.Contains(string(netns), "cni-") {
+		t.Errorf("pod network namespaces remain:\n%s", netns)
+	}
+	if strings.Contains(string(links), rec.Bridge+":") {
+		t.Errorf("bridge %s remains", rec.Bridge)
+	}
+	if strings.Contains(string(mounts), rec.Dir) {
+		t.Error("mounts of the cluster directory remain")
+	}
+	if _, err := os.Stat(rec.Dir); !os.IsNotExist(err) {
+		t.Errorf("the cluster directory %s remains", rec.Dir)
+	}
+}
