@@ -62,10 +62,12 @@ fuzz: ## Run every go test -fuzz target for FUZZTIME (default 5s) each
 test: setup check-generate lint unit fuzz ## Set up the machine, check generated code, lint, run every test with -race, fuzz briefly
 
 .PHONY: mini-up
-mini-up: setup build ## Prepare the machine for the local attested cluster (the cluster itself: issue 7)
-	@bin=$$(hack/kube-binaries.sh 2>/dev/null); \
-		echo "Prepared: Debian packages, pinned Go tools, Kubernetes $$($$bin/kubeadm version -o short) binaries in $$bin, and bin/gatehouse."
-	@echo "The local attested cluster ('gatehouse mini up') is not built yet; see README.md."
+mini-up: setup build ## Set up the machine and start a local attested cluster (1 control plane + 2 workers)
+	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) bin/gatehouse mini up
+
+.PHONY: mini-down
+mini-down: build ## Remove the local cluster and everything it made
+	bin/gatehouse mini down
 
 .PHONY: clean
 clean: ## Remove build outputs (not the caches)

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -47,9 +46,6 @@ func newMiniUpCmd() *cobra.Command {
 			}
 			if opts.KubeBinDir == "" {
 				opts.KubeBinDir = os.Getenv("GATEHOUSE_KUBE_BIN")
-			}
-			if opts.KubeBinDir == "" {
-				return fmt.Errorf("the pinned Kubernetes binaries are not found: pass --kube-bin or set GATEHOUSE_KUBE_BIN (make mini-up does)")
 			}
 			opts.KubernetesVersion = versions.Default().Version
 			opts.Out = cmd.OutOrStdout()

@@ -63,12 +63,6 @@ func bootManifest(version, imagesDigest string) []byte {
 // Up creates the local cluster: one control plane and opts.Workers workers.
 func Up(ctx context.Context, opts Options) (err error) {
 	p := &progress{out: opts.Out, start: time.Now()}
-	if err := CheckPrerequisites(); err != nil {
-		return fmt.Errorf("this machine lacks what a local cluster needs:\n%w", err)
-	}
-	if err := checkBinaries(opts); err != nil {
-		return err
-	}
 	if running, err := exists(opts.Dir); err != nil {
 		return err
 	} else if running {
@@ -77,6 +71,13 @@ func Up(ctx context.Context, opts Options) (err error) {
 	if _, err := net.InterfaceByName(bridgeName); err == nil {
 		return fmt.Errorf("a local cluster already runs (its bridge %s exists), from another directory; run `gatehouse mini down --dir <its directory>` first", bridgeName)
 	}
+	if err := CheckPrerequisites(); err != nil {
+		return fmt.Errorf("this machine lacks what a local cluster needs:\n%w", err)
+	}
+	if err := checkBinaries(opts); err != nil {
+		return err
+	}
+
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return err
 	}
@@ -219,6 +220,9 @@ func (p *progress) step(format string, args ...any) {
 }
 
 func checkBinaries(opts Options) error {
+	if opts.KubeBinDir == "" {
+		return errors.New("the pinned Kubernetes binaries are not found: pass --kube-bin or set GATEHOUSE_KUBE_BIN=$(hack/kube-binaries.sh) (make mini-up does)")
+	}
 	var errs []error
 	for _, b := range []string{"gatehouse", "gatehouse-bootstrapper", "gatehouse-joinservice", "gatehouse-keyservice", "gatehouse-pause"} {
 		if _, err := os.Stat(filepath.Join(opts.BinDir, b)); err != nil {
