@@ -51,7 +51,7 @@ func BootArtefacts(bootstrapperBin string, manifest []byte) ([]tpm.Artefact, err
 // a private mount namespace (Up starts it that way). It returns when ctx
 // ends, after stopping the node's processes.
 func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
-	if err := os.MkdirAll(spec.logDir(), 0o755); err != nil {
+	if err := os.MkdirAll(spec.logDir(), 0o750); err != nil {
 		return err
 	}
 	if err := mountPrivateDirs(spec); err != nil {
@@ -119,11 +119,11 @@ func mountPrivateDirs(spec *NodeSpec) error {
 	var created []string
 	for _, dir := range privateDirs {
 		src := filepath.Join(spec.rootDir(), dir)
-		if err := os.MkdirAll(src, 0o755); err != nil {
+		if err := os.MkdirAll(src, 0o755); err != nil { //nolint:gosec // stand-ins for /etc/kubernetes, /usr/local/bin, …: world-readable like them
 			return err
 		}
 		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
+			if err := os.MkdirAll(dir, 0o755); err != nil { //nolint:gosec // a host mountpoint such as /etc/kubernetes
 				return err
 			}
 			created = append(created, dir)

@@ -63,7 +63,7 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 		}
 		if data, err := os.ReadFile(filepath.Join(n.Dir, mountpointsFile)); err == nil {
 			for _, mp := range strings.Fields(string(data)) {
-				_ = os.Remove(mp) // only if still empty
+				_ = os.Remove(mp) //nolint:gosec // a mountpoint the agent recorded creating; removed only if still empty
 			}
 		}
 	}

@@ -95,7 +95,7 @@ func createCgroup(root string) error {
 	}
 	for _, m := range mounts {
 		dir := filepath.Join(m, root)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(dir, 0o755); err != nil { //nolint:gosec // a cgroup directory, as the kernel makes them
 			return fmt.Errorf("creating cgroup %s: %w", dir, err)
 		}
 		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {

@@ -38,7 +38,7 @@ func (ps *processes) start(ctx context.Context, name, bin string, args ...string
 		close(p.done)
 		return p
 	}
-	p.cmd = exec.Command(bin, args...) //nolint:gosec // the agent's own children
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

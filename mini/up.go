@@ -327,7 +327,7 @@ func initSecretFiles(dir string) (secretFile, hashFile string, err error) {
 func startNode(ctx context.Context, opts Options, rec *Record, s *NodeSpec) error {
 	nr := rec.node(s.Name)
 	nr.Dir = s.Dir
-	if err := os.MkdirAll(s.logDir(), 0o755); err != nil {
+	if err := os.MkdirAll(s.logDir(), 0o750); err != nil {
 		return err
 	}
 	if err := run(ctx, "ip", "netns", "add", s.NetNS); err != nil {
@@ -382,7 +382,7 @@ func startNode(ctx context.Context, opts Options, rec *Record, s *NodeSpec) erro
 		return err
 	}
 	defer logFile.Close()
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+s.NetNS, "--", //nolint:gosec // fixed programs
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+s.NetNS, "--",
 		"unshare", "--mount", "--propagation", "private", "--",
 		filepath.Join(opts.BinDir, "gatehouse"), "mini", "node-agent", "--spec", filepath.Join(s.Dir, "node.json"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
