@@ -16,11 +16,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
-	bootstraputil "k8s.io/cluster-bootstrap/token/util"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
@@ -142,29 +137,13 @@ func createToken(t *testing.T, env *testenv.Env) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	token, err := bootstraputil.GenerateBootstrapToken()
+	token, err := testenv.CreateBootstrapToken(t.Context(), client, 15*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, secret, _ := strings.Cut(token, ".")
-	_, err = client.CoreV1().Secrets(metav1.NamespaceSystem).Create(t.Context(), &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: bootstraputil.BootstrapTokenSecretName(id), Namespace: metav1.NamespaceSystem},
-		Type:       bootstrapapi.SecretTypeBootstrapToken,
-		StringData: map[string]string{
-			bootstrapapi.BootstrapTokenIDKey: id, bootstrapapi.BootstrapTokenSecretKey: secret,
-			bootstrapapi.BootstrapTokenExpirationKey:       time.Now().Add(15 * time.Minute).UTC().Format(time.RFC3339),
-			bootstrapapi.BootstrapTokenUsageAuthentication: "true", bootstrapapi.BootstrapTokenUsageSigningKey: "true",
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
+	id, _, _ := strings.Cut(token, ".")
+	if err := testenv.WaitClusterInfoSigned(t.Context(), client, id); err != nil {
 		t.Fatal(err)
-	}
-	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		cm, err := client.CoreV1().ConfigMaps(metav1.NamespacePublic).Get(ctx, bootstrapapi.ConfigMapClusterInfo, metav1.GetOptions{})
-		return err == nil && cm.Data[bootstrapapi.JWSSignatureKeyPrefix+id] != "", nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for cluster-info to be signed: %v", err)
 	}
 	return token
 }

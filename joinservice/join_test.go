@@ -109,15 +109,8 @@ func (h *harness) checkTokenSecret(t testing.TB, token string) {
 // cluster-info for token id.
 func (h *harness) waitClusterInfoSigned(t testing.TB, id string) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		cm, err := h.client.CoreV1().ConfigMaps(metav1.NamespacePublic).Get(ctx, bootstrapapi.ConfigMapClusterInfo, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		return cm.Data[bootstrapapi.JWSSignatureKeyPrefix+id] != "", nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for cluster-info to be signed for token %s: %v", id, err)
+	if err := testenv.WaitClusterInfoSigned(t.Context(), h.client, id); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -94,11 +94,7 @@ const (
 // on the control plane (host network), with their credentials, RBAC and an
 // empty deny list.
 func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig string) (*services, error) {
-	restCfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	client, err := kubernetes.NewForConfig(restCfg)
+	s, err := servicesFromKubeconfig(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +103,7 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig 
 	if err != nil {
 		return nil, err
 	}
-	s := &services{client: client, cp: cp, dir: opts.Dir, caHash: ca.DiscoveryTokenCACertHash(), version: opts.KubernetesVersion}
+	s.cp, s.dir, s.caHash, s.version = cp, opts.Dir, ca.DiscoveryTokenCACertHash(), opts.KubernetesVersion
 	internal := filepath.Join(root, "etc/gatehouse/internal")
 	if err := writeInternalPKI(internal); err != nil {
 		return nil, err

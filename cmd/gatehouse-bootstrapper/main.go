@@ -11,6 +11,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -125,16 +126,11 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	rw, err := tpmutil.OpenTPM(*tpmPath)
+	rw, attester, closeTPM, err := openAttester(*tpmPath, pcrs)
 	if err != nil {
-		return fmt.Errorf("opening the TPM %s: %w", *tpmPath, err)
+		return err
 	}
-	defer rw.Close()
-	attester, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: pcrs})
-	if err != nil {
-		return fmt.Errorf("creating the attestation key: %w", err)
-	}
-	defer attester.Close()
+	defer closeTPM()
 	lock, err := nodelock.New(rw)
 	if err != nil {
 		return err
@@ -238,16 +234,11 @@ func serveEvidence(log *slog.Logger, args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rw, err := tpmutil.OpenTPM(*tpmPath)
+	_, attester, closeTPM, err := openAttester(*tpmPath, pcrs)
 	if err != nil {
-		return fmt.Errorf("opening the TPM %s: %w", *tpmPath, err)
+		return err
 	}
-	defer rw.Close()
-	attester, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: pcrs})
-	if err != nil {
-		return fmt.Errorf("creating the attestation key: %w", err)
-	}
-	defer attester.Close()
+	defer closeTPM()
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
@@ -257,4 +248,19 @@ func serveEvidence(log *slog.Logger, args []string) error {
 		return err
 	}
 	return nil
+}
+
+// openAttester opens the TPM at path (device or swtpm socket) and an
+// attester quoting pcrs; the function returned closes both.
+func openAttester(path string, pcrs []int) (io.ReadWriteCloser, *tpm.Attester, func(), error) {
+	rw, err := tpmutil.OpenTPM(path)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("opening the TPM %s: %w", path, err)
+	}
+	attester, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: pcrs})
+	if err != nil {
+		_ = rw.Close()
+		return nil, nil, nil, fmt.Errorf("creating the attestation key: %w", err)
+	}
+	return rw, attester, func() { _ = attester.Close(); _ = rw.Close() }, nil
 }

@@ -1,7 +1,6 @@
 package kubeadm_test
 
 import (
-	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -11,10 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
-	bootstraputil "k8s.io/cluster-bootstrap/token/util"
 
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -187,31 +182,13 @@ func TestJoinDryRunDiscovery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	token, err := bootstraputil.GenerateBootstrapToken()
+	token, err := testenv.CreateBootstrapToken(ctx, client, 15*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, secret, _ := strings.Cut(token, ".")
-	_, err = client.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: bootstraputil.BootstrapTokenSecretName(id), Namespace: metav1.NamespaceSystem},
-		Type:       bootstrapapi.SecretTypeBootstrapToken,
-		StringData: map[string]string{
-			bootstrapapi.BootstrapTokenIDKey:               id,
-			bootstrapapi.BootstrapTokenSecretKey:           secret,
-			bootstrapapi.BootstrapTokenExpirationKey:       time.Now().Add(15 * time.Minute).UTC().Format(time.RFC3339),
-			bootstrapapi.BootstrapTokenUsageAuthentication: "true",
-			bootstrapapi.BootstrapTokenUsageSigningKey:     "true",
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
+	id, _, _ := strings.Cut(token, ".")
+	if err := testenv.WaitClusterInfoSigned(ctx, client, id); err != nil {
 		t.Fatal(err)
-	}
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		cm, err := client.CoreV1().ConfigMaps(metav1.NamespacePublic).Get(ctx, bootstrapapi.ConfigMapClusterInfo, metav1.GetOptions{})
-		return err == nil && cm.Data[bootstrapapi.JWSSignatureKeyPrefix+id] != "", nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for the bootstrap signer to sign cluster-info: %v", err)
 	}
 	hash, err := kubeadm.DiscoveryTokenCACertHashPEM(env.CACertPEM)
 	if err != nil {

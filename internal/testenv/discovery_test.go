@@ -9,44 +9,12 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	"k8s.io/cluster-bootstrap/token/jws"
-	bootstraputil "k8s.io/cluster-bootstrap/token/util"
 
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
-
-// createBootstrapToken creates a bootstrap token Secret the way kubeadm does
-// for `kubeadm token create` (default node token group, both usages) and
-// returns the token "<id>.<secret>".
-func createBootstrapToken(ctx context.Context, client kubernetes.Interface, ttl time.Duration) (id, secret string, err error) {
-	token, err := bootstraputil.GenerateBootstrapToken()
-	if err != nil {
-		return "", "", err
-	}
-	parts := bootstraputil.BootstrapTokenRegexp.FindStringSubmatch(token)
-	id, secret = parts[1], parts[2]
-	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: bootstraputil.BootstrapTokenSecretName(id), Namespace: metav1.NamespaceSystem},
-		Type:       bootstrapapi.SecretTypeBootstrapToken,
-		StringData: map[string]string{
-			bootstrapapi.BootstrapTokenIDKey:               id,
-			bootstrapapi.BootstrapTokenSecretKey:           secret,
-			bootstrapapi.BootstrapTokenExpirationKey:       time.Now().Add(ttl).UTC().Format(time.RFC3339),
-			bootstrapapi.BootstrapTokenUsageAuthentication: "true",
-			bootstrapapi.BootstrapTokenUsageSigningKey:     "true",
-			bootstrapapi.BootstrapTokenExtraGroupsKey:      "system:bootstrappers:kubeadm:default-node-token",
-		},
-	}
-	if _, err := client.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, s, metav1.CreateOptions{}); err != nil {
-		return "", "", fmt.Errorf("creating bootstrap token Secret: %w", err)
-	}
-	return id, secret, nil
-}
 
 // TestBootstrapTokenDiscovery proves the environment is a real control plane:
 // the real bootstrapsigner signs cluster-info for a new bootstrap token, and
@@ -64,23 +32,19 @@ func TestBootstrapTokenDiscovery(t *testing.T) {
 	if err := env.PublishClusterInfo(ctx); err != nil {
 		t.Fatal(err)
 	}
-	id, secret, err := createBootstrapToken(ctx, client, 15*time.Minute)
+	token, err := CreateBootstrapToken(ctx, client, 15*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
+	id, secret, _ := strings.Cut(token, ".")
 
 	// The bootstrapsigner controller signs cluster-info for the new token.
-	var signed *corev1.ConfigMap
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		cm, err := client.CoreV1().ConfigMaps(metav1.NamespacePublic).Get(ctx, bootstrapapi.ConfigMapClusterInfo, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		signed = cm
-		return cm.Data[bootstrapapi.JWSSignatureKeyPrefix+id] != "", nil
-	})
+	if err := WaitClusterInfoSigned(ctx, client, id); err != nil {
+		t.Fatal(err)
+	}
+	signed, err := client.CoreV1().ConfigMaps(metav1.NamespacePublic).Get(ctx, bootstrapapi.ConfigMapClusterInfo, metav1.GetOptions{})
 	if err != nil {
-		t.Fatalf("waiting for %s%s in cluster-info: %v", bootstrapapi.JWSSignatureKeyPrefix, id, err)
+		t.Fatal(err)
 	}
 	sig := signed.Data[bootstrapapi.JWSSignatureKeyPrefix+id]
 	if !jws.DetachedTokenIsValid(sig, signed.Data[bootstrapapi.KubeConfigKey], id, secret) {
