@@ -184,12 +184,24 @@ func (c *JoinClient) retry(ctx context.Context, what string, call func(context.C
 			case codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition:
 				return fmt.Errorf("the join service at %s refused the %s request: %w", ep, what, err)
 			}
+			if rejectedEvidence(err) {
+				log.Error("The join service refused this node's attestation evidence; its audit log names the reason "+
+					"(e.g. measurement_mismatch). Retrying in case its policy changes.", "endpoint", ep, "request", what, "round", round)
+				continue
+			}
 			log.Warn("Join service call failed; trying the next endpoint", "endpoint", ep, "request", what, "round", round, "error", err.Error())
 		}
 		if err := c.cfg.Backoff.wait(ctx, round, c.cfg.Lock.Taken()); err != nil {
 			return err
 		}
 	}
+}
+
+// rejectedEvidence reports whether err is the join service refusing this
+// node's attested TLS certificate (TLS alert bad_certificate, RFC 8446
+// §6.2): the service does not tell a refused client why.
+func rejectedEvidence(err error) bool {
+	return status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "tls: bad certificate")
 }
 
 func (c *JoinClient) callOne(ctx context.Context, endpoint string, call func(context.Context, joinservicev1.JoinServiceClient) error) error {

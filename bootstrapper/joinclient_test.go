@@ -3,6 +3,10 @@ package bootstrapper
 import (
 	"bytes"
 	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"errors"
 	"os"
 	"path/filepath"
@@ -23,6 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -340,5 +345,45 @@ func TestJoinRefused(t *testing.T) {
 	}
 	if !strings.Contains(n.logs.String(), "cluster") {
 		t.Errorf("the logs do not say why the service was not trusted:\n%s", n.logs)
+	}
+}
+
+// TestJoinLogsRefusedEvidence: when the join service refuses the node's
+// evidence, the node says so clearly (the service does not tell why) and
+// keeps retrying, unlocked.
+func TestJoinLogsRefusedEvidence(t *testing.T) {
+	ca, _, _, err := clusterpki.GenerateCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newTestNode(t)
+	n.formatDisk(t)
+	other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := tpm.ReferenceValues(bootArtefacts, testPCRs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusing, err := tpm.NewVerifier(tpm.Policy{PCRs: testPCRs, ReferenceValues: ref,
+		Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{other.Public()}}}, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := atls.NewCredentials(atls.Config{Verifiers: []attestation.Verifier{refusing}, Certificate: clusterpki.NewIdentity(ca, time.Now).Certificate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(creds))
+	joinservicev1.RegisterJoinServiceServer(srv, &fakeJoinService{ca: ca, ticket: testTicket(t, n.setup.Root)})
+	addr := serve(t, srv)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	if err := newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), false, addr).Join(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("join with refused evidence: %v, want to keep retrying until the deadline", err)
+	}
+	if n.lock.Locked() || !strings.Contains(n.logs.String(), "refused this node's attestation evidence") {
+		t.Fatalf("locked %v; logs:\n%s", n.lock.Locked(), n.logs)
 	}
 }
