@@ -1,0 +1,12 @@
+{{- define "joinservice.name" -}}gatehouse-joinservice{{- end -}}
+{{- define "joinservice.labels" -}}
+app.kubernetes.io/name: {{ include "joinservice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end -}}
+{{- define "joinservice.selector" -}}
+app.kubernetes.io/name: {{ include "joinservice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
