@@ -1,0 +1,214 @@
+package upgrade
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+)
+
+const cmTemplate = `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: demo
+  namespace: {{ .Release.Namespace }}
+data:
+  greeting: {{ .Values.greeting | quote }}
+  color: {{ .Values.color | quote }}
+`
+
+// demoChart is a chart whose default color changes with the version; bad
+// adds an object the API server rejects.
+func demoChart(version, color string, bad bool) *chart.Chart {
+	c := &chart.Chart{
+		Metadata:  &chart.Metadata{APIVersion: "v2", Name: "demo", Version: version},
+		Templates: []*chart.File{{Name: "templates/cm.yaml", Data: []byte(cmTemplate)}},
+		Values:    map[string]any{"greeting": "hello", "color": color},
+	}
+	if bad {
+		c.Templates = append(c.Templates, &chart.File{Name: "templates/bad.yaml", Data: []byte(
+			"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: Not_A_Valid_Name\n  namespace: {{ .Release.Namespace }}\n")})
+	}
+	return c
+}
+
+const widgetCRD = `apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  names: {kind: Widget, plural: widgets, singular: widget}
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+`
+
+const widget = `apiVersion: example.com/v1
+kind: Widget
+metadata:
+  name: w1
+  namespace: default
+spec:
+  size: 3
+`
+
+func kubectl(t *testing.T, env *testenv.Env, stdin string, args ...string) string {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), filepath.Join(env.BinDir, "kubectl"), append([]string{"--kubeconfig", env.KubeconfigPath}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func TestApply(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	root := t.TempDir()
+	var out bytes.Buffer
+	opts := Options{Kubeconfig: env.KubeconfigPath, Namespace: "default", BackupRoot: root,
+		Order: []string{"demo"}, Timeout: time.Minute, Out: &out}
+	cfg, err := helmConfig(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	install := action.NewInstall(cfg)
+	install.ReleaseName, install.Namespace = "demo", "default"
+	if _, err := install.Run(demoChart("0.1.0", "blue", false), map[string]any{"greeting": "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, env, widgetCRD, "apply", "-f", "-")
+	// The CRD becomes established asynchronously.
+	err = wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		cmd := exec.CommandContext(ctx, filepath.Join(env.BinDir, "kubectl"), "--kubeconfig", env.KubeconfigPath, "apply", "-f", "-")
+		cmd.Stdin = strings.NewReader(widget)
+		return cmd.Run() == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("creating a Widget: %v", err)
+	}
+	client, err := env.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	color := func() string {
+		cm, err := client.CoreV1().ConfigMaps("default").Get(t.Context(), "demo", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cm.Data["greeting"] + "/" + cm.Data["color"]
+	}
+
+	t.Run("upgrade merges the cluster's values onto the new defaults", func(t *testing.T) {
+		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.2.0", "green", false)}
+		results, err := Apply(t.Context(), opts)
+		if err != nil || len(results) != 1 || results[0].Outcome != "upgraded" {
+			t.Fatalf("Apply: %v %+v\n%s", err, results, &out)
+		}
+		if got := color(); got != "hi/green" {
+			t.Fatalf("ConfigMap %s, want the cluster's greeting and the new default color", got)
+		}
+	})
+
+	backups, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*", "backups"))
+	t.Run("backups re-apply with server-side apply", func(t *testing.T) {
+		if len(backups) != 1 {
+			t.Fatalf("backup directories %v, want one", backups)
+		}
+		for _, f := range []string{"crds/widgets.example.com.yaml", "resources/widgets.example.com/default/w1.yaml"} {
+			if _, err := os.Stat(filepath.Join(backups[0], f)); err != nil {
+				t.Fatalf("backup lacks %s: %v", f, err)
+			}
+		}
+		if !strings.Contains(out.String(), backups[0]) {
+			t.Fatal("Apply did not say where the backups are")
+		}
+		kubectl(t, env, "", "delete", "widget", "w1", "-n", "default")
+		kubectl(t, env, "", "apply", "--server-side", "-R", "-f", backups[0])
+		if got := kubectl(t, env, "", "get", "widget", "w1", "-n", "default", "-o", "jsonpath={.spec.size}"); got != "3" {
+			t.Fatalf("restored Widget has size %q", got)
+		}
+	})
+
+	t.Run("dry run shows the change and changes nothing", func(t *testing.T) {
+		out.Reset()
+		opts.DryRun = true
+		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.3.0", "red", false)}
+		results, err := Apply(t.Context(), opts)
+		opts.DryRun = false
+		if err != nil || results[0].Outcome != "would upgrade" {
+			t.Fatalf("dry run: %v %+v", err, results)
+		}
+		for _, want := range []string{"~ ConfigMap default/demo (changed)", `-  color: "green"`, `+  color: "red"`} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("dry run output lacks %q:\n%s", want, &out)
+			}
+		}
+		if color() != "hi/green" {
+			t.Fatal("the dry run changed the ConfigMap")
+		}
+		if more, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*")); len(more) != 1 {
+			t.Fatalf("the dry run wrote backups: %v", more)
+		}
+	})
+
+	t.Run("a failed upgrade rolls back", func(t *testing.T) {
+		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.3.0", "red", true)}
+		results, err := Apply(t.Context(), opts)
+		if err == nil || results[0].Outcome != "rolled back" {
+			t.Fatalf("bad chart: %v %+v", err, results)
+		}
+		deployed, err := cfg.Releases.Deployed("demo")
+		if err != nil || deployed.Chart.Metadata.Version != "0.2.0" {
+			t.Fatalf("deployed after the failure: %v %v", deployed.Chart.Metadata.Version, err)
+		}
+		if got := color(); got != "hi/green" {
+			t.Fatalf("ConfigMap %s after the rollback, want the 0.2.0 one", got)
+		}
+	})
+
+	t.Run("skipping a minor version is refused before any change", func(t *testing.T) {
+		before, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*"))
+		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.4.0", "red", false)}
+		if _, err := Apply(t.Context(), opts); err == nil || !strings.Contains(err.Error(), "skips 1 minor version") {
+			t.Fatalf("0.2.0 → 0.4.0: %v", err)
+		}
+		if after, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*")); len(after) != len(before) {
+			t.Fatal("a refused upgrade wrote backups")
+		}
+	})
+}
+
+func TestCheckStep(t *testing.T) {
+	for _, tc := range []struct {
+		from, to, err string
+	}{
+		{"0.2.0", "0.2.0", ""}, {"0.2.0", "0.2.5", ""}, {"0.2.0", "0.3.0", ""},
+		{"0.2.0", "0.4.0", "skips 1 minor"}, {"0.3.0", "0.2.0", "downgrades"}, {"0.9.0", "1.0.0", "major"}, {"x", "0.1.0", "semantic"},
+	} {
+		err := checkStep(tc.from, tc.to)
+		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%s → %s: %v, want %q", tc.from, tc.to, err, tc.err)
+		}
+	}
+}
