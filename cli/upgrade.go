@@ -3,10 +3,12 @@ package cli
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
 
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/upgrade"
@@ -23,6 +25,7 @@ func newUpgradeCmd() *cobra.Command {
 
 func newUpgradeApplyCmd() *cobra.Command {
 	opts := upgrade.Options{}
+	var chartsDir string
 	cmd := &cobra.Command{
 		Use:   "apply",
 		Short: "Upgrade the join and key service releases to this CLI's charts",
@@ -38,9 +41,13 @@ func newUpgradeApplyCmd() *cobra.Command {
 			opts.Charts = map[string]*chart.Chart{}
 			opts.Order = charts.Names
 			for _, name := range charts.Names {
-				c, err := charts.Load(name)
+				load := charts.Load
+				if chartsDir != "" {
+					load = func(name string) (*chart.Chart, error) { return loader.Load(filepath.Join(chartsDir, name)) }
+				}
+				c, err := load(name)
 				if err != nil {
-					return err
+					return fmt.Errorf("loading chart %s: %w", name, err)
 				}
 				opts.Charts[name] = c
 			}
@@ -65,6 +72,7 @@ func newUpgradeApplyCmd() *cobra.Command {
 	f.StringVar(&opts.BackupRoot, "backup-dir", "", "where gatehouse-upgrade/<timestamp>/backups is written (default: the current directory)")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would change; change nothing")
 	f.DurationVar(&opts.Timeout, "timeout", 5*time.Minute, "time each release may take, waiting included")
+	f.StringVar(&chartsDir, "charts-dir", "", "directory holding gatehouse-joinservice/ and gatehouse-keyservice/ charts to use instead of the built-in ones")
 	f.BoolVar(&opts.Wait, "wait", true, "wait for upgraded resources to be ready (a release that does not become ready is rolled back)")
 	return cmd
 }

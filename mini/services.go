@@ -22,21 +22,20 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"helm.sh/helm/v3/pkg/action"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
-	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
+	"github.com/gatehouse-dev/gatehouse/upgrade"
 )
 
 func randRead(b []byte) (int, error) { return rand.Read(b) }
@@ -76,24 +75,22 @@ func writeClusterConfig(path string, opts Options, manifest []byte, aks [][]byte
 
 // services is the control plane's Gatehouse services and an admin client.
 type services struct {
-	client  kubernetes.Interface
-	cp      *NodeSpec
-	dir     string
-	caHash  string
-	version string
+	client     kubernetes.Interface
+	kubeconfig string
+	cp         *NodeSpec
+	dir        string
+	caHash     string
+	version    string
 }
 
-// Names of the join service's policy ConfigMaps in kube-system.
-const (
-	joinConfigName  = "gatehouse-join-config"
-	denyListName    = "gatehouse-deny-list"
-	joinServiceUser = "gatehouse-joinservice"
-)
-
-// deployServices runs the key service and the join service as static Pods
-// on the control plane (host network), with their credentials, RBAC and an
-// empty deny list.
-func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig string) (*services, error) {
+// deployServices installs the key service and the join service from the
+// embedded Helm charts with the locally built images (imported into every
+// node, never pulled), their TLS Secrets, and a join config trusting the
+// control plane's attestation key so far. Both run on the control plane's
+// host network: the local cluster has no kube-proxy, so the join service
+// reaches the key service on 127.0.0.1 and the API server at the node's
+// address.
+func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig, configPath string, components []*componentsv1.Component) (*services, error) {
 	s, err := servicesFromKubeconfig(kubeconfig)
 	if err != nil {
 		return nil, err
@@ -103,185 +100,145 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig 
 	if err != nil {
 		return nil, err
 	}
-	s.cp, s.dir, s.caHash, s.version = cp, opts.Dir, ca.DiscoveryTokenCACertHash(), opts.KubernetesVersion
-	internal := filepath.Join(root, "etc/gatehouse/internal")
-	if err := writeInternalPKI(internal); err != nil {
+	s.cp, s.dir, s.caHash, s.version, s.kubeconfig = cp, opts.Dir, ca.DiscoveryTokenCACertHash(), opts.KubernetesVersion, kubeconfig
+	pkiDir := filepath.Join(opts.Dir, "internal-pki")
+	if err := writeInternalPKI(pkiDir); err != nil {
 		return nil, err
 	}
-	certPEM, keyPEM, err := ca.SignClient(joinServiceUser, nil, time.Now())
+	kmsURI, err := os.ReadFile(filepath.Join(root, "etc/kubernetes/gatehouse/kms-uri"))
 	if err != nil {
 		return nil, err
 	}
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Certificate().Raw})
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["mini"] = &clientcmdapi.Cluster{Server: fmt.Sprintf("https://%s:6443", cp.IP), CertificateAuthorityData: caPEM}
-	kc.AuthInfos[joinServiceUser] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
-	kc.Contexts["mini"] = &clientcmdapi.Context{Cluster: "mini", AuthInfo: joinServiceUser}
-	kc.CurrentContext = "mini"
-	if err := clientcmd.WriteToFile(*kc, filepath.Join(root, "etc/gatehouse/joinservice.conf")); err != nil {
+	read := func(name string) []byte {
+		data, rerr := os.ReadFile(filepath.Join(pkiDir, name))
+		if rerr != nil && err == nil {
+			err = rerr
+		}
+		return data
+	}
+	secrets := map[string]map[string][]byte{
+		"gatehouse-kms":                        {"kms-uri": kmsURI},
+		"gatehouse-keyservice-tls":             {"tls.crt": read("keyservice.crt"), "tls.key": read("keyservice.key"), "ca.crt": read("ca.crt")},
+		"gatehouse-joinservice-keyservice-tls": {"tls.crt": read("joinservice.crt"), "tls.key": read("joinservice.key"), "ca.crt": read("ca.crt")},
+	}
+	if err != nil {
 		return nil, err
 	}
-	if err := s.applyRBAC(ctx); err != nil {
+	for name, data := range secrets {
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceSystem}, Data: data}
+		if _, err := s.client.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, sec, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("creating Secret %s: %w", name, err)
+		}
+	}
+	joinConfig, err := s.joinConfigValues(configPath, components)
+	if err != nil {
 		return nil, err
 	}
-	if err := s.putConfigMap(ctx, denyListName, map[string]string{joinconfig.KeyDenyList: ""}); err != nil {
+	releases := []struct {
+		name   string
+		values map[string]any
+	}{
+		{"gatehouse-keyservice", map[string]any{
+			"image":       map[string]any{"pullPolicy": "Never"},
+			"hostNetwork": true, "listenHost": "127.0.0.1",
+			"service": map[string]any{"port": 9100}, "metricsPort": 9101,
+		}},
+		{"gatehouse-joinservice", map[string]any{
+			"image":                 map[string]any{"pullPolicy": "Never"},
+			"keyService":            map[string]any{"endpoint": "127.0.0.1:9100"},
+			"kubernetesServiceHost": cp.IP, "kubernetesServicePort": "6443",
+			"port":       JoinPort,
+			"rateLimit":  map[string]any{"rate": 5, "burst": 20},
+			"joinConfig": joinConfig,
+		}},
+	}
+	cfg, err := upgrade.HelmConfig(kubeconfig, metav1.NamespaceSystem)
+	if err != nil {
 		return nil, err
 	}
-	for name, pod := range map[string]*corev1.Pod{
-		"gatehouse-keyservice": staticPod("gatehouse-keyservice", []string{
-			"gatehouse-keyservice", "--listen", "127.0.0.1:9100", "--metrics-listen", "127.0.0.1:9101",
-			"--tls-cert", "/etc/gatehouse/internal/keyservice.crt", "--tls-key", "/etc/gatehouse/internal/keyservice.key",
-			"--client-ca", "/etc/gatehouse/internal/ca.crt", "--kms-uri-file", "/etc/kubernetes/gatehouse/kms-uri",
-		}, []string{"/etc/gatehouse", "/etc/kubernetes/gatehouse"}),
-		"gatehouse-joinservice": staticPod("gatehouse-joinservice", []string{
-			"gatehouse-joinservice", "--listen", fmt.Sprintf("%s:%d", cp.IP, JoinPort), "--http-listen", "127.0.0.1:9091",
-			"--kubeconfig", "/etc/gatehouse/joinservice.conf", "--pki-dir", "/etc/kubernetes/pki",
-			"--keyservice-endpoint", "127.0.0.1:9100", "--keyservice-ca", "/etc/gatehouse/internal/ca.crt",
-			"--keyservice-cert", "/etc/gatehouse/internal/joinservice.crt", "--keyservice-key", "/etc/gatehouse/internal/joinservice.key",
-			"--rate-limit", "5", "--rate-burst", "20",
-		}, []string{"/etc/gatehouse", "/etc/kubernetes/pki"}),
-	} {
-		data, err := yaml.Marshal(pod)
+	for _, r := range releases {
+		c, err := charts.Load(r.name)
 		if err != nil {
 			return nil, err
 		}
-		if err := os.WriteFile(filepath.Join(root, "etc/kubernetes/manifests", name+".yaml"), data, 0o600); err != nil {
-			return nil, err
+		install := action.NewInstall(cfg)
+		install.ReleaseName, install.Namespace = r.name, metav1.NamespaceSystem
+		install.Wait, install.Timeout = true, 3*time.Minute
+		if _, err := install.RunWithContext(ctx, c, r.values); err != nil {
+			return nil, fmt.Errorf("installing the %s chart: %w", r.name, err)
 		}
 	}
 	return s, nil
 }
 
-// staticPod is a host-network Pod running the locally built image of
-// name with command, mounting hostPaths read-only.
-func staticPod(name string, command, hostPaths []string) *corev1.Pod {
-	pod := &corev1.Pod{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceSystem, Labels: map[string]string{"app.kubernetes.io/name": name}},
-		Spec: corev1.PodSpec{
-			HostNetwork:       true,
-			PriorityClassName: "system-node-critical",
-			Containers: []corev1.Container{{
-				Name: name, Image: serviceImage(name), ImagePullPolicy: corev1.PullNever, Command: command,
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true)},
-			}},
-		},
-	}
-	for i, p := range hostPaths {
-		v := fmt.Sprintf("host-%d", i)
-		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: v, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: p}}})
-		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: v, MountPath: p, ReadOnly: true})
-	}
-	return pod
-}
-
-// applyRBAC lets the join service user do exactly its job.
-func (s *services) applyRBAC(ctx context.Context) error {
-	rbac := s.client.RbacV1()
-	role := &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "gatehouse:joinservice", Namespace: metav1.NamespaceSystem},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create", "get", "update"}},
-			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create", "get", "update"}},
-		},
-	}
-	binding := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "gatehouse:joinservice", Namespace: metav1.NamespaceSystem},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "gatehouse:joinservice"},
-		Subjects:   []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: joinServiceUser}},
-	}
-	clusterRole := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "gatehouse:joinservice"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}}},
-	}
-	clusterBinding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "gatehouse:joinservice"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "gatehouse:joinservice"},
-		Subjects:   binding.Subjects,
-	}
-	for _, create := range []func() error{
-		func() error {
-			_, err := rbac.Roles(metav1.NamespaceSystem).Create(ctx, role, metav1.CreateOptions{})
-			return err
-		},
-		func() error {
-			_, err := rbac.RoleBindings(metav1.NamespaceSystem).Create(ctx, binding, metav1.CreateOptions{})
-			return err
-		},
-		func() error {
-			_, err := rbac.ClusterRoles().Create(ctx, clusterRole, metav1.CreateOptions{})
-			return err
-		},
-		func() error {
-			_, err := rbac.ClusterRoleBindings().Create(ctx, clusterBinding, metav1.CreateOptions{})
-			return err
-		},
-	} {
-		if err := create(); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("creating the join service's RBAC: %w", err)
-		}
-	}
-	return nil
-}
-
-func (s *services) putConfigMap(ctx context.Context, name string, data map[string]string) error {
-	cms := s.client.CoreV1().ConfigMaps(metav1.NamespaceSystem)
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceSystem}, Data: data}
-	_, err := cms.Create(ctx, cm, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
-	}
-	if err != nil {
-		return fmt.Errorf("writing ConfigMap %s: %w", name, err)
-	}
-	return nil
-}
-
-// publishPolicy writes the join config: the cluster configuration's
-// attestation policy, the measurement salt, the API server endpoint, the
-// version and the components nodes install.
-func (s *services) publishPolicy(ctx context.Context, configPath string, components []*componentsv1.Component) error {
+// joinConfigValues are the join service chart's joinConfig values: the
+// cluster configuration's attestation policy, the measurement salt, the
+// API server endpoint, the version and the components nodes install.
+func (s *services) joinConfigValues(configPath string, components []*componentsv1.Component) (map[string]any, error) {
 	cfg, err := clusterconfig.Load(configPath)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	policy, err := yaml.Marshal(cfg.Attestation)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var state struct {
 		MeasurementSalt string `json:"measurementSalt"`
 	}
 	data, err := os.ReadFile(filepath.Join(s.dir, "gatehouse-state.json"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := json.Unmarshal(data, &state); err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := hex.DecodeString(state.MeasurementSalt); err != nil {
-		return fmt.Errorf("state file: measurement salt: %w", err)
+		return nil, fmt.Errorf("state file: measurement salt: %w", err)
 	}
 	var list []json.RawMessage
 	for _, c := range components {
 		b, err := protojson.Marshal(c)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		list = append(list, b)
 	}
 	comps, err := json.Marshal(list)
 	if err != nil {
+		return nil, err
+	}
+	return map[string]any{
+		"attestation":          string(policy),
+		"measurementSalt":      state.MeasurementSalt,
+		"apiServerEndpoint":    net.JoinHostPort(s.cp.IP, "6443"),
+		"kubernetesVersion":    s.version,
+		"kubernetesComponents": string(comps),
+	}, nil
+}
+
+// publishPolicy upgrades the join service release with the join config of
+// the current cluster configuration (the workers' keys added); the service
+// reloads the ConfigMap without a restart.
+func (s *services) publishPolicy(ctx context.Context, configPath string, components []*componentsv1.Component) error {
+	joinConfig, err := s.joinConfigValues(configPath, components)
+	if err != nil {
 		return err
 	}
-	return s.putConfigMap(ctx, joinConfigName, map[string]string{
-		joinconfig.KeyAttestation:          string(policy),
-		joinconfig.KeyMeasurementSalt:      state.MeasurementSalt,
-		joinconfig.KeyAPIServerEndpoint:    net.JoinHostPort(s.cp.IP, "6443"),
-		joinconfig.KeyKubernetesVersion:    s.version,
-		joinconfig.KeyKubernetesComponents: string(comps),
-	})
+	cfg, err := upgrade.HelmConfig(s.kubeconfig, metav1.NamespaceSystem)
+	if err != nil {
+		return err
+	}
+	c, err := charts.Load("gatehouse-joinservice")
+	if err != nil {
+		return err
+	}
+	up := action.NewUpgrade(cfg)
+	up.Namespace, up.ReuseValues, up.Timeout = metav1.NamespaceSystem, true, 2*time.Minute
+	if _, err := up.RunWithContext(ctx, "gatehouse-joinservice", c, map[string]any{"joinConfig": joinConfig}); err != nil {
+		return fmt.Errorf("updating the join policy: %w", err)
+	}
+	return nil
 }
 
 // waitReady polls until every node but the tampered ones is Ready.

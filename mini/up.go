@@ -160,8 +160,8 @@ func Up(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 
-	p.step("Starting the join service and the key service on %s", cp.Name)
-	svc, err := deployServices(ctx, opts, cp, rec.Kubeconfig)
+	p.step("Installing the key service and the join service on %s (Helm charts, local images)", cp.Name)
+	svc, err := deployServices(ctx, opts, cp, rec.Kubeconfig, config, components)
 	if err != nil {
 		return err
 	}
@@ -266,12 +266,10 @@ func buildImages(ctx context.Context, opts Options, archive string) (string, err
 		return "", fmt.Errorf("kubeadm lists no pause image: %s", out)
 	}
 	for _, svc := range []string{"gatehouse-joinservice", "gatehouse-keyservice"} {
-		specs = append(specs, images.Spec{Ref: serviceImage(svc), Files: map[string]string{svc: filepath.Join(opts.BinDir, svc)}})
+		specs = append(specs, images.Spec{Ref: ImageRepository + "/" + svc + ":local", Files: map[string]string{svc: filepath.Join(opts.BinDir, svc)}})
 	}
 	return pause, images.WriteArchive(archive, "amd64", specs)
 }
-
-func serviceImage(name string) string { return ImageRepository + "/" + name + ":local" }
 
 func fileDigest(path string) (string, error) {
 	f, err := os.Open(path)

@@ -237,6 +237,13 @@ func rollback(ctx context.Context, cfg *action.Configuration, opts Options, name
 
 // helmConfig returns Helm's action configuration for the namespace.
 func helmConfig(opts Options) (*action.Configuration, error) {
+	return HelmConfig(opts.Kubeconfig, opts.Namespace)
+}
+
+// HelmConfig returns Helm's action configuration for releases in namespace
+// of the cluster kubeconfig names (release records in Secrets).
+func HelmConfig(kubeconfig, namespace string) (*action.Configuration, error) {
+	opts := Options{Kubeconfig: kubeconfig, Namespace: namespace}
 	flags := genericclioptions.NewConfigFlags(false)
 	flags.KubeConfig, flags.Namespace = &opts.Kubeconfig, &opts.Namespace
 	cfg := new(action.Configuration)

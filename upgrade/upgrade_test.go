@@ -12,6 +12,7 @@ import (
 
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/release"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -187,11 +188,35 @@ func TestApply(t *testing.T) {
 		}
 	})
 
+	t.Run("an interrupted upgrade is recovered", func(t *testing.T) {
+		// As if an earlier run died mid-upgrade: a newer revision left pending.
+		last, err := cfg.Releases.Last("demo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending := *last
+		info := *last.Info
+		pending.Info, pending.Version = &info, last.Version+1
+		pending.Info.Status = release.StatusPendingUpgrade
+		if err := cfg.Releases.Create(&pending); err != nil {
+			t.Fatal(err)
+		}
+		out.Reset()
+		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.3.0", "red", false)}
+		results, err := Apply(t.Context(), opts)
+		if err != nil || results[0].Outcome != "upgraded" || !strings.Contains(out.String(), "interrupted") {
+			t.Fatalf("after an interruption: %v %+v\n%s", err, results, &out)
+		}
+		if got := color(); got != "hi/red" {
+			t.Fatalf("ConfigMap %s", got)
+		}
+	})
+
 	t.Run("skipping a minor version is refused before any change", func(t *testing.T) {
 		before, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*"))
-		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.4.0", "red", false)}
+		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.5.0", "red", false)}
 		if _, err := Apply(t.Context(), opts); err == nil || !strings.Contains(err.Error(), "skips 1 minor version") {
-			t.Fatalf("0.2.0 → 0.4.0: %v", err)
+			t.Fatalf("0.3.0 → 0.5.0: %v", err)
 		}
 		if after, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*")); len(after) != len(before) {
 			t.Fatal("a refused upgrade wrote backups")

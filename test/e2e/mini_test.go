@@ -158,6 +158,34 @@ func TestMiniCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("upgrade apply", func(t *testing.T) {
+		// A newer join service chart: version 0.2.0, a changed default.
+		chartsDir := t.TempDir()
+		if out, err := exec.Command("cp", "-r", filepath.Join("..", "..", "charts", "gatehouse-joinservice"), filepath.Join("..", "..", "charts", "gatehouse-keyservice"), chartsDir).CombinedOutput(); err != nil {
+			t.Fatalf("copying the charts: %v\n%s", err, out)
+		}
+		chartFile := filepath.Join(chartsDir, "gatehouse-joinservice", "Chart.yaml")
+		data, err := os.ReadFile(chartFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(chartFile, bytes.Replace(data, []byte("version: 0.1.0"), []byte("version: 0.2.0"), 1), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		kubeconfig := filepath.Join(dir, "gatehouse-admin.conf")
+		out, err := gatehouse(t, bin, "upgrade", "apply", "--kubeconfig", kubeconfig, "--charts-dir", chartsDir, "--backup-dir", t.TempDir())
+		if err != nil || !strings.Contains(out, "Backed up every CRD") || !strings.Contains(out, "gatehouse-joinservice: upgraded 0.1.0 → 0.2.0") {
+			t.Fatalf("upgrade apply on the local cluster: %v\n%s", err, out)
+		}
+		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			ds, err := client.AppsV1().DaemonSets("kube-system").Get(ctx, "gatehouse-joinservice", metav1.GetOptions{})
+			return err == nil && ds.Status.UpdatedNumberScheduled == 1 && ds.Status.NumberReady == 1, nil
+		})
+		if err != nil {
+			t.Fatalf("the upgraded join service is not ready: %v", err)
+		}
+	})
+
 	var rec *mini.Record
 	if rec, err = mini.ReadRecord(dir); err != nil {
 		t.Fatal(err)
