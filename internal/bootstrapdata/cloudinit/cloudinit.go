@@ -1,0 +1,161 @@
+// Package cloudinit renders cloud-config user data (cloud-init's
+// "#cloud-config" YAML, https://cloudinit.readthedocs.io/en/latest/reference/modules.html)
+// from typed structures, never from string templates, so every value is
+// quoted and escaped by the YAML encoder. Tests check the output with
+// cloud-init's own `cloud-init schema`.
+package cloudinit
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Header is the first line cloud-init requires of cloud-config user data.
+const Header = "#cloud-config\n"
+
+// Config is the subset of cloud-config a kubeadm bootstrap uses.
+type Config struct {
+	// BootCmd runs early on every boot (cc_bootcmd).
+	BootCmd []Command `json:"bootcmd,omitempty"`
+	// WriteFiles are written before RunCmd (cc_write_files).
+	WriteFiles []File `json:"write_files,omitempty"`
+	// Users are created (cc_users_groups); the default user is kept unless
+	// Users is set.
+	Users []User `json:"users,omitempty"`
+	// NTP configures time synchronisation (cc_ntp).
+	NTP *NTP `json:"ntp,omitempty"`
+	// DiskSetup partitions disks by device (cc_disk_setup).
+	DiskSetup map[string]DiskSetup `json:"disk_setup,omitempty"`
+	// FSSetup creates file systems (cc_disk_setup).
+	FSSetup []FSSetup `json:"fs_setup,omitempty"`
+	// Mounts are fstab entries: device, mount point, type, options, dump,
+	// pass (cc_mounts).
+	Mounts [][]string `json:"mounts,omitempty"`
+	// RunCmd runs once, last (cc_runcmd).
+	RunCmd []Command `json:"runcmd,omitempty"`
+}
+
+// Command is one command as an argv, run without a shell; ShellLine makes
+// one that runs a shell line.
+type Command []string
+
+// ShellLine is a command run by /bin/sh -c.
+func ShellLine(line string) Command { return Command{"/bin/sh", "-c", line} }
+
+// File is one file to write.
+type File struct {
+	Path string `json:"path"`
+	// Content is the file's content; with Encoding "b64" base64 of it.
+	Content     string `json:"content"`
+	Encoding    string `json:"encoding,omitempty"`
+	Owner       string `json:"owner,omitempty"`
+	Permissions string `json:"permissions,omitempty"`
+	Append      bool   `json:"append,omitempty"`
+}
+
+// User is a user account.
+type User struct {
+	Name              string   `json:"name"`
+	Gecos             string   `json:"gecos,omitempty"`
+	Groups            string   `json:"groups,omitempty"`
+	HomeDir           string   `json:"homedir,omitempty"`
+	Inactive          string   `json:"inactive,omitempty"`
+	Shell             string   `json:"shell,omitempty"`
+	Passwd            string   `json:"passwd,omitempty"`
+	PrimaryGroup      string   `json:"primary_group,omitempty"`
+	LockPasswd        *bool    `json:"lock_passwd,omitempty"`
+	Sudo              string   `json:"sudo,omitempty"`
+	SSHAuthorizedKeys []string `json:"ssh_authorized_keys,omitempty"`
+}
+
+// NTP configures time servers.
+type NTP struct {
+	Enabled *bool    `json:"enabled,omitempty"`
+	Servers []string `json:"servers,omitempty"`
+	Pools   []string `json:"pools,omitempty"`
+}
+
+// DiskSetup partitions one disk.
+type DiskSetup struct {
+	TableType string `json:"table_type,omitempty"`
+	// Layout is true (one partition) or a list of partition sizes in
+	// percent; it is rendered as given.
+	Layout    any   `json:"layout,omitempty"`
+	Overwrite *bool `json:"overwrite,omitempty"`
+}
+
+// FSSetup creates one file system.
+type FSSetup struct {
+	Label      string   `json:"label,omitempty"`
+	Filesystem string   `json:"filesystem"`
+	Device     string   `json:"device"`
+	Partition  string   `json:"partition,omitempty"`
+	Overwrite  *bool    `json:"overwrite,omitempty"`
+	ReplaceFS  string   `json:"replace_fs,omitempty"`
+	ExtraOpts  []string `json:"extra_opts,omitempty"`
+}
+
+// Validate checks what cloud-init would only find at boot: absolute, clean
+// file paths without duplicates, octal permissions, known encodings, named
+// users.
+func (c *Config) Validate() error {
+	var errs []error
+	seen := map[string]bool{}
+	for i, f := range c.WriteFiles {
+		if !path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path {
+			errs = append(errs, fmt.Errorf("write_files[%d]: path %q must be absolute and clean", i, f.Path))
+		}
+		if seen[f.Path] && !f.Append {
+			errs = append(errs, fmt.Errorf("write_files[%d]: %s is written twice", i, f.Path))
+		}
+		seen[f.Path] = true
+		if f.Permissions != "" && !octalMode(f.Permissions) {
+			errs = append(errs, fmt.Errorf("write_files[%d]: permissions %q are not an octal mode such as 0600", i, f.Permissions))
+		}
+		switch f.Encoding {
+		case "", "b64", "base64", "gz+b64", "gzip+base64", "text/plain":
+		default:
+			errs = append(errs, fmt.Errorf("write_files[%d]: encoding %q is not one cloud-init knows", i, f.Encoding))
+		}
+	}
+	for i, u := range c.Users {
+		if u.Name == "" {
+			errs = append(errs, fmt.Errorf("users[%d]: name is required", i))
+		}
+	}
+	for i, cmd := range append(append([]Command{}, c.BootCmd...), c.RunCmd...) {
+		if len(cmd) == 0 {
+			errs = append(errs, fmt.Errorf("command %d is empty", i))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func octalMode(s string) bool {
+	s = strings.TrimPrefix(s, "0")
+	if len(s) == 0 || len(s) > 4 {
+		return s == ""
+	}
+	for _, r := range s {
+		if r < '0' || r > '7' {
+			return false
+		}
+	}
+	return true
+}
+
+// Render validates c and returns the cloud-config document.
+func (c *Config) Render() ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("cloud-config: %w", err)
+	}
+	body, err := yaml.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("encoding cloud-config: %w", err)
+	}
+	return append([]byte(Header), body...), nil
+}
