@@ -27,15 +27,16 @@ tools: ## Install the pinned Go tools into the cache
 	hack/go-tools.sh >/dev/null
 
 .PHONY: generate
-generate: tools ## Regenerate code: api/*.proto with buf, the versions table from its data file
+generate: tools ## Regenerate code: api/*.proto with buf, the versions table, the CAPI provider's deepcopy and CRDs
 	buf lint
 	buf generate
 	go generate ./internal/versions
+	controller-gen object paths=./api/bootstrap/... crd:maxDescLen=0 paths=./api/bootstrap/... output:crd:dir=config/crd
 
 .PHONY: check-generate
 check-generate: generate ## Fail when regenerating changes any generated code
-	@if [[ -n "$$(git status --porcelain -- api internal/versions)" ]]; then \
-		git status --porcelain -- api internal/versions; git diff -- api internal/versions | head -50; \
+	@if [[ -n "$$(git status --porcelain -- api internal/versions config/crd)" ]]; then \
+		git status --porcelain -- api internal/versions config/crd; git diff -- api internal/versions config/crd | head -50; \
 		echo "generated code is out of date: run 'make generate' and commit the result" >&2; exit 1; fi
 
 .PHONY: lint

@@ -13,6 +13,7 @@ TOOLS=(
 	google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 	github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 	gotest.tools/gotestsum@v1.13.0
+	sigs.k8s.io/controller-tools/cmd/controller-gen@v0.20.0
 )
 
 cache_root=${GATEHOUSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gatehouse}
