@@ -8,15 +8,21 @@
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
 	// GroupVersion is the API's group and version.
-	GroupVersion = schema.GroupVersion{Group: "bootstrap.gatehouse.dev", Version: "v1alpha1"}
-	// SchemeBuilder registers the types with a scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	GroupVersion  = schema.GroupVersion{Group: "bootstrap.gatehouse.dev", Version: "v1alpha1"}
+	schemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 	// AddToScheme adds the types to a scheme.
-	AddToScheme = SchemeBuilder.AddToScheme
+	AddToScheme = schemeBuilder.AddToScheme
 )
+
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion, &KubeadmConfig{}, &KubeadmConfigList{}, &KubeadmConfigTemplate{}, &KubeadmConfigTemplateList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}

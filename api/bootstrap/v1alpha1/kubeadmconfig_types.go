@@ -21,7 +21,7 @@ const (
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.ignition) || self.format == 'ignition'",message="ignition is set but format is not ignition"
 // +kubebuilder:validation:XValidation:rule="!(has(self.attested) && self.attested.enabled) || !has(self.files) || self.files.all(f, !has(f.contentFrom))",message="attested mode carries no secrets: files must not use contentFrom"
-// +kubebuilder:validation:XValidation:rule="!(has(self.attested) && self.attested.enabled) || !has(self.joinConfiguration) || !has(self.joinConfiguration.discovery) || !has(self.joinConfiguration.discovery.bootstrapToken) || !has(self.joinConfiguration.discovery.bootstrapToken.token) || self.joinConfiguration.discovery.bootstrapToken.token == ''",message="attested mode carries no bootstrap token: the join service issues one to the attested machine"
+// +kubebuilder:validation:XValidation:rule="!(has(self.attested) && self.attested.enabled) || !has(self.joinConfiguration) || !has(self.joinConfiguration.discovery) || !has(self.joinConfiguration.discovery.bootstrapToken) || !has(self.joinConfiguration.discovery.bootstrapToken.token) || size(self.joinConfiguration.discovery.bootstrapToken.token) == 0",message="attested mode carries no bootstrap token: the join service issues one to the attested machine"
 type KubeadmConfigSpec struct {
 	// ClusterConfiguration is kubeadm's ClusterConfiguration.
 	// +optional
@@ -213,8 +213,4 @@ type KubeadmConfigTemplateList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []KubeadmConfigTemplate `json:"items"`
-}
-
-func init() {
-	SchemeBuilder.Register(&KubeadmConfig{}, &KubeadmConfigList{}, &KubeadmConfigTemplate{}, &KubeadmConfigTemplateList{})
 }
