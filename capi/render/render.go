@@ -1,0 +1,262 @@
+// Package render turns a KubeadmConfig into a Machine's bootstrap data,
+// as cloud-config or Ignition v3: the kubeadm configuration, files, users,
+// NTP, disks and mounts, a script that downloads the pinned Kubernetes
+// binaries of the Machine's version and checks their sha256, the commands
+// around `kubeadm init` or `kubeadm join`, and Cluster API's success
+// sentinel. In attested mode the data holds no secret: it only configures
+// the machine's gatehouse-bootstrapper, which gets its token, keys and
+// certificates from the join service after attesting.
+package render
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/cloudinit"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
+	"github.com/gatehouse-dev/gatehouse/internal/versions"
+)
+
+// Paths on the machine.
+const (
+	// KubeadmConfigPath holds the kubeadm configuration.
+	KubeadmConfigPath = "/run/kubeadm/kubeadm.yaml"
+	// InstallScriptPath downloads and checks the pinned binaries.
+	InstallScriptPath = "/etc/gatehouse/install-kubernetes.sh"
+	// SentinelPath is CABPK's bootstrap success sentinel
+	// (Cluster API bootstrap provider contract).
+	SentinelPath = "/run/cluster-api/bootstrap-success.complete"
+	// BootstrapperEnvPath configures gatehouse-bootstrapper (attested mode).
+	BootstrapperEnvPath = "/etc/gatehouse/bootstrapper.env"
+)
+
+// Role is what kubeadm does on the machine.
+type Role string
+
+// Roles.
+const (
+	RoleInit Role = "init"
+	RoleJoin Role = "join"
+)
+
+// File is a file with its content resolved (contentFrom Secrets read).
+type File struct {
+	Path, Content, Owner, Permissions string
+	// Base64 says Content is base64 of the bytes to write.
+	Base64 bool
+}
+
+// Input is everything the data is made from.
+type Input struct {
+	Spec *bootstrapv1.KubeadmConfigSpec
+	Role Role
+	// KubeadmConfig is the rendered kubeadm configuration (YAML); unused in
+	// attested mode.
+	KubeadmConfig []byte
+	// Files are the spec's files with contentFrom resolved.
+	Files []File
+	// KubernetesVersion is the Machine's version; its base template (the
+	// versions table's components) must exist.
+	KubernetesVersion string
+	// Arch is amd64 or arm64.
+	Arch string
+	// ClusterCAHash is the discovery token CA cert hash attested machines
+	// pin the join service to (public).
+	ClusterCAHash string
+}
+
+// ErrNoBaseTemplate means the Kubernetes version has no pinned
+// components: the controller reports it as a condition.
+var ErrNoBaseTemplate = errors.New("no base template for this Kubernetes version")
+
+// steps is the format-neutral plan of the data.
+type steps struct {
+	files                 []File
+	bootCommands          [][]string
+	commands              [][]string
+	users                 []bootstrapv1User
+	ntpServers            []string
+	filesystems           []filesystem
+	mounts                [][]string
+	ignitionAdditionalCfg string
+}
+
+type bootstrapv1User struct {
+	Name, Shell, Groups string
+	Keys                []string
+}
+
+type filesystem struct {
+	Device, Format, Label, Path string
+}
+
+// Render returns the data in the spec's format.
+func Render(in Input) ([]byte, error) {
+	s, err := plan(in)
+	if err != nil {
+		return nil, err
+	}
+	if in.Spec.Format == bootstrapv1.FormatIgnition {
+		return renderIgnition(s)
+	}
+	return renderCloudConfig(s)
+}
+
+func plan(in Input) (*steps, error) {
+	release, err := versions.Resolve(in.KubernetesVersion)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoBaseTemplate, err)
+	}
+	components, err := release.Components(in.Arch)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoBaseTemplate, err)
+	}
+	spec := in.Spec
+	s := &steps{files: append([]File(nil), in.Files...)}
+	for _, c := range spec.BootCommands {
+		s.bootCommands = append(s.bootCommands, shell(c))
+	}
+	for _, u := range spec.Users {
+		s.users = append(s.users, bootstrapv1User{Name: u.Name, Shell: u.Shell, Groups: u.Groups, Keys: u.SSHAuthorizedKeys})
+	}
+	s.ntpServers = spec.NTP.Servers
+	for _, fs := range spec.DiskSetup.Filesystems {
+		s.filesystems = append(s.filesystems, filesystem{Device: fs.Device, Format: fs.Filesystem, Label: fs.Label})
+	}
+	for _, m := range spec.Mounts {
+		s.mounts = append(s.mounts, []string(m))
+	}
+	if spec.Ignition != nil {
+		s.ignitionAdditionalCfg = spec.Ignition.AdditionalConfig
+	}
+	s.files = append(s.files, File{Path: InstallScriptPath, Content: installScript(components), Permissions: "0700"})
+	s.commands = append(s.commands, []string{InstallScriptPath})
+	for _, c := range spec.PreKubeadmCommands {
+		s.commands = append(s.commands, shell(c))
+	}
+	if spec.Attested != nil && spec.Attested.Enabled {
+		env := fmt.Sprintf("GATEHOUSE_BOOTSTRAPPER_ARGS=\"--join-endpoints %s --cluster-ca-hash %s\"\n",
+			strings.Join(spec.Attested.JoinEndpoints, ","), in.ClusterCAHash)
+		s.files = append(s.files, File{Path: BootstrapperEnvPath, Content: env, Permissions: "0644"})
+		s.commands = append(s.commands, []string{"systemctl", "enable", "--now", "gatehouse-bootstrapper.service"})
+	} else {
+		if len(in.KubeadmConfig) == 0 {
+			return nil, errors.New("no kubeadm configuration to write")
+		}
+		s.files = append(s.files, File{Path: KubeadmConfigPath, Content: string(in.KubeadmConfig), Owner: "root:root", Permissions: "0640"})
+		kubeadm := []string{"kubeadm", string(in.Role), "--config", KubeadmConfigPath}
+		if spec.Verbosity != nil {
+			kubeadm = append(kubeadm, "--v", strconv.Itoa(int(*spec.Verbosity)))
+		}
+		s.commands = append(s.commands, kubeadm)
+	}
+	for _, c := range spec.PostKubeadmCommands {
+		s.commands = append(s.commands, shell(c))
+	}
+	s.commands = append(s.commands, shell("mkdir -p /run/cluster-api && echo success > "+SentinelPath))
+	return s, nil
+}
+
+func shell(line string) []string { return []string{"/bin/sh", "-c", line} }
+
+// installScript downloads each pinned component, checks its sha256 before
+// installing it, and retries transient failures.
+func installScript(components []versions.Component) string {
+	var b strings.Builder
+	b.WriteString("#!/bin/sh\n# Installs the pinned Kubernetes components; a digest mismatch stops the bootstrap.\nset -eu\n")
+	b.WriteString("fetch() { for i in 1 2 3 4 5; do curl -fsSL --retry 3 -o \"$2\" \"$1\" && return 0; sleep \"$i\"; done; return 1; }\n")
+	b.WriteString("tmp=$(mktemp -d)\ntrap 'rm -rf \"$tmp\"' EXIT\n")
+	for _, c := range components {
+		hash := strings.TrimPrefix(c.Hash, "sha256:")
+		fmt.Fprintf(&b, "fetch '%s' \"$tmp/%s\"\necho '%s  '\"$tmp/%s\" | sha256sum -c -\n", c.URL, c.Name, hash, c.Name)
+		if c.Extract {
+			fmt.Fprintf(&b, "mkdir -p '%s' && tar -xzf \"$tmp/%s\" -C '%s'\n", c.InstallPath, c.Name, c.InstallPath)
+		} else {
+			fmt.Fprintf(&b, "install -m 0755 \"$tmp/%s\" '%s'\n", c.Name, c.InstallPath)
+		}
+	}
+	return b.String()
+}
+
+func renderCloudConfig(s *steps) ([]byte, error) {
+	c := &cloudinit.Config{Mounts: s.mounts}
+	for _, f := range s.files {
+		cf := cloudinit.File{Path: f.Path, Content: f.Content, Owner: f.Owner, Permissions: f.Permissions}
+		if f.Base64 {
+			cf.Encoding = "b64"
+		}
+		c.WriteFiles = append(c.WriteFiles, cf)
+	}
+	for _, cmd := range s.bootCommands {
+		c.BootCmd = append(c.BootCmd, cloudinit.Command(cmd))
+	}
+	for _, cmd := range s.commands {
+		c.RunCmd = append(c.RunCmd, cloudinit.Command(cmd))
+	}
+	for _, u := range s.users {
+		c.Users = append(c.Users, cloudinit.User{Name: u.Name, Shell: u.Shell, Groups: u.Groups, SSHAuthorizedKeys: u.Keys})
+	}
+	if len(s.ntpServers) > 0 {
+		enabled := true
+		c.NTP = &cloudinit.NTP{Enabled: &enabled, Servers: s.ntpServers}
+	}
+	for _, fs := range s.filesystems {
+		c.FSSetup = append(c.FSSetup, cloudinit.FSSetup{Label: fs.Label, Filesystem: fs.Format, Device: fs.Device})
+	}
+	return c.Render()
+}
+
+func renderIgnition(s *steps) ([]byte, error) {
+	spec := ignition.Spec{Commands: s.commands, ButaneAdditions: s.ignitionAdditionalCfg}
+	for _, f := range s.files {
+		content := []byte(f.Content)
+		if f.Base64 {
+			var err error
+			if content, err = base64.StdEncoding.DecodeString(f.Content); err != nil {
+				return nil, fmt.Errorf("file %s: content is not base64: %w", f.Path, err)
+			}
+		}
+		mode := 0o644
+		if f.Permissions != "" {
+			m, err := strconv.ParseInt(f.Permissions, 8, 32)
+			if err != nil {
+				return nil, fmt.Errorf("file %s: permissions %q: %w", f.Path, f.Permissions, err)
+			}
+			mode = int(m)
+		}
+		spec.Files = append(spec.Files, ignition.File{Path: f.Path, Contents: content, Mode: mode, Owner: f.Owner})
+	}
+	// Ignition runs nothing early; boot commands run first in the unit.
+	spec.Commands = append(append([][]string{}, s.bootCommands...), spec.Commands...)
+	for _, u := range s.users {
+		iu := ignition.User{Name: u.Name, Shell: u.Shell, SSHAuthorizedKeys: u.Keys}
+		if u.Groups != "" {
+			iu.Groups = strings.Split(u.Groups, ",")
+		}
+		spec.Users = append(spec.Users, iu)
+	}
+	if len(s.ntpServers) > 0 {
+		var conf strings.Builder
+		for _, srv := range s.ntpServers {
+			fmt.Fprintf(&conf, "server %s iburst\n", srv)
+		}
+		spec.Files = append(spec.Files, ignition.File{Path: "/etc/chrony.d/gatehouse.conf", Contents: []byte(conf.String()), Mode: 0o644})
+	}
+	for _, fs := range s.filesystems {
+		spec.Filesystems = append(spec.Filesystems, ignition.Filesystem{Device: fs.Device, Format: fs.Format, Label: fs.Label})
+	}
+	for _, m := range s.mounts {
+		if len(m) >= 2 {
+			for i := range spec.Filesystems {
+				if "LABEL="+spec.Filesystems[i].Label == m[0] || spec.Filesystems[i].Device == m[0] {
+					spec.Filesystems[i].Path = m[1]
+				}
+			}
+		}
+	}
+	return ignition.Render(spec)
+}

@@ -1,0 +1,176 @@
+package render
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"k8s.io/utils/ptr"
+	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+
+	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/internal/versions"
+)
+
+const kubeadmYAML = "apiVersion: kubeadm.k8s.io/v1beta4\nkind: JoinConfiguration\n"
+
+func spec(format bootstrapv1.Format) *bootstrapv1.KubeadmConfigSpec {
+	return &bootstrapv1.KubeadmConfigSpec{
+		Format:              format,
+		BootCommands:        []string{"modprobe br_netfilter"},
+		PreKubeadmCommands:  []string{"swapoff -a"},
+		PostKubeadmCommands: []string{"echo joined"},
+		Users:               []cabpkv1.User{{Name: "ops", Shell: "/bin/bash", SSHAuthorizedKeys: []string{"ssh-ed25519 AAAA ops"}}},
+		NTP:                 cabpkv1.NTP{Servers: []string{"time.example.com"}},
+		DiskSetup:           cabpkv1.DiskSetup{Filesystems: []cabpkv1.Filesystem{{Device: "/dev/vdb", Filesystem: "ext4", Label: "etcd"}}},
+		Mounts:              []cabpkv1.MountPoints{{"LABEL=etcd", "/var/lib/etcd"}},
+		Verbosity:           ptr.To(int32(5)),
+	}
+}
+
+func input(s *bootstrapv1.KubeadmConfigSpec, role Role) Input {
+	return Input{Spec: s, Role: role, KubeadmConfig: []byte(kubeadmYAML), KubernetesVersion: "v1.36.4", Arch: "amd64",
+		Files: []File{{Path: "/etc/kubernetes/pki/ca.crt", Content: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n", Permissions: "0644"}}}
+}
+
+func cloudInitSchema(t *testing.T, data []byte) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "user-data")
+	if err := os.WriteFile(f, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("cloud-init", "schema", "--config-file", f).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Valid cloud-config") {
+		t.Fatalf("cloud-init schema: %v\n%s", err, out)
+	}
+}
+
+// decoded returns the data with Ignition's base64 file contents decoded,
+// so both formats can be searched as text.
+func decoded(t *testing.T, format bootstrapv1.Format, data []byte) string {
+	t.Helper()
+	if format != bootstrapv1.FormatIgnition {
+		return string(data)
+	}
+	var cfg struct {
+		Storage struct {
+			Files []struct {
+				Path     string `json:"path"`
+				Contents struct {
+					Source string `json:"source"`
+				} `json:"contents"`
+			} `json:"files"`
+		} `json:"storage"`
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	for _, f := range cfg.Storage.Files {
+		b, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(f.Contents.Source, "data:;base64,"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text += "\n== " + f.Path + "\n" + string(b)
+	}
+	return text
+}
+
+func TestRender(t *testing.T) {
+	release, err := versions.Resolve("v1.36.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	components, _ := release.Components("amd64")
+	for _, format := range []bootstrapv1.Format{bootstrapv1.FormatCloudConfig, bootstrapv1.FormatIgnition} {
+		for _, role := range []Role{RoleInit, RoleJoin} {
+			t.Run(string(format)+" "+string(role), func(t *testing.T) {
+				data, err := Render(input(spec(format), role))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if format == bootstrapv1.FormatCloudConfig {
+					cloudInitSchema(t, data)
+				}
+				text := decoded(t, format, data)
+				for _, want := range []string{KubeadmConfigPath, "kind: JoinConfiguration", SentinelPath, "time.example.com",
+					"ssh-ed25519 AAAA ops", "BEGIN CERTIFICATE", InstallScriptPath} {
+					if !strings.Contains(text, want) {
+						t.Errorf("data lacks %q", want)
+					}
+				}
+				for _, c := range components {
+					if !strings.Contains(text, c.URL) || !strings.Contains(text, strings.TrimPrefix(c.Hash, "sha256:")) {
+						t.Errorf("the install script lacks %s with its digest", c.Name)
+					}
+				}
+				// Order: pre-kubeadm, kubeadm <role> with verbosity, post-kubeadm, sentinel.
+				order := []string{"swapoff -a", "kubeadm", string(role), "echo joined", "bootstrap-success.complete"}
+				pos := 0
+				for _, w := range order {
+					i := strings.Index(text[pos:], w)
+					if i < 0 {
+						t.Fatalf("%q missing or out of order after position %d", w, pos)
+					}
+					pos += i
+				}
+			})
+		}
+	}
+}
+
+// TestAttestedDataHoldsNoSecrets scans every format's attested data for
+// private keys, bootstrap tokens and certificate keys.
+func TestAttestedDataHoldsNoSecrets(t *testing.T) {
+	token := regexp.MustCompile(`\b[a-z0-9]{6}\.[a-z0-9]{16}\b`)
+	for _, format := range []bootstrapv1.Format{bootstrapv1.FormatCloudConfig, bootstrapv1.FormatIgnition} {
+		s := spec(format)
+		s.Attested = &bootstrapv1.AttestedSpec{Enabled: true, JoinEndpoints: []string{"10.0.0.1:9090"}}
+		in := input(s, RoleJoin)
+		in.KubeadmConfig = nil
+		in.ClusterCAHash = "sha256:" + strings.Repeat("ab", 32)
+		data, err := Render(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if format == bootstrapv1.FormatCloudConfig {
+			cloudInitSchema(t, data)
+		}
+		text := decoded(t, format, data)
+		for _, bad := range []string{"PRIVATE KEY", "certificateKey", "certificate-key", "kubeadm join", "\"kubeadm\",\"join\"", "'kubeadm' 'join'"} {
+			if strings.Contains(text, bad) {
+				t.Errorf("%s attested data contains %q", format, bad)
+			}
+		}
+		if m := token.FindString(text); m != "" {
+			t.Errorf("%s attested data contains a bootstrap token %q", format, m)
+		}
+		if !strings.Contains(text, "gatehouse-bootstrapper.service") || !strings.Contains(text, "--join-endpoints 10.0.0.1:9090") {
+			t.Errorf("%s attested data does not start the bootstrapper for the join service", format)
+		}
+	}
+}
+
+func TestRenderRefuses(t *testing.T) {
+	in := input(spec(bootstrapv1.FormatCloudConfig), RoleJoin)
+	in.KubernetesVersion = "v1.31.0"
+	if _, err := Render(in); !errors.Is(err, ErrNoBaseTemplate) || !strings.Contains(err.Error(), "supported") {
+		t.Fatalf("unsupported version: %v", err)
+	}
+	in = input(spec(bootstrapv1.FormatIgnition), RoleJoin)
+	in.KubeadmConfig = nil
+	if _, err := Render(in); err == nil {
+		t.Fatal("rendered without a kubeadm configuration")
+	}
+	in = input(spec(bootstrapv1.FormatIgnition), RoleJoin)
+	in.Files = append(in.Files, File{Path: "/x", Content: "y", Permissions: "rw"})
+	if _, err := Render(in); err == nil || !strings.Contains(err.Error(), "permissions") {
+		t.Fatalf("bad permissions: %v", err)
+	}
+}
