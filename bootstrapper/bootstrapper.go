@@ -71,7 +71,10 @@ type Config struct {
 	// and no client received the result, so a client whose connection
 	// dropped can fetch it; 0 is 10 minutes.
 	Linger time.Duration
-	Now    func() time.Time
+	// SuccessFile, if set, is written once the node is bootstrapped, e.g.
+	// Cluster API's /run/cluster-api/bootstrap-success.complete.
+	SuccessFile string
+	Now         func() time.Time
 }
 
 // Run bootstraps the node and returns when it is done: nil once the node
@@ -84,6 +87,16 @@ type Config struct {
 //   - Otherwise: format the state disk with a random passphrase and race the
 //     InitServer against the JoinClient for the node lock.
 func Run(ctx context.Context, cfg Config) error {
+	err := run(ctx, cfg)
+	if err == nil && cfg.SuccessFile != "" {
+		if werr := cfg.Setup.writeFile(cfg.SuccessFile, []byte("success\n"), 0o644); werr != nil {
+			return fmt.Errorf("the node is bootstrapped, but writing %s failed: %w", cfg.SuccessFile, werr)
+		}
+	}
+	return err
+}
+
+func run(ctx context.Context, cfg Config) error {
 	setup := cfg.Setup
 	if cfg.Now == nil {
 		cfg.Now = time.Now

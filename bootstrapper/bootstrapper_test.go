@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -127,8 +129,12 @@ func TestRunJoinWins(t *testing.T) {
 		}
 		initErr = err
 	}
+	f.cfg.SuccessFile = "/run/cluster-api/bootstrap-success.complete"
 	if err := awaitRun(t, f.run(t.Context())); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(n.setup.Root, f.cfg.SuccessFile)); err != nil {
+		t.Fatalf("the success file was not written: %v", err)
 	}
 	if status.Code(initErr) != codes.FailedPrecondition {
 		t.Fatalf("Init during the join: %v, want FailedPrecondition", initErr)

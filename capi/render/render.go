@@ -139,8 +139,8 @@ func plan(in Input) (*steps, error) {
 		s.commands = append(s.commands, shell(c))
 	}
 	if spec.Attested != nil && spec.Attested.Enabled {
-		env := fmt.Sprintf("GATEHOUSE_BOOTSTRAPPER_ARGS=\"--join-endpoints %s --cluster-ca-hash %s\"\n",
-			strings.Join(spec.Attested.JoinEndpoints, ","), in.ClusterCAHash)
+		env := fmt.Sprintf("GATEHOUSE_BOOTSTRAPPER_ARGS=\"--join-endpoints %s --cluster-ca-hash %s --success-file %s\"\n",
+			strings.Join(spec.Attested.JoinEndpoints, ","), in.ClusterCAHash, SentinelPath)
 		s.files = append(s.files, File{Path: BootstrapperEnvPath, Content: env, Permissions: "0644"})
 		s.commands = append(s.commands, []string{"systemctl", "enable", "--now", "gatehouse-bootstrapper.service"})
 	} else {
@@ -157,7 +157,10 @@ func plan(in Input) (*steps, error) {
 	for _, c := range spec.PostKubeadmCommands {
 		s.commands = append(s.commands, shell(c))
 	}
-	s.commands = append(s.commands, shell("mkdir -p /run/cluster-api && echo success > "+SentinelPath))
+	if spec.Attested == nil || !spec.Attested.Enabled {
+		// In attested mode the bootstrapper writes it once the node joined.
+		s.commands = append(s.commands, shell("mkdir -p /run/cluster-api && echo success > "+SentinelPath))
+	}
 	return s, nil
 }
 

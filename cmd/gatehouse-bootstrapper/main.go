@@ -89,6 +89,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		skipPhases      = flag.String("skip-phases", "", "comma-separated kubeadm init phases to skip")
 		ignorePreflight = flag.String("ignore-preflight-errors", "", "comma-separated kubeadm preflight checks to ignore")
 		kubeletService  = flag.String("kubelet-service", "systemd", "how the kubelet is restarted: systemd, or none when something else supervises it")
+		successFile     = flag.String("success-file", "", "file written once the node is bootstrapped (Cluster API: /run/cluster-api/bootstrap-success.complete)")
 	)
 	flag.Parse()
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -182,7 +183,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	cfg := bootstrapper.Config{
 		Setup: setup, Lock: lock, Disk: disk,
 		Init: initServer, InitServer: grpc.NewServer(grpc.Creds(creds)), InitListener: lis,
-		Join: join, Kubelet: kubelet,
+		Join: join, Kubelet: kubelet, SuccessFile: *successFile,
 	}
 	if ok, why := statedisk.DeviceMapperAvailable(); ok {
 		cfg.Opener, cfg.MapperName = disk, *mapperName
