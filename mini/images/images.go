@@ -9,6 +9,7 @@ package images
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"fmt"
 	"io"
 	"os"
@@ -46,13 +47,29 @@ type Spec struct {
 // identical digests.
 var epoch = time.Unix(0, 0).UTC()
 
-// Build returns the image of s for linux/amd64 or linux/arm64 (arch).
-func Build(s Spec, arch string) (v1.Image, error) {
-	layer, err := binLayer(s)
+// Layers builds image layers in a scratch directory (never in memory: the
+// Kubernetes binary alone is 156 MB) and shares a layer between images
+// with the same binaries, so it is compressed and written once.
+type Layers struct {
+	dir   string
+	files map[string]v1.Layer
+}
+
+// NewLayers returns a layer builder writing into dir.
+func NewLayers(dir string) *Layers { return &Layers{dir: dir, files: map[string]v1.Layer{}} }
+
+// Build returns the image of s for linux/amd64 or linux/arm64 (arch): a
+// layer with the binaries (and their libraries) and one with the links.
+func (l *Layers) Build(s Spec, arch string) (v1.Image, error) {
+	files, err := l.filesLayer(s.Files)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
+	links, err := linksLayer(s)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, files, links)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
 	}
@@ -71,10 +88,22 @@ func Build(s Spec, arch string) (v1.Image, error) {
 	return img, nil
 }
 
-// binLayer is an uncompressed tar of BinDir with s's files and links.
-func binLayer(s Spec) (v1.Layer, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+// filesLayer is the tar of the binaries in files under BinDir and the
+// loader and libraries of any dynamically linked one, written to a file.
+func (l *Layers) filesLayer(files map[string]string) (v1.Layer, error) {
+	var key strings.Builder
+	for _, n := range sortedKeys(files) {
+		key.WriteString(n + "=" + files[n] + "\n")
+	}
+	if layer, ok := l.files[key.String()]; ok {
+		return layer, nil
+	}
+	f, err := os.CreateTemp(l.dir, "layer-*.tar")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
 	for _, dir := range []string{"usr/", "usr/local/", "usr/local/bin/", "tmp/"} {
 		mode := int64(0o755)
 		if dir == "tmp/" {
@@ -85,11 +114,11 @@ func binLayer(s Spec) (v1.Layer, error) {
 		}
 	}
 	libs := map[string]bool{}
-	for _, n := range sortedKeys(s.Files) {
-		if err := addFile(tw, path.Join(BinDir[1:], n), s.Files[n]); err != nil {
+	for _, n := range sortedKeys(files) {
+		if err := addFile(tw, path.Join(BinDir[1:], n), files[n]); err != nil {
 			return nil, err
 		}
-		deps, err := sharedLibraries(s.Files[n])
+		deps, err := sharedLibraries(files[n])
 		if err != nil {
 			return nil, err
 		}
@@ -118,6 +147,24 @@ func binLayer(s Spec) (v1.Layer, error) {
 			return nil, err
 		}
 	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromFile(f.Name(), tarball.WithCompressionLevel(gzip.BestSpeed))
+	if err != nil {
+		return nil, err
+	}
+	l.files[key.String()] = layer
+	return layer, nil
+}
+
+// linksLayer holds s's symlinks in BinDir (small, in memory).
+func linksLayer(s Spec) (v1.Layer, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
 	for _, n := range sortedKeys(s.Links) {
 		target := s.Links[n]
 		if _, ok := s.Files[target]; !ok {
@@ -201,13 +248,19 @@ func sortedKeys(m map[string]string) []string {
 // WriteArchive builds every spec for arch and writes them as one
 // docker-archive tarball (what `ctr images import` reads) to path.
 func WriteArchive(file string, arch string, specs []Spec) error {
+	scratch, err := os.MkdirTemp(filepath.Dir(file), ".layers-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(scratch)
+	layers := NewLayers(scratch)
 	refs := map[name.Reference]v1.Image{}
 	for _, s := range specs {
 		ref, err := name.ParseReference(s.Ref)
 		if err != nil {
 			return fmt.Errorf("image reference %q: %w", s.Ref, err)
 		}
-		img, err := Build(s, arch)
+		img, err := layers.Build(s, arch)
 		if err != nil {
 			return err
 		}

@@ -43,32 +43,34 @@ func TestWriteArchive(t *testing.T) {
 		t.Fatalf("config %+v", cfg)
 	}
 	layers, err := img.Layers()
-	if err != nil || len(layers) != 1 {
-		t.Fatalf("layers %d, %v", len(layers), err)
+	if err != nil || len(layers) != 2 {
+		t.Fatalf("layers %d, %v: want the binaries and the links", len(layers), err)
 	}
-	rc, err := layers[0].Uncompressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
 	entries := map[string]string{}
-	tr := tar.NewReader(rc)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
+	for _, layer := range layers {
+		rc, err := layer.Uncompressed()
 		if err != nil {
 			t.Fatal(err)
 		}
-		entries[h.Name] = h.Linkname
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			entries[h.Name] = h.Linkname
+		}
+		_ = rc.Close()
 	}
 	if _, ok := entries["usr/local/bin/kube"]; !ok || entries["usr/local/bin/kube-apiserver"] != "kube" {
 		t.Fatalf("layer entries %v", entries)
 	}
 
 	// The same inputs give the same image.
-	again, err := Build(specs[0], "amd64")
+	again, err := NewLayers(t.TempDir()).Build(specs[0], "amd64")
 	if err != nil {
 		t.Fatal(err)
 	}
