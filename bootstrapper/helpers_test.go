@@ -80,7 +80,7 @@ func newTestNode(t *testing.T) *testNode {
 		Disk:      disk,
 		Installer: installer.New(installer.Options{Attempts: 2, Backoff: time.Millisecond}),
 		Kubeadm:   runner,
-		Node:      kubeadm.Node{Name: "node-1", AdvertiseAddress: hostAddress(t), IgnorePreflightErrors: []string{"all"}},
+		Node:      kubeadm.Node{Name: "node-1", AdvertiseAddress: testenv.HostAddress(t), IgnorePreflightErrors: []string{"all"}},
 		Kubelet:   kubeadm.KubeletOptions{CgroupDriver: "cgroupfs", ServingCert: true},
 		Log:       slog.New(slog.NewJSONHandler(logs, nil)),
 	}
@@ -146,23 +146,6 @@ func dial(t *testing.T, addr string, c atls.Config) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
-}
-
-// hostAddress returns a non-loopback IPv4 address of this machine, which
-// kubeadm requires as advertise address.
-func hostAddress(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
-			return n.IP.String()
-		}
-	}
-	t.Fatal("this machine has no non-loopback IPv4 address for kubeadm to advertise")
-	return ""
 }
 
 // component returns a component installing content under root via file://.

@@ -1,7 +1,6 @@
 package kubeadm_test
 
 import (
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,23 +18,6 @@ const (
 	testToken = "abcdef.0123456789abcdef"
 	testHash  = "sha256:0000000000000000000000000000000000000000000000000000000000000000"
 )
-
-// hostAddress returns a non-loopback IPv4 address of this machine, which
-// kubeadm requires as advertise address.
-func hostAddress(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
-			return n.IP.String()
-		}
-	}
-	t.Fatal("this machine has no non-loopback IPv4 address for kubeadm to advertise")
-	return ""
-}
 
 func kubeadmBin(t *testing.T) string {
 	t.Helper()
@@ -117,7 +99,7 @@ func writeInit(t *testing.T, p kubeadm.InitParams) string {
 // TestConfigsPassKubeadmValidate runs the real `kubeadm config validate`
 // on every generated configuration.
 func TestConfigsPassKubeadmValidate(t *testing.T) {
-	addr := hostAddress(t)
+	addr := testenv.HostAddress(t)
 	bin := kubeadmBin(t)
 	files := map[string]string{
 		"init":               writeInit(t, initParams(addr)),
@@ -147,7 +129,7 @@ func TestConfigsPassKubeadmValidate(t *testing.T) {
 // cluster's configuration and checks the hardening reached the manifests.
 func TestInitDryRun(t *testing.T) {
 	testenv.RequireRoot(t)
-	p := miniInit(hostAddress(t))
+	p := miniInit(testenv.HostAddress(t))
 	// This machine runs no container runtime: every preflight check may fail.
 	p.Node.IgnorePreflightErrors = []string{"all"}
 	out, err := testenv.RunIsolated(t.Context(), t.TempDir(), kubeadmBin(t), "init", "--dry-run", "--config", writeInit(t, p))
@@ -194,7 +176,7 @@ func TestJoinDryRunDiscovery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := joinParams(t, hostAddress(t), false)
+	p := joinParams(t, testenv.HostAddress(t), false)
 	p.Node.IgnorePreflightErrors = []string{"all"}
 	p.APIServerEndpoint = strings.TrimPrefix(env.APIServerURL, "https://")
 	p.Token, p.CACertHash = token, hash
