@@ -19,6 +19,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/versions"
 	"github.com/gatehouse-dev/gatehouse/mini/images"
 )
 
@@ -143,7 +144,7 @@ func Up(ctx context.Context, opts Options) (err error) {
 		return fmt.Errorf("node %s: %w (see %s)", cp.Name, err, filepath.Join(cp.logDir(), "agent.log"))
 	}
 
-	components, err := miniComponents(opts.KubeBinDir)
+	components, err := miniComponents(opts.KubernetesVersion, opts.KubeBinDir)
 	if err != nil {
 		return err
 	}
@@ -284,19 +285,32 @@ func fileDigest(path string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// miniComponents are what the nodes' bootstrappers install: the pinned
-// kubelet, kubeadm and kubectl through file:// URLs with their sha256.
-// (The versions table's official downloads need network access the local
-// cluster does not assume; CNI plugins come from Debian.)
-func miniComponents(kubeBin string) ([]*componentsv1.Component, error) {
+// miniComponents are the versions table's components of the cluster's
+// Kubernetes version (names, order, install paths), each pointing through
+// a file:// URL with its real sha256 at the local build of that binary:
+// the local cluster does not assume access to the official downloads.
+// crictl and the CNI plugins have no local build; the nodes use Debian's
+// CNI plugins.
+func miniComponents(version, kubeBin string) ([]*componentsv1.Component, error) {
+	release, err := versions.Resolve(version)
+	if err != nil {
+		return nil, err
+	}
+	list, err := release.Components("amd64")
+	if err != nil {
+		return nil, err
+	}
 	kube := filepath.Join(kubeBin, "kube")
 	d, err := fileDigest(kube)
 	if err != nil {
 		return nil, err
 	}
 	var out []*componentsv1.Component
-	for _, name := range []string{"kubelet", "kubeadm", "kubectl"} {
-		out = append(out, &componentsv1.Component{Url: "file://" + kube, Hash: "sha256:" + d, InstallPath: "/usr/local/bin/" + name})
+	for _, c := range list {
+		switch c.Name {
+		case "kubelet", "kubeadm", "kubectl":
+			out = append(out, &componentsv1.Component{Url: "file://" + kube, Hash: "sha256:" + d, InstallPath: c.InstallPath})
+		}
 	}
 	return out, nil
 }
