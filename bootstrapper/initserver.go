@@ -291,10 +291,7 @@ func (s *InitServer) run(j *initJob, p *initPlan) {
 		}
 		if s.cfg.Lock.Holder() == "init" {
 			// Past the point of no return: report and mark for reset.
-			if rerr := s.cfg.Setup.Disk.MarkForReset(context.Background()); rerr != nil {
-				s.cfg.Setup.Log.Error("Marking the state disk for reset failed", "error", rerr.Error())
-			}
-			_ = writeStatus(s.cfg.Setup.Root, PhaseFailed, err, now)
+			_ = s.cfg.Setup.markFailed(err, now)
 		}
 		j.mu.Lock()
 		j.err = err

@@ -150,16 +150,7 @@ func (c *JoinClient) Join(ctx context.Context) error {
 }
 
 // fail marks the node failed after the lock.
-func (c *JoinClient) fail(err error) error {
-	setup := c.cfg.Setup
-	setup.Log.Error("Join failed after the node lock; marking the state disk for reset", "error", err.Error())
-	if rerr := setup.Disk.MarkForReset(context.Background()); rerr != nil {
-		setup.Log.Error("Marking the state disk for reset failed", "error", rerr.Error())
-	}
-	failed := &FailedError{Err: err}
-	_ = writeStatus(setup.Root, PhaseFailed, failed, c.cfg.Now())
-	return failed
-}
+func (c *JoinClient) fail(err error) error { return c.cfg.Setup.markFailed(err, c.cfg.Now()) }
 
 // retry calls call on each endpoint in turn, round after round with
 // backoff, until one succeeds. It gives up on ctx's end, when the lock is

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -106,6 +107,19 @@ func (s *Setup) rekeyDisk(ctx context.Context, diskKey, measurementSalt []byte) 
 		return err
 	}
 	return s.Disk.MarkInitialised(ctx, measurementSalt)
+}
+
+// markFailed records a failure after the node lock: the state disk is
+// marked for reset, the status says failed with err. It returns err as a
+// *FailedError.
+func (s *Setup) markFailed(err error, now time.Time) *FailedError {
+	s.Log.Error("Bootstrap failed after the node lock; marking the state disk for reset", "error", err.Error())
+	if rerr := s.Disk.MarkForReset(context.Background()); rerr != nil {
+		s.Log.Error("Marking the state disk for reset failed", "error", rerr.Error())
+	}
+	failed := &FailedError{Err: err}
+	_ = writeStatus(s.Root, PhaseFailed, failed, now)
+	return failed
 }
 
 // clusterID derives the cluster ID from the measurement secret and salt:

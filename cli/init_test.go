@@ -315,3 +315,9 @@ func TestConfigGenerate(t *testing.T) {
 		}
 	}
 }
+
+func TestCompletion(t *testing.T) {
+	if out := run(t, "completion", "bash"); !strings.Contains(out, "bash completion") {
+		t.Fatalf("completion bash:\n%.200s", out)
+	}
+}

@@ -78,6 +78,9 @@ type initOptions struct {
 	config, node, initSecretFile, masterSecretFile, stateFile, kubeconfig, componentsFile, arch string
 	// failureLog is where a failed init's node logs go.
 	failureLog string
+	// components, when set, are installed instead of componentsFile's or
+	// the versions table's (mini up passes its own).
+	components []*componentsv1.Component
 	timeout    time.Duration
 }
 
@@ -121,9 +124,11 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	if err != nil {
 		return err
 	}
-	components, err := loadComponents(o.componentsFile, release.Proto, o.arch)
-	if err != nil {
-		return err
+	components := o.components
+	if components == nil {
+		if components, err = loadComponents(o.componentsFile, release.Proto, o.arch); err != nil {
+			return err
+		}
 	}
 	initSecret, err := os.ReadFile(o.initSecretFile)
 	if err != nil {

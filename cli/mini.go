@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
@@ -50,14 +49,10 @@ func newMiniUpCmd() *cobra.Command {
 			opts.KubernetesVersion = versions.Default().Version
 			opts.Out = cmd.OutOrStdout()
 			opts.Init = func(ctx context.Context, dir, config, node, secretFile string, components []*componentsv1.Component) error {
-				compFile := filepath.Join(dir, "components.json")
-				if err := writeComponents(compFile, components); err != nil {
-					return err
-				}
 				return runInit(ctx, cmd.OutOrStdout(), initOptions{
 					config: config, node: node, initSecretFile: secretFile,
 					masterSecretFile: filepath.Join(dir, DefaultMasterSecretFile), stateFile: filepath.Join(dir, DefaultStateFile),
-					kubeconfig: filepath.Join(dir, DefaultKubeconfig), componentsFile: compFile, arch: "amd64", timeout: 10 * time.Minute,
+					kubeconfig: filepath.Join(dir, DefaultKubeconfig), components: components, arch: "amd64", timeout: 10 * time.Minute,
 					failureLog: filepath.Join(dir, "init-failure.log"),
 				})
 			}
@@ -125,22 +120,3 @@ func newMiniAgentCmd() *cobra.Command {
 	cmd.Flags().StringVar(&spec, "spec", "", "node.json")
 	return cmd
 }
-
-func writeComponents(path string, components []*componentsv1.Component) error {
-	var out []byte
-	out = append(out, '[')
-	for i, c := range components {
-		if i > 0 {
-			out = append(out, ',')
-		}
-		b, err := protojsonMarshal(c)
-		if err != nil {
-			return err
-		}
-		out = append(out, b...)
-	}
-	out = append(out, ']')
-	return os.WriteFile(path, out, 0o600)
-}
-
-func protojsonMarshal(c *componentsv1.Component) ([]byte, error) { return protojson.Marshal(c) }

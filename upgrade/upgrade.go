@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -135,7 +134,7 @@ func planReleases(cfg *action.Configuration, opts Options) ([]planned, error) {
 	for _, name := range opts.Order {
 		c := opts.Charts[name]
 		p := planned{name: name, chart: c}
-		rel, err := lastRelease(cfg, name)
+		rel, err := cfg.Releases.Last(name)
 		switch {
 		case errors.Is(err, driver.ErrReleaseNotFound):
 			p.result = Result{Release: name, To: c.Metadata.Version, Outcome: "not installed"}
@@ -154,11 +153,6 @@ func planReleases(cfg *action.Configuration, opts Options) ([]planned, error) {
 		plan = append(plan, p)
 	}
 	return plan, nil
-}
-
-// lastRelease returns the release's newest revision.
-func lastRelease(cfg *action.Configuration, name string) (*release.Release, error) {
-	return cfg.Releases.Last(name)
 }
 
 // checkStep allows the same version, a patch, or one minor version
@@ -235,7 +229,6 @@ func rollback(ctx context.Context, cfg *action.Configuration, opts Options, name
 	return rb.Run(name)
 }
 
-// helmConfig returns Helm's action configuration for the namespace.
 func helmConfig(opts Options) (*action.Configuration, error) {
 	return HelmConfig(opts.Kubeconfig, opts.Namespace)
 }
@@ -243,12 +236,10 @@ func helmConfig(opts Options) (*action.Configuration, error) {
 // HelmConfig returns Helm's action configuration for releases in namespace
 // of the cluster kubeconfig names (release records in Secrets).
 func HelmConfig(kubeconfig, namespace string) (*action.Configuration, error) {
-	opts := Options{Kubeconfig: kubeconfig, Namespace: namespace}
 	flags := genericclioptions.NewConfigFlags(false)
-	flags.KubeConfig, flags.Namespace = &opts.Kubeconfig, &opts.Namespace
+	flags.KubeConfig, flags.Namespace = &kubeconfig, &namespace
 	cfg := new(action.Configuration)
-	logger := slog.New(slog.DiscardHandler)
-	if err := cfg.Init(flags, opts.Namespace, "secret", func(format string, v ...any) { logger.Debug(fmt.Sprintf(format, v...)) }); err != nil {
+	if err := cfg.Init(flags, namespace, "secret", func(string, ...any) {}); err != nil {
 		return nil, fmt.Errorf("connecting Helm to the cluster: %w", err)
 	}
 	return cfg, nil

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,17 +61,6 @@ var tlsCipherSuites = []string{
 	"TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
 	"TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
 	"TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
-}
-
-func joinComma(s []string) string {
-	var b bytes.Buffer
-	for i, v := range s {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(v)
-	}
-	return b.String()
 }
 
 // Node is the machine kubeadm runs on.
@@ -314,7 +304,7 @@ func hardenedArgs(extra ...kubeadmv1beta4.Arg) []kubeadmv1beta4.Arg {
 	return append([]kubeadmv1beta4.Arg{
 		{Name: "profiling", Value: "false"},
 		{Name: "tls-min-version", Value: tlsMinVersion},
-		{Name: "tls-cipher-suites", Value: joinComma(tlsCipherSuites)},
+		{Name: "tls-cipher-suites", Value: strings.Join(tlsCipherSuites, ",")},
 	}, extra...)
 }
 
