@@ -65,8 +65,10 @@ type Input struct {
 	// Arch is amd64 or arm64.
 	Arch string
 	// ClusterCAHash is the discovery token CA cert hash attested machines
-	// pin the join service to (public).
+	// pin the join service to (public); needed for attested joins.
 	ClusterCAHash string
+	// ControlPlane says a joining machine becomes a control plane.
+	ControlPlane bool
 }
 
 // ErrNoBaseTemplate means the Kubernetes version has no pinned
@@ -139,8 +141,11 @@ func plan(in Input) (*steps, error) {
 		s.commands = append(s.commands, shell(c))
 	}
 	if spec.Attested != nil && spec.Attested.Enabled {
-		env := fmt.Sprintf("GATEHOUSE_BOOTSTRAPPER_ARGS=\"--join-endpoints %s --cluster-ca-hash %s --success-file %s\"\n",
-			strings.Join(spec.Attested.JoinEndpoints, ","), in.ClusterCAHash, SentinelPath)
+		args, err := bootstrapperArgs(in)
+		if err != nil {
+			return nil, err
+		}
+		env := fmt.Sprintf("GATEHOUSE_BOOTSTRAPPER_ARGS=\"%s\"\n", strings.Join(args, " "))
 		s.files = append(s.files, File{Path: BootstrapperEnvPath, Content: env, Permissions: "0644"})
 		s.commands = append(s.commands, []string{"systemctl", "enable", "--now", "gatehouse-bootstrapper.service"})
 	} else {
@@ -162,6 +167,27 @@ func plan(in Input) (*steps, error) {
 		s.commands = append(s.commands, shell("mkdir -p /run/cluster-api && echo success > "+SentinelPath))
 	}
 	return s, nil
+}
+
+// bootstrapperArgs are gatehouse-bootstrapper's flags in attested mode. The
+// init machine gets no join endpoints: it waits for `gatehouse init` over
+// attested TLS. Joining machines pin the cluster CA by its hash.
+func bootstrapperArgs(in Input) ([]string, error) {
+	args := []string{"--success-file", SentinelPath}
+	if in.Role == RoleInit {
+		return args, nil
+	}
+	if len(in.Spec.Attested.JoinEndpoints) == 0 {
+		return nil, errors.New("attested join: no join endpoints (spec.attested.joinEndpoints)")
+	}
+	if !strings.HasPrefix(in.ClusterCAHash, "sha256:") {
+		return nil, errors.New("attested join: no cluster CA hash (sha256:<hex>) to pin the join service to")
+	}
+	args = append(args, "--join-endpoints", strings.Join(in.Spec.Attested.JoinEndpoints, ","), "--cluster-ca-hash", in.ClusterCAHash)
+	if in.ControlPlane {
+		args = append(args, "--control-plane")
+	}
+	return args, nil
 }
 
 func shell(line string) []string { return []string{"/bin/sh", "-c", line} }

@@ -154,6 +154,18 @@ func TestAttestedDataHoldsNoSecrets(t *testing.T) {
 		if !strings.Contains(text, "gatehouse-bootstrapper.service") || !strings.Contains(text, "--join-endpoints 10.0.0.1:9090") {
 			t.Errorf("%s attested data does not start the bootstrapper for the join service", format)
 		}
+		in.ClusterCAHash = ""
+		if _, err := Render(in); err == nil || !strings.Contains(err.Error(), "CA hash") {
+			t.Errorf("%s attested join without a CA pin: %v", format, err)
+		}
+		in.Role = RoleInit
+		data, err = Render(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if text := decoded(t, format, data); strings.Contains(text, "--join-endpoints") || !strings.Contains(text, "--success-file") {
+			t.Errorf("%s attested init data should start the bootstrapper without join endpoints", format)
+		}
 	}
 }
 

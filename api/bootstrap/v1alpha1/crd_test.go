@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -41,8 +42,10 @@ func TestCRDs(t *testing.T) {
 		t.Fatalf("a valid KubeadmConfig is refused: %v", err)
 	}
 	if valid.Spec.Format != bootstrapv1.FormatCloudConfig || valid.Spec.UserDataStore.Stub != "presigned-url" ||
-		!ptr.Deref(valid.Spec.UserDataStore.ServerSideEncryption, false) {
-		t.Fatalf("defaults not applied: format %q, stub %q, SSE %v", valid.Spec.Format, valid.Spec.UserDataStore.Stub, valid.Spec.UserDataStore.ServerSideEncryption)
+		!ptr.Deref(valid.Spec.UserDataStore.ServerSideEncryption, false) || valid.Spec.Architecture != "amd64" ||
+		valid.Spec.UserDataStore.PresignedURLTTL == nil || valid.Spec.UserDataStore.PresignedURLTTL.Duration != 24*time.Hour {
+		t.Fatalf("defaults not applied: format %q, stub %q, SSE %v, arch %q, TTL %v", valid.Spec.Format, valid.Spec.UserDataStore.Stub,
+			valid.Spec.UserDataStore.ServerSideEncryption, valid.Spec.Architecture, valid.Spec.UserDataStore.PresignedURLTTL)
 	}
 	attested := config("attested", bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatIgnition,
 		Ignition: &bootstrapv1.IgnitionSpec{AdditionalConfig: "variant: fcos\nversion: 1.6.0\n"},
@@ -61,6 +64,8 @@ func TestCRDs(t *testing.T) {
 			Files: []cabpkv1.File{{Path: "/etc/k", ContentFrom: cabpkv1.FileSource{Secret: cabpkv1.SecretFileSource{Name: "s", Key: "k"}}}}}, "must not use contentFrom"},
 		{"attested with a token", bootstrapv1.KubeadmConfigSpec{Attested: &bootstrapv1.AttestedSpec{Enabled: true},
 			JoinConfiguration: cabpkv1.JoinConfiguration{Discovery: cabpkv1.Discovery{BootstrapToken: cabpkv1.BootstrapTokenDiscovery{Token: "abcdef.0123456789abcdef", APIServerEndpoint: "10.0.0.1:6443", CACertHashes: []string{"sha256:aa"}}}}}, "carries no bootstrap token"},
+		{"s3 stub with cloud-config", bootstrapv1.KubeadmConfigSpec{UserDataStore: &bootstrapv1.UserDataStore{Endpoint: "s3", Bucket: "bootstrap", CredentialsSecret: "s", Stub: "s3-uri"}}, "needs format ignition"},
+		{"unknown architecture", bootstrapv1.KubeadmConfigSpec{Architecture: "riscv64"}, "supported values"},
 		{"unknown format", bootstrapv1.KubeadmConfigSpec{Format: "yaml"}, "supported values"},
 		{"bucket too short", bootstrapv1.KubeadmConfigSpec{UserDataStore: &bootstrapv1.UserDataStore{Endpoint: "s3", Bucket: "b", CredentialsSecret: "s"}}, "bucket"},
 	} {

@@ -20,6 +20,7 @@ const (
 // types) plus Format, Ignition, UserDataStore and Attested.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.ignition) || self.format == 'ignition'",message="ignition is set but format is not ignition"
+// +kubebuilder:validation:XValidation:rule="!has(self.userDataStore) || !has(self.userDataStore.stub) || self.userDataStore.stub != 's3-uri' || self.format == 'ignition'",message="an s3-uri stub needs format ignition: cloud-init cannot fetch s3:// user data; use presigned-url"
 // +kubebuilder:validation:XValidation:rule="!(has(self.attested) && self.attested.enabled) || !has(self.files) || self.files.all(f, !has(f.contentFrom))",message="attested mode carries no secrets: files must not use contentFrom"
 // +kubebuilder:validation:XValidation:rule="!(has(self.attested) && self.attested.enabled) || !has(self.joinConfiguration) || !has(self.joinConfiguration.discovery) || !has(self.joinConfiguration.discovery.bootstrapToken) || !has(self.joinConfiguration.discovery.bootstrapToken.token) || size(self.joinConfiguration.discovery.bootstrapToken.token) == 0",message="attested mode carries no bootstrap token: the join service issues one to the attested machine"
 type KubeadmConfigSpec struct {
@@ -80,6 +81,11 @@ type KubeadmConfigSpec struct {
 	// bucket; the data Secret then holds only a stub pointing at it.
 	// +optional
 	UserDataStore *UserDataStore `json:"userDataStore,omitempty"`
+	// Architecture of the Machine's CPU; it picks the pinned binaries.
+	// +optional
+	// +kubebuilder:default=amd64
+	// +kubebuilder:validation:Enum=amd64;arm64
+	Architecture string `json:"architecture,omitempty"`
 	// Attested makes the data secret-free: it only configures the machine's
 	// gatehouse-bootstrapper to join through the join service, which hands
 	// the attested machine its token, keys and certificates.
@@ -108,7 +114,8 @@ type UserDataStore struct {
 	// +optional
 	Region string `json:"region,omitempty"`
 	// CredentialsSecret names a Secret in the KubeadmConfig's namespace
-	// with accessKeyID and secretAccessKey.
+	// with accessKeyID and secretAccessKey, and optionally ca.crt (PEM) to
+	// trust for the endpoint's TLS certificate.
 	// +kubebuilder:validation:MinLength=1
 	CredentialsSecret string `json:"credentialsSecret"`
 	// Stub is how the data Secret points at the object: presigned-url
@@ -117,6 +124,11 @@ type UserDataStore struct {
 	// +kubebuilder:default=presigned-url
 	// +kubebuilder:validation:Enum=presigned-url;s3-uri
 	Stub string `json:"stub,omitempty"`
+	// PresignedURLTTL is how long a presigned-url stub stays valid: the
+	// Machine must boot within it. At most 168h (S3 signature v4 limit).
+	// +optional
+	// +kubebuilder:default="24h"
+	PresignedURLTTL *metav1.Duration `json:"presignedURLTTL,omitempty"`
 	// ServerSideEncryption asks the bucket to encrypt the object.
 	// +optional
 	// +kubebuilder:default=true
