@@ -27,16 +27,21 @@ tools: ## Install the pinned Go tools into the cache
 	hack/go-tools.sh >/dev/null
 
 .PHONY: generate
-generate: tools ## Regenerate code: api/*.proto with buf, the versions table, the CAPI provider's deepcopy and CRDs
+generate: tools ## Regenerate code: api/*.proto with buf, the versions table, the CAPI provider's deepcopy, CRDs, RBAC and clusterctl repository files
 	buf lint
 	buf generate
 	go generate ./internal/versions
 	controller-gen object paths=./api/bootstrap/... crd:maxDescLen=0 paths=./api/bootstrap/... output:crd:dir=config/crd
+	@# controller-gen writes no role.yaml when it finds no markers; a stale one must not survive that.
+	rm -f config/rbac/role.yaml
+	controller-gen rbac:roleName=gatehouse-capi-bootstrap-manager paths=./capi/controller/... output:rbac:dir=config/rbac
+	go run ./hack/capicomponents
 
 .PHONY: check-generate
 check-generate: generate ## Fail when regenerating changes any generated code
-	@if [[ -n "$$(git status --porcelain -- api internal/versions config/crd)" ]]; then \
-		git status --porcelain -- api internal/versions config/crd; git diff -- api internal/versions config/crd | head -50; \
+	@if [[ -n "$$(git status --porcelain -- api internal/versions config/crd config/rbac config/clusterctl)" ]]; then \
+		git status --porcelain -- api internal/versions config/crd config/rbac config/clusterctl; \
+		git diff -- api internal/versions config/crd config/rbac config/clusterctl | head -50; \
 		echo "generated code is out of date: run 'make generate' and commit the result" >&2; exit 1; fi
 
 .PHONY: lint

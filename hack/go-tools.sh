@@ -14,6 +14,8 @@ TOOLS=(
 	github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 	gotest.tools/gotestsum@v1.13.0
 	sigs.k8s.io/controller-tools/cmd/controller-gen@v0.20.0
+	# MinIO server (AGPL, run by tests only, never linked): the S3 store of capi/userdatastore's tests.
+	github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c
 )
 
 cache_root=${GATEHOUSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gatehouse}

@@ -108,14 +108,32 @@ func Render(in Input) ([]byte, error) {
 	return renderCloudConfig(s)
 }
 
-func plan(in Input) (*steps, error) {
-	release, err := versions.Resolve(in.KubernetesVersion)
+// baseTemplate returns the pinned components of a Kubernetes version and
+// architecture, or an error wrapping ErrNoBaseTemplate.
+func baseTemplate(version, arch string) ([]versions.Component, error) {
+	release, err := versions.Resolve(version)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoBaseTemplate, err)
 	}
-	components, err := release.Components(in.Arch)
+	components, err := release.Components(arch)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoBaseTemplate, err)
+	}
+	return components, nil
+}
+
+// CheckBaseTemplate returns an error wrapping ErrNoBaseTemplate, naming the
+// supported versions, when Render would have no components for the
+// version and architecture.
+func CheckBaseTemplate(version, arch string) error {
+	_, err := baseTemplate(version, arch)
+	return err
+}
+
+func plan(in Input) (*steps, error) {
+	components, err := baseTemplate(in.KubernetesVersion, in.Arch)
+	if err != nil {
+		return nil, err
 	}
 	spec := in.Spec
 	s := &steps{files: append([]File(nil), in.Files...)}

@@ -1,12 +1,7 @@
 package render
 
 import (
-	"encoding/base64"
-	"encoding/json"
 	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -15,6 +10,7 @@ import (
 	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 )
 
@@ -39,49 +35,6 @@ func input(s *bootstrapv1.KubeadmConfigSpec, role Role) Input {
 		Files: []File{{Path: "/etc/kubernetes/pki/ca.crt", Content: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n", Permissions: "0644"}}}
 }
 
-func cloudInitSchema(t *testing.T, data []byte) {
-	t.Helper()
-	f := filepath.Join(t.TempDir(), "user-data")
-	if err := os.WriteFile(f, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("cloud-init", "schema", "--config-file", f).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "Valid cloud-config") {
-		t.Fatalf("cloud-init schema: %v\n%s", err, out)
-	}
-}
-
-// decoded returns the data with Ignition's base64 file contents decoded,
-// so both formats can be searched as text.
-func decoded(t *testing.T, format bootstrapv1.Format, data []byte) string {
-	t.Helper()
-	if format != bootstrapv1.FormatIgnition {
-		return string(data)
-	}
-	var cfg struct {
-		Storage struct {
-			Files []struct {
-				Path     string `json:"path"`
-				Contents struct {
-					Source string `json:"source"`
-				} `json:"contents"`
-			} `json:"files"`
-		} `json:"storage"`
-	}
-	if err := json.Unmarshal(data, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	text := string(data)
-	for _, f := range cfg.Storage.Files {
-		b, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(f.Contents.Source, "data:;base64,"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		text += "\n== " + f.Path + "\n" + string(b)
-	}
-	return text
-}
-
 func TestRender(t *testing.T) {
 	release, err := versions.Resolve("v1.36.4")
 	if err != nil {
@@ -96,9 +49,9 @@ func TestRender(t *testing.T) {
 					t.Fatal(err)
 				}
 				if format == bootstrapv1.FormatCloudConfig {
-					cloudInitSchema(t, data)
+					rendertest.CloudInitSchema(t, data)
 				}
-				text := decoded(t, format, data)
+				text := rendertest.Text(t, format, data)
 				for _, want := range []string{KubeadmConfigPath, "kind: JoinConfiguration", SentinelPath, "time.example.com",
 					"ssh-ed25519 AAAA ops", "BEGIN CERTIFICATE", InstallScriptPath} {
 					if !strings.Contains(text, want) {
@@ -140,9 +93,9 @@ func TestAttestedDataHoldsNoSecrets(t *testing.T) {
 			t.Fatal(err)
 		}
 		if format == bootstrapv1.FormatCloudConfig {
-			cloudInitSchema(t, data)
+			rendertest.CloudInitSchema(t, data)
 		}
-		text := decoded(t, format, data)
+		text := rendertest.Text(t, format, data)
 		for _, bad := range []string{"PRIVATE KEY", "certificateKey", "certificate-key", "kubeadm join", "\"kubeadm\",\"join\"", "'kubeadm' 'join'"} {
 			if strings.Contains(text, bad) {
 				t.Errorf("%s attested data contains %q", format, bad)
@@ -163,7 +116,7 @@ func TestAttestedDataHoldsNoSecrets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if text := decoded(t, format, data); strings.Contains(text, "--join-endpoints") || !strings.Contains(text, "--success-file") {
+		if text := rendertest.Text(t, format, data); strings.Contains(text, "--join-endpoints") || !strings.Contains(text, "--success-file") {
 			t.Errorf("%s attested init data should start the bootstrapper without join endpoints", format)
 		}
 	}
@@ -184,5 +137,23 @@ func TestRenderRefuses(t *testing.T) {
 	in.Files = append(in.Files, File{Path: "/x", Content: "y", Permissions: "rw"})
 	if _, err := Render(in); err == nil || !strings.Contains(err.Error(), "permissions") {
 		t.Fatalf("bad permissions: %v", err)
+	}
+}
+
+// BenchmarkRender is the render time of one config per format and role,
+// validation included (Ignition's validator runs inside Render).
+func BenchmarkRender(b *testing.B) {
+	for _, format := range []bootstrapv1.Format{bootstrapv1.FormatCloudConfig, bootstrapv1.FormatIgnition} {
+		for _, role := range []Role{RoleInit, RoleJoin} {
+			b.Run(string(format)+"/"+string(role), func(b *testing.B) {
+				in := input(spec(format), role)
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := Render(in); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -26,6 +26,7 @@ type process struct {
 	dir     string
 	bin     string
 	args    []string
+	env     []string // the whole environment; nil inherits the test's
 	logPath string
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when the process has exited
@@ -36,6 +37,12 @@ type process struct {
 
 // startProcess starts bin with args; its output goes to dir/<name>.log.
 func startProcess(name, dir, bin string, args ...string) (*process, error) {
+	return startProcessEnv(name, dir, bin, nil, args...)
+}
+
+// startProcessEnv is startProcess with env (KEY=value entries) as the
+// process's whole environment; nil inherits the test's.
+func startProcessEnv(name, dir, bin string, env []string, args ...string) (*process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -45,6 +52,7 @@ func startProcess(name, dir, bin string, args ...string) (*process, error) {
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.Dir = dir
+	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Setpgid: true,
 		// If the test binary dies without running its cleanups (test timeout,
@@ -55,7 +63,7 @@ func startProcess(name, dir, bin string, args ...string) (*process, error) {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("starting %s (%s): %w", name, bin, err)
 	}
-	p := &process{name: name, dir: dir, bin: bin, args: args, logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &process{name: name, dir: dir, bin: bin, args: args, env: env, logPath: logPath, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		_ = logFile.Close()
@@ -102,7 +110,7 @@ func (p *process) stop() {
 // continues in the same file.
 func (p *process) restart() (*process, error) {
 	p.stop()
-	return startProcess(p.name, p.dir, p.bin, p.args...)
+	return startProcessEnv(p.name, p.dir, p.bin, p.env, p.args...)
 }
 
 // logTail returns the last n bytes of the process's log, for error messages.

@@ -1,0 +1,459 @@
+// Package controller is the Cluster API bootstrap provider's controller: it
+// turns each KubeadmConfig (bootstrap.gatehouse.dev) into its Machine's
+// bootstrap data Secret, following the Cluster API bootstrap provider
+// contract (cluster-api.sigs.k8s.io, "Contract rules for
+// BootstrapConfig") and CABPK's orchestration:
+//
+//   - nothing is rendered before the Cluster's infrastructure is
+//     provisioned (status.initialization.infrastructureProvisioned);
+//   - the first control-plane Machine gets `kubeadm init` under the
+//     "<cluster>-lock" ConfigMap lock (CABPK's, so the two never both
+//     init one cluster); every other Machine waits until the control
+//     plane is initialised (status.initialization.controlPlaneInitialized);
+//   - defaults come from the Cluster and Machine: control-plane endpoint,
+//     cluster name, service domain, pod and service CIDRs, Kubernetes
+//     version, and for joins the bootstrap token and discovery token CA
+//     cert hash;
+//   - the cluster CAs are taken from the "<cluster>-ca|etcd|proxy|sa"
+//     Secrets or generated (Cluster API's certificate conventions);
+//   - joining Machines get a bootstrap token in the workload cluster,
+//     extended until their node has joined and deleted after;
+//   - the data goes into a Secret named after the config (type
+//     cluster.x-k8s.io/secret, keys "value" and "format"), named in
+//     status.dataSecretName with status.initialization.dataSecretCreated,
+//     or, with userDataStore, into a bucket with only a stub in the Secret.
+//
+// In attested mode the data holds no secret at all: no CA, no token.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/locking"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/render"
+)
+
+// Conditions of a KubeadmConfig (metav1.Condition types and reasons).
+const (
+	// ConditionReady summarises the others.
+	ConditionReady = "Ready"
+	// ConditionDataSecretAvailable: the data Secret exists.
+	ConditionDataSecretAvailable = "DataSecretAvailable"
+	// ConditionCertificatesAvailable: the cluster CAs the data needs exist.
+	ConditionCertificatesAvailable = "CertificatesAvailable"
+
+	ReasonDataSecretAvailable          = "DataSecretAvailable"
+	ReasonWaitingForOwner              = "WaitingForOwnerMachine"
+	ReasonWaitingForInfrastructure     = "WaitingForClusterInfrastructure"
+	ReasonWaitingForControlPlane       = "WaitingForControlPlaneInitialization"
+	ReasonWaitingForInitLock           = "WaitingForInitLock"
+	ReasonWaitingForClusterCA          = "WaitingForClusterCA"
+	ReasonNoBaseTemplate               = "NoBaseTemplateForVersion"
+	ReasonInvalidSpec                  = "InvalidSpec"
+	ReasonRenderFailed                 = "RenderFailed"
+	ReasonBootstrapTokenExpired        = "BootstrapTokenExpired"
+	ReasonCertificatesAvailable        = "CertificatesAvailable"
+	ReasonCertificatesGenerationFailed = "CertificatesGenerationFailed"
+	ReasonUserDataStoreFailed          = "UserDataStoreFailed"
+)
+
+// Finalizer is set on KubeadmConfigs that own something outside their own
+// Secret (a bootstrap token in the workload cluster, an object in a bucket).
+const Finalizer = "bootstrap.gatehouse.dev/cleanup"
+
+// waitRequeue is how often a config waiting on something that no watch
+// reports (the init lock's holder, a missing CA) is looked at again.
+const waitRequeue = 20 * time.Second
+
+// WorkloadClients gives clients of workload clusters.
+type WorkloadClients interface {
+	ClientFor(ctx context.Context, cluster client.ObjectKey) (client.Client, error)
+}
+
+// InitLock serialises `kubeadm init` per cluster.
+type InitLock interface {
+	Lock(ctx context.Context, cluster *clusterv1.Cluster, machine *clusterv1.Machine) bool
+	Unlock(ctx context.Context, cluster *clusterv1.Cluster) bool
+}
+
+// Reconciler reconciles KubeadmConfigs. Build it with New.
+type Reconciler struct {
+	client    client.Client
+	apiReader client.Reader
+	workload  WorkloadClients
+	initLock  InitLock
+	clock     clock.PassiveClock
+	tokenTTL  time.Duration
+	stores    StoreFactory
+}
+
+// Options are the Reconciler's dependencies.
+type Options struct {
+	// Client is the manager's (cached) client.
+	Client client.Client
+	// APIReader reads what is not cached: user Secrets (contentFrom,
+	// bucket credentials) and Machines when deciding one is gone.
+	APIReader client.Reader
+	// Workload gives workload cluster clients (bootstrap tokens).
+	Workload WorkloadClients
+	// InitLock; nil means CABPK's ConfigMap lock through LockClient.
+	InitLock InitLock
+	// LockClient is an uncached client for the init lock's ConfigMaps.
+	LockClient client.Client
+	// Clock; nil means the real clock.
+	Clock clock.PassiveClock
+	// TokenTTL; zero means DefaultTokenTTL.
+	TokenTTL time.Duration
+	// Stores opens userDataStore buckets; nil means S3 (userdatastore).
+	Stores StoreFactory
+}
+
+// New returns a Reconciler.
+func New(o Options) *Reconciler {
+	r := &Reconciler{client: o.Client, apiReader: o.APIReader, workload: o.Workload, initLock: o.InitLock,
+		clock: o.Clock, tokenTTL: o.TokenTTL, stores: o.Stores}
+	if r.initLock == nil {
+		r.initLock = locking.NewControlPlaneInitMutex(o.LockClient)
+	}
+	if r.clock == nil {
+		r.clock = clock.RealClock{}
+	}
+	if r.tokenTTL == 0 {
+		r.tokenTTL = DefaultTokenTTL
+	}
+	if r.stores == nil {
+		r.stores = s3Stores
+	}
+	return r
+}
+
+// SetupWithManager registers the controller: it watches KubeadmConfigs,
+// the Machines that own them and their Clusters.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&bootstrapv1.KubeadmConfig{}).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(machineToConfig)).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToConfigs)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
+		Named("kubeadmconfig").
+		Complete(r)
+}
+
+func machineToConfig(_ context.Context, o client.Object) []reconcile.Request {
+	m, ok := o.(*clusterv1.Machine)
+	if !ok {
+		return nil
+	}
+	ref := m.Spec.Bootstrap.ConfigRef
+	if ref.Kind != "KubeadmConfig" || ref.APIGroup != bootstrapv1.GroupVersion.Group || ref.Name == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}}}
+}
+
+// clusterToConfigs wakes every config of a Cluster that has no data yet, or
+// whose Cluster is being looked at for the first time.
+func (r *Reconciler) clusterToConfigs(ctx context.Context, o client.Object) []reconcile.Request {
+	var list bootstrapv1.KubeadmConfigList
+	if err := r.client.List(ctx, &list, client.InNamespace(o.GetNamespace()),
+		client.MatchingLabels{clusterv1.ClusterNameLabel: o.GetName()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing the KubeadmConfigs of a Cluster")
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if list.Items[i].Status.DataSecretName == nil {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return reqs
+}
+
+// scope is what one reconcile works on.
+type scope struct {
+	config  *bootstrapv1.KubeadmConfig
+	machine *clusterv1.Machine
+	cluster *clusterv1.Cluster
+}
+
+func (s *scope) clusterKey() client.ObjectKey { return client.ObjectKeyFromObject(s.cluster) }
+
+func (s *scope) attested() bool {
+	return s.config.Spec.Attested != nil && s.config.Spec.Attested.Enabled
+}
+
+func (s *scope) controlPlane() bool {
+	_, ok := s.machine.Labels[clusterv1.MachineControlPlaneLabel]
+	return ok
+}
+
+// +kubebuilder:rbac:groups=bootstrap.gatehouse.dev,resources=kubeadmconfigs;kubeadmconfigs/status;kubeadmconfigs/finalizers,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=bootstrap.gatehouse.dev,resources=kubeadmconfigtemplates,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status;machines;machines/status,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+
+// Reconcile brings one KubeadmConfig's data Secret and token up to date.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res reconcile.Result, err error) {
+	config := &bootstrapv1.KubeadmConfig{}
+	if err := r.client.Get(ctx, req.NamespacedName, config); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !config.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, r.reconcileDelete(ctx, config)
+	}
+	original := config.DeepCopy()
+	defer func() {
+		if patchErr := r.patchStatus(ctx, original, config); patchErr != nil {
+			err = errors.Join(err, patchErr)
+		}
+	}()
+
+	machine, gone, err := r.ownerMachine(ctx, config)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if gone {
+		// The Machine is deleted; the garbage collector deletes the config
+		// too, but do not wait for it to clean up tokens and objects.
+		return reconcile.Result{}, client.IgnoreNotFound(r.client.Delete(ctx, config, client.Preconditions{UID: &config.UID}))
+	}
+	if machine == nil {
+		setWaiting(config, ReasonWaitingForOwner, "waiting for a Machine to own this config")
+		return reconcile.Result{}, nil
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := r.client.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: machine.Spec.ClusterName}, cluster); err != nil {
+		return reconcile.Result{}, fmt.Errorf("reading Cluster %s: %w", machine.Spec.ClusterName, err)
+	}
+	if annotations.IsPaused(cluster, config) {
+		return reconcile.Result{}, nil
+	}
+	s := &scope{config: config, machine: machine, cluster: cluster}
+	if config.Status.DataSecretName != nil {
+		return r.reconcileToken(ctx, s)
+	}
+	if !ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false) {
+		setWaiting(config, ReasonWaitingForInfrastructure, "waiting for the Cluster's infrastructure to be provisioned")
+		return reconcile.Result{}, nil
+	}
+	if !ptr.Deref(cluster.Status.Initialization.ControlPlaneInitialized, false) {
+		if !s.controlPlane() {
+			setWaiting(config, ReasonWaitingForControlPlane, "waiting for the control plane to be initialised")
+			return reconcile.Result{}, nil
+		}
+		if !r.initLock.Lock(ctx, cluster, machine) {
+			setWaiting(config, ReasonWaitingForInitLock, "another control-plane Machine holds the init lock; waiting for the control plane to be initialised")
+			return reconcile.Result{RequeueAfter: waitRequeue}, nil
+		}
+		return r.reconcileData(ctx, s, render.RoleInit)
+	}
+	r.initLock.Unlock(ctx, cluster)
+	return r.reconcileData(ctx, s, render.RoleJoin)
+}
+
+// ownerMachine returns the config's owner Machine; gone is true when the
+// config names an owner Machine that no longer exists.
+func (r *Reconciler) ownerMachine(ctx context.Context, config *bootstrapv1.KubeadmConfig) (machine *clusterv1.Machine, gone bool, err error) {
+	for _, ref := range config.OwnerReferences {
+		if ref.Kind != "Machine" || ref.APIVersion != clusterv1.GroupVersion.String() {
+			continue
+		}
+		m := &clusterv1.Machine{}
+		key := client.ObjectKey{Namespace: config.Namespace, Name: ref.Name}
+		if err := r.client.Get(ctx, key, m); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return nil, false, fmt.Errorf("reading Machine %s: %w", ref.Name, err)
+			}
+			// The cache may lag behind a new Machine: ask the API server.
+			if err := r.apiReader.Get(ctx, key, m); err != nil {
+				if apierrors.IsNotFound(err) {
+					return nil, true, nil
+				}
+				return nil, false, fmt.Errorf("reading Machine %s: %w", ref.Name, err)
+			}
+		}
+		if m.UID != ref.UID {
+			return nil, true, nil
+		}
+		return m, false, nil
+	}
+	return nil, false, nil
+}
+
+// reconcileData renders the data and stores it.
+func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Role) (reconcile.Result, error) {
+	in, waiting, err := r.renderInput(ctx, s, role)
+	if err != nil {
+		var se *specError
+		switch {
+		case errors.Is(err, render.ErrNoBaseTemplate):
+			setWaiting(s.config, ReasonNoBaseTemplate, err.Error())
+			return reconcile.Result{}, nil
+		case errors.As(err, &se):
+			setWaiting(s.config, ReasonInvalidSpec, se.Error())
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if waiting != "" {
+		setWaiting(s.config, ReasonWaitingForClusterCA, waiting)
+		return reconcile.Result{RequeueAfter: waitRequeue}, nil
+	}
+	data, err := render.Render(in)
+	if err != nil {
+		if errors.Is(err, render.ErrNoBaseTemplate) {
+			setWaiting(s.config, ReasonNoBaseTemplate, err.Error())
+			return reconcile.Result{}, nil
+		}
+		setWaiting(s.config, ReasonRenderFailed, err.Error())
+		return reconcile.Result{}, nil
+	}
+	if err := r.storeData(ctx, s, data); err != nil {
+		var se *specError
+		if errors.As(err, &se) {
+			setWaiting(s.config, ReasonUserDataStoreFailed, se.Error())
+			return reconcile.Result{RequeueAfter: waitRequeue}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	setCondition(s.config, ConditionDataSecretAvailable, metav1.ConditionTrue, ReasonDataSecretAvailable, "data Secret "+s.config.Name)
+	setCondition(s.config, ConditionReady, metav1.ConditionTrue, ReasonDataSecretAvailable, "")
+	return r.reconcileToken(ctx, s)
+}
+
+// managesToken says the config's data carries a token this controller made.
+func managesToken(s *scope) bool {
+	return s.config.Status.DataSecretName != nil && s.config.Annotations[annotationManagedToken] == "true"
+}
+
+// annotationManagedToken marks configs whose data holds a bootstrap token
+// this controller created (and so extends and deletes).
+const annotationManagedToken = "bootstrap.gatehouse.dev/managed-bootstrap-token" //nolint:gosec // an annotation name, not a credential
+
+// reconcileToken extends the Machine's bootstrap token until its node has
+// joined, then deletes it.
+func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Result, error) {
+	if !managesToken(s) {
+		return reconcile.Result{}, nil
+	}
+	wc, err := r.workload.ClientFor(ctx, s.clusterKey())
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
+	if s.machine.Status.NodeRef.IsDefined() {
+		if err := t.remove(ctx, s.config.UID); err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{}, nil
+	}
+	next, err := t.refresh(ctx, s.config.UID)
+	if errors.Is(err, errTokenGone) {
+		setWaiting(s.config, ReasonBootstrapTokenExpired,
+			"the Machine's bootstrap token expired or was deleted before its node joined; delete the Machine to replace it")
+		return reconcile.Result{}, nil
+	}
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: next}, nil
+}
+
+// reconcileDelete removes what the config owns outside its Secret.
+func (r *Reconciler) reconcileDelete(ctx context.Context, config *bootstrapv1.KubeadmConfig) error {
+	if !controllerutil.ContainsFinalizer(config, Finalizer) {
+		return nil
+	}
+	if ds := config.Spec.UserDataStore; ds != nil {
+		store, _, err := r.openStore(ctx, config)
+		if err != nil {
+			return err
+		}
+		if err := store.Delete(ctx, objectKey(config)); err != nil {
+			return fmt.Errorf("deleting the bootstrap data object: %w", err)
+		}
+	}
+	if config.Annotations[annotationManagedToken] == "true" {
+		if err := r.removeToken(ctx, config); err != nil {
+			return err
+		}
+	}
+	patch := client.MergeFrom(config.DeepCopy())
+	controllerutil.RemoveFinalizer(config, Finalizer)
+	return client.IgnoreNotFound(r.client.Patch(ctx, config, patch))
+}
+
+// removeToken deletes a deleted config's token, unless its workload
+// cluster is gone too.
+func (r *Reconciler) removeToken(ctx context.Context, config *bootstrapv1.KubeadmConfig) error {
+	name := config.Labels[clusterv1.ClusterNameLabel]
+	if name == "" {
+		return nil
+	}
+	key := client.ObjectKey{Namespace: config.Namespace, Name: name}
+	wc, err := r.workload.ClientFor(ctx, key)
+	if err != nil {
+		if apierrors.IsNotFound(errors.Unwrap(err)) || apierrors.IsNotFound(err) {
+			return nil // the cluster's kubeconfig is gone with the cluster
+		}
+		return err
+	}
+	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
+	return t.remove(ctx, config.UID)
+}
+
+func (r *Reconciler) patchStatus(ctx context.Context, original, config *bootstrapv1.KubeadmConfig) error {
+	config.Status.ObservedGeneration = config.Generation
+	ready := meta.FindStatusCondition(config.Status.Conditions, ConditionReady)
+	if ready == nil {
+		setCondition(config, ConditionReady, metav1.ConditionUnknown, "Reconciling", "")
+	}
+	for i := range config.Status.Conditions {
+		config.Status.Conditions[i].ObservedGeneration = config.Generation
+	}
+	if err := r.client.Status().Patch(ctx, config, client.MergeFrom(original)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	return nil
+}
+
+// setWaiting records that the data is not (or no longer) usable and why.
+func setWaiting(config *bootstrapv1.KubeadmConfig, reason, message string) {
+	setCondition(config, ConditionDataSecretAvailable, metav1.ConditionFalse, reason, message)
+	setCondition(config, ConditionReady, metav1.ConditionFalse, reason, message)
+}
+
+func setCondition(config *bootstrapv1.KubeadmConfig, typ string, status metav1.ConditionStatus, reason, message string) {
+	meta.SetStatusCondition(&config.Status.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message})
+}
+
+// specError is a problem with the user's objects, reported as a condition.
+type specError struct{ msg string }
+
+func (e *specError) Error() string { return e.msg }
+
+func specErrorf(format string, args ...any) error {
+	return &specError{msg: fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,116 @@
+// Package rendertest checks bootstrap data in tests: cloud-config with
+// Debian's `cloud-init schema`, Ignition with coreos/ignition's parser and
+// validator, and reads the files either format writes.
+package rendertest
+
+import (
+	"encoding/base64"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	ignv3 "github.com/coreos/ignition/v2/config/v3_5"
+	"sigs.k8s.io/yaml"
+
+	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+)
+
+// CloudInitSchema fails the test unless `cloud-init schema` accepts data.
+func CloudInitSchema(t testing.TB, data []byte) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "user-data")
+	if err := os.WriteFile(f, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(t.Context(), "cloud-init", "schema", "--config-file", f).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Valid cloud-config") {
+		t.Fatalf("cloud-init schema: %v\n%s", err, out)
+	}
+}
+
+// Files checks data (schema or validator) and returns the files it writes,
+// path to content.
+func Files(t testing.TB, format bootstrapv1.Format, data []byte) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	if format == bootstrapv1.FormatIgnition {
+		cfg, report, err := ignv3.Parse(data)
+		if err != nil || report.IsFatal() {
+			t.Fatalf("Ignition validator: %v\n%s", err, report.String())
+		}
+		for _, f := range cfg.Storage.Files {
+			if f.Contents.Source == nil {
+				continue
+			}
+			files[f.Path] = dataURL(t, *f.Contents.Source)
+		}
+		return files
+	}
+	CloudInitSchema(t, data)
+	var cfg struct {
+		WriteFiles []struct {
+			Path, Content, Encoding string
+		} `json:"write_files"`
+	}
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		t.Fatalf("parsing cloud-config: %v", err)
+	}
+	for _, f := range cfg.WriteFiles {
+		content := []byte(f.Content)
+		if slices.Contains([]string{"b64", "base64"}, f.Encoding) {
+			var err error
+			if content, err = base64.StdEncoding.DecodeString(f.Content); err != nil {
+				t.Fatalf("%s: %v", f.Path, err)
+			}
+		}
+		files[f.Path] = content
+	}
+	return files
+}
+
+// Text is the data with every file's content appended, so both formats
+// can be searched as text.
+func Text(t testing.TB, format bootstrapv1.Format, data []byte) string {
+	t.Helper()
+	files := Files(t, format, data)
+	var b strings.Builder
+	b.Write(data)
+	paths := make([]string, 0, len(files))
+	for p := range files {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	for _, p := range paths {
+		b.WriteString("\n== " + p + "\n")
+		b.Write(files[p])
+	}
+	return b.String()
+}
+
+func dataURL(t testing.TB, src string) []byte {
+	t.Helper()
+	rest, ok := strings.CutPrefix(src, "data:")
+	if !ok {
+		t.Fatalf("file source %q is not a data URL", src)
+	}
+	mediaType, payload, ok := strings.Cut(rest, ",")
+	if !ok {
+		t.Fatalf("data URL without a comma: %q", src)
+	}
+	if strings.HasSuffix(mediaType, ";base64") {
+		b, err := base64.StdEncoding.DecodeString(payload)
+		if err != nil {
+			t.Fatalf("data URL: %v", err)
+		}
+		return b
+	}
+	s, err := url.PathUnescape(payload)
+	if err != nil {
+		t.Fatalf("data URL: %v", err)
+	}
+	return []byte(s)
+}

@@ -1,0 +1,136 @@
+// Command gatehouse-capi-bootstrap is Gatehouse's Cluster API bootstrap
+// provider: a controller-runtime manager that turns KubeadmConfigs
+// (bootstrap.gatehouse.dev) into Machines' cloud-config or Ignition data
+// Secrets. It only wires flags to package capi/controller (docs/capi.md).
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/controller"
+	"github.com/gatehouse-dev/gatehouse/internal/buildinfo"
+)
+
+func main() {
+	level := new(slog.LevelVar)
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := run(log, level); err != nil {
+		log.Error("CAPI bootstrap provider failed", slog.String("error", err.Error()))
+		os.Exit(1)
+	}
+}
+
+func run(log *slog.Logger, level *slog.LevelVar) error {
+	var (
+		logLevel      = flag.String("log-level", "info", "debug, info, warn or error")
+		leaderElect   = flag.Bool("leader-elect", true, "elect a leader so only one replica reconciles")
+		leaderNS      = flag.String("leader-election-namespace", "", "namespace of the leader election Lease; empty means the Pod's")
+		metricsAddr   = flag.String("metrics-bind-address", ":8080", "address of /metrics; 0 turns it off")
+		probeAddr     = flag.String("health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 turns it off")
+		concurrency   = flag.Int("concurrency", 10, "KubeadmConfigs reconciled at once")
+		tokenTTL      = flag.Duration("bootstrap-token-ttl", controller.DefaultTokenTTL, "lifetime of bootstrap tokens; extended until the node joins")
+		namespace     = flag.String("namespace", "", "watch only this namespace; empty means all")
+		apiQPS        = flag.Float64("kube-api-qps", 50, "management cluster API requests per second")
+		apiBurst      = flag.Int("kube-api-burst", 100, "management cluster API request burst")
+		syncPeriod    = flag.Duration("sync-period", 10*time.Minute, "how often every KubeadmConfig is reconciled anyway")
+		printVersion  = flag.Bool("version", false, "print the version and exit")
+		leaderElectID = "gatehouse-capi-bootstrap.bootstrap.gatehouse.dev"
+	)
+	flag.Parse()
+	if *printVersion {
+		fmt.Println(buildinfo.Read().Version)
+		return nil
+	}
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	if *concurrency < 1 {
+		return errors.New("--concurrency must be at least 1")
+	}
+	if *tokenTTL < time.Minute {
+		return errors.New("--bootstrap-token-ttl must be at least 1m")
+	}
+	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+
+	// --kubeconfig is controller-runtime's flag (it registers it on the
+	// default FlagSet when imported; defining it again panics):
+	// ctrl.GetConfig reads it, else KUBECONFIG, else the in-cluster config.
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("loading the management cluster's kubeconfig: %w", err)
+	}
+	cfg.QPS, cfg.Burst, cfg.UserAgent = float32(*apiQPS), *apiBurst, "gatehouse-capi-bootstrap/"+buildinfo.Read().Version
+
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, clusterv1.AddToScheme, bootstrapv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return err
+		}
+	}
+	// Only Cluster API's Secrets are cached (CAs, kubeconfigs, data
+	// Secrets, all labelled with their cluster), not every Secret.
+	clusterSecrets, err := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
+	if err != nil {
+		return err
+	}
+	cacheOpts := cache.Options{
+		SyncPeriod: syncPeriod,
+		ByObject:   map[client.Object]cache.ByObject{&corev1.Secret{}: {Label: labels.NewSelector().Add(*clusterSecrets)}},
+	}
+	if *namespace != "" {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{*namespace: {}}
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  scheme,
+		Cache:                   cacheOpts,
+		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.ConfigMap{}}}},
+		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		HealthProbeBindAddress:  *probeAddr,
+		LeaderElection:          *leaderElect,
+		LeaderElectionID:        leaderElectID,
+		LeaderElectionNamespace: *leaderNS,
+		// The new leader takes over as soon as the old one stops cleanly.
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the controller manager: %w", err)
+	}
+	r := controller.New(controller.Options{
+		Client:     mgr.GetClient(),
+		APIReader:  mgr.GetAPIReader(),
+		LockClient: mgr.GetClient(),
+		Workload:   controller.NewKubeconfigClients(mgr.GetClient(), mgr.GetAPIReader()),
+		TokenTTL:   *tokenTTL,
+	})
+	if err := r.SetupWithManager(mgr, *concurrency); err != nil {
+		return fmt.Errorf("setting up the KubeadmConfig controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	log.Info("Starting the CAPI bootstrap provider", slog.String("version", buildinfo.Read().Version),
+		slog.Bool("leaderElection", *leaderElect), slog.Int("concurrency", *concurrency))
+	return mgr.Start(ctrl.SetupSignalHandler())
+}
