@@ -94,7 +94,7 @@ func (e *env) startManager(t *testing.T, o controller.Options) {
 		t.Fatal(err)
 	}
 	o.Client, o.APIReader, o.LockClient = mgr.GetClient(), mgr.GetAPIReader(), mgr.GetClient()
-	o.Workload = controller.NewKubeconfigClients(mgr.GetClient(), mgr.GetAPIReader())
+	o.Workload = controller.NewKubeconfigClients(mgr.GetClient(), mgr.GetAPIReader(), 50, 100)
 	if err := controller.New(o).SetupWithManager(mgr, 4); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func (e *env) startManager(t *testing.T, o controller.Options) {
 // reconciler is a Reconciler called directly by a test.
 func (e *env) reconciler(o controller.Options) *controller.Reconciler {
 	o.Client, o.APIReader, o.LockClient = e.client, e.client, e.client
-	o.Workload = controller.NewKubeconfigClients(e.client, e.client)
+	o.Workload = controller.NewKubeconfigClients(e.client, e.client, 50, 100)
 	return controller.New(o)
 }
 
@@ -519,6 +519,7 @@ func TestTokenRefresh(t *testing.T) {
 	if err := e.client.Delete(ctx, s); err != nil {
 		t.Fatal(err)
 	}
+	clock.SetTime(clock.Now().Add(ttl / 2)) // the next look at the token
 	reconcile()
 	if readyReason(got) != controller.ReasonBootstrapTokenExpired {
 		t.Fatalf("vanished token: conditions %+v", got.Status.Conditions)

@@ -66,7 +66,7 @@ func (r *Reconciler) renderInput(ctx context.Context, s *scope, role render.Role
 	if role == render.RoleInit {
 		certs := secret.NewCertificatesForInitialControlPlane(&spec.ClusterConfiguration)
 		owner := metav1.OwnerReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: s.cluster.Name, UID: s.cluster.UID}
-		if err := certs.LookupOrGenerateCached(ctx, r.client, r.client, s.clusterKey(), owner); err != nil {
+		if err := certs.LookupOrGenerateCached(ctx, r.client, r.direct(), s.clusterKey(), owner); err != nil {
 			setCertificates(s.config, false, ReasonCertificatesGenerationFailed, "looking up or generating the cluster CAs failed")
 			return in, "", fmt.Errorf("looking up or generating the cluster CAs: %w", err)
 		}
@@ -77,7 +77,7 @@ func (r *Reconciler) renderInput(ctx context.Context, s *scope, role render.Role
 	}
 	if s.controlPlane() {
 		certs := secret.NewControlPlaneJoinCerts(&spec.ClusterConfiguration)
-		if err := certs.LookupCached(ctx, r.client, r.client, s.clusterKey()); err != nil {
+		if err := certs.LookupCached(ctx, r.client, r.direct(), s.clusterKey()); err != nil {
 			return in, "", fmt.Errorf("looking up the cluster CAs: %w", err)
 		}
 		if err := certs.EnsureAllExist(); err != nil {
@@ -163,8 +163,16 @@ func (r *Reconciler) discovery(ctx context.Context, s *scope, join *cabpkv1.Join
 		return "", err
 	}
 	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
-	if bt.Token, err = t.ensure(ctx, s.config.UID, "bootstrap token of KubeadmConfig "+s.config.Namespace+"/"+s.config.Name); err != nil {
+	token, created, err := t.ensure(ctx, s.config.UID, "bootstrap token of KubeadmConfig "+s.config.Namespace+"/"+s.config.Name)
+	if err != nil {
 		return "", fmt.Errorf("creating the Machine's bootstrap token: %w", err)
+	}
+	bt.Token = token
+	if created {
+		r.tokenChecks.Store(s.config.UID, r.clock.Now().Add(r.tokenTTL/2))
+	} else {
+		// A token found again (a retry) may be older: check it next pass.
+		r.tokenChecks.Delete(s.config.UID)
 	}
 	return "", nil
 }
@@ -174,7 +182,7 @@ func (r *Reconciler) discovery(ctx context.Context, s *scope, join *cabpkv1.Join
 // on the first node) from the workload cluster's kube-public/cluster-info.
 // It is "" when neither exists.
 func (r *Reconciler) clusterCAHash(ctx context.Context, s *scope) (string, error) {
-	ca, err := secret.GetFromNamespacedName(ctx, r.client, s.clusterKey(), secret.ClusterCA)
+	ca, err := secret.GetFromNamespacedName(ctx, fallbackReader{cached: r.client, direct: r.apiReader}, s.clusterKey(), secret.ClusterCA)
 	if err == nil {
 		return kubeadm.DiscoveryTokenCACertHashPEM(ca.Data[secret.TLSCrtDataName])
 	}
@@ -427,4 +435,20 @@ func (r *Reconciler) openStore(ctx context.Context, config *bootstrapv1.KubeadmC
 		return nil, nil, specErrorf("userDataStore: %v", err)
 	}
 	return store, caPEM, nil
+}
+
+// direct is the client with reads going straight to the API server: for
+// Secrets the cache does not hold (a user's CA Secret without the
+// cluster-name label).
+func (r *Reconciler) direct() client.Client {
+	return directClient{Client: r.client, reader: r.apiReader}
+}
+
+type directClient struct {
+	client.Client
+	reader client.Reader
+}
+
+func (d directClient) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	return d.reader.Get(ctx, key, obj, opts...)
 }

@@ -30,8 +30,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,10 +45,12 @@ import (
 	"sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/locking"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
@@ -104,6 +109,9 @@ type Reconciler struct {
 	clock     clock.PassiveClock
 	tokenTTL  time.Duration
 	stores    StoreFactory
+	// tokenChecks remembers, per config UID, when its token next needs
+	// looking at, so reconciles in between cost the workload cluster nothing.
+	tokenChecks sync.Map
 }
 
 // Options are the Reconciler's dependencies.
@@ -150,7 +158,9 @@ func New(o Options) *Reconciler {
 // the Machines that own them and their Clusters.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&bootstrapv1.KubeadmConfig{}).
+		// The controller's own status patches need no reconcile.
+		For(&bootstrapv1.KubeadmConfig{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{},
+			predicate.AnnotationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(machineToConfig)).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToConfigs)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
@@ -269,7 +279,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 		}
 		return r.reconcileData(ctx, s, render.RoleInit)
 	}
-	r.initLock.Unlock(ctx, cluster)
+	if s.controlPlane() {
+		// Only a control-plane Machine can hold the lock; workers leave it be.
+		r.initLock.Unlock(ctx, cluster)
+	}
 	return r.reconcileData(ctx, s, render.RoleJoin)
 }
 
@@ -304,6 +317,15 @@ func (r *Reconciler) ownerMachine(ctx context.Context, config *bootstrapv1.Kubea
 
 // reconcileData renders the data and stores it.
 func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Role) (reconcile.Result, error) {
+	// A reconcile that ran on a cache older than the last status patch
+	// finds its own data Secret: nothing to render again.
+	existing := &corev1.Secret{}
+	if err := r.client.Get(ctx, client.ObjectKeyFromObject(s.config), existing); err == nil && metav1.IsControlledBy(existing, s.config) {
+		s.config.Status.DataSecretName = ptr.To(existing.Name)
+		s.config.Status.Initialization = &bootstrapv1.Initialization{DataSecretCreated: ptr.To(true)}
+		setDataAvailable(s.config)
+		return r.reconcileToken(ctx, s)
+	}
 	in, waiting, err := r.renderInput(ctx, s, role)
 	if err != nil {
 		var se *specError
@@ -338,8 +360,7 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 		}
 		return reconcile.Result{}, err
 	}
-	setCondition(s.config, ConditionDataSecretAvailable, metav1.ConditionTrue, ReasonDataSecretAvailable, "data Secret "+s.config.Name)
-	setCondition(s.config, ConditionReady, metav1.ConditionTrue, ReasonDataSecretAvailable, "")
+	setDataAvailable(s.config)
 	return r.reconcileToken(ctx, s)
 }
 
@@ -367,9 +388,17 @@ func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Re
 		if err := t.remove(ctx, s.config.UID); err != nil {
 			return reconcile.Result{}, err
 		}
+		r.tokenChecks.Delete(s.config.UID)
 		return reconcile.Result{}, nil
 	}
+	now := r.clock.Now()
+	if due, ok := r.tokenChecks.Load(s.config.UID); ok && now.Before(due.(time.Time)) {
+		return reconcile.Result{RequeueAfter: due.(time.Time).Sub(now)}, nil
+	}
 	next, err := t.refresh(ctx, s.config.UID)
+	if err == nil {
+		r.tokenChecks.Store(s.config.UID, now.Add(next))
+	}
 	if errors.Is(err, errTokenGone) {
 		setWaiting(s.config, ReasonBootstrapTokenExpired,
 			"the Machine's bootstrap token expired or was deleted before its node joined; delete the Machine to replace it")
@@ -433,10 +462,18 @@ func (r *Reconciler) patchStatus(ctx context.Context, original, config *bootstra
 	for i := range config.Status.Conditions {
 		config.Status.Conditions[i].ObservedGeneration = config.Generation
 	}
+	if equality.Semantic.DeepEqual(original.Status, config.Status) {
+		return nil
+	}
 	if err := r.client.Status().Patch(ctx, config, client.MergeFrom(original)); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	return nil
+}
+
+func setDataAvailable(config *bootstrapv1.KubeadmConfig) {
+	setCondition(config, ConditionDataSecretAvailable, metav1.ConditionTrue, ReasonDataSecretAvailable, "data Secret "+config.Name)
+	setCondition(config, ConditionReady, metav1.ConditionTrue, ReasonDataSecretAvailable, "")
 }
 
 // setWaiting records that the data is not (or no longer) usable and why.

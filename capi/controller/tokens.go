@@ -63,17 +63,17 @@ func tokenIDFor(uid types.UID) string {
 }
 
 // ensure returns the config's token "<id>.<secret>", creating it with the
-// TTL when it does not exist. A token id held by a token that is not the
-// config's is an error.
-func (t *tokens) ensure(ctx context.Context, uid types.UID, description string) (string, error) {
+// TTL when it does not exist (created is then true). A token id held by a
+// token that is not the config's is an error.
+func (t *tokens) ensure(ctx context.Context, uid types.UID, description string) (token string, created bool, err error) {
 	id := tokenIDFor(uid)
 	generated, err := bootstraputil.GenerateBootstrapToken()
 	if err != nil {
-		return "", fmt.Errorf("generating bootstrap token: %w", err)
+		return "", false, fmt.Errorf("generating bootstrap token: %w", err)
 	}
 	parts := bootstraputil.BootstrapTokenRegexp.FindStringSubmatch(generated)
 	if len(parts) != 3 {
-		return "", errors.New("generating bootstrap token: unexpected format")
+		return "", false, errors.New("generating bootstrap token: unexpected format")
 	}
 	s := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
@@ -94,23 +94,23 @@ func (t *tokens) ensure(ctx context.Context, uid types.UID, description string) 
 	}
 	err = t.client.Create(ctx, s)
 	if err == nil {
-		return id + "." + parts[2], nil
+		return id + "." + parts[2], true, nil
 	}
 	if !apierrors.IsAlreadyExists(err) {
-		return "", fmt.Errorf("creating bootstrap token Secret %s: %w", s.Name, err)
+		return "", false, fmt.Errorf("creating bootstrap token Secret %s: %w", s.Name, err)
 	}
 	existing := &corev1.Secret{}
 	if err := t.client.Get(ctx, client.ObjectKeyFromObject(s), existing); err != nil {
-		return "", fmt.Errorf("reading bootstrap token Secret %s: %w", s.Name, err)
+		return "", false, fmt.Errorf("reading bootstrap token Secret %s: %w", s.Name, err)
 	}
 	if existing.Labels[labelTokenOwner] != ownerLabel(uid) {
-		return "", fmt.Errorf("bootstrap token id %s is taken by a token of something else", id)
+		return "", false, fmt.Errorf("bootstrap token id %s is taken by a token of something else", id)
 	}
-	token := string(existing.Data[bootstrapapi.BootstrapTokenIDKey]) + "." + string(existing.Data[bootstrapapi.BootstrapTokenSecretKey])
+	token = string(existing.Data[bootstrapapi.BootstrapTokenIDKey]) + "." + string(existing.Data[bootstrapapi.BootstrapTokenSecretKey])
 	if !bootstraputil.IsValidBootstrapToken(token) {
-		return "", fmt.Errorf("bootstrap token Secret %s is malformed", s.Name)
+		return "", false, fmt.Errorf("bootstrap token Secret %s is malformed", s.Name)
 	}
-	return token, nil
+	return token, false, nil
 }
 
 // refresh extends the config's token to now+TTL once less than half the

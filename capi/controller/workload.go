@@ -20,6 +20,8 @@ import (
 type KubeconfigClients struct {
 	reader client.Reader
 	scheme *runtime.Scheme
+	qps    float32
+	burst  int
 
 	mu      sync.Mutex
 	clients map[client.ObjectKey]cachedClient
@@ -32,10 +34,11 @@ type cachedClient struct {
 
 // NewKubeconfigClients reads kubeconfig Secrets through cached, and
 // through direct when the cache does not have them (a Secret without the
-// cluster-name label is not cached).
-func NewKubeconfigClients(cached, direct client.Reader) *KubeconfigClients {
+// cluster-name label is not cached). Each workload client may make qps
+// requests per second, burst at once.
+func NewKubeconfigClients(cached, direct client.Reader, qps float32, burst int) *KubeconfigClients {
 	return &KubeconfigClients{reader: fallbackReader{cached: cached, direct: direct}, scheme: clientgoscheme.Scheme,
-		clients: map[client.ObjectKey]cachedClient{}}
+		qps: qps, burst: burst, clients: map[client.ObjectKey]cachedClient{}}
 }
 
 type fallbackReader struct{ cached, direct client.Reader }
@@ -69,7 +72,7 @@ func (k *KubeconfigClients) ClientFor(ctx context.Context, cluster client.Object
 	if err != nil {
 		return nil, fmt.Errorf("parsing the kubeconfig of cluster %s: %w", cluster, err)
 	}
-	cfg.UserAgent = "gatehouse-capi-bootstrap"
+	cfg.UserAgent, cfg.QPS, cfg.Burst = "gatehouse-capi-bootstrap", k.qps, k.burst
 	c, err := client.New(cfg, client.Options{Scheme: k.scheme})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the workload cluster %s: %w", cluster, err)

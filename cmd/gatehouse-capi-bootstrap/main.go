@@ -49,8 +49,10 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		concurrency   = flag.Int("concurrency", 10, "KubeadmConfigs reconciled at once")
 		tokenTTL      = flag.Duration("bootstrap-token-ttl", controller.DefaultTokenTTL, "lifetime of bootstrap tokens; extended until the node joins")
 		namespace     = flag.String("namespace", "", "watch only this namespace; empty means all")
-		apiQPS        = flag.Float64("kube-api-qps", 50, "management cluster API requests per second")
-		apiBurst      = flag.Int("kube-api-burst", 100, "management cluster API request burst")
+		apiQPS        = flag.Float64("kube-api-qps", 100, "management cluster API requests per second")
+		apiBurst      = flag.Int("kube-api-burst", 200, "management cluster API request burst")
+		workloadQPS   = flag.Float64("workload-api-qps", 20, "API requests per second to each workload cluster (bootstrap tokens)")
+		workloadBurst = flag.Int("workload-api-burst", 40, "API request burst to each workload cluster")
 		syncPeriod    = flag.Duration("sync-period", 10*time.Minute, "how often every KubeadmConfig is reconciled anyway")
 		printVersion  = flag.Bool("version", false, "print the version and exit")
 		leaderElectID = "gatehouse-capi-bootstrap.bootstrap.gatehouse.dev"
@@ -118,7 +120,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		Client:     mgr.GetClient(),
 		APIReader:  mgr.GetAPIReader(),
 		LockClient: mgr.GetClient(),
-		Workload:   controller.NewKubeconfigClients(mgr.GetClient(), mgr.GetAPIReader()),
+		Workload:   controller.NewKubeconfigClients(mgr.GetClient(), mgr.GetAPIReader(), float32(*workloadQPS), *workloadBurst),
 		TokenTTL:   *tokenTTL,
 	})
 	if err := r.SetupWithManager(mgr, *concurrency); err != nil {
