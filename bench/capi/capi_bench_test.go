@@ -119,8 +119,14 @@ var providers = []provider{
 		},
 		args: upstreamArgs,
 	},
-	{
-		name: "gatehouse",
+	gatehouseProvider("gatehouse", gatehousev1.FormatCloudConfig),
+	gatehouseProvider("gatehouse-ignition", gatehousev1.FormatIgnition),
+}
+
+// gatehouseProvider is our manager rendering the given format.
+func gatehouseProvider(name string, format gatehousev1.Format) provider {
+	return provider{
+		name: name,
 		bin: func() (string, string) {
 			return binFromEnv(gatehouseBinEnv, filepath.Join("..", "..", "bin", "gatehouse-capi-bootstrap"))
 		},
@@ -128,7 +134,7 @@ var providers = []provider{
 		newConfig: func(name string, join cabpkv1.JoinConfiguration) client.Object {
 			return &gatehousev1.KubeadmConfig{
 				ObjectMeta: metav1.ObjectMeta{Name: name},
-				Spec:       gatehousev1.KubeadmConfigSpec{JoinConfiguration: join, Format: gatehousev1.FormatCloudConfig},
+				Spec:       gatehousev1.KubeadmConfigSpec{JoinConfiguration: join, Format: format},
 			}
 		},
 		args: func(kubeconfig, _ string) ([]string, error) {
@@ -139,7 +145,7 @@ var providers = []provider{
 				"--health-probe-bind-address", "0",
 			}, nil
 		},
-	},
+	}
 }
 
 // upstreamArgs are upstream CABPK's flags for a bare API server: no leader
