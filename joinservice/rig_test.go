@@ -11,13 +11,12 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 )
 
 // The benchmark's simulated nodes run in a rig process of their own: this
@@ -200,41 +199,10 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// pidCPU is the CPU time (user and system) process pid has used, from
-// /proc/<pid>/stat (proc(5): fields 14 and 15, in clock ticks of 1/100 s).
-func pidCPU(pid int) (time.Duration, error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the parenthesised command name start at field 3.
-	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	var ticks int64
-	for _, f := range fields[11:13] {
-		n, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-		}
-		ticks += n
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond, nil
-}
-
 // serverCPU is the CPU time used so far by the server side of the
 // benchmark: this process (join service, key service, the raw-rate client)
 // and the API server, etcd and kube-controller-manager.
 func serverCPU(t testing.TB, h *harness) time.Duration {
 	t.Helper()
-	total := processCPU()
-	for name, pid := range h.env.PIDs() {
-		d, err := pidCPU(pid)
-		if err != nil {
-			t.Fatalf("CPU time of %s: %v", name, err)
-		}
-		total += d
-	}
-	return total
+	return processCPU() + testenv.ProcessesCPU(t, h.env.PIDs())
 }

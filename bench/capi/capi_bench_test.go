@@ -70,8 +70,6 @@ const (
 	runTimeout = 10 * time.Minute
 	// stopGrace is how long a provider gets to exit after SIGTERM.
 	stopGrace = 10 * time.Second
-	// userHZ is the unit of /proc/<pid>/stat's CPU times (proc(5)).
-	userHZ = 100
 )
 
 // Environment variables bench/capi.sh sets.
@@ -306,7 +304,7 @@ func runProvider(b *testing.B, p provider, bin string, crdDirs []string, n int) 
 	defer w.stop()
 
 	serverPIDs := env.PIDs()
-	serverStart := cpuOf(b, serverPIDs)
+	serverStart := testenv.ProcessesCPU(b, serverPIDs)
 	b.StartTimer()
 	logDir := dir
 	if d := os.Getenv(logDirEnv); d != "" {
@@ -325,11 +323,11 @@ func runProvider(b *testing.B, p provider, bin string, crdDirs []string, n int) 
 	}
 	// Read before the provider is stopped: a stopping manager's work is not
 	// the benchmark's.
-	r := result{wall: wall, server: cpuOf(b, serverPIDs) - serverStart}
-	if r.cpu, err = pidCPU(proc.pid()); err != nil {
+	r := result{wall: wall, server: testenv.ProcessesCPU(b, serverPIDs) - serverStart}
+	if r.cpu, err = testenv.ProcessCPU(proc.pid()); err != nil {
 		b.Fatal(err)
 	}
-	if r.peakRSS, err = pidPeakRSS(proc.pid()); err != nil {
+	if r.peakRSS, err = testenv.ProcessPeakRSS(proc.pid()); err != nil {
 		b.Fatal(err)
 	}
 	proc.stop()
@@ -729,61 +727,6 @@ func (p *providerProcess) count(s string) int {
 		return -1
 	}
 	return strings.Count(string(data), s)
-}
-
-// pidCPU is the user plus system CPU time of process pid, from
-// /proc/<pid>/stat (proc(5): fields 14 and 15, in clock ticks).
-func pidCPU(pid int) (time.Duration, error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the parenthesised command name start at field 3.
-	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	var ticks int64
-	for _, f := range fields[11:13] {
-		v, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-		}
-		ticks += v
-	}
-	return time.Duration(ticks) * time.Second / userHZ, nil
-}
-
-// pidPeakRSS is the peak resident set size (VmHWM) of process pid, bytes.
-func pidPeakRSS(pid int) (int64, error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(data)) {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("/proc/%d/status VmHWM %q: %w", pid, v, err)
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/status has no VmHWM", pid)
-}
-
-// cpuOf sums the CPU time of the processes.
-func cpuOf(b *testing.B, pids map[string]int) time.Duration {
-	b.Helper()
-	var total time.Duration
-	for name, pid := range pids {
-		d, err := pidCPU(pid)
-		if err != nil {
-			b.Fatalf("CPU time of %s: %v", name, err)
-		}
-		total += d
-	}
-	return total
 }
 
 // binFromEnv returns the executable that env names, else def; "" and why
