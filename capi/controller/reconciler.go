@@ -38,6 +38,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -290,7 +291,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 // config names an owner Machine that no longer exists.
 func (r *Reconciler) ownerMachine(ctx context.Context, config *bootstrapv1.KubeadmConfig) (machine *clusterv1.Machine, gone bool, err error) {
 	for _, ref := range config.OwnerReferences {
-		if ref.Kind != "Machine" || ref.APIVersion != clusterv1.GroupVersion.String() {
+		// Any version of cluster.x-k8s.io: older owners wrote v1beta1.
+		if gv, err := schema.ParseGroupVersion(ref.APIVersion); err != nil || ref.Kind != "Machine" || gv.Group != clusterv1.GroupVersion.Group {
 			continue
 		}
 		m := &clusterv1.Machine{}
