@@ -21,16 +21,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
-	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/secret"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
@@ -38,53 +31,24 @@ import (
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
 	"github.com/gatehouse-dev/gatehouse/capi/controller"
+	"github.com/gatehouse-dev/gatehouse/capi/controller/controllertest"
 	"github.com/gatehouse-dev/gatehouse/capi/render"
 	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
 	"github.com/gatehouse-dev/gatehouse/capi/userdatastore"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 )
 
-const version = "v1.36.4"
+// env is controllertest's API server, with what only this package's tests
+// need: the controller in a manager, or a Reconciler to call directly.
+type env struct{ *controllertest.Env }
 
-// env is a real API server with Cluster API's and our CRDs.
-type env struct {
-	cfg    *rest.Config
-	client client.Client
-	scheme *runtime.Scheme
-}
-
-func newEnv(t *testing.T) *env {
-	t.Helper()
-	core, _ := testenv.ClusterAPICRDs(t)
-	cfg := testenv.NewEnvtest(t, core, filepath.Join("..", "..", "config", "crd"))
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, clusterv1.AddToScheme, bootstrapv1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{cfg: cfg, client: c, scheme: scheme}
-}
-
-// namespace creates a namespace of its own for a test.
-func (e *env) namespace(t *testing.T) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "capi-"}}
-	if err := e.client.Create(t.Context(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return ns.Name
-}
+func newEnv(t *testing.T) *env { return &env{controllertest.NewEnv(t)} }
 
 // startManager runs the controller in a manager until the test ends.
 func (e *env) startManager(t *testing.T, o controller.Options) {
 	t.Helper()
-	mgr, err := ctrl.NewManager(e.cfg, ctrl.Options{
-		Scheme:  e.scheme,
+	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
+		Scheme:  e.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		// Each test runs its own manager in this one process.
 		Controller: ctrlconfig.Controller{SkipNameValidation: ptr.To(true)},
@@ -111,101 +75,9 @@ func (e *env) startManager(t *testing.T, o controller.Options) {
 
 // reconciler is a Reconciler called directly by a test.
 func (e *env) reconciler(o controller.Options) *controller.Reconciler {
-	o.Client, o.APIReader, o.LockClient = e.client, e.client, e.client
-	o.Workload = controller.NewKubeconfigClients(e.client, e.client, 50, 100)
+	o.Client, o.APIReader, o.LockClient = e.Client, e.Client, e.Client
+	o.Workload = controller.NewKubeconfigClients(e.Client, e.Client, 50, 100)
 	return controller.New(o)
-}
-
-// cluster creates a Cluster with provisioned infrastructure and its
-// kubeconfig Secret pointing at the test API server (the workload cluster
-// is the management cluster here).
-func (e *env) cluster(t *testing.T, ns, name string, initialized bool) *clusterv1.Cluster {
-	t.Helper()
-	ctx := t.Context()
-	c := &clusterv1.Cluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: clusterv1.ClusterSpec{
-			ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "10.0.0.1", Port: 6443},
-			ClusterNetwork: clusterv1.ClusterNetwork{
-				ServiceDomain: "cluster.example",
-				Pods:          clusterv1.NetworkRanges{CIDRBlocks: []string{"10.244.0.0/16"}},
-				Services:      clusterv1.NetworkRanges{CIDRBlocks: []string{"10.96.0.0/12"}},
-			},
-		},
-	}
-	if err := e.client.Create(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	c.Status.Initialization = clusterv1.ClusterInitializationStatus{InfrastructureProvisioned: ptr.To(true), ControlPlaneInitialized: ptr.To(initialized)}
-	if err := e.client.Status().Update(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := clientcmdapi.NewConfig()
-	kubeconfig.Clusters["workload"] = &clientcmdapi.Cluster{Server: e.cfg.Host, CertificateAuthorityData: e.cfg.CAData}
-	kubeconfig.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: e.cfg.CertData, ClientKeyData: e.cfg.KeyData, Token: e.cfg.BearerToken}
-	kubeconfig.Contexts["workload"] = &clientcmdapi.Context{Cluster: "workload", AuthInfo: "admin"}
-	kubeconfig.CurrentContext = "workload"
-	data, err := clientcmd.Write(*kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-kubeconfig",
-		Labels: map[string]string{clusterv1.ClusterNameLabel: name}}, Data: map[string][]byte{"value": data}, Type: clusterv1.ClusterSecretType}
-	if err := e.client.Create(ctx, secret); err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-// machine creates a Machine and its KubeadmConfig, owned by it.
-func (e *env) machine(ctx context.Context, cluster *clusterv1.Cluster, name string, controlPlane bool, spec bootstrapv1.KubeadmConfigSpec) (*clusterv1.Machine, *bootstrapv1.KubeadmConfig, error) {
-	labels := map[string]string{clusterv1.ClusterNameLabel: cluster.Name}
-	if controlPlane {
-		labels[clusterv1.MachineControlPlaneLabel] = ""
-	}
-	m := &clusterv1.Machine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: name, Labels: labels},
-		Spec: clusterv1.MachineSpec{
-			ClusterName: cluster.Name,
-			Version:     version,
-			Bootstrap: clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
-				APIGroup: bootstrapv1.GroupVersion.Group, Kind: "KubeadmConfig", Name: name}},
-			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "TestMachine", Name: name},
-		},
-	}
-	if err := e.client.Create(ctx, m); err != nil {
-		return nil, nil, fmt.Errorf("creating Machine %s: %w", name, err)
-	}
-	cfg := &bootstrapv1.KubeadmConfig{
-		ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: name, Labels: labels,
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "Machine", Name: m.Name, UID: m.UID}}},
-		Spec: spec,
-	}
-	if err := e.client.Create(ctx, cfg); err != nil {
-		return nil, nil, fmt.Errorf("creating KubeadmConfig %s: %w", name, err)
-	}
-	return m, cfg, nil
-}
-
-// waitFor polls the configs of a namespace until ok holds for them.
-func (e *env) waitFor(t *testing.T, ns, what string, ok func([]bootstrapv1.KubeadmConfig) bool) []bootstrapv1.KubeadmConfig {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	for {
-		var list bootstrapv1.KubeadmConfigList
-		if err := e.client.List(ctx, &list, client.InNamespace(ns)); err == nil && ok(list.Items) {
-			return list.Items
-		}
-		select {
-		case <-ctx.Done():
-			for _, c := range list.Items {
-				t.Logf("%s: dataSecretName %v conditions %+v", c.Name, ptr.Deref(c.Status.DataSecretName, ""), c.Status.Conditions)
-			}
-			t.Fatalf("timed out waiting for %s", what)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 func readyReason(c *bootstrapv1.KubeadmConfig) string {
@@ -220,7 +92,7 @@ func readyReason(c *bootstrapv1.KubeadmConfig) string {
 func (e *env) dataFiles(t *testing.T, c *bootstrapv1.KubeadmConfig) (map[string][]byte, string) {
 	t.Helper()
 	s := &corev1.Secret{}
-	if err := e.client.Get(t.Context(), client.ObjectKey{Namespace: c.Namespace, Name: *c.Status.DataSecretName}, s); err != nil {
+	if err := e.Client.Get(t.Context(), client.ObjectKey{Namespace: c.Namespace, Name: *c.Status.DataSecretName}, s); err != nil {
 		t.Fatal(err)
 	}
 	if s.Type != clusterv1.ClusterSecretType || string(s.Data["format"]) != string(c.Spec.Format) || !metav1.IsControlledBy(s, c) {
@@ -260,10 +132,10 @@ func formatOf(i int) bootstrapv1.Format {
 // join with a bootstrap token and the CA hash.
 func TestInitJoinOrdering(t *testing.T) {
 	e := newEnv(t)
-	ns := e.namespace(t)
+	ns := e.Namespace(t)
 	e.startManager(t, controller.Options{})
 	ctx := t.Context()
-	cluster := e.cluster(t, ns, "c1", false)
+	cluster := e.Cluster(t, ns, "c1", false)
 
 	g, gctx := errgroup.WithContext(ctx)
 	for i := range 6 {
@@ -273,7 +145,7 @@ func TestInitJoinOrdering(t *testing.T) {
 			if cp {
 				name = fmt.Sprintf("cp-%d", i)
 			}
-			_, _, err := e.machine(gctx, cluster, name, cp, bootstrapv1.KubeadmConfigSpec{Format: formatOf(i)})
+			_, _, err := e.Machine(gctx, cluster, name, cp, bootstrapv1.KubeadmConfigSpec{Format: formatOf(i)})
 			return err
 		})
 	}
@@ -282,7 +154,7 @@ func TestInitJoinOrdering(t *testing.T) {
 	}
 
 	var initName string
-	e.waitFor(t, ns, "one init and five waiting", func(cs []bootstrapv1.KubeadmConfig) bool {
+	e.WaitFor(t, ns, "one init and five waiting", func(cs []bootstrapv1.KubeadmConfig) bool {
 		withData, lockWaiters, cpWaiters := 0, 0, 0
 		for i := range cs {
 			switch {
@@ -301,18 +173,18 @@ func TestInitJoinOrdering(t *testing.T) {
 		t.Fatalf("%s got the init data; want a control plane", initName)
 	}
 	for _, purpose := range []string{"ca", "etcd", "proxy", "sa"} {
-		if err := e.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-" + purpose}, &corev1.Secret{}); err != nil {
+		if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-" + purpose}, &corev1.Secret{}); err != nil {
 			t.Errorf("CA Secret c1-%s: %v", purpose, err)
 		}
 	}
 	initCfg := &bootstrapv1.KubeadmConfig{}
-	if err := e.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: initName}, initCfg); err != nil {
+	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: initName}, initCfg); err != nil {
 		t.Fatal(err)
 	}
 	files, text := e.dataFiles(t, initCfg)
 	kubeadmValidate(t, files[render.KubeadmConfigPath])
 	for _, want := range []string{"kind: InitConfiguration", "kind: ClusterConfiguration", "controlPlaneEndpoint: 10.0.0.1:6443",
-		"clusterName: c1", "kubernetesVersion: " + version, "podSubnet: 10.244.0.0/16", "serviceSubnet: 10.96.0.0/12", "dnsDomain: cluster.example"} {
+		"clusterName: c1", "kubernetesVersion: " + controllertest.KubernetesVersion, "podSubnet: 10.244.0.0/16", "serviceSubnet: 10.96.0.0/12", "dnsDomain: cluster.example"} {
 		if !strings.Contains(string(files[render.KubeadmConfigPath]), want) {
 			t.Errorf("init kubeadm config lacks %q:\n%s", want, files[render.KubeadmConfigPath])
 		}
@@ -320,16 +192,16 @@ func TestInitJoinOrdering(t *testing.T) {
 	if _, ok := files["/etc/kubernetes/pki/ca.key"]; !ok || !strings.Contains(text, "init") {
 		t.Errorf("init data lacks the cluster CA key or kubeadm init")
 	}
-	if err := e.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-lock"}, &corev1.ConfigMap{}); err != nil {
+	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-lock"}, &corev1.ConfigMap{}); err != nil {
 		t.Errorf("init lock: %v", err)
 	}
 
 	// The control plane provider reports the control plane initialised.
 	cluster.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
-	if err := e.client.Status().Update(ctx, cluster); err != nil {
+	if err := e.Client.Status().Update(ctx, cluster); err != nil {
 		t.Fatal(err)
 	}
-	configs := e.waitFor(t, ns, "all six with data", func(cs []bootstrapv1.KubeadmConfig) bool {
+	configs := e.WaitFor(t, ns, "all six with data", func(cs []bootstrapv1.KubeadmConfig) bool {
 		for i := range cs {
 			if cs[i].Status.DataSecretName == nil || !ptr.Deref(ptr.Deref(cs[i].Status.Initialization, bootstrapv1.Initialization{}).DataSecretCreated, false) {
 				return false
@@ -360,7 +232,7 @@ func TestInitJoinOrdering(t *testing.T) {
 			}
 		})
 	}
-	if err := e.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-lock"}, &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
+	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-lock"}, &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the init lock is still held once the control plane is initialised: %v", err)
 	}
 }
@@ -369,21 +241,21 @@ func TestInitJoinOrdering(t *testing.T) {
 // a clear condition and no data.
 func TestNoBaseTemplate(t *testing.T) {
 	e := newEnv(t)
-	ns := e.namespace(t)
-	cluster := e.cluster(t, ns, "c1", true)
-	m, cfg, err := e.machine(t.Context(), cluster, "worker", false, bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatCloudConfig})
+	ns := e.Namespace(t)
+	cluster := e.Cluster(t, ns, "c1", true)
+	m, cfg, err := e.Machine(t.Context(), cluster, "worker", false, bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatCloudConfig})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.Spec.Version = "v1.99.0"
-	if err := e.client.Update(t.Context(), m); err != nil {
+	if err := e.Client.Update(t.Context(), m); err != nil {
 		t.Fatal(err)
 	}
 	r := e.reconciler(controller.Options{})
 	if _, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cfg)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.client.Get(t.Context(), client.ObjectKeyFromObject(cfg), cfg); err != nil {
+	if err := e.Client.Get(t.Context(), client.ObjectKeyFromObject(cfg), cfg); err != nil {
 		t.Fatal(err)
 	}
 	cond := meta.FindStatusCondition(cfg.Status.Conditions, controller.ConditionDataSecretAvailable)
@@ -407,21 +279,11 @@ func (e *env) tokenSecretFrom(t *testing.T, files map[string][]byte) (*corev1.Se
 		t.Fatalf("no bootstrap token in the join config:\n%s", files[render.KubeadmConfigPath])
 	}
 	s := &corev1.Secret{}
-	err := e.client.Get(t.Context(), client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: "bootstrap-token-" + m[1]}, s)
+	err := e.Client.Get(t.Context(), client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: "bootstrap-token-" + m[1]}, s)
 	if err == nil && string(s.Data["token-secret"]) != m[2] {
 		t.Fatalf("the token Secret's secret is not the one in the data")
 	}
 	return s, err
-}
-
-// seedCA creates the cluster's CA Secrets, as an earlier init did.
-func seedCA(t *testing.T, e *env, cluster *clusterv1.Cluster) {
-	t.Helper()
-	certs := secret.NewCertificatesForInitialControlPlane(&cabpkv1.ClusterConfiguration{})
-	owner := metav1.OwnerReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID}
-	if err := certs.LookupOrGenerate(t.Context(), e.client, client.ObjectKeyFromObject(cluster), owner); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestTokenRefresh: a joining Machine's token is extended (same token,
@@ -429,17 +291,17 @@ func seedCA(t *testing.T, e *env, cluster *clusterv1.Cluster) {
 // joins; then it is deleted. A token that vanished is reported.
 func TestTokenRefresh(t *testing.T) {
 	e := newEnv(t)
-	ns := e.namespace(t)
+	ns := e.Namespace(t)
 	ctx := t.Context()
-	cluster := e.cluster(t, ns, "c1", true)
+	cluster := e.Cluster(t, ns, "c1", true)
 	got := &bootstrapv1.KubeadmConfig{}
-	seedCA(t, e, cluster)
+	e.SeedCA(t, cluster)
 
 	start := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 	clock := clocktesting.NewFakePassiveClock(start)
 	ttl := 15 * time.Minute
 	r := e.reconciler(controller.Options{Clock: clock, TokenTTL: ttl})
-	m, cfg, err := e.machine(ctx, cluster, "worker-0", false, bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatIgnition})
+	m, cfg, err := e.Machine(ctx, cluster, "worker-0", false, bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatIgnition})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +312,7 @@ func TestTokenRefresh(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := e.client.Get(ctx, req.NamespacedName, got); err != nil {
+		if err := e.Client.Get(ctx, req.NamespacedName, got); err != nil {
 			t.Fatal(err)
 		}
 		return res
@@ -497,7 +359,7 @@ func TestTokenRefresh(t *testing.T) {
 
 	// The node joins: the token is deleted and no longer extended.
 	m.Status.NodeRef = clusterv1.MachineNodeReference{Name: "worker-0"}
-	if err := e.client.Status().Update(ctx, m); err != nil {
+	if err := e.Client.Status().Update(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	reconcile()
@@ -506,7 +368,7 @@ func TestTokenRefresh(t *testing.T) {
 	}
 
 	// A token that vanished before the node joined is reported.
-	_, cfg2, err := e.machine(ctx, cluster, "worker-1", false, bootstrapv1.KubeadmConfigSpec{})
+	_, cfg2, err := e.Machine(ctx, cluster, "worker-1", false, bootstrapv1.KubeadmConfigSpec{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -516,7 +378,7 @@ func TestTokenRefresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.client.Delete(ctx, s); err != nil {
+	if err := e.Client.Delete(ctx, s); err != nil {
 		t.Fatal(err)
 	}
 	clock.SetTime(clock.Now().Add(ttl / 2)) // the next look at the token
@@ -552,12 +414,12 @@ func fetch(t *testing.T, pool *x509.CertPool, u string) (int, []byte) {
 // bootstrap token are deleted when the Machine goes away.
 func TestUserDataStore(t *testing.T) {
 	e := newEnv(t)
-	ns := e.namespace(t)
+	ns := e.Namespace(t)
 	ctx := t.Context()
 	s3 := testenv.StartMinIO(t, testenv.MinIOOptions{SSE: true, Bucket: "bootstrap-data"})
 	creds := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "s3"}, Data: map[string][]byte{
 		"accessKeyID": []byte(s3.AccessKeyID), "secretAccessKey": []byte(s3.SecretAccessKey), "ca.crt": s3.CACertPEM}}
-	if err := e.client.Create(ctx, creds); err != nil {
+	if err := e.Client.Create(ctx, creds); err != nil {
 		t.Fatal(err)
 	}
 	store, err := userdatastore.New(userdatastore.Config{Endpoint: s3.Endpoint, Bucket: s3.Bucket,
@@ -576,8 +438,8 @@ func TestUserDataStore(t *testing.T) {
 	}
 
 	e.startManager(t, controller.Options{})
-	cluster := e.cluster(t, ns, "c1", true)
-	seedCA(t, e, cluster)
+	cluster := e.Cluster(t, ns, "c1", true)
+	e.SeedCA(t, cluster)
 	tests := []struct {
 		name   string
 		format bootstrapv1.Format
@@ -589,12 +451,12 @@ func TestUserDataStore(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m, cfg, err := e.machine(ctx, cluster, tc.name, false, bootstrapv1.KubeadmConfigSpec{Format: tc.format,
+			m, cfg, err := e.Machine(ctx, cluster, tc.name, false, bootstrapv1.KubeadmConfigSpec{Format: tc.format,
 				UserDataStore: &bootstrapv1.UserDataStore{Endpoint: s3.Endpoint, Bucket: s3.Bucket, CredentialsSecret: "s3", Stub: tc.stub}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			e.waitFor(t, ns, tc.name+" data", func(cs []bootstrapv1.KubeadmConfig) bool {
+			e.WaitFor(t, ns, tc.name+" data", func(cs []bootstrapv1.KubeadmConfig) bool {
 				for i := range cs {
 					if cs[i].Name == tc.name && cs[i].Status.DataSecretName != nil {
 						*cfg = cs[i]
@@ -604,7 +466,7 @@ func TestUserDataStore(t *testing.T) {
 				return false
 			})
 			sec := &corev1.Secret{}
-			if err := e.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: *cfg.Status.DataSecretName}, sec); err != nil {
+			if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: *cfg.Status.DataSecretName}, sec); err != nil {
 				t.Fatal(err)
 			}
 			stub := string(sec.Data["value"])
@@ -650,16 +512,16 @@ func TestUserDataStore(t *testing.T) {
 			}
 
 			// The Machine goes away: object, token and config follow.
-			if err := e.client.Delete(ctx, m); err != nil {
+			if err := e.Client.Delete(ctx, m); err != nil {
 				t.Fatal(err)
 			}
-			e.waitFor(t, ns, tc.name+" deleted", func(cs []bootstrapv1.KubeadmConfig) bool {
+			e.WaitFor(t, ns, tc.name+" deleted", func(cs []bootstrapv1.KubeadmConfig) bool {
 				return !slices.ContainsFunc(cs, func(c bootstrapv1.KubeadmConfig) bool { return c.Name == tc.name })
 			})
 			if exists(key) {
 				t.Fatal("the bucket object outlived its Machine")
 			}
-			if err := e.client.Get(ctx, client.ObjectKeyFromObject(token), &corev1.Secret{}); !apierrors.IsNotFound(err) {
+			if err := e.Client.Get(ctx, client.ObjectKeyFromObject(token), &corev1.Secret{}); !apierrors.IsNotFound(err) {
 				t.Fatalf("the bootstrap token outlived its Machine: %v", err)
 			}
 		})
@@ -672,21 +534,21 @@ func TestUserDataStore(t *testing.T) {
 // joining control planes and workers alike.
 func TestAttestedDataHoldsNoSecrets(t *testing.T) {
 	e := newEnv(t)
-	ns := e.namespace(t)
+	ns := e.Namespace(t)
 	ctx := t.Context()
 	e.startManager(t, controller.Options{})
-	cluster := e.cluster(t, ns, "c1", false)
+	cluster := e.Cluster(t, ns, "c1", false)
 	attested := func(format bootstrapv1.Format) bootstrapv1.KubeadmConfigSpec {
 		return bootstrapv1.KubeadmConfigSpec{Format: format, Attested: &bootstrapv1.AttestedSpec{Enabled: true, JoinEndpoints: []string{"10.0.0.1:9090"}}}
 	}
-	if _, _, err := e.machine(ctx, cluster, "cp-0", true, attested(bootstrapv1.FormatIgnition)); err != nil {
+	if _, _, err := e.Machine(ctx, cluster, "cp-0", true, attested(bootstrapv1.FormatIgnition)); err != nil {
 		t.Fatal(err)
 	}
-	e.waitFor(t, ns, "attested init data", func(cs []bootstrapv1.KubeadmConfig) bool {
+	e.WaitFor(t, ns, "attested init data", func(cs []bootstrapv1.KubeadmConfig) bool {
 		return len(cs) == 1 && cs[0].Status.DataSecretName != nil
 	})
 	var caSecrets corev1.SecretList
-	if err := e.client.List(ctx, &caSecrets, client.InNamespace(ns), client.MatchingLabels{clusterv1.ClusterNameLabel: "c1"}); err != nil {
+	if err := e.Client.List(ctx, &caSecrets, client.InNamespace(ns), client.MatchingLabels{clusterv1.ClusterNameLabel: "c1"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range caSecrets.Items {
@@ -696,17 +558,17 @@ func TestAttestedDataHoldsNoSecrets(t *testing.T) {
 	}
 
 	// The attested node was initialised (gatehouse init); its CA is public.
-	seedCA(t, e, cluster)
+	e.SeedCA(t, cluster)
 	cluster.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
-	if err := e.client.Status().Update(ctx, cluster); err != nil {
+	if err := e.Client.Status().Update(ctx, cluster); err != nil {
 		t.Fatal(err)
 	}
 	for i, name := range []string{"cp-1", "worker-0", "worker-1"} {
-		if _, _, err := e.machine(ctx, cluster, name, name == "cp-1", attested(formatOf(i))); err != nil {
+		if _, _, err := e.Machine(ctx, cluster, name, name == "cp-1", attested(formatOf(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	configs := e.waitFor(t, ns, "attested data", func(cs []bootstrapv1.KubeadmConfig) bool {
+	configs := e.WaitFor(t, ns, "attested data", func(cs []bootstrapv1.KubeadmConfig) bool {
 		return len(cs) == 4 && !slices.ContainsFunc(cs, func(c bootstrapv1.KubeadmConfig) bool { return c.Status.DataSecretName == nil })
 	})
 	token := regexp.MustCompile(`\b[a-z0-9]{6}\.[a-z0-9]{16}\b`)
@@ -730,7 +592,7 @@ func TestAttestedDataHoldsNoSecrets(t *testing.T) {
 		}
 	}
 	var tokens corev1.SecretList
-	if err := e.client.List(ctx, &tokens, client.InNamespace(metav1.NamespaceSystem)); err != nil {
+	if err := e.Client.List(ctx, &tokens, client.InNamespace(metav1.NamespaceSystem)); err != nil {
 		t.Fatal(err)
 	}
 	if len(tokens.Items) != 0 {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -71,7 +72,11 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if *tokenTTL < time.Minute {
 		return errors.New("--bootstrap-token-ttl must be at least 1m")
 	}
-	ctrl.SetLogger(logr.FromSlogHandler(log.Handler()))
+	// controller-runtime and client-go (leader election, klog) both log
+	// through slog as JSON.
+	logger := logr.FromSlogHandler(log.Handler())
+	ctrl.SetLogger(logger)
+	klog.SetLogger(logger)
 
 	// --kubeconfig is controller-runtime's flag (it registers it on the
 	// default FlagSet when imported; defining it again panics):

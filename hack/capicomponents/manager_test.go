@@ -2,10 +2,11 @@ package main
 
 import (
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 )
 
 // TestManagerAcceptsArgs runs the real gatehouse-capi-bootstrap binary with
@@ -15,12 +16,7 @@ import (
 // are only checked for their flag type (an int for --concurrency): checks
 // made after parsing, like --log-level's, do not run.
 func TestManagerAcceptsArgs(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "gatehouse-capi-bootstrap")
-	build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "./cmd/gatehouse-capi-bootstrap")
-	build.Dir = repoRoot
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building ./cmd/gatehouse-capi-bootstrap: %v\n%s", err, out)
-	}
+	bin := testenv.BuildBinary(t, "github.com/gatehouse-dev/gatehouse/cmd/gatehouse-capi-bootstrap")
 	args := managerArgs(t, defaultObjects(t))
 	for _, tc := range []struct {
 		name string

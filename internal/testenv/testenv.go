@@ -386,15 +386,35 @@ func (e *Env) Clientset() (*kubernetes.Clientset, error) {
 }
 
 func writeKubeconfig(path, server string, caPEM []byte, user string, certPEM, keyPEM []byte) error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["testenv"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
-	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
-	cfg.Contexts["testenv"] = &clientcmdapi.Context{Cluster: "testenv", AuthInfo: user}
-	cfg.CurrentContext = "testenv"
+	cfg := kubeconfig(server, caPEM, user, &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})
 	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
 		return fmt.Errorf("writing kubeconfig %s: %w", path, err)
 	}
 	return nil
+}
+
+// Kubeconfig returns cfg as a kubeconfig file's contents: its server, CA,
+// and client certificate or bearer token, all inline. It is how a test
+// hands a binary it starts, or a Cluster API kubeconfig Secret, the
+// credentials of a test API server (NewEnvtest's or Env.Config).
+func Kubeconfig(t testing.TB, cfg *rest.Config) []byte {
+	t.Helper()
+	data, err := clientcmd.Write(*kubeconfig(cfg.Host, cfg.CAData, "admin", &clientcmdapi.AuthInfo{
+		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}))
+	if err != nil {
+		t.Fatalf("writing a kubeconfig for %s: %v", cfg.Host, err)
+	}
+	return data
+}
+
+// kubeconfig is a kubeconfig with one cluster, user and context.
+func kubeconfig(server string, caPEM []byte, user string, auth *clientcmdapi.AuthInfo) *clientcmdapi.Config {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["testenv"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
+	cfg.AuthInfos[user] = auth
+	cfg.Contexts["testenv"] = &clientcmdapi.Context{Cluster: "testenv", AuthInfo: user}
+	cfg.CurrentContext = "testenv"
+	return cfg
 }
 
 // removeStaleDirs removes environment directories whose owning test process
