@@ -90,7 +90,7 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 	if err := attestation.DecodeEvidence(evidence, ev); err != nil {
 		return nil, err
 	}
-	parsed, err := abi.QuoteToProto(ev.GetQuote())
+	parsed, err := quoteToProto(ev.GetQuote())
 	if err != nil {
 		return nil, fmt.Errorf("%w: decoding TDX quote: %w", attestation.ErrMalformed, err)
 	}
@@ -158,4 +158,17 @@ func platformIdentity(quote *pb.QuoteV4) (string, error) {
 // Evidence assembles TDXEvidence from a raw quote, as an attester does.
 func Evidence(quote, userData []byte) ([]byte, error) {
 	return proto.Marshal(&attestationv1.TDXEvidence{Quote: bytes.Clone(quote), UserData: userData})
+}
+
+// quoteToProto is abi.QuoteToProto, which panics on some malformed quotes
+// (go-tdx-guest v0.3.2's qeAuthDataToProto slices by a length field it does
+// not bound; found by FuzzVerify, testdata/fuzz): the panic becomes an error,
+// so a peer's bytes cannot crash the verifier.
+func quoteToProto(raw []byte) (parsed any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			parsed, err = nil, fmt.Errorf("the quote's lengths are inconsistent: %v", r)
+		}
+	}()
+	return abi.QuoteToProto(raw)
 }
