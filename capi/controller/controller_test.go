@@ -1,6 +1,7 @@
 package controller_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -597,5 +598,48 @@ func TestAttestedDataHoldsNoSecrets(t *testing.T) {
 	}
 	if len(tokens.Items) != 0 {
 		t.Errorf("attested mode created %d Secrets in kube-system", len(tokens.Items))
+	}
+}
+
+// TestAdoptionAndExistingCA: a config made before its Machine owns it waits
+// for the owner, and renders once the Machine adopts it (an owner reference
+// changes no generation); the init data carries the cluster CA the
+// <cluster>-ca Secret already holds instead of a new one.
+func TestAdoptionAndExistingCA(t *testing.T) {
+	e := newEnv(t)
+	ns := e.Namespace(t)
+	ctx := t.Context()
+	e.startManager(t, controller.Options{})
+	cluster := e.Cluster(t, ns, "c1", false)
+	e.SeedCA(t, cluster)
+	ca := &corev1.Secret{}
+	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-ca"}, ca); err != nil {
+		t.Fatal(err)
+	}
+	m, cfg, err := e.Machine(ctx, cluster, "cp-0", true, bootstrapv1.KubeadmConfigSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Undo the adoption, as if the config came before the Machine's.
+	cfg.OwnerReferences = nil
+	if err := e.Client.Update(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	e.WaitFor(t, ns, "waiting for an owner", func(cs []bootstrapv1.KubeadmConfig) bool {
+		return len(cs) == 1 && readyReason(&cs[0]) == controller.ReasonWaitingForOwner
+	})
+	if err := e.Client.Get(ctx, client.ObjectKeyFromObject(cfg), cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.OwnerReferences = []metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "Machine", Name: m.Name, UID: m.UID}}
+	if err := e.Client.Update(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	configs := e.WaitFor(t, ns, "data after the adoption", func(cs []bootstrapv1.KubeadmConfig) bool {
+		return len(cs) == 1 && cs[0].Status.DataSecretName != nil
+	})
+	files, _ := e.dataFiles(t, &configs[0])
+	if got := files["/etc/kubernetes/pki/ca.crt"]; !bytes.Equal(got, ca.Data["tls.crt"]) {
+		t.Fatalf("the init data's CA is not the existing c1-ca:\n%s", got)
 	}
 }

@@ -50,6 +50,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -161,12 +162,21 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		// The controller's own status patches need no reconcile.
 		For(&bootstrapv1.KubeadmConfig{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{},
-			predicate.AnnotationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
+			predicate.AnnotationChangedPredicate{}, predicate.LabelChangedPredicate{}, ownerOrDeletionChanged()))).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(machineToConfig)).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToConfigs)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Named("kubeadmconfig").
 		Complete(r)
+}
+
+// ownerOrDeletionChanged passes updates that set owners (the Machine
+// adopting its config) or start a deletion; neither changes the generation.
+func ownerOrDeletionChanged() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return !equality.Semantic.DeepEqual(e.ObjectOld.GetOwnerReferences(), e.ObjectNew.GetOwnerReferences()) ||
+			e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+	}}
 }
 
 func machineToConfig(_ context.Context, o client.Object) []reconcile.Request {
