@@ -19,12 +19,10 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -68,8 +66,6 @@ const (
 	pollInterval = 100 * time.Millisecond
 	// runTimeout bounds one provider's run, from its start to the last Secret.
 	runTimeout = 10 * time.Minute
-	// stopGrace is how long a provider gets to exit after SIGTERM.
-	stopGrace = 10 * time.Second
 )
 
 // Environment variables bench/capi.sh sets.
@@ -306,37 +302,31 @@ func runProvider(b *testing.B, p provider, bin string, crdDirs []string, n int) 
 	serverPIDs := env.PIDs()
 	serverStart := testenv.ProcessesCPU(b, serverPIDs)
 	b.StartTimer()
-	logDir := dir
-	if d := os.Getenv(logDirEnv); d != "" {
-		logDir = d
-	}
-	proc, err := startProvider(p.name, bin, args, dir, logDir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer proc.stop()
+	started := time.Now()
+	proc := testenv.StartProcess(b, p.name, bin, args...)
+	defer keepLog(b, p.name, proc)
 	err = w.wait(ctx, c, ns, n, proc)
-	wall := time.Since(proc.started)
+	wall := time.Since(started)
 	b.StopTimer()
 	if err != nil {
-		b.Fatalf("%s: %v; log tail:\n%s", p.name, err, proc.logTail(8192))
+		b.Fatalf("%s: %v", p.name, err)
 	}
 	// Read before the provider is stopped: a stopping manager's work is not
 	// the benchmark's.
 	r := result{wall: wall, server: testenv.ProcessesCPU(b, serverPIDs) - serverStart}
-	if r.cpu, err = testenv.ProcessCPU(proc.pid()); err != nil {
+	if r.cpu, err = testenv.ProcessCPU(proc.PID()); err != nil {
 		b.Fatal(err)
 	}
-	if r.peakRSS, err = testenv.ProcessPeakRSS(proc.pid()); err != nil {
+	if r.peakRSS, err = testenv.ProcessPeakRSS(proc.PID()); err != nil {
 		b.Fatal(err)
 	}
-	proc.stop()
+	proc.Stop()
 	verifySecrets(b, c, ns, w.secretNames())
 	if r.tokens, err = countTokens(ctx, c); err != nil {
 		b.Fatal(err)
 	}
 	b.Logf("%s: %d data Secrets in %s (cpu %s, peak RSS %.1f MiB); %d bootstrap token Secrets; %d \"Reconciler error\" log lines",
-		p.name, n, wall.Round(time.Millisecond), r.cpu, float64(r.peakRSS)/(1<<20), r.tokens, proc.count("Reconciler error"))
+		p.name, n, wall.Round(time.Millisecond), r.cpu, float64(r.peakRSS)/(1<<20), r.tokens, strings.Count(proc.Log(), "Reconciler error"))
 	return r
 }
 
@@ -565,11 +555,11 @@ func (w *waiter) secretNames() map[string]string {
 
 // wait polls until all n KubeadmConfigs have status.dataSecretName and all
 // those Secrets exist in ns, the provider exits, or runTimeout passes.
-func (w *waiter) wait(ctx context.Context, c client.Client, ns string, n int, proc *providerProcess) error {
+func (w *waiter) wait(ctx context.Context, c client.Client, ns string, n int, proc *testenv.Process) error {
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, pollInterval, runTimeout, true, func(ctx context.Context) (bool, error) {
-		if proc.exited() {
-			exit := proc.err
+		if proc.Exited() {
+			exit := proc.Wait(ctx)
 			if exit == nil {
 				exit = errors.New("exit status 0")
 			}
@@ -644,89 +634,14 @@ func verifySecrets(b *testing.B, c client.Client, ns string, names map[string]st
 	}
 }
 
-// providerProcess is a running provider manager. It runs in its own process
-// group, dies with the benchmark (PR_SET_PDEATHSIG), and logs to
-// <dir>/<name>.log.
-type providerProcess struct {
-	cmd     *exec.Cmd
-	logPath string
-	started time.Time
-	done    chan struct{}
-	err     error // exit error, valid after done is closed
-
-	stopOnce sync.Once
-}
-
-// startProvider starts bin with args in dir, logging to logDir/<name>.log.
-func startProvider(name, bin string, args []string, dir, logDir string) (*providerProcess, error) {
-	logPath := filepath.Join(logDir, name+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p := &providerProcess{cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	p.started = time.Now()
-	if err := cmd.Start(); err != nil {
-		_ = logFile.Close()
-		return nil, fmt.Errorf("starting %s: %w", bin, err)
-	}
-	go func() {
-		p.err = cmd.Wait()
-		_ = logFile.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-func (p *providerProcess) pid() int { return p.cmd.Process.Pid }
-
-func (p *providerProcess) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop sends the process group SIGTERM, then SIGKILL after stopGrace.
-func (p *providerProcess) stop() {
-	p.stopOnce.Do(func() {
-		if p.exited() {
-			return
+// keepLog copies the provider's log to $GATEHOUSE_BENCH_CAPI_LOGDIR, when
+// set, as <name>.log.
+func keepLog(b *testing.B, name string, proc *testenv.Process) {
+	if dir := os.Getenv(logDirEnv); dir != "" {
+		if err := os.WriteFile(filepath.Join(dir, name+".log"), []byte(proc.Log()), 0o600); err != nil {
+			b.Errorf("keeping the %s log: %v", name, err)
 		}
-		_ = syscall.Kill(-p.pid(), syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(stopGrace):
-		}
-		_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
-		<-p.done
-	})
-}
-
-func (p *providerProcess) logTail(n int) string {
-	data, err := os.ReadFile(p.logPath)
-	if err != nil {
-		return fmt.Sprintf("(log unreadable: %v)", err)
 	}
-	if len(data) > n {
-		data = data[len(data)-n:]
-	}
-	return string(data)
-}
-
-// count returns how many lines of the log contain s.
-func (p *providerProcess) count(s string) int {
-	data, err := os.ReadFile(p.logPath)
-	if err != nil {
-		return -1
-	}
-	return strings.Count(string(data), s)
 }
 
 // binFromEnv returns the executable that env names, else def; "" and why

@@ -62,6 +62,11 @@ func (p *Process) Signal(sig os.Signal) error {
 	return nil
 }
 
+// Stop terminates the process group (SIGTERM, then SIGKILL after 10 s) and
+// returns once it is gone; calling it again, or the cleanup after it, is a
+// no-op.
+func (p *Process) Stop() { p.p.stop() }
+
 // Exited reports whether the process has exited.
 func (p *Process) Exited() bool { return p.p.exited() }
 
