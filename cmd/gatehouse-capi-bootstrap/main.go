@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
@@ -45,7 +46,9 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		logLevel      = flag.String("log-level", "info", "debug, info, warn or error")
 		leaderElect   = flag.Bool("leader-elect", true, "elect a leader so only one replica reconciles")
 		leaderNS      = flag.String("leader-election-namespace", "", "namespace of the leader election Lease; empty means the Pod's")
-		metricsAddr   = flag.String("metrics-bind-address", ":8080", "address of /metrics; 0 turns it off")
+		metricsAddr   = flag.String("metrics-bind-address", ":8443", "address of /metrics; 0 turns it off")
+		metricsSecure = flag.Bool("metrics-secure", true, "serve /metrics over HTTPS to callers the API server authenticates and authorizes (get on the non-resource URL /metrics); false serves plain HTTP to anyone")
+		metricsCert   = flag.String("metrics-cert-dir", "", "directory with tls.crt and tls.key for /metrics; empty means a self-signed certificate")
 		probeAddr     = flag.String("health-probe-bind-address", ":8081", "address of /healthz and /readyz; 0 turns it off")
 		concurrency   = flag.Int("concurrency", 10, "KubeadmConfigs reconciled at once")
 		tokenTTL      = flag.Duration("bootstrap-token-ttl", controller.DefaultTokenTTL, "lifetime of bootstrap tokens; extended until the node joins")
@@ -110,7 +113,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		Scheme:                  scheme,
 		Cache:                   cacheOpts,
 		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.ConfigMap{}}}},
-		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		Metrics:                 metricsOptions(*metricsAddr, *metricsSecure, *metricsCert),
 		HealthProbeBindAddress:  *probeAddr,
 		LeaderElection:          *leaderElect,
 		LeaderElectionID:        leaderElectID,
@@ -140,4 +143,15 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	log.Info("Starting the CAPI bootstrap provider", slog.String("version", buildinfo.Read().Version),
 		slog.Bool("leaderElection", *leaderElect), slog.Int("concurrency", *concurrency))
 	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// metricsOptions serves /metrics. Secure, it takes HTTPS and checks every
+// caller with the API server (TokenReview, SubjectAccessReview), as
+// kubebuilder's scaffolding does.
+func metricsOptions(addr string, secure bool, certDir string) metricsserver.Options {
+	opts := metricsserver.Options{BindAddress: addr, SecureServing: secure, CertDir: certDir}
+	if secure {
+		opts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	return opts
 }

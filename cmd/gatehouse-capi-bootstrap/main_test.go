@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -75,7 +79,7 @@ func TestLeaderElection(t *testing.T) {
 				"--kubeconfig", kubeconfig,
 				"--leader-elect=true",
 				"--leader-election-namespace", ns,
-				"--metrics-bind-address", metricsAddr,
+				"--metrics-bind-address", metricsAddr, "--metrics-secure=false",
 				"--health-probe-bind-address", probeAddr),
 		}
 	}
@@ -391,4 +395,89 @@ func includes(labels, want map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestSecureMetrics: by default /metrics is HTTPS and answers only callers
+// the API server authenticates and authorizes: no token gets 401, a
+// ServiceAccount without the right gets 403, one bound to get /metrics
+// gets the metrics.
+func TestSecureMetrics(t *testing.T) {
+	e := controllertest.NewEnv(t)
+	ns := e.Namespace(t)
+	ctx := t.Context()
+	bin := testenv.BuildBinary(t, "github.com/gatehouse-dev/gatehouse/cmd/gatehouse-capi-bootstrap")
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, testenv.Kubeconfig(t, e.Config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addrs := testenv.FreeAddrs(t, 2)
+	r := &replica{name: "secure", metrics: "https://" + addrs[0] + "/metrics", probes: "http://" + addrs[1],
+		proc: testenv.StartProcess(t, "secure", bin, "--kubeconfig", kubeconfig, "--leader-elect=false",
+			"--metrics-bind-address", addrs[0], "--health-probe-bind-address", addrs[1])}
+
+	cs, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func(name string) string {
+		t.Helper()
+		if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr.Status.Token
+	}
+	reader, stranger := token("metrics-reader"), token("stranger")
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{GenerateName: "metrics-reader-"},
+		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}}
+	if role, err = cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{GenerateName: "metrics-reader-"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "metrics-reader"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The server's certificate is self-signed: only TLS itself is checked here.
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}}}
+	status := func(ctx context.Context, bearer string) (int, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.metrics, nil)
+		if err != nil {
+			return 0, err
+		}
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, nil
+	}
+	for _, tc := range []struct {
+		who    string
+		bearer string
+		want   int
+	}{
+		{"no token", "", http.StatusUnauthorized},
+		{"a ServiceAccount without the right", stranger, http.StatusForbidden},
+		{"a ServiceAccount bound to get /metrics", reader, http.StatusOK},
+	} {
+		eventually(t, fmt.Sprintf("%s getting %d", tc.who, tc.want), []*replica{r}, func(ctx context.Context) error {
+			got, err := status(ctx, tc.bearer)
+			if err != nil {
+				return err
+			}
+			if got != tc.want {
+				return fmt.Errorf("%s: %d, want %d", tc.who, got, tc.want)
+			}
+			return nil
+		})
+	}
 }

@@ -51,7 +51,7 @@ const (
 	// defaultVersion is the release the committed files describe.
 	defaultVersion  = "v0.1.0"
 	imageRepository = "ghcr.io/gatehouse-dev/gatehouse-capi-bootstrap"
-	metricsPort     = 8080
+	metricsPort     = 8443
 	probePort       = 8081
 )
 
