@@ -10,6 +10,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 )
 
@@ -72,7 +73,7 @@ func TestTokenReuseAndRenewal(t *testing.T) {
 	if len(list.Items) != 1 {
 		t.Fatalf("%d token Secrets for one join request, want 1", len(list.Items))
 	}
-	stored, ok := parseTokenSecret(&list.Items[0])
+	stored, ok := bootstraptoken.FromSecret(&list.Items[0])
 	if !ok || stored != renewed {
 		t.Fatalf("the stored token is not the renewed one (parsed %v)", ok)
 	}
@@ -86,7 +87,7 @@ func TestTokenReuseAndRenewal(t *testing.T) {
 func TestTokenIDTakenByAnotherRequest(t *testing.T) {
 	client, clock := clockClient(t)
 	const key = "identity\x00node-b"
-	foreign, err := newToken(tokenID(key), clock.Now().Add(time.Hour))
+	foreign, err := bootstraptoken.New(tokenID(key), clock.Now().Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestTokenIDTakenByAnotherRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tok, _ := parseTokenSecret(got); tok != foreign {
+	if tok, _ := bootstraptoken.FromSecret(got); tok != foreign {
 		t.Fatal("the foreign token Secret was changed")
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 )
 
 // stormNodes is how many simulated nodes join at once in the CI storm
@@ -295,7 +296,7 @@ func rawTokenCreates(b *testing.B, client kubernetes.Interface, n, round int) fl
 	start := time.Now()
 	for i := range n {
 		wg.Go(func() {
-			token, err := newToken(tokenID(fmt.Sprintf("raw-%d-%d", round, i)), time.Now().Add(TokenTTL))
+			token, err := bootstraptoken.New(tokenID(fmt.Sprintf("raw-%d-%d", round, i)), time.Now().Add(TokenTTL))
 			if err == nil {
 				_, err = client.CoreV1().Secrets(metav1.NamespaceSystem).Create(b.Context(),
 					tokenSecret(token, "raw", "raw rate"), metav1.CreateOptions{})

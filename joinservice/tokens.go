@@ -12,8 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
-	bootstraputil "k8s.io/cluster-bootstrap/token/util"
+
+	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 )
 
 // Bootstrap token settings (kubeadm reference, "kubeadm token"; Kubernetes
@@ -23,16 +23,13 @@ const (
 	TokenTTL = 15 * time.Minute
 	// TokenGroup is the extra group of issued tokens, the one kubeadm's
 	// RBAC lets join nodes.
-	TokenGroup = "system:bootstrappers:kubeadm:default-node-token"
+	TokenGroup = bootstraptoken.Group
 	// tokenReuseMargin: a token of the same join request is handed out again
 	// while it has at least this long left; otherwise it is renewed.
 	tokenReuseMargin = 10 * time.Minute
 	// LabelJoinRequest labels token Secrets with their join request's key.
 	LabelJoinRequest = "gatehouse.dev/join-request"
 )
-
-// tokenIDAlphabet is the bootstrap token charset, [a-z0-9].
-const tokenIDAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 // errTokenIDTaken: the deterministic token id of a request is used by a
 // token that is not the request's (a kubeadm-made token; about 1 in 2^31).
@@ -55,17 +52,7 @@ func NewTokens(client kubernetes.Interface, now func() time.Time) *Tokens {
 }
 
 // Token is an issued bootstrap token.
-type Token struct {
-	// ID is the public part, [a-z0-9]{6}.
-	ID string
-	// Secret is the secret part, [a-z0-9]{16}.
-	Secret string
-	// Expiration is when the API server stops accepting it.
-	Expiration time.Time
-}
-
-// String returns "<id>.<secret>", the form kubeadm takes. Secret.
-func (t Token) String() string { return t.ID + "." + t.Secret }
+type Token = bootstraptoken.Token
 
 // requestLabel returns the label value for a request key: hex of its
 // SHA-256, shortened to fit a label value.
@@ -76,12 +63,7 @@ func requestLabel(requestKey string) string {
 
 // tokenID derives the token id of a request key.
 func tokenID(requestKey string) string {
-	sum := sha256.Sum256([]byte("gatehouse-token-id\x00" + requestKey))
-	id := make([]byte, 6)
-	for i := range id {
-		id[i] = tokenIDAlphabet[int(sum[i])%len(tokenIDAlphabet)]
-	}
-	return string(id)
+	return bootstraptoken.DerivedID("gatehouse-token-id", requestKey)
 }
 
 // Issue returns the bootstrap token of the request identified by
@@ -89,10 +71,9 @@ func tokenID(requestKey string) string {
 // new or renewed one with TokenTTL, authentication and signing usages and
 // the group TokenGroup. description is stored in the Secret (not secret).
 func (t *Tokens) Issue(ctx context.Context, requestKey, description string) (Token, error) {
-	id := tokenID(requestKey)
 	label := requestLabel(requestKey)
 	secrets := t.client.CoreV1().Secrets(metav1.NamespaceSystem)
-	token, err := newToken(id, t.now().Add(TokenTTL))
+	token, err := bootstraptoken.New(tokenID(requestKey), t.now().Add(TokenTTL))
 	if err != nil {
 		return Token{}, err
 	}
@@ -109,7 +90,7 @@ func (t *Tokens) Issue(ctx context.Context, requestKey, description string) (Tok
 	if existing.Labels[LabelJoinRequest] != label {
 		return Token{}, fmt.Errorf("%w: %s", errTokenIDTaken, s.Name)
 	}
-	if old, ok := parseTokenSecret(existing); ok && old.Expiration.Sub(t.now()) >= tokenReuseMargin {
+	if old, ok := bootstraptoken.FromSecret(existing); ok && old.Expiration.Sub(t.now()) >= tokenReuseMargin {
 		return old, nil
 	}
 	s.ResourceVersion = existing.ResourceVersion
@@ -119,43 +100,6 @@ func (t *Tokens) Issue(ctx context.Context, requestKey, description string) (Tok
 	return token, nil
 }
 
-func newToken(id string, expiration time.Time) (Token, error) {
-	generated, err := bootstraputil.GenerateBootstrapToken()
-	if err != nil {
-		return Token{}, fmt.Errorf("generating bootstrap token: %w", err)
-	}
-	parts := bootstraputil.BootstrapTokenRegexp.FindStringSubmatch(generated)
-	if len(parts) != 3 {
-		return Token{}, errors.New("generating bootstrap token: unexpected format")
-	}
-	return Token{ID: id, Secret: parts[2], Expiration: expiration.UTC().Truncate(time.Second)}, nil
-}
-
 func tokenSecret(token Token, label, description string) *corev1.Secret {
-	return &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      bootstraputil.BootstrapTokenSecretName(token.ID),
-			Namespace: metav1.NamespaceSystem,
-			Labels:    map[string]string{LabelJoinRequest: label},
-		},
-		Type: bootstrapapi.SecretTypeBootstrapToken,
-		StringData: map[string]string{
-			bootstrapapi.BootstrapTokenDescriptionKey:      description,
-			bootstrapapi.BootstrapTokenIDKey:               token.ID,
-			bootstrapapi.BootstrapTokenSecretKey:           token.Secret,
-			bootstrapapi.BootstrapTokenExpirationKey:       token.Expiration.Format(time.RFC3339),
-			bootstrapapi.BootstrapTokenUsageAuthentication: "true",
-			bootstrapapi.BootstrapTokenUsageSigningKey:     "true",
-			bootstrapapi.BootstrapTokenExtraGroupsKey:      TokenGroup,
-		},
-	}
-}
-
-func parseTokenSecret(s *corev1.Secret) (Token, bool) {
-	id, secret := string(s.Data[bootstrapapi.BootstrapTokenIDKey]), string(s.Data[bootstrapapi.BootstrapTokenSecretKey])
-	exp, err := time.Parse(time.RFC3339, string(s.Data[bootstrapapi.BootstrapTokenExpirationKey]))
-	if err != nil || !bootstraputil.IsValidBootstrapToken(id+"."+secret) {
-		return Token{}, false
-	}
-	return Token{ID: id, Secret: secret, Expiration: exp}, true
+	return bootstraptoken.Secret(token, map[string]string{LabelJoinRequest: label}, description)
 }
