@@ -184,6 +184,13 @@ func checkStep(from, to string) error {
 // defaults, so new defaults take effect and the cluster's choices stay.
 func upgradeOne(ctx context.Context, cfg *action.Configuration, opts Options, p planned) Result {
 	r := Result{Release: p.name, From: p.current.Chart.Metadata.Version, To: p.chart.Metadata.Version}
+	if p.current.Info.Status.IsPending() && opts.DryRun {
+		// A dry run changes nothing, the interrupted revision included; Helm
+		// would refuse to plan over it, so there is no diff to show.
+		fmt.Fprintf(opts.Out, "%s: an earlier upgrade was interrupted (%s); the real run rolls back to the last deployed revision first, then upgrades\n", p.name, p.current.Info.Status)
+		r.Outcome = "would roll back and upgrade"
+		return r
+	}
 	if p.current.Info.Status.IsPending() {
 		fmt.Fprintf(opts.Out, "%s: an earlier upgrade was interrupted (%s); rolling back to the last deployed revision first\n", p.name, p.current.Info.Status)
 		if err := rollback(ctx, cfg, opts, p.name); err != nil {

@@ -203,7 +203,18 @@ func TestApply(t *testing.T) {
 		}
 		out.Reset()
 		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.3.0", "red", false)}
-		results, err := Apply(t.Context(), opts)
+		// A dry run leaves the interrupted revision alone.
+		dry := opts
+		dry.DryRun = true
+		results, err := Apply(t.Context(), dry)
+		if err != nil || results[0].Outcome != "would roll back and upgrade" {
+			t.Fatalf("dry run after an interruption: %v %+v\n%s", err, results, &out)
+		}
+		if still, err := cfg.Releases.Last("demo"); err != nil || still.Version != pending.Version || !still.Info.Status.IsPending() {
+			t.Fatalf("the dry run changed the interrupted release: %v %+v", err, still)
+		}
+		out.Reset()
+		results, err = Apply(t.Context(), opts)
 		if err != nil || results[0].Outcome != "upgraded" || !strings.Contains(out.String(), "interrupted") {
 			t.Fatalf("after an interruption: %v %+v\n%s", err, results, &out)
 		}
