@@ -367,6 +367,9 @@ func TestTokenRefresh(t *testing.T) {
 	if _, err := e.tokenSecret(t, got); !apierrors.IsNotFound(err) {
 		t.Fatalf("token after the node joined: %v", err)
 	}
+	if _, ok := got.Annotations["bootstrap.gatehouse.dev/managed-bootstrap-token"]; ok || slices.Contains(got.Finalizers, controller.Finalizer) {
+		t.Fatalf("a joined config keeps its token annotation %v or finalizer %v", got.Annotations, got.Finalizers)
+	}
 
 	// A token that vanished before the node joined is reported.
 	_, cfg2, err := e.Machine(ctx, cluster, "worker-1", false, bootstrapv1.KubeadmConfigSpec{})

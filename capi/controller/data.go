@@ -319,11 +319,11 @@ func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte) error
 		format = bootstrapv1.FormatCloudConfig
 	}
 	if ds := s.config.Spec.UserDataStore; ds != nil {
-		if err := r.ensureFinalizer(ctx, s.config, false); err != nil {
-			return err
-		}
 		store, caPEM, err := r.openStore(ctx, s.config)
 		if err != nil {
+			return err
+		}
+		if err := r.ensureFinalizer(ctx, s.config, false); err != nil {
 			return err
 		}
 		key := objectKey(s.config)

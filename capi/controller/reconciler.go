@@ -57,6 +57,7 @@ import (
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
 	"github.com/gatehouse-dev/gatehouse/capi/render"
+	"github.com/gatehouse-dev/gatehouse/capi/userdatastore"
 )
 
 // Conditions of a KubeadmConfig (metav1.Condition types and reasons).
@@ -394,27 +395,33 @@ func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Re
 	if !managesToken(s) {
 		return reconcile.Result{}, nil
 	}
+	joined := s.machine.Status.NodeRef.IsDefined()
+	now := r.clock.Now()
+	if due, ok := r.tokenChecks.Load(s.config.UID); ok && !joined && now.Before(due.(time.Time)) {
+		return reconcile.Result{RequeueAfter: due.(time.Time).Sub(now)}, nil
+	}
 	wc, err := r.workload.ClientFor(ctx, s.clusterKey())
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
-	if s.machine.Status.NodeRef.IsDefined() {
+	if joined {
 		if err := t.remove(ctx, s.config.UID); err != nil {
 			return reconcile.Result{}, err
 		}
 		r.tokenChecks.Delete(s.config.UID)
-		return reconcile.Result{}, nil
-	}
-	now := r.clock.Now()
-	if due, ok := r.tokenChecks.Load(s.config.UID); ok && now.Before(due.(time.Time)) {
-		return reconcile.Result{RequeueAfter: due.(time.Time).Sub(now)}, nil
+		// Done with the token: later reconciles need not reach the
+		// workload cluster, nor does the deletion.
+		patch := client.MergeFrom(s.config.DeepCopy())
+		delete(s.config.Annotations, annotationManagedToken)
+		if s.config.Spec.UserDataStore == nil {
+			controllerutil.RemoveFinalizer(s.config, Finalizer)
+		}
+		return reconcile.Result{}, r.client.Patch(ctx, s.config, patch)
 	}
 	next, err := t.refresh(ctx, s.config.UID)
-	if err == nil {
-		r.tokenChecks.Store(s.config.UID, now.Add(next))
-	}
 	if errors.Is(err, errTokenGone) {
+		r.tokenChecks.Delete(s.config.UID)
 		setWaiting(s.config, ReasonBootstrapTokenExpired,
 			"the Machine's bootstrap token expired or was deleted before its node joined; delete the Machine to replace it")
 		return reconcile.Result{}, nil
@@ -422,31 +429,51 @@ func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Re
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	r.tokenChecks.Store(s.config.UID, now.Add(next))
 	return reconcile.Result{RequeueAfter: next}, nil
 }
 
 // reconcileDelete removes what the config owns outside its Secret.
 func (r *Reconciler) reconcileDelete(ctx context.Context, config *bootstrapv1.KubeadmConfig) error {
+	r.tokenChecks.Delete(config.UID)
 	if !controllerutil.ContainsFinalizer(config, Finalizer) {
 		return nil
 	}
+	log := ctrl.LoggerFrom(ctx)
 	if ds := config.Spec.UserDataStore; ds != nil {
-		store, _, err := r.openStore(ctx, config)
-		if err != nil {
+		err := r.deleteObject(ctx, config)
+		var se *specError
+		switch {
+		case errors.As(err, &se) || errors.Is(err, userdatastore.ErrBucketNotFound):
+			// Nothing to reach it with, or nothing left: retrying cannot help,
+			// and a stuck finalizer would hold up the Machine and Cluster.
+			log.Info("Leaving the bootstrap data object in place", "bucket", ds.Bucket, "reason", err.Error())
+		case err != nil:
 			return err
-		}
-		if err := store.Delete(ctx, objectKey(config)); err != nil {
-			return fmt.Errorf("deleting the bootstrap data object: %w", err)
 		}
 	}
 	if config.Annotations[annotationManagedToken] == "true" {
+		// The token is no longer extended and expires within its TTL; a
+		// workload cluster that is already gone must not block deletion.
 		if err := r.removeToken(ctx, config); err != nil {
-			return err
+			log.Info("Leaving the bootstrap token to expire", "reason", err.Error())
 		}
 	}
 	patch := client.MergeFrom(config.DeepCopy())
 	controllerutil.RemoveFinalizer(config, Finalizer)
 	return client.IgnoreNotFound(r.client.Patch(ctx, config, patch))
+}
+
+// deleteObject deletes the config's bucket object.
+func (r *Reconciler) deleteObject(ctx context.Context, config *bootstrapv1.KubeadmConfig) error {
+	store, _, err := r.openStore(ctx, config)
+	if err != nil {
+		return err
+	}
+	if err := store.Delete(ctx, objectKey(config)); err != nil {
+		return fmt.Errorf("deleting the bootstrap data object: %w", err)
+	}
+	return nil
 }
 
 // removeToken deletes a deleted config's token, unless its workload
@@ -459,7 +486,7 @@ func (r *Reconciler) removeToken(ctx context.Context, config *bootstrapv1.Kubead
 	key := client.ObjectKey{Namespace: config.Namespace, Name: name}
 	wc, err := r.workload.ClientFor(ctx, key)
 	if err != nil {
-		if apierrors.IsNotFound(errors.Unwrap(err)) || apierrors.IsNotFound(err) {
+		if apierrors.IsNotFound(err) {
 			return nil // the cluster's kubeconfig is gone with the cluster
 		}
 		return err
