@@ -5,7 +5,6 @@ package rendertest
 
 import (
 	"encoding/base64"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
 )
 
 // CloudInitSchema fails the test unless `cloud-init schema` accepts data.
@@ -93,24 +93,9 @@ func Text(t testing.TB, format bootstrapv1.Format, data []byte) string {
 
 func dataURL(t testing.TB, src string) []byte {
 	t.Helper()
-	rest, ok := strings.CutPrefix(src, "data:")
-	if !ok {
-		t.Fatalf("file source %q is not a data URL", src)
-	}
-	mediaType, payload, ok := strings.Cut(rest, ",")
-	if !ok {
-		t.Fatalf("data URL without a comma: %q", src)
-	}
-	if strings.HasSuffix(mediaType, ";base64") {
-		b, err := base64.StdEncoding.DecodeString(payload)
-		if err != nil {
-			t.Fatalf("data URL: %v", err)
-		}
-		return b
-	}
-	s, err := url.PathUnescape(payload)
+	b, err := installer.ParseDataURL(src)
 	if err != nil {
-		t.Fatalf("data URL: %v", err)
+		t.Fatalf("file source: %v", err)
 	}
-	return []byte(s)
+	return b
 }
