@@ -51,7 +51,7 @@ func newRunFixture(t *testing.T, n *testNode, ca *clusterpki.CA, endpoints ...st
 	if err != nil {
 		t.Fatal(err)
 	}
-	init, err := NewInitServer(InitConfig{Setup: n.setup, Lock: n.lock, InitSecretHash: hash})
+	init, err := NewInitServer(InitConfig{Setup: n.setup, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,6 +99,16 @@ func (n *testNode) formatDisk(t *testing.T) {
 
 // verifier appraises the test nodes' evidence: their boot, and PCR 15
 // zero (not locked) unless lockedOK.
+// identity is the node's attestation identity, which its disk key is bound to.
+func (n *testNode) identity(t testing.TB) string {
+	t.Helper()
+	id, err := n.attester.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 func verifier(t *testing.T, a *tpm.Attester, lockedOK ...bool) *tpm.Verifier {
 	t.Helper()
 	ref, err := tpm.ReferenceValues(bootArtefacts, testPCRs)

@@ -34,13 +34,15 @@ import (
 // DefaultAdminName is the user name of the admin kubeconfig Init returns.
 const DefaultAdminName = "gatehouse-admin"
 
-// measurementSecretID is the key id of the measurement secret (DESIGN.md "Keys").
-const measurementSecretID = "measurementSecret"
-
 // InitConfig holds an InitServer's dependencies.
 type InitConfig struct {
 	Setup *Setup
 	Lock  *nodelock.Lock
+	// Identity is the node's attestation identity, as verifiers see it in
+	// its evidence (attestation.Result.Identity); the state disk key is
+	// bound to it, as the join service binds a joining node's
+	// (kms.DiskKeyID), so a rejoin after a reboot gets the same key.
+	Identity string
 	// InitSecretHash is the bcrypt hash of the init secret the node was
 	// provisioned with.
 	InitSecretHash []byte
@@ -73,8 +75,8 @@ type InitServer struct {
 
 // NewInitServer returns an InitServer.
 func NewInitServer(cfg InitConfig) (*InitServer, error) {
-	if cfg.Setup == nil || cfg.Lock == nil {
-		return nil, errors.New("init server: Setup and Lock are required")
+	if cfg.Setup == nil || cfg.Lock == nil || cfg.Identity == "" {
+		return nil, errors.New("init server: Setup, Lock and Identity are required")
 	}
 	if _, err := bcrypt.Cost(cfg.InitSecretHash); err != nil {
 		return nil, fmt.Errorf("init server: the provisioned init secret hash is not a bcrypt hash: %w", err)
@@ -237,7 +239,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 			return nil, fmt.Errorf("kubernetes_components[%d]: %w", i, err)
 		}
 	}
-	secret, err := keys.GetDEK(context.Background(), measurementSecretID, 32)
+	secret, err := keys.GetDEK(context.Background(), kms.MeasurementSecretID, 32)
 	if err != nil {
 		return nil, err
 	}
@@ -328,7 +330,11 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 	if err != nil {
 		return nil, err
 	}
-	diskKey, err := p.keys.GetDEK(ctx, diskUUID, 32)
+	diskKeyID, err := kms.DiskKeyID(s.cfg.Identity, diskUUID)
+	if err != nil {
+		return nil, err
+	}
+	diskKey, err := p.keys.GetDEK(ctx, diskKeyID, 32)
 	if err != nil {
 		return nil, err
 	}

@@ -64,7 +64,7 @@ func newInitFixture(t *testing.T) *initFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.server, err = NewInitServer(InitConfig{Setup: n.setup, Lock: n.lock, InitSecretHash: hash, AdminName: "alice"})
+	f.server, err = NewInitServer(InitConfig{Setup: n.setup, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash, AdminName: "alice"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func (f *initFixture) expected(t *testing.T) (id, diskKey []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret, err := keys.GetDEK(t.Context(), measurementSecretID, 32)
+	secret, err := keys.GetDEK(t.Context(), kms.MeasurementSecretID, 32)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,11 @@ func (f *initFixture) expected(t *testing.T) (id, diskKey []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diskKey, err = keys.GetDEK(t.Context(), uuid, 32); err != nil {
+	diskKeyID, err := kms.DiskKeyID(f.node.identity(t), uuid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diskKey, err = keys.GetDEK(t.Context(), diskKeyID, 32); err != nil {
 		t.Fatal(err)
 	}
 	return id, diskKey

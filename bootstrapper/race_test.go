@@ -109,7 +109,7 @@ func TestInitJoinRace(t *testing.T) {
 			// The AK comes from the same seed every round: one service serves all.
 			service = startJoinService(t, n, fake)
 		}
-		initServer, err := NewInitServer(InitConfig{Setup: setup, Lock: lock, InitSecretHash: hash})
+		initServer, err := NewInitServer(InitConfig{Setup: setup, Lock: lock, Identity: n.identity(t), InitSecretHash: hash})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -100,7 +100,11 @@ func startNode(t *testing.T) *node {
 		Root: t.TempDir(), Disk: memDisk{}, FirstBootKey: []byte("first"), Installer: memDisk{}, Kubeadm: n.kubeadm,
 		Node: kubeadm.Node{Name: "cp-0", AdvertiseAddress: "192.0.2.10"}, Log: slog.New(slog.DiscardHandler),
 	}
-	srv, err := bootstrapper.NewInitServer(bootstrapper.InitConfig{Setup: setup, Lock: lock, InitSecretHash: hash})
+	identity, err := a.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := bootstrapper.NewInitServer(bootstrapper.InitConfig{Setup: setup, Lock: lock, Identity: identity, InitSecretHash: hash})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	testingclock "k8s.io/utils/clock/testing"
@@ -22,6 +23,9 @@ func clockClient(t *testing.T) (kubernetes.Interface, *testingclock.FakeClock) {
 	env := testenv.New(t, testenv.Options{})
 	client, err := env.Clientset()
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return client, testingclock.NewFakeClock(time.Now().Truncate(time.Second))
@@ -108,37 +112,44 @@ func TestTokenIDTakenByAnotherRequest(t *testing.T) {
 }
 
 // TestControlPlaneLockDeadline: a holder that never joins keeps the lock
-// exactly until its deadline; a release frees it at once.
+// exactly until its deadline; only the same node with the same identity
+// resumes it; a release frees it at once.
 func TestControlPlaneLockDeadline(t *testing.T) {
 	client, clock := clockClient(t)
-	lock := NewControlPlaneLock(client, ControlPlaneJoinTimeout, clock.Now)
+	lock := NewControlPlaneLock(client, testNamespace, ControlPlaneJoinTimeout, clock.Now)
 	ctx := t.Context()
 	start := clock.Now()
 
-	if _, err := lock.Acquire(ctx, "cp-1"); err != nil {
+	if _, err := lock.Acquire(ctx, "cp-1", "id-1"); err != nil {
 		t.Fatal(err)
 	}
-	clock.Step(ControlPlaneJoinTimeout - time.Second)
-	_, err := lock.Acquire(ctx, "cp-2")
 	var busy *BusyError
+	if _, err := lock.Acquire(ctx, "cp-1", "id-other"); !errors.As(err, &busy) || busy.Holder != "cp-1" {
+		t.Fatalf("the holder's name with another identity: %v, want busy", err)
+	}
+	if _, err := lock.Acquire(ctx, "cp-1", "id-1"); err != nil {
+		t.Fatalf("the holder resuming: %v", err)
+	}
+	clock.Step(ControlPlaneJoinTimeout - time.Second)
+	_, err := lock.Acquire(ctx, "cp-2", "id-2")
 	if !errors.As(err, &busy) || busy.Holder != "cp-1" || !busy.Until.Equal(start.Add(ControlPlaneJoinTimeout)) {
 		t.Fatalf("one second before the deadline: %v, want busy with cp-1 until %s", err, start.Add(ControlPlaneJoinTimeout))
 	}
 
 	clock.Step(time.Second) // the deadline: cp-1 never joined, the lock is free
-	release, err := lock.Acquire(ctx, "cp-2")
+	release, err := lock.Acquire(ctx, "cp-2", "id-2")
 	if err != nil {
 		t.Fatalf("at the deadline: %v", err)
 	}
 	assertHolder(t, client, "cp-2")
-	if _, err := lock.Acquire(ctx, "cp-3"); !errors.As(err, &busy) || busy.Holder != "cp-2" {
+	if _, err := lock.Acquire(ctx, "cp-3", "id-3"); !errors.As(err, &busy) || busy.Holder != "cp-2" {
 		t.Fatalf("cp-3 while cp-2 holds: %v", err)
 	}
 	if err := release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	assertHolder(t, client, "")
-	if _, err := lock.Acquire(ctx, "cp-3"); err != nil {
+	if _, err := lock.Acquire(ctx, "cp-3", "id-3"); err != nil {
 		t.Fatalf("after release: %v", err)
 	}
 	assertHolder(t, client, "cp-3")
@@ -146,7 +157,7 @@ func TestControlPlaneLockDeadline(t *testing.T) {
 
 func assertHolder(t *testing.T, client kubernetes.Interface, want string) {
 	t.Helper()
-	lease, err := client.CoordinationV1().Leases(metav1.NamespaceSystem).Get(t.Context(), ControlPlaneLeaseName, metav1.GetOptions{})
+	lease, err := client.CoordinationV1().Leases(testNamespace).Get(t.Context(), ControlPlaneLeaseName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,22 +30,29 @@ const labelControlPlane = "node-role.kubernetes.io/control-plane"
 // ErrControlPlaneBusy means another control plane is joining; retry later.
 var ErrControlPlaneBusy = errors.New("another control plane is joining")
 
+// annotationHolderIdentity records on the Lease the attestation identity
+// of the node holding it, so only that identity can resume it.
+const annotationHolderIdentity = "gatehouse.dev/holder-identity"
+
 // ControlPlaneLock serialises control-plane joins with a coordination Lease
-// in kube-system, so that etcd member additions never race. The holder is
-// the joining node's name; the lock is free when nobody holds it, when the
-// holder's lease ran out, or when the holder's Node is labelled as a control
-// plane (its join has passed etcd). The same node may take it again, so a
-// node retrying its own join is not blocked by itself.
+// in the join service's namespace, so that etcd member additions never
+// race. Only an attested control plane takes it (the server checks the
+// role first). The holder is the joining node's name and attestation
+// identity; the lock is free when nobody holds it, when the holder's lease
+// ran out, or when the holder's Node is labelled as a control plane (its
+// join has passed etcd). The same node with the same identity may take it
+// again, so a node retrying its own join resumes it.
 type ControlPlaneLock struct {
-	client  kubernetes.Interface
-	timeout time.Duration
-	now     func() time.Time
+	client    kubernetes.Interface
+	namespace string
+	timeout   time.Duration
+	now       func() time.Time
 }
 
-// NewControlPlaneLock returns the lock; timeout is how long a holder keeps
-// it (ControlPlaneJoinTimeout in production).
-func NewControlPlaneLock(client kubernetes.Interface, timeout time.Duration, now func() time.Time) *ControlPlaneLock {
-	return &ControlPlaneLock{client: client, timeout: timeout, now: now}
+// NewControlPlaneLock returns the lock, a Lease in namespace; timeout is
+// how long a holder keeps it (ControlPlaneJoinTimeout in production).
+func NewControlPlaneLock(client kubernetes.Interface, namespace string, timeout time.Duration, now func() time.Time) *ControlPlaneLock {
+	return &ControlPlaneLock{client: client, namespace: namespace, timeout: timeout, now: now}
 }
 
 // BusyError says who holds the lock and until when.
@@ -61,13 +68,13 @@ func (e *BusyError) Error() string {
 
 func (e *BusyError) Unwrap() error { return ErrControlPlaneBusy }
 
-// Acquire takes the lock for node. It returns a release function that
+// Acquire takes the lock for node, attested as identity. It returns a release function that
 // frees the lock if this call took it (to undo a join that failed before its
 // ticket was complete), a *BusyError while another node holds it, or an API
 // error. Updates use the Lease's resourceVersion, so two service replicas
 // racing for it cannot both win.
-func (l *ControlPlaneLock) Acquire(ctx context.Context, node string) (release func(context.Context) error, err error) {
-	leases := l.client.CoordinationV1().Leases(metav1.NamespaceSystem)
+func (l *ControlPlaneLock) Acquire(ctx context.Context, node, identity string) (release func(context.Context) error, err error) {
+	leases := l.client.CoordinationV1().Leases(l.namespace)
 	now := metav1.NewMicroTime(l.now())
 	spec := coordinationv1.LeaseSpec{
 		HolderIdentity:       ptr.To(node),
@@ -79,8 +86,9 @@ func (l *ControlPlaneLock) Acquire(ctx context.Context, node string) (release fu
 	switch {
 	case apierrors.IsNotFound(err):
 		lease = &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: ControlPlaneLeaseName, Namespace: metav1.NamespaceSystem},
-			Spec:       spec,
+			ObjectMeta: metav1.ObjectMeta{Name: ControlPlaneLeaseName, Namespace: l.namespace,
+				Annotations: map[string]string{annotationHolderIdentity: identity}},
+			Spec: spec,
 		}
 		created, err := leases.Create(ctx, lease, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
@@ -93,12 +101,16 @@ func (l *ControlPlaneLock) Acquire(ctx context.Context, node string) (release fu
 	case err != nil:
 		return nil, fmt.Errorf("reading control-plane join Lease: %w", err)
 	}
-	if free, err := l.free(ctx, lease, node); err != nil {
+	if free, err := l.free(ctx, lease, node, identity); err != nil {
 		return nil, err
 	} else if !free {
 		return nil, &BusyError{Holder: ptr.Deref(lease.Spec.HolderIdentity, ""), Until: leaseEnd(lease)}
 	}
 	lease.Spec = spec
+	if lease.Annotations == nil {
+		lease.Annotations = map[string]string{}
+	}
+	lease.Annotations[annotationHolderIdentity] = identity
 	updated, err := leases.Update(ctx, lease, metav1.UpdateOptions{})
 	if apierrors.IsConflict(err) {
 		return nil, &BusyError{Holder: "(another replica's choice)", Until: l.now().Add(l.timeout)}
@@ -116,10 +128,11 @@ func leaseEnd(lease *coordinationv1.Lease) time.Time {
 	return lease.Spec.RenewTime.Add(time.Duration(ptr.Deref(lease.Spec.LeaseDurationSeconds, 0)) * time.Second)
 }
 
-// free reports whether node may take the lease.
-func (l *ControlPlaneLock) free(ctx context.Context, lease *coordinationv1.Lease, node string) (bool, error) {
+// free reports whether node, attested as identity, may take the lease.
+func (l *ControlPlaneLock) free(ctx context.Context, lease *coordinationv1.Lease, node, identity string) (bool, error) {
 	holder := ptr.Deref(lease.Spec.HolderIdentity, "")
-	if holder == "" || holder == node || !l.now().Before(leaseEnd(lease)) {
+	sameHolder := holder == node && lease.Annotations[annotationHolderIdentity] == identity
+	if holder == "" || sameHolder || !l.now().Before(leaseEnd(lease)) {
 		return true, nil
 	}
 	n, err := l.client.CoreV1().Nodes().Get(ctx, holder, metav1.GetOptions{})
@@ -141,7 +154,8 @@ func (l *ControlPlaneLock) releaser(lease *coordinationv1.Lease) func(context.Co
 		lease.Spec.HolderIdentity = nil
 		lease.Spec.RenewTime = nil
 		lease.Spec.AcquireTime = nil
-		_, err := l.client.CoordinationV1().Leases(metav1.NamespaceSystem).Update(ctx, lease, metav1.UpdateOptions{})
+		delete(lease.Annotations, annotationHolderIdentity)
+		_, err := l.client.CoordinationV1().Leases(l.namespace).Update(ctx, lease, metav1.UpdateOptions{})
 		if err != nil && !apierrors.IsConflict(err) {
 			return fmt.Errorf("releasing control-plane join Lease: %w", err)
 		}

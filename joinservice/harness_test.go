@@ -37,6 +37,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -45,22 +46,37 @@ import (
 	"github.com/gatehouse-dev/gatehouse/keyservice"
 )
 
-// Names of the test's ConfigMaps, in kube-system.
+// Names of the test's ConfigMaps, in testNamespace.
 const (
 	testJoinConfig = "gatehouse-join-config"
 	testDenyList   = "gatehouse-deny-list"
+	testNamespace  = "gatehouse-system"
 )
 
+// rolePCR is where test nodes measure their role, as a real node's kernel
+// command line is measured (docs/joinservice.md, "Roles from evidence").
+const rolePCR = 8
+
 // testPCRs is the quoted selection: firmware, boot loader (the
-// bootstrapper's measurement) and the node-lock PCR.
-var testPCRs = []int{0, 4, joinconfig.NodeLockPCR}
+// bootstrapper's measurement), the role and the node-lock PCR.
+var testPCRs = []int{0, 4, rolePCR, joinconfig.NodeLockPCR}
 
-// bootArtefacts are what the simulated nodes "boot".
-var bootArtefacts = []tpm.Artefact{tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1"))}
+// testNodeCIDR holds the addresses test nodes put in their CSRs: they
+// connect from loopback, which a kubelet certificate may not name.
+const testNodeCIDR = "10.0.0.0/8"
 
-// node is the simulated TPM every test node attests with. The go-tpm-tools
-// simulator is one per process, so all nodes of a test share it: they differ
-// in node name and disk, not in AK.
+// bootArtefacts are what the simulated nodes of role "boot".
+func bootArtefacts(role joinconfig.Role) []tpm.Artefact {
+	return []tpm.Artefact{
+		tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1")),
+		tpm.BytesArtefact(rolePCR, "kernel-cmdline", []byte("gatehouse.role="+string(role))),
+	}
+}
+
+// node is the simulated TPM most test nodes attest with, booted as a
+// worker. The go-tpm-tools simulator is one per process, so all nodes of a
+// test using it share it: they differ in node name and disk, not in AK.
+// swtpmNode gives a test another identity, and a control plane.
 type node struct {
 	attester *tpm.Attester
 }
@@ -82,7 +98,7 @@ func bootNode() (*tpm.Attester, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := tpm.MeasureBoot(sim, bootArtefacts); err != nil {
+	if _, err := tpm.MeasureBoot(sim, bootArtefacts(joinconfig.RoleWorker)); err != nil {
 		_ = sim.Close()
 		return nil, nil, err
 	}
@@ -92,6 +108,61 @@ func bootNode() (*tpm.Attester, func(), error) {
 		return nil, nil, err
 	}
 	return a, func() { _ = a.Close(); _ = sim.Close() }, nil
+}
+
+// swtpmNode boots a node of role on its own swtpm, a separate TPM with its
+// own attestation identity, and returns its attester. The harness does not
+// trust it until h.trust.
+func swtpmNode(t testing.TB, role joinconfig.Role) *tpm.Attester {
+	t.Helper()
+	dev, err := swtpm.Start(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dev.Stop)
+	rw, err := dev.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rw.Close() })
+	if _, err := tpm.MeasureBoot(rw, bootArtefacts(role)); err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: testPCRs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	return a
+}
+
+// trust pins the AKs of attesters in the join config and waits until the
+// service applied it.
+func (h *harness) trust(t testing.TB, attesters ...*tpm.Attester) {
+	t.Helper()
+	for _, a := range attesters {
+		h.extraAKs = append(h.extraAKs, a.AttestationKey())
+	}
+	h.applyJoinConfig(t, h.joinConfigData(t, nil))
+}
+
+// applyJoinConfig writes the join config and waits until the service has
+// applied this version.
+func (h *harness) applyJoinConfig(t testing.TB, data map[string]string) {
+	t.Helper()
+	applied := testutil.ToFloat64(h.server.cfg.Policy.reloads.WithLabelValues(testJoinConfig, "applied"))
+	h.putConfigMap(t, testJoinConfig, data)
+	h.waitReloads(t, testJoinConfig, "applied", applied+1)
+}
+
+// identity returns the attestation identity of a.
+func identity(t testing.TB, a *tpm.Attester) string {
+	t.Helper()
+	id, err := a.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
 
 // harness is a join service on loopback against a real API server and
@@ -118,6 +189,7 @@ type harness struct {
 type harnessOptions struct {
 	rate       RateLimit
 	discardLog bool
+	limits     ConnectionLimits
 }
 
 func newHarness(t testing.TB, opts harnessOptions) *harness {
@@ -132,6 +204,9 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	if err := env.PublishClusterInfo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h := &harness{
@@ -150,7 +225,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := policy.Watch(ctx, client, metav1.NamespaceSystem, testJoinConfig, testDenyList); err != nil {
+	if err := policy.Watch(ctx, client, testNamespace, testJoinConfig, testDenyList); err != nil {
 		t.Fatal(err)
 	}
 	ca, err := clusterpki.LoadCA(filepath.Join(h.pkiDir, "ca.crt"), filepath.Join(h.pkiDir, "ca.key"))
@@ -163,7 +238,8 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		Policy:           policy,
 		Keys:             NewKeyServiceKeys(keyConn),
 		Tokens:           NewTokens(client, time.Now),
-		ControlPlaneLock: NewControlPlaneLock(client, ControlPlaneJoinTimeout, time.Now),
+		ControlPlaneLock: NewControlPlaneLock(client, testNamespace, ControlPlaneJoinTimeout, time.Now),
+		Bindings:         NewNodeBindings(client, testNamespace, time.Now),
 		CA:               ca,
 		PKIDir:           h.pkiDir,
 		RateLimit:        opts.rate,
@@ -181,7 +257,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewGRPCServer(h.server, creds)
+	srv := NewGRPCServer(h.server, creds, opts.limits)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	h.addr = lis.Addr().String()
@@ -293,20 +369,18 @@ func (h *harness) keyRequests(t testing.TB) float64 {
 	return n
 }
 
-// joinConfigData returns a valid join config trusting the node's AK and
-// expecting what it booted; override replaces reference values.
+// joinConfigData returns a valid join config trusting the node's AK (and
+// h.extraAKs) and expecting what nodes boot: common PCRs 0 and 4, and PCR
+// rolePCR per role; override replaces common reference values.
 func (h *harness) joinConfigData(t testing.TB, override map[uint32]string) map[string]string {
 	t.Helper()
-	ref, err := tpm.ReferenceValues(bootArtefacts, []int{0, 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	values := map[string]map[string]any{}
-	for i, m := range ref {
-		values[fmt.Sprint(i)] = map[string]any{"expected": hex.EncodeToString(m.Expected)}
-	}
+	values := referenceValues(t, bootArtefacts(joinconfig.RoleWorker), 0, 4)
 	for i, v := range override {
 		values[fmt.Sprint(i)] = map[string]any{"expected": v}
+	}
+	roles := map[joinconfig.Role]any{}
+	for _, r := range []joinconfig.Role{joinconfig.RoleControlPlane, joinconfig.RoleWorker} {
+		roles[r] = map[string]any{"referenceValues": referenceValues(t, bootArtefacts(r), rolePCR)}
 	}
 	var pinned []string
 	for _, ak := range append([]crypto.PublicKey{h.node.attester.AttestationKey()}, h.extraAKs...) {
@@ -320,6 +394,7 @@ func (h *harness) joinConfigData(t testing.TB, override map[uint32]string) map[s
 		"variant":         "tpm",
 		"pcrs":            testPCRs,
 		"referenceValues": values,
+		"roles":           roles,
 		"pinnedAKs":       pinned,
 	})
 	if err != nil {
@@ -339,14 +414,30 @@ func (h *harness) joinConfigData(t testing.TB, override map[uint32]string) map[s
 		joinconfig.KeyAPIServerEndpoint:    strings.TrimPrefix(h.env.APIServerURL, "https://"),
 		joinconfig.KeyKubernetesVersion:    "v1.36.4",
 		joinconfig.KeyKubernetesComponents: string(components),
+		joinconfig.KeyNodeCIDRs:            testNodeCIDR,
 	}
 }
 
-// putConfigMap creates or replaces a ConfigMap in kube-system.
+// referenceValues returns, in the policy's file form, the values artefacts
+// leave in pcrs.
+func referenceValues(t testing.TB, artefacts []tpm.Artefact, pcrs ...int) map[string]map[string]any {
+	t.Helper()
+	ref, err := tpm.ReferenceValues(artefacts, pcrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := map[string]map[string]any{}
+	for i, m := range ref {
+		values[fmt.Sprint(i)] = map[string]any{"expected": hex.EncodeToString(m.Expected)}
+	}
+	return values
+}
+
+// putConfigMap creates or replaces a ConfigMap in testNamespace.
 func (h *harness) putConfigMap(t testing.TB, name string, data map[string]string) *corev1.ConfigMap {
 	t.Helper()
-	cms := h.client.CoreV1().ConfigMaps(metav1.NamespaceSystem)
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceSystem}, Data: data}
+	cms := h.client.CoreV1().ConfigMaps(testNamespace)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNamespace}, Data: data}
 	existing, err := cms.Get(t.Context(), name, metav1.GetOptions{})
 	if err == nil {
 		existing.Data = data

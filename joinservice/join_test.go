@@ -169,6 +169,10 @@ func TestJoinTickets(t *testing.T) {
 	}
 
 	t.Run("control planes join one at a time", func(t *testing.T) {
+		// A control plane proves its role by what it booted: its own TPM.
+		cp := swtpmNode(t, joinconfig.RoleControlPlane)
+		h.trust(t, cp)
+		client := h.dial(t, cp, "")
 		first := joinRequest(t, "cp-2", net.IPv4(10, 0, 0, 2), true)
 		resp, err := client.IssueJoinTicket(ctx, first)
 		if err != nil {
@@ -186,7 +190,7 @@ func TestJoinTickets(t *testing.T) {
 		if !slices.Equal(names, ControlPlaneFiles) {
 			t.Errorf("control-plane files %v, want %v", names, ControlPlaneFiles)
 		}
-		lease, err := h.client.CoordinationV1().Leases(metav1.NamespaceSystem).Get(ctx, ControlPlaneLeaseName, metav1.GetOptions{})
+		lease, err := h.client.CoordinationV1().Leases(testNamespace).Get(ctx, ControlPlaneLeaseName, metav1.GetOptions{})
 		if err != nil || ptr.Deref(lease.Spec.HolderIdentity, "") != "cp-2" {
 			t.Fatalf("control-plane join Lease: %v, %+v", err, lease)
 		}

@@ -114,7 +114,7 @@ func (p *Policy) Verify(ctx context.Context, evidence, nonce []byte) (*attestati
 	if join == nil {
 		return nil, fmt.Errorf("%w: %w: no valid join config yet", attestation.ErrPolicy, ErrNotReady)
 	}
-	return join.Verifier.Verify(ctx, evidence, nonce)
+	return join.Appraisal.Verify(ctx, evidence, nonce)
 }
 
 // Watch follows the join config and deny list ConfigMaps (by name, in

@@ -6,20 +6,20 @@
 package joinservice
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -28,14 +28,13 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
-// Key ids and sizes asked of the key service (DESIGN.md "Keys").
-const (
-	measurementSecretID = "measurementSecret"
-	keySize             = 32
-)
+// keySize is the size in bytes of the keys asked of the key service
+// (docs/keys.md).
+const keySize = 32
 
 // MaxRequestSize bounds a request message in bytes; a CSR is well under 4 KiB.
 const MaxRequestSize = 16 << 10
@@ -61,7 +60,13 @@ type tokenIssuer interface {
 
 // controlPlaneLocker serialises control-plane joins; *ControlPlaneLock in production.
 type controlPlaneLocker interface {
-	Acquire(ctx context.Context, node string) (release func(context.Context) error, err error)
+	Acquire(ctx context.Context, node, identity string) (release func(context.Context) error, err error)
+}
+
+// nameBinder binds node names to attestation identities; *NodeBindings in
+// production.
+type nameBinder interface {
+	Bind(ctx context.Context, node, identity string) (Binding, error)
 }
 
 // Config holds a Server's dependencies.
@@ -70,6 +75,7 @@ type Config struct {
 	Keys             keySource
 	Tokens           tokenIssuer
 	ControlPlaneLock controlPlaneLocker
+	Bindings         nameBinder
 	CA               *clusterpki.CA
 	// PKIDir holds the ControlPlaneFiles (/etc/kubernetes/pki on a control plane).
 	PKIDir string
@@ -93,8 +99,8 @@ type Server struct {
 
 // NewServer returns a join service with the dependencies in cfg.
 func NewServer(cfg Config) (*Server, error) {
-	if cfg.Policy == nil || cfg.Keys == nil || cfg.Tokens == nil || cfg.ControlPlaneLock == nil || cfg.CA == nil || cfg.Log == nil {
-		return nil, errors.New("join service: Policy, Keys, Tokens, ControlPlaneLock, CA and Log are required")
+	if cfg.Policy == nil || cfg.Keys == nil || cfg.Tokens == nil || cfg.ControlPlaneLock == nil || cfg.Bindings == nil || cfg.CA == nil || cfg.Log == nil {
+		return nil, errors.New("join service: Policy, Keys, Tokens, ControlPlaneLock, Bindings, CA and Log are required")
 	}
 	if cfg.RateLimit.Rate <= 0 || cfg.RateLimit.Burst < 1 {
 		return nil, fmt.Errorf("join service: rate limit %+v must have a positive rate and a burst of at least 1", cfg.RateLimit)
@@ -128,11 +134,22 @@ func refuse(code codes.Code, reason string, format string, args ...any) *refusal
 type decision struct {
 	method       string
 	source       string
+	sourceAddr   netip.Addr
 	peer         *attestation.Result
+	evidence     atls.Evidence
+	roles        []joinconfig.Role
 	node         string
 	controlPlane bool
 	diskUUID     string
 	tokenID      string
+	rebound      *Binding
+}
+
+// admission is what the checks every request passes first established:
+// one snapshot of the policy, and the caller's appraisal under it.
+type admission struct {
+	join *joinconfig.JoinConfig
+	deny *joinconfig.DenyList
 }
 
 // IssueJoinTicket gives an attested new node its join ticket. Errors:
@@ -150,11 +167,12 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 }
 
 func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJoinTicketRequest, d *decision) (*joinservicev1.IssueJoinTicketResponse, error) {
-	join, deny, err := s.admit(d)
+	adm, err := s.admit(ctx, d)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkDiskUUID(req.GetDiskUuid()); err != nil {
+	diskKeyID, err := diskKeyID(d.peer.Identity, req.GetDiskUuid())
+	if err != nil {
 		return nil, err
 	}
 	kubelet, err := clusterpki.ParseKubeletCSR(req.GetCertificateRequest())
@@ -162,46 +180,69 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 		return nil, refuse(codes.InvalidArgument, "invalid_request", "%w", err)
 	}
 	d.node = kubelet.NodeName
-	if err := checkDenied(deny, d); err != nil {
+	if err := checkDenied(adm.deny, d); err != nil {
 		return nil, err
 	}
-	cert, err := s.cfg.CA.SignKubelet(kubelet, s.cfg.Now())
-	if err != nil {
-		return nil, refuse(codes.Internal, "internal", "%w", err)
+	role := joinconfig.RoleWorker
+	if req.GetIsControlPlane() {
+		role = joinconfig.RoleControlPlane
 	}
+	if !slices.Contains(d.roles, role) {
+		return nil, refuse(codes.PermissionDenied, "role_not_attested",
+			"the node asked to join as %s, but its evidence satisfies the reference values of %v only; a node's role comes from what it measures at boot (docs/joinservice.md, \"Roles from evidence\")", role, d.roles)
+	}
+	if err := kubelet.CheckNames(s.nodeNames(adm.join, d)); err != nil {
+		return nil, refuse(codes.PermissionDenied, "name_not_owned", "%w", err)
+	}
+	binding, err := s.cfg.Bindings.Bind(ctx, kubelet.NodeName, d.peer.Identity)
+	switch {
+	case errors.Is(err, ErrNameBound):
+		return nil, refuse(codes.PermissionDenied, "name_bound", "%w", err)
+	case err != nil:
+		return nil, refuse(codes.Unavailable, "api_error", "%w", err)
+	case binding.Rebound:
+		d.rebound = &binding
+	}
+	join := adm.join
 	resp := &joinservicev1.IssueJoinTicketResponse{
 		MeasurementSalt:          join.MeasurementSalt,
 		ApiServerEndpoint:        join.APIServerEndpoint,
 		DiscoveryTokenCaCertHash: s.cfg.CA.DiscoveryTokenCACertHash(),
-		KubeletCert:              cert,
 		KubernetesVersion:        join.KubernetesVersion,
 		KubernetesComponents:     join.Components,
 	}
-	if req.GetIsControlPlane() {
+	if role == joinconfig.RoleControlPlane {
 		if resp.ControlPlaneFiles, err = s.controlPlaneFiles(); err != nil {
 			return nil, err
 		}
 	}
-	if resp.StateDiskKey, resp.MeasurementSecret, err = s.keys(ctx, req.GetDiskUuid()); err != nil {
+	if resp.StateDiskKey, resp.MeasurementSecret, err = s.keys(ctx, diskKeyID); err != nil {
 		return nil, err
 	}
 	release := func(context.Context) error { return nil }
-	if req.GetIsControlPlane() {
-		if release, err = s.cfg.ControlPlaneLock.Acquire(ctx, kubelet.NodeName); err != nil {
+	if role == joinconfig.RoleControlPlane {
+		if release, err = s.cfg.ControlPlaneLock.Acquire(ctx, kubelet.NodeName, d.peer.Identity); err != nil {
 			if errors.Is(err, ErrControlPlaneBusy) {
 				return nil, refuse(codes.Unavailable, "control_plane_busy", "%w", err)
 			}
 			return nil, refuse(codes.Unavailable, "api_error", "%w", err)
 		}
 	}
+	undo := func() {
+		if relErr := release(context.WithoutCancel(ctx)); relErr != nil {
+			s.cfg.Log.Error("Releasing the control-plane join lock failed; it expires by itself", "node", kubelet.NodeName, "error", relErr.Error())
+		}
+	}
+	if resp.KubeletCert, err = s.cfg.CA.SignKubelet(kubelet, s.cfg.Now()); err != nil {
+		undo()
+		return nil, refuse(codes.Internal, "internal", "%w", err)
+	}
 	// The token is the last step: every step that can fail has passed, so a
 	// refusal never leaves a token behind.
 	token, err := s.cfg.Tokens.Issue(ctx, d.peer.Identity+"\x00"+kubelet.NodeName,
 		"Gatehouse join ticket for node "+kubelet.NodeName)
 	if err != nil {
-		if relErr := release(context.WithoutCancel(ctx)); relErr != nil {
-			s.cfg.Log.Error("Releasing the control-plane join lock failed; it expires by itself", "node", kubelet.NodeName, "error", relErr.Error())
-		}
+		undo()
 		return nil, refuse(codes.Unavailable, "api_error", "creating bootstrap token: %w", err)
 	}
 	s.metrics.tokens.Inc()
@@ -209,6 +250,18 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 	resp.Token = token.String()
 	resp.TokenExpiration = timestamppb.New(token.Expiration)
 	return resp, nil
+}
+
+// nodeNames are the names and addresses the caller of d owns under join.
+func (s *Server) nodeNames(join *joinconfig.JoinConfig, d *decision) clusterpki.NodeNames {
+	names := clusterpki.NodeNames{CIDRs: join.NodeCIDRs, DNSSuffixes: join.NodeDNSSuffixes}
+	if d.sourceAddr.IsValid() {
+		names.Addresses = []netip.Addr{d.sourceAddr}
+	}
+	if host, _, err := net.SplitHostPort(join.APIServerEndpoint); err == nil {
+		names.Reserved = []string{host}
+	}
+	return names
 }
 
 // IssueRejoinTicket gives an attested, already joined node the keys to
@@ -222,13 +275,14 @@ func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinservicev1.Issue
 }
 
 func (s *Server) issueRejoinTicket(ctx context.Context, req *joinservicev1.IssueRejoinTicketRequest, d *decision) (*joinservicev1.IssueRejoinTicketResponse, error) {
-	if _, _, err := s.admit(d); err != nil {
+	if _, err := s.admit(ctx, d); err != nil {
 		return nil, err
 	}
-	if err := checkDiskUUID(req.GetDiskUuid()); err != nil {
+	diskKeyID, err := diskKeyID(d.peer.Identity, req.GetDiskUuid())
+	if err != nil {
 		return nil, err
 	}
-	diskKey, secret, err := s.keys(ctx, req.GetDiskUuid())
+	diskKey, secret, err := s.keys(ctx, diskKeyID)
 	if err != nil {
 		return nil, err
 	}
@@ -240,29 +294,59 @@ func (s *Server) begin(ctx context.Context, d *decision) time.Time {
 	s.metrics.attempts.WithLabelValues(d.method).Inc()
 	if p, ok := peer.FromContext(ctx); ok {
 		d.source = sourceHost(p.Addr)
+		d.sourceAddr, _ = netip.ParseAddr(d.source)
+		d.sourceAddr = d.sourceAddr.Unmap()
 		if info, ok := p.AuthInfo.(atls.AuthInfo); ok {
-			d.peer = info.Peer
+			d.peer, d.evidence = info.Peer, info.Evidence
 		}
 	}
 	return s.cfg.Now()
 }
 
 // admit runs the checks every request passes first: attested caller, rate
-// limit, loaded policy, deny list by identity. It returns the policy
-// snapshot the rest of the request uses, so every check sees one version.
-func (s *Server) admit(d *decision) (*joinconfig.JoinConfig, *joinconfig.DenyList, error) {
+// limit, loaded policy, the caller's evidence appraised under the policy in
+// force now (revocation takes effect on open connections), its roles, and
+// the deny list by identity. It returns the policy snapshot the rest of the
+// request uses, so every check sees one version.
+func (s *Server) admit(ctx context.Context, d *decision) (*admission, error) {
 	if d.peer == nil {
-		return nil, nil, refuse(codes.Unauthenticated, "unattested", "the caller did not attest")
+		return nil, refuse(codes.Unauthenticated, "unattested", "the caller did not attest")
 	}
 	if !s.limiter.allow(d.source) {
-		return nil, nil, refuse(codes.ResourceExhausted, "rate_limited",
+		return nil, refuse(codes.ResourceExhausted, "rate_limited",
 			"too many requests from %s (budget %g per second, burst %d); retry later", d.source, s.cfg.RateLimit.Rate, s.cfg.RateLimit.Burst)
 	}
 	join, deny, err := s.cfg.Policy.current()
 	if err != nil {
-		return nil, nil, refuse(codes.Unavailable, "not_ready", "%w", err)
+		return nil, refuse(codes.Unavailable, "not_ready", "%w", err)
 	}
-	return join, deny, checkDenied(deny, d)
+	if err := s.reappraise(ctx, join, d); err != nil {
+		return nil, err
+	}
+	return &admission{join: join, deny: deny}, checkDenied(deny, d)
+}
+
+// reappraise makes d.peer an appraisal under join's policy: the handshake's
+// result when join's policy is the one that accepted it, else the
+// connection's evidence verified again. A connection whose evidence no
+// longer satisfies the policy gets nothing more.
+func (s *Server) reappraise(ctx context.Context, join *joinconfig.JoinConfig, d *decision) error {
+	if d.peer.AppraisalPolicy != join.Appraisal.ID {
+		result, err := join.Appraisal.Verify(ctx, d.evidence.Data, d.evidence.Nonce)
+		if err == nil && (result.Identity != d.peer.Identity || !bytes.Equal(result.UserData, d.peer.UserData)) {
+			err = fmt.Errorf("%w: the evidence appraised again differs from the handshake's", attestation.ErrPolicy)
+		}
+		if err != nil {
+			return refuse(codes.PermissionDenied, handshakeReason(err),
+				"the join policy changed since this connection attested, and its evidence no longer satisfies it: %w", err)
+		}
+		d.peer = result
+	}
+	d.roles = join.Appraisal.Roles(d.peer.Measurements)
+	if len(d.roles) == 0 {
+		return refuse(codes.PermissionDenied, "measurement_mismatch", "the caller's measurements satisfy no role of the join policy")
+	}
+	return nil
 }
 
 // checkDenied consults deny with the caller's identity and, once known, its
@@ -274,20 +358,23 @@ func checkDenied(deny *joinconfig.DenyList, d *decision) error {
 	return nil
 }
 
-func checkDiskUUID(s string) error {
-	if _, err := uuid.Parse(s); err != nil || len(s) != 36 {
-		return refuse(codes.InvalidArgument, "invalid_request",
-			"disk_uuid %q is not a UUID in RFC 9562 text form (8-4-4-4-12 hex digits)", truncate(s, 40))
+// diskKeyID returns the key id of the caller's disk key: bound to its
+// attestation identity, with the UUID canonicalised (kms.DiskKeyID).
+func diskKeyID(identity, diskUUID string) (string, error) {
+	id, err := kms.DiskKeyID(identity, diskUUID)
+	if err != nil {
+		return "", refuse(codes.InvalidArgument, "invalid_request",
+			"disk_uuid %q is not a UUID in RFC 9562 text form (8-4-4-4-12 hex digits)", truncate(diskUUID, 40))
 	}
-	return nil
+	return id, nil
 }
 
 // keys fetches the disk key and the measurement secret.
-func (s *Server) keys(ctx context.Context, diskUUID string) (diskKey, measurementSecret []byte, err error) {
-	if diskKey, err = s.cfg.Keys.GetDataKey(ctx, diskUUID, keySize); err != nil {
+func (s *Server) keys(ctx context.Context, diskKeyID string) (diskKey, measurementSecret []byte, err error) {
+	if diskKey, err = s.cfg.Keys.GetDataKey(ctx, diskKeyID, keySize); err != nil {
 		return nil, nil, refuse(codes.Unavailable, "key_service_error", "getting the state disk key from the key service: %w", err)
 	}
-	if measurementSecret, err = s.cfg.Keys.GetDataKey(ctx, measurementSecretID, keySize); err != nil {
+	if measurementSecret, err = s.cfg.Keys.GetDataKey(ctx, kms.MeasurementSecretID, keySize); err != nil {
 		return nil, nil, refuse(codes.Unavailable, "key_service_error", "getting the measurement secret from the key service: %w", err)
 	}
 	return diskKey, measurementSecret, nil
@@ -331,6 +418,12 @@ func (s *Server) finish(ctx context.Context, d *decision, start time.Time, err e
 	}
 	if d.method == "IssueJoinTicket" {
 		attrs = append(attrs, slog.String("node", d.node), slog.Bool("controlPlane", d.controlPlane))
+	}
+	if d.roles != nil {
+		attrs = append(attrs, slog.Any("roles", d.roles))
+	}
+	if d.rebound != nil {
+		attrs = append(attrs, slog.String("previousIdentity", d.rebound.PreviousIdentity), slog.Bool("rebound", true))
 	}
 	if d.tokenID != "" {
 		attrs = append(attrs, slog.String("tokenID", d.tokenID))
@@ -384,18 +477,4 @@ func truncate(s string, n int) string {
 func (s *Server) Ready() error {
 	_, _, err := s.cfg.Policy.current()
 	return err
-}
-
-// NewGRPCServer returns a gRPC server with the join service and request size
-// limits, using creds (attested TLS) wrapped so that refused handshakes are
-// audited. Probes use Ready over plain HTTP instead of gRPC health, since a
-// prober cannot attest.
-func NewGRPCServer(s *Server, creds credentials.TransportCredentials) *grpc.Server {
-	srv := grpc.NewServer(
-		grpc.Creds(&auditedCredentials{TransportCredentials: creds, s: s}),
-		grpc.MaxRecvMsgSize(MaxRequestSize),
-		grpc.ConnectionTimeout(30*time.Second),
-	)
-	joinservicev1.RegisterJoinServiceServer(srv, s)
-	return srv
 }

@@ -156,8 +156,12 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		Log:         log,
 		KubeletLogs: bootstrapper.JournalKubeletLogs,
 	}
+	identity, err := attester.Identity()
+	if err != nil {
+		return err
+	}
 	initServer, err := bootstrapper.NewInitServer(bootstrapper.InitConfig{
-		Setup: setup, Lock: lock, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
+		Setup: setup, Lock: lock, Identity: identity, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
 		ImageRepository: *imageRepo, SkipPhases: splitList(*skipPhases),
 	})
 	if err != nil {

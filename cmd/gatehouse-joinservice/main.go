@@ -45,7 +45,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		httpListen     = flag.String("http-listen", ":9091", "HTTP address of /metrics, /healthz and /readyz")
 		logLevel       = flag.String("log-level", "info", "debug, info, warn or error")
 		kubeconfig     = flag.String("kubeconfig", "", "kubeconfig file; empty means the in-cluster service account")
-		namespace      = flag.String("namespace", "kube-system", "namespace of the join config and deny list ConfigMaps")
+		namespace      = flag.String("namespace", "gatehouse-system", "the service's namespace: join config and deny list ConfigMaps, node-name bindings, the control-plane join Lease")
 		joinConfig     = flag.String("join-config", "gatehouse-join-config", "name of the join config ConfigMap")
 		denyList       = flag.String("deny-list", "gatehouse-deny-list", "name of the deny list ConfigMap")
 		variant        = flag.String("attestation-variant", "tpm", "attestation variant joiners use")
@@ -57,6 +57,9 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		rate           = flag.Float64("rate-limit", 1, "requests per second allowed per source address")
 		burst          = flag.Int("rate-burst", 10, "requests a source address may make at once")
 		maxConns       = flag.Int("max-connections", 1024, "open connections at most")
+		handshakeTO    = flag.Duration("handshake-timeout", 10*time.Second, "longest attested TLS handshake")
+		maxConnAge     = flag.Duration("max-connection-age", 5*time.Minute, "connections close this long after they open; the node attests again on a new one")
+		maxConnIdle    = flag.Duration("max-connection-idle", time.Minute, "connections without requests for this long close")
 		apiQPS         = flag.Float64("kube-api-qps", 50, "Kubernetes API requests per second")
 		apiBurst       = flag.Int("kube-api-burst", 100, "Kubernetes API request burst")
 	)
@@ -107,7 +110,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		Policy:           policy,
 		Keys:             joinservice.NewKeyServiceKeys(keyConn),
 		Tokens:           joinservice.NewTokens(client, time.Now),
-		ControlPlaneLock: joinservice.NewControlPlaneLock(client, joinservice.ControlPlaneJoinTimeout, time.Now),
+		ControlPlaneLock: joinservice.NewControlPlaneLock(client, *namespace, joinservice.ControlPlaneJoinTimeout, time.Now),
+		Bindings:         joinservice.NewNodeBindings(client, *namespace, time.Now),
 		CA:               ca,
 		PKIDir:           *pkiDir,
 		RateLimit:        joinservice.RateLimit{Rate: *rate, Burst: *burst},
@@ -121,7 +125,9 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err != nil {
 		return err
 	}
-	grpcServer := joinservice.NewGRPCServer(srv, creds)
+	grpcServer := joinservice.NewGRPCServer(srv, creds, joinservice.ConnectionLimits{
+		HandshakeTimeout: *handshakeTO, MaxAge: *maxConnAge, MaxIdle: *maxConnIdle,
+	})
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", *listen, err)

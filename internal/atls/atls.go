@@ -128,8 +128,25 @@ func (c *Config) check() error {
 
 // Verified holds what the peer's evidence proved, once the handshake is done.
 type Verified struct {
-	mu     sync.Mutex
-	result *attestation.Result
+	mu       sync.Mutex
+	result   *attestation.Result
+	evidence Evidence
+}
+
+// Evidence is the peer's evidence as verified, with the nonce it was bound
+// to, kept so a relying party can appraise it again when its policy
+// changes during the connection's life. Its Data holds no secret.
+type Evidence struct {
+	Data  []byte
+	Nonce []byte
+}
+
+// Evidence returns the peer's verified evidence and nonce; zero when the
+// peer was not asked to attest or the handshake has not completed.
+func (v *Verified) Evidence() Evidence {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.evidence
 }
 
 // Result returns the peer's verified attestation result, or nil when the
@@ -140,9 +157,9 @@ func (v *Verified) Result() *attestation.Result {
 	return v.result
 }
 
-func (v *Verified) set(r *attestation.Result) {
+func (v *Verified) set(r *attestation.Result, e Evidence) {
 	v.mu.Lock()
-	v.result = r
+	v.result, v.evidence = r, e
 	v.mu.Unlock()
 }
 
@@ -257,11 +274,11 @@ func verifyConnection(ctx context.Context, c *Config, nonce []byte, verified *Ve
 			return nil
 		}
 		// crypto/tls has parsed the certificate already; do not parse it again.
-		result, err := c.verifyPeer(ctx, cs.PeerCertificates[0], nonce)
+		result, evidence, err := c.verifyPeer(ctx, cs.PeerCertificates[0], nonce)
 		if err != nil {
 			return err
 		}
-		verified.set(result)
+		verified.set(result, Evidence{Data: evidence, Nonce: nonce})
 		return nil
 	}
 }
@@ -388,27 +405,27 @@ func (c *Config) certificate(ke *keyAndExtension) (*tls.Certificate, error) {
 }
 
 // verifyPeer checks the peer's certificate and evidence against nonce.
-func (c *Config) verifyPeer(ctx context.Context, cert *x509.Certificate, nonce []byte) (*attestation.Result, error) {
+func (c *Config) verifyPeer(ctx context.Context, cert *x509.Certificate, nonce []byte) (*attestation.Result, []byte, error) {
 	if !bytes.Equal(cert.RawIssuer, cert.RawSubject) ||
 		cert.CheckSignature(cert.SignatureAlgorithm, cert.RawTBSCertificate, cert.Signature) != nil {
-		return nil, ErrNotSelfSigned
+		return nil, nil, ErrNotSelfSigned
 	}
 	if now := c.now(); now.Before(cert.NotBefore) || now.After(cert.NotAfter) {
-		return nil, fmt.Errorf("%w: valid %s to %s", ErrCertExpired, cert.NotBefore.Format(time.RFC3339), cert.NotAfter.Format(time.RFC3339))
+		return nil, nil, fmt.Errorf("%w: valid %s to %s", ErrCertExpired, cert.NotBefore.Format(time.RFC3339), cert.NotAfter.Format(time.RFC3339))
 	}
 	v, evidence, err := c.findEvidence(cert)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	result, err := v.Verify(ctx, evidence, nonce)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrEvidenceInvalid, err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrEvidenceInvalid, err)
 	}
 	spkiHash := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
 	if !bytes.Equal(result.UserData, spkiHash[:]) {
-		return nil, ErrKeyBinding
+		return nil, nil, ErrKeyBinding
 	}
-	return result, nil
+	return result, evidence, nil
 }
 
 // findEvidence returns the verifier for the certificate's evidence extension

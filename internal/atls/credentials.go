@@ -19,6 +19,9 @@ type AuthInfo struct {
 	// Peer is what the peer's evidence proved; nil when this side did not
 	// require the peer to attest.
 	Peer *attestation.Result
+	// Evidence is the evidence Peer was verified from, with its nonce, so
+	// the relying party can appraise it again under a changed policy.
+	Evidence Evidence
 }
 
 // AuthType returns "atls".
@@ -73,7 +76,8 @@ func handshake(ctx context.Context, conn *tls.Conn, verified *Verified) (net.Con
 			State:          state,
 			CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity},
 		},
-		Peer: verified.Result(),
+		Peer:     verified.Result(),
+		Evidence: verified.Evidence(),
 	}
 	return conn, info, nil
 }

@@ -30,7 +30,7 @@ func FuzzVerifyPeer(f *testing.F) {
 		if err != nil {
 			return
 		}
-		result, err := verifierSide.verifyPeer(context.Background(), parsed, nonce)
+		result, _, err := verifierSide.verifyPeer(context.Background(), parsed, nonce)
 		if err != nil {
 			return
 		}

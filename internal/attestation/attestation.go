@@ -71,6 +71,12 @@ type Result struct {
 	Measurements map[uint32][]byte
 	// Warnings lists mismatches of warn-only reference values.
 	Warnings []string
+	// AppraisalPolicy names the version of the appraisal policy that
+	// accepted the evidence (RFC 9334 §8.5, "Appraisal Policy for
+	// Evidence"), when the verifier has versions; "" otherwise. A relying
+	// party holding a result from an earlier handshake compares it with the
+	// policy in force to know whether it must appraise the evidence again.
+	AppraisalPolicy string
 }
 
 // Errors a verifier wraps, so callers and tests can tell failures apart with

@@ -19,8 +19,10 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net/netip"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -313,4 +315,65 @@ func VerifyClusterIdentity(caCertHash string, now func() time.Time) (func([]*x50
 		}
 		return fmt.Errorf("certificate chained to the cluster CA lacks the join service name %s", IdentityURI)
 	}, nil
+}
+
+// ErrNameNotOwned means a kubelet certificate request names something the
+// node does not own: another node, an address not its own, or a name of
+// the API server.
+var ErrNameNotOwned = errors.New("certificate request names something the node does not own")
+
+// NodeNames are the names and addresses a node owns, the only ones its
+// kubelet certificate may carry (as kubelet-csr-approver and the
+// NodeRestriction admission plugin reason: a node speaks only for itself).
+type NodeNames struct {
+	// Addresses are the node's own addresses, e.g. its connection's source.
+	Addresses []netip.Addr
+	// CIDRs are configured ranges of node addresses a node may also name.
+	CIDRs []netip.Prefix
+	// DNSSuffixes make <node name>.<suffix> the node's too.
+	DNSSuffixes []string
+	// Reserved are further names and addresses no node may carry, such as
+	// the API server endpoint's host.
+	Reserved []string
+}
+
+// apiServerNames are the names the API server's certificate carries inside
+// the cluster (kubeadm's apiserver certificate); a kubelet certificate with
+// one of them could impersonate the API server to Pods.
+var apiServerNames = []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "localhost"}
+
+func reservedName(name string, reserved []string) bool {
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	if slices.Contains(apiServerNames, name) || strings.HasPrefix(name, "kubernetes.default.svc.") {
+		return true
+	}
+	return slices.ContainsFunc(reserved, func(r string) bool { return strings.EqualFold(r, name) })
+}
+
+// CheckNames checks that every name of r belongs to the node: the node name
+// is not a name of the API server; DNS names are the node name or the node
+// name under one of o.DNSSuffixes; IP addresses are in o.Addresses or
+// o.CIDRs; nothing is in o.Reserved. Errors wrap ErrNameNotOwned and name
+// the first offending value.
+func (r *KubeletRequest) CheckNames(o NodeNames) error {
+	if reservedName(r.NodeName, o.Reserved) {
+		return fmt.Errorf("%w: node name %q is a name of the API server", ErrNameNotOwned, r.NodeName)
+	}
+	for _, d := range r.csr.DNSNames {
+		own := strings.EqualFold(d, r.NodeName) || slices.ContainsFunc(o.DNSSuffixes, func(s string) bool {
+			return strings.EqualFold(d, r.NodeName+"."+s)
+		})
+		if !own || reservedName(d, o.Reserved) {
+			return fmt.Errorf("%w: DNS name %q is neither the node name %q nor the node name under a configured DNS suffix", ErrNameNotOwned, d, r.NodeName)
+		}
+	}
+	for _, ip := range r.csr.IPAddresses {
+		addr, _ := netip.AddrFromSlice(ip)
+		addr = addr.Unmap()
+		own := slices.Contains(o.Addresses, addr) || slices.ContainsFunc(o.CIDRs, func(p netip.Prefix) bool { return p.Contains(addr) })
+		if !own || reservedName(addr.String(), o.Reserved) {
+			return fmt.Errorf("%w: IP address %s is neither the address the node connected from nor in a configured node CIDR", ErrNameNotOwned, addr)
+		}
+	}
+	return nil
 }

@@ -2,14 +2,19 @@
 // from a master secret with HKDF (ClusterKMS), or random DEKs wrapped by a
 // key-encryption key that never leaves a PKCS#11 token (PKCS11KMS).
 //
-// Key ids name what a key protects: a state disk's UUID, "measurementSecret",
-// ... They must match IDPattern; lengths are 1 to MaxKeyLength bytes.
+// Key ids name what a key protects: a node's state disk (DiskKeyID),
+// "measurementSecret", ... They must match IDPattern; lengths are 1 to
+// MaxKeyLength bytes.
 package kms
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
+
+	"github.com/google/uuid"
 )
 
 // MaxKeyLength is the longest key, in bytes, a KMS returns.
@@ -59,4 +64,28 @@ func truncate(id string) string {
 		return id[:64] + "..."
 	}
 	return id
+}
+
+// MeasurementSecretID is the key id of the cluster's measurement secret,
+// which node cluster IDs derive from (docs/keys.md).
+const MeasurementSecretID = "measurementSecret"
+
+// DiskKeyID returns the key id of a node's state disk key:
+// "disk-<hex SHA-256 of identity>-<canonical disk UUID>". identity is the
+// node's attestation identity (attestation.Result.Identity), so a disk key
+// is bound to the machine that attested: another identity naming the same
+// UUID gets a different key (docs/keys.md, "State disk keys"). diskUUID is
+// an RFC 9562 UUID in text form, in either case, with or without braces or
+// a urn:uuid: prefix; it is canonicalised to lower case. Errors wrap
+// ErrInvalidRequest.
+func DiskKeyID(identity, diskUUID string) (string, error) {
+	if identity == "" {
+		return "", fmt.Errorf("%w: a disk key needs the node's attestation identity", ErrInvalidRequest)
+	}
+	u, err := uuid.Parse(diskUUID)
+	if err != nil || u.Variant() != uuid.RFC4122 {
+		return "", fmt.Errorf("%w: disk UUID %q is not an RFC 9562 UUID (8-4-4-4-12 hex digits)", ErrInvalidRequest, truncate(diskUUID))
+	}
+	sum := sha256.Sum256([]byte(identity))
+	return "disk-" + hex.EncodeToString(sum[:]) + "-" + u.String(), nil
 }

@@ -14,18 +14,19 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
 
@@ -42,6 +43,13 @@ const (
 	// KeyKubernetesComponents holds the version's components, a JSON array
 	// of gatehouse.components.v1.Component in protobuf JSON form.
 	KeyKubernetesComponents = "kubernetesComponents"
+	// KeyNodeCIDRs optionally holds CIDRs, separated by commas or
+	// whitespace, whose addresses nodes may name in their kubelet
+	// certificates besides their own source address.
+	KeyNodeCIDRs = "nodeCIDRs"
+	// KeyNodeDNSSuffixes optionally holds DNS suffixes, separated by commas
+	// or whitespace: a node may name itself <node name>.<suffix>.
+	KeyNodeDNSSuffixes = "nodeDNSSuffixes"
 )
 
 // KeyDenyList is the key of the deny list ConfigMap: one entry per line,
@@ -69,9 +77,15 @@ type AttestationPolicy struct {
 	// PCRs is the SHA-256 PCR selection every quote must cover; it must
 	// include NodeLockPCR.
 	PCRs []int `json:"pcrs"`
-	// ReferenceValues are the expected PCR values (package measurements'
-	// format). NodeLockPCR must not appear: it is always enforced as zero.
-	ReferenceValues json.RawMessage `json:"referenceValues"`
+	// ReferenceValues are the expected PCR values every node shares, whatever
+	// its role (package measurements' format). NodeLockPCR must not appear:
+	// it is always enforced as zero.
+	ReferenceValues json.RawMessage `json:"referenceValues,omitempty"`
+	// Roles holds the reference values of each node role a node can prove
+	// (RoleControlPlane, RoleWorker). A node's evidence must satisfy
+	// ReferenceValues and at least one role's; the roles it satisfies are
+	// the only ones it gets (docs/joinservice.md, "Roles from evidence").
+	Roles map[Role]RolePolicy `json:"roles"`
 	// AKRoots is a PEM bundle of roots for AK certificate chains.
 	AKRoots string `json:"akRoots,omitempty"`
 	// PinnedAKs are PEM public keys of trusted attestation keys.
@@ -80,8 +94,8 @@ type AttestationPolicy struct {
 
 // JoinConfig is one validated version of the join config ConfigMap.
 type JoinConfig struct {
-	// Verifier appraises joiners' evidence.
-	Verifier attestation.Verifier
+	// Appraisal appraises joiners' evidence and tells their roles.
+	Appraisal *Appraisal
 	// MeasurementSalt is handed to every joiner, MeasurementSaltSize bytes.
 	MeasurementSalt []byte
 	// APIServerEndpoint is where joiners reach the API server, host:port.
@@ -93,6 +107,14 @@ type JoinConfig struct {
 	// Summary describes the config for logs: variant, PCRs, a digest of the
 	// reference values.
 	Summary string
+	// NodeCIDRs are address ranges whose addresses a node may put in its
+	// kubelet certificate besides its connection's source address (nodes
+	// behind NAT, or with several interfaces). Optional.
+	NodeCIDRs []netip.Prefix
+	// NodeDNSSuffixes are domains under which a node may name itself in its
+	// kubelet certificate (<node>.<suffix>) besides its bare node name.
+	// Optional.
+	NodeDNSSuffixes []string
 }
 
 // ParseJoinConfig validates the data of the join config ConfigMap for the
@@ -106,9 +128,10 @@ func ParseJoinConfig(data map[string]string, variant attestation.Variant, now fu
 		}
 	}
 	var err error
-	if cfg.Verifier, cfg.Summary, err = parseAttestationPolicy([]byte(data[KeyAttestation]), variant, now); err != nil {
+	if cfg.Appraisal, err = parseAttestationPolicy([]byte(data[KeyAttestation]), variant, now); err != nil {
 		return nil, fmt.Errorf("join config: %s: %w", KeyAttestation, err)
 	}
+	cfg.Summary = cfg.Appraisal.Summary
 	salt, err := hex.DecodeString(strings.TrimSpace(data[KeyMeasurementSalt]))
 	if err != nil || len(salt) != MeasurementSaltSize {
 		return nil, fmt.Errorf("join config: %s must be %d bytes as hex (%d hex digits)", KeyMeasurementSalt, MeasurementSaltSize, 2*MeasurementSaltSize)
@@ -126,7 +149,55 @@ func ParseJoinConfig(data map[string]string, variant attestation.Variant, now fu
 	if cfg.Components, err = parseComponents([]byte(data[KeyKubernetesComponents])); err != nil {
 		return nil, fmt.Errorf("join config: %s: %w", KeyKubernetesComponents, err)
 	}
+	if cfg.NodeCIDRs, err = parseNodeCIDRs(data[KeyNodeCIDRs]); err != nil {
+		return nil, fmt.Errorf("join config: %s: %w", KeyNodeCIDRs, err)
+	}
+	if cfg.NodeDNSSuffixes, err = parseDNSSuffixes(data[KeyNodeDNSSuffixes]); err != nil {
+		return nil, fmt.Errorf("join config: %s: %w", KeyNodeDNSSuffixes, err)
+	}
 	return cfg, nil
+}
+
+// maxNodeNetworks bounds the node CIDRs and DNS suffixes of a join config.
+const maxNodeNetworks = 64
+
+func splitList(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\t' || r == '\r' })
+}
+
+func parseNodeCIDRs(s string) ([]netip.Prefix, error) {
+	fields := splitList(s)
+	if len(fields) > maxNodeNetworks {
+		return nil, fmt.Errorf("has %d CIDRs; at most %d are allowed", len(fields), maxNodeNetworks)
+	}
+	var out []netip.Prefix
+	for _, f := range fields {
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a CIDR such as 10.0.0.0/16", f)
+		}
+		if p.Bits() == 0 {
+			return nil, fmt.Errorf("%q covers every address; name the nodes' networks", f)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func parseDNSSuffixes(s string) ([]string, error) {
+	fields := splitList(s)
+	if len(fields) > maxNodeNetworks {
+		return nil, fmt.Errorf("has %d suffixes; at most %d are allowed", len(fields), maxNodeNetworks)
+	}
+	var out []string
+	for _, f := range fields {
+		f = strings.TrimPrefix(f, ".")
+		if errs := validation.IsDNS1123Subdomain(f); len(errs) > 0 {
+			return nil, fmt.Errorf("%q is not a DNS suffix: %s", f, strings.Join(errs, "; "))
+		}
+		out = append(out, f)
+	}
+	return out, nil
 }
 
 func validPort(s string) bool {
@@ -171,15 +242,15 @@ func parseComponents(data []byte) ([]*componentsv1.Component, error) {
 	return out, nil
 }
 
-func parseAttestationPolicy(data []byte, variant attestation.Variant, now func() time.Time) (attestation.Verifier, string, error) {
+func parseAttestationPolicy(data []byte, variant attestation.Variant, now func() time.Time) (*Appraisal, error) {
 	p, err := DecodeAttestationPolicy(data)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if p.Variant != string(variant) {
-		return nil, "", fmt.Errorf("variant %q differs from the service's variant %q", p.Variant, variant)
+		return nil, fmt.Errorf("variant %q differs from the service's variant %q", p.Variant, variant)
 	}
-	return p.Verifier(now, nil)
+	return p.Appraisal(now, nil)
 }
 
 // DecodeAttestationPolicy decodes YAML (or JSON) strictly: unknown fields
@@ -196,49 +267,15 @@ func DecodeAttestationPolicy(data []byte) (AttestationPolicy, error) {
 	return p, err
 }
 
-// Verifier returns the verifier of p and a summary of it for logs (variant,
-// PCRs, a digest of the reference values). The node-lock PCR must hold
-// lockPCR: nil means zero, a node that has not taken its node lock, which
-// is what key-issuing endpoints require; a verifier of a running node
-// passes the value its cluster ID extended into it.
+// Verifier returns the verifier of p, accepting evidence that satisfies
+// any of its roles, and a summary of it for logs. lockPCR is what the
+// node-lock PCR must hold (see Appraisal).
 func (p AttestationPolicy) Verifier(now func() time.Time, lockPCR []byte) (attestation.Verifier, string, error) {
-	variant, err := attestation.ParseVariant(p.Variant)
+	a, err := p.Appraisal(now, lockPCR)
 	if err != nil {
 		return nil, "", err
 	}
-	if variant != attestation.VariantTPM {
-		return nil, "", fmt.Errorf("variant %q has no policy format yet; use tpm", variant)
-	}
-	if !slices.Contains(p.PCRs, NodeLockPCR) {
-		return nil, "", fmt.Errorf("pcrs must include the node-lock PCR %d", NodeLockPCR)
-	}
-	ref := measurements.M{}
-	if len(p.ReferenceValues) > 0 && string(p.ReferenceValues) != "null" {
-		if ref, err = measurements.Parse(p.ReferenceValues, 32); err != nil {
-			return nil, "", err
-		}
-	}
-	if _, ok := ref[NodeLockPCR]; ok {
-		return nil, "", fmt.Errorf("referenceValues must not set PCR %d: it holds the node lock, always checked", NodeLockPCR)
-	}
-	if lockPCR == nil {
-		lockPCR = make([]byte, 32)
-	}
-	ref[NodeLockPCR] = measurements.Measurement{Expected: lockPCR}
-	endorsement, err := parseEndorsement(p)
-	if err != nil {
-		return nil, "", err
-	}
-	v, err := tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, ReferenceValues: ref, Endorsement: endorsement}, now)
-	if err != nil {
-		return nil, "", err
-	}
-	refJSON, err := ref.Marshal()
-	if err != nil {
-		return nil, "", err
-	}
-	summary := fmt.Sprintf("variant=%s pcrs=%v referenceValues=%s", variant, p.PCRs, Fingerprint(refJSON))
-	return v, summary, nil
+	return a, a.Summary, nil
 }
 
 func parseEndorsement(p AttestationPolicy) (tpm.Endorsement, error) {

@@ -36,9 +36,16 @@ func validData(t testing.TB) map[string]string {
 	t.Helper()
 	return map[string]string{
 		KeyAttestation: `variant: tpm
-pcrs: [4, 15]
+pcrs: [4, 8, 15]
 referenceValues:
   4: {expected: "` + strings.Repeat("ab", 32) + `"}
+roles:
+  controlPlane:
+    referenceValues:
+      8: {expected: "` + strings.Repeat("c0", 32) + `"}
+  worker:
+    referenceValues:
+      8: {expected: "` + strings.Repeat("f0", 32) + `"}
 pinnedAKs:
   - |
 ` + indent(pinnedAK(t)) + "\n",
@@ -74,7 +81,29 @@ func TestParseJoinConfig(t *testing.T) {
 		{name: "component over ftp", data: change(KeyKubernetesComponents, strings.Replace(valid[KeyKubernetesComponents], "https", "ftp", 1)), wantErr: "is not https, http, file or data"},
 		{name: "component with bad hash", data: change(KeyKubernetesComponents, strings.Replace(valid[KeyKubernetesComponents], "sha256:", "md5:", 1)), wantErr: "hash"},
 		{name: "wrong variant", data: policy(func(s string) string { return strings.Replace(s, "variant: tpm", "variant: tdx", 1) }), wantErr: `variant "tdx" differs`},
-		{name: "selection without node-lock PCR", data: policy(func(s string) string { return strings.Replace(s, "[4, 15]", "[4]", 1) }), wantErr: "must include the node-lock PCR 15"},
+		{name: "selection without node-lock PCR", data: policy(func(s string) string { return strings.Replace(s, "[4, 8, 15]", "[4, 8]", 1) }), wantErr: "must include the node-lock PCR 15"},
+		{name: "no roles", data: policy(func(s string) string {
+			before, _, _ := strings.Cut(s, "roles:")
+			_, after, _ := strings.Cut(s, "pinnedAKs:")
+			return before + "pinnedAKs:" + after
+		}), wantErr: "roles is empty"},
+		{name: "unknown role", data: policy(func(s string) string { return strings.Replace(s, "  worker:", "  admin:", 1) }), wantErr: "roles.admin: unknown role"},
+		{name: "role without reference values", data: policy(func(s string) string {
+			return strings.Replace(s, "  worker:\n    referenceValues:\n      8: {expected: \""+strings.Repeat("f0", 32)+"\"}", "  worker:\n    referenceValues: {}", 1)
+		}), wantErr: "roles.worker.referenceValues is empty"},
+		{name: "worker evidence could satisfy the control plane", data: policy(func(s string) string { return strings.ReplaceAll(s, strings.Repeat("f0", 32), strings.Repeat("c0", 32)) }),
+			wantErr: "must expect different values for at least one PCR"},
+		{name: "control-plane difference only warn-only", data: policy(func(s string) string {
+			return strings.Replace(s, "8: {expected: \""+strings.Repeat("f0", 32)+"\"}", "8: {expected: \""+strings.Repeat("f0", 32)+"\", warnOnly: true}", 1)
+		}), wantErr: "must expect different values for at least one PCR"},
+		{name: "role value outside the selection", data: policy(func(s string) string { return strings.Replace(s, "      8: {expected: \""+strings.Repeat("f0", 32), "      9: {expected: \""+strings.Repeat("f0", 32), 1) }),
+			wantErr: "roles.worker.referenceValues sets PCR 9, which pcrs does not select"},
+		{name: "role sets the node-lock PCR", data: policy(func(s string) string {
+			return strings.Replace(s, "      8: {expected: \""+strings.Repeat("f0", 32)+"\"}", "      8: {expected: \""+strings.Repeat("f0", 32)+"\"}\n      15: {expected: \""+strings.Repeat("00", 32)+"\"}", 1)
+		}), wantErr: "roles.worker.referenceValues must not set PCR 15"},
+		{name: "node CIDR not a CIDR", data: change(KeyNodeCIDRs, "10.0.0.0/8, nope"), wantErr: `nodeCIDRs: "nope" is not a CIDR`},
+		{name: "node CIDR covering everything", data: change(KeyNodeCIDRs, "0.0.0.0/0"), wantErr: "covers every address"},
+		{name: "DNS suffix invalid", data: change(KeyNodeDNSSuffixes, "Example_Com"), wantErr: "is not a DNS suffix"},
 		{name: "reference value for the node-lock PCR", data: policy(func(s string) string {
 			return strings.Replace(s, "referenceValues:\n", "referenceValues:\n  15: {expected: \""+strings.Repeat("00", 32)+"\"}\n", 1)
 		}), wantErr: "must not set PCR 15"},
@@ -92,7 +121,7 @@ func TestParseJoinConfig(t *testing.T) {
 					t.Fatal(err)
 				}
 				if cfg.APIServerEndpoint != "10.0.0.1:6443" || len(cfg.MeasurementSalt) != 32 || len(cfg.Components) != 1 ||
-					!strings.Contains(cfg.Summary, "pcrs=[4 15]") {
+					!strings.Contains(cfg.Summary, "pcrs=[4 8 15]") || !strings.Contains(cfg.Summary, "controlPlane=sha256:") {
 					t.Errorf("config %+v", cfg)
 				}
 				return

@@ -64,6 +64,10 @@ func (a *Attester) Variant() attestation.Variant { return attestation.VariantTPM
 // AttestationKey returns the AK's public key, to pin in a verifier's policy.
 func (a *Attester) AttestationKey() crypto.PublicKey { return a.ak.PublicKey() }
 
+// Identity returns the identity verifiers see for this attester's evidence
+// (see Identity).
+func (a *Attester) Identity() (string, error) { return Identity(a.ak.PublicKey()) }
+
 // Attest quotes the selected PCRs with extraData SHA-256(nonce || userData)
 // and returns marshalled TPMEvidence.
 func (a *Attester) Attest(_ context.Context, userData, nonce []byte) ([]byte, error) {

@@ -161,6 +161,19 @@ func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestati
 	return result, nil
 }
 
+// Identity returns the attestation identity of an AK public key:
+// "tpm-ak:sha256:" and the hex SHA-256 of its DER SubjectPublicKeyInfo
+// (attestation.Result.Identity). The attester and the verifier compute it
+// alike, so a node knows the identity its keys are bound to.
+func Identity(ak crypto.PublicKey) (string, error) {
+	spki, err := x509.MarshalPKIXPublicKey(ak)
+	if err != nil {
+		return "", fmt.Errorf("encoding attestation key: %w", err)
+	}
+	sum := sha256.Sum256(spki)
+	return "tpm-ak:sha256:" + hex.EncodeToString(sum[:]), nil
+}
+
 // ParseEvidence decodes marshalled TPMEvidence, refusing more than
 // attestation.MaxEvidenceSize bytes.
 func ParseEvidence(evidence []byte) (*attestationv1.TPMEvidence, error) {
@@ -189,12 +202,10 @@ func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence) (crypto.PublicKey, s
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
 	}
-	spki, err := x509.MarshalPKIXPublicKey(key)
+	identity, err := Identity(key)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
 	}
-	sum := sha256.Sum256(spki)
-	identity := "tpm-ak:sha256:" + hex.EncodeToString(sum[:])
 
 	if v.policy.Endorsement.Roots == nil {
 		for _, pinned := range v.policy.Endorsement.PinnedKeys {

@@ -1,0 +1,124 @@
+package joinservice
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Node-name bindings are ConfigMaps in the join service's namespace, one per
+// bound node name (docs/joinservice.md, "Node names"): every replica and
+// every restart sees the same bindings, and the API server's
+// resourceVersion makes a binding's first write and every rebinding atomic.
+const (
+	// LabelNodeBinding marks a binding ConfigMap.
+	LabelNodeBinding = "gatehouse.dev/node-binding"
+	// AnnotationAllowIdentity, set by an administrator on a binding, lets
+	// exactly that attestation identity take the node name over once (a
+	// reinstalled machine with a new identity). The join service clears it
+	// when it rebinds and audits the change.
+	AnnotationAllowIdentity = "gatehouse.dev/allow-identity"
+	bindingPrefix           = "gatehouse-node-"
+	keyBindingNode          = "node"
+	keyBindingIdentity      = "identity"
+	keyBindingBoundAt       = "boundAt"
+	keyBindingPrevious      = "previousIdentity"
+)
+
+// ErrNameBound means the node name is bound to another attestation identity.
+var ErrNameBound = errors.New("node name is bound to another attestation identity")
+
+// BindingName returns the name of node's binding ConfigMap:
+// "gatehouse-node-" and the first 32 hex digits of SHA-256(node), a fixed
+// length whatever the node name's.
+func BindingName(node string) string {
+	sum := sha256.Sum256([]byte(node))
+	return bindingPrefix + hex.EncodeToString(sum[:16])
+}
+
+// NodeBindings binds node names to attestation identities on first use,
+// persisted in the Kubernetes API. It is safe for concurrent use.
+type NodeBindings struct {
+	client    kubernetes.Interface
+	namespace string
+	now       func() time.Time
+}
+
+// NewNodeBindings returns the bindings kept in namespace.
+func NewNodeBindings(client kubernetes.Interface, namespace string, now func() time.Time) *NodeBindings {
+	return &NodeBindings{client: client, namespace: namespace, now: now}
+}
+
+// Binding is the outcome of Bind.
+type Binding struct {
+	// Rebound is set when an administrator's AnnotationAllowIdentity moved
+	// the name from PreviousIdentity to the caller.
+	Rebound          bool
+	PreviousIdentity string
+}
+
+// Bind binds node to identity, or checks that it is bound to it. It
+// returns an error wrapping ErrNameBound when another identity holds the
+// name and no administrator allowed this identity to take it over, or an
+// API error. Two replicas binding the same name at once cannot both win:
+// creation and updates are conditional.
+func (b *NodeBindings) Bind(ctx context.Context, node, identity string) (Binding, error) {
+	cms := b.client.CoreV1().ConfigMaps(b.namespace)
+	name := BindingName(node)
+	for range 3 {
+		cm, err := cms.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			cm = &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.namespace, Labels: map[string]string{LabelNodeBinding: "true"}},
+				Data: map[string]string{
+					keyBindingNode: node, keyBindingIdentity: identity,
+					keyBindingBoundAt: b.now().UTC().Format(time.RFC3339),
+				},
+			}
+			_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				continue // another replica bound it first: check against that
+			}
+			if err != nil {
+				return Binding{}, fmt.Errorf("binding node name %s: %w", node, err)
+			}
+			return Binding{}, nil
+		}
+		if err != nil {
+			return Binding{}, fmt.Errorf("reading the binding of node name %s: %w", node, err)
+		}
+		if cm.Data[keyBindingNode] != node {
+			return Binding{}, fmt.Errorf("binding ConfigMap %s/%s holds node %q, not %q; remove it", b.namespace, name, cm.Data[keyBindingNode], node)
+		}
+		bound := cm.Data[keyBindingIdentity]
+		if bound == identity {
+			return Binding{}, nil
+		}
+		if cm.Annotations[AnnotationAllowIdentity] != identity {
+			return Binding{}, fmt.Errorf("%w: node name %s belongs to %s; if this machine was reinstalled, an administrator annotates ConfigMap %s/%s with %s=%s",
+				ErrNameBound, node, bound, b.namespace, name, AnnotationAllowIdentity, identity)
+		}
+		cm = cm.DeepCopy()
+		delete(cm.Annotations, AnnotationAllowIdentity)
+		cm.Data[keyBindingIdentity] = identity
+		cm.Data[keyBindingPrevious] = bound
+		cm.Data[keyBindingBoundAt] = b.now().UTC().Format(time.RFC3339)
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		if err != nil {
+			return Binding{}, fmt.Errorf("rebinding node name %s: %w", node, err)
+		}
+		return Binding{Rebound: true, PreviousIdentity: bound}, nil
+	}
+	return Binding{}, fmt.Errorf("binding node name %s: the binding kept changing; retry", node)
+}
