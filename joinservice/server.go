@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
@@ -29,6 +30,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
@@ -171,6 +173,9 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 	if err != nil {
 		return nil, err
 	}
+	if err := strict(req); err != nil {
+		return nil, err
+	}
 	diskKeyID, err := diskKeyID(d.peer.Identity, req.GetDiskUuid())
 	if err != nil {
 		return nil, err
@@ -278,6 +283,9 @@ func (s *Server) issueRejoinTicket(ctx context.Context, req *joinservicev1.Issue
 	if _, err := s.admit(ctx, d); err != nil {
 		return nil, err
 	}
+	if err := strict(req); err != nil {
+		return nil, err
+	}
 	diskKeyID, err := diskKeyID(d.peer.Identity, req.GetDiskUuid())
 	if err != nil {
 		return nil, err
@@ -354,6 +362,15 @@ func (s *Server) reappraise(ctx context.Context, join *joinconfig.JoinConfig, d 
 func checkDenied(deny *joinconfig.DenyList, d *decision) error {
 	if entry, denied := deny.Denies(d.peer.Identity, d.node); denied {
 		return refuse(codes.PermissionDenied, "denied", "denied by the cluster's deny list (entry %q)", entry)
+	}
+	return nil
+}
+
+// strict refuses a request with fields this service does not know: it
+// acts only on what it can check.
+func strict(req proto.Message) error {
+	if err := protostrict.CheckUnknown(req); err != nil {
+		return refuse(codes.InvalidArgument, "invalid_request", "%w", err)
 	}
 	return nil
 }

@@ -24,6 +24,8 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/proto"
+
+	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
 )
 
 // NonceSize is the size of a nonce in bytes. Nonces are random and chosen by
@@ -166,13 +168,17 @@ func knownVariants() string {
 }
 
 // DecodeEvidence unmarshals protobuf evidence into m, refusing more than
-// MaxEvidenceSize bytes. Errors wrap ErrMalformed.
+// MaxEvidenceSize bytes and fields m's schema does not define (nothing the
+// verifier cannot interpret rides along). Errors wrap ErrMalformed.
 func DecodeEvidence(evidence []byte, m proto.Message) error {
 	if len(evidence) > MaxEvidenceSize {
 		return fmt.Errorf("%w: %d bytes, at most %d allowed", ErrMalformed, len(evidence), MaxEvidenceSize)
 	}
 	if err := proto.Unmarshal(evidence, m); err != nil {
 		return fmt.Errorf("%w: decoding %s: %w", ErrMalformed, m.ProtoReflect().Descriptor().Name(), err)
+	}
+	if err := protostrict.CheckUnknown(m); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"io"
 	"math/big"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm-tools/simulator"
 	"github.com/google/go-tpm/legacy/tpm2"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
@@ -400,6 +402,15 @@ func TestVerifyRejects(t *testing.T) {
 			name:     "garbage evidence",
 			evidence: func(*testing.T) []byte { return []byte("\xff\xff\xff garbage") },
 			wantErr:  attestation.ErrMalformed,
+		},
+		{
+			// Field 99 is in no TPMEvidence version: a verifier must not
+			// accept content it cannot interpret alongside a valid quote.
+			name: "evidence with a field the verifier does not know",
+			evidence: func(t *testing.T) []byte {
+				return protowire.AppendVarint(protowire.AppendTag(slices.Clone(evidence), 99, protowire.VarintType), 1)
+			},
+			wantErr: attestation.ErrMalformed, wantText: "has fields this version does not know",
 		},
 		{
 			name:     "oversized evidence",
