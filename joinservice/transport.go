@@ -124,4 +124,3 @@ func (o *oversizedAudit) TagConn(ctx context.Context, _ *stats.ConnTagInfo) cont
 }
 
 func (o *oversizedAudit) HandleConn(context.Context, stats.ConnStats) {}
-

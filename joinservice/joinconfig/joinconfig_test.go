@@ -91,12 +91,16 @@ func TestParseJoinConfig(t *testing.T) {
 		{name: "role without reference values", data: policy(func(s string) string {
 			return strings.Replace(s, "  worker:\n    referenceValues:\n      8: {expected: \""+strings.Repeat("f0", 32)+"\"}", "  worker:\n    referenceValues: {}", 1)
 		}), wantErr: "roles.worker.referenceValues is empty"},
-		{name: "worker evidence could satisfy the control plane", data: policy(func(s string) string { return strings.ReplaceAll(s, strings.Repeat("f0", 32), strings.Repeat("c0", 32)) }),
+		{name: "worker evidence could satisfy the control plane", data: policy(func(s string) string {
+			return strings.ReplaceAll(s, strings.Repeat("f0", 32), strings.Repeat("c0", 32))
+		}),
 			wantErr: "must expect different values for at least one PCR"},
 		{name: "control-plane difference only warn-only", data: policy(func(s string) string {
 			return strings.Replace(s, "8: {expected: \""+strings.Repeat("f0", 32)+"\"}", "8: {expected: \""+strings.Repeat("f0", 32)+"\", warnOnly: true}", 1)
 		}), wantErr: "must expect different values for at least one PCR"},
-		{name: "role value outside the selection", data: policy(func(s string) string { return strings.Replace(s, "      8: {expected: \""+strings.Repeat("f0", 32), "      9: {expected: \""+strings.Repeat("f0", 32), 1) }),
+		{name: "role value outside the selection", data: policy(func(s string) string {
+			return strings.Replace(s, "      8: {expected: \""+strings.Repeat("f0", 32), "      9: {expected: \""+strings.Repeat("f0", 32), 1)
+		}),
 			wantErr: "roles.worker.referenceValues sets PCR 9, which pcrs does not select"},
 		{name: "role sets the node-lock PCR", data: policy(func(s string) string {
 			return strings.Replace(s, "      8: {expected: \""+strings.Repeat("f0", 32)+"\"}", "      8: {expected: \""+strings.Repeat("f0", 32)+"\"}\n      15: {expected: \""+strings.Repeat("00", 32)+"\"}", 1)
