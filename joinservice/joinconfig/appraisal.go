@@ -264,7 +264,7 @@ func (v *roleVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*att
 	}
 	if !slices.Contains(v.a.Roles(result.Measurements), v.role) {
 		_, cmpErr := v.a.roles[v.role].Compare(result.Measurements)
-		return nil, fmt.Errorf("%w: %w: role %s: %v", attestation.ErrMeasurement, ErrRoleNotAttested, v.role, cmpErr)
+		return nil, fmt.Errorf("%w: %w: role %s: %w", attestation.ErrMeasurement, ErrRoleNotAttested, v.role, cmpErr)
 	}
 	return result, nil
 }
