@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"syscall"
 
@@ -58,6 +59,9 @@ func handshakeReason(err error) string {
 		if errors.Is(err, c.target) {
 			return c.reason
 		}
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return "handshake_timeout"
 	}
 	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed) {
 		return "aborted"
