@@ -73,24 +73,32 @@ type Binding struct {
 func (b *NodeBindings) Bind(ctx context.Context, node, identity string) (Binding, error) {
 	cms := b.client.CoreV1().ConfigMaps(b.namespace)
 	name := BindingName(node)
+	// Most names are new: create first, one API call, and read only when
+	// the name is taken.
+	fresh := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.namespace, Labels: map[string]string{LabelNodeBinding: "true"}},
+		Data: map[string]string{
+			keyBindingNode: node, keyBindingIdentity: identity,
+			keyBindingBoundAt: b.now().UTC().Format(time.RFC3339),
+		},
+	}
+	_, err := cms.Create(ctx, fresh, metav1.CreateOptions{})
+	if err == nil {
+		return Binding{}, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return Binding{}, fmt.Errorf("binding node name %s: %w", node, err)
+	}
 	for range 3 {
 		cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			cm = &corev1.ConfigMap{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.namespace, Labels: map[string]string{LabelNodeBinding: "true"}},
-				Data: map[string]string{
-					keyBindingNode: node, keyBindingIdentity: identity,
-					keyBindingBoundAt: b.now().UTC().Format(time.RFC3339),
-				},
-			}
-			_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				continue // another replica bound it first: check against that
-			}
-			if err != nil {
+			// Deleted since (an administrator freed the name): bind it.
+			if _, err = cms.Create(ctx, fresh, metav1.CreateOptions{}); err == nil {
+				return Binding{}, nil
+			} else if !apierrors.IsAlreadyExists(err) {
 				return Binding{}, fmt.Errorf("binding node name %s: %w", node, err)
 			}
-			return Binding{}, nil
+			continue
 		}
 		if err != nil {
 			return Binding{}, fmt.Errorf("reading the binding of node name %s: %w", node, err)

@@ -242,6 +242,7 @@ func BenchmarkJoinStorm(b *testing.B) {
 		}
 		joinRate += float64(len(results)) / report.Elapsed.Seconds()
 		deleteTokens(b, client)
+		deleteBindings(b, client) // every round joins new nodes, as in a real cluster
 		waitSigned(b, client, 0)
 
 		cpu = serverCPU(b, h)
@@ -313,6 +314,16 @@ func rawTokenCreates(b *testing.B, client kubernetes.Interface, n, round int) fl
 		}
 	}
 	return float64(n) / elapsed.Seconds()
+}
+
+// deleteBindings removes the node-name bindings a storm made.
+func deleteBindings(b *testing.B, client kubernetes.Interface) {
+	b.Helper()
+	err := client.CoreV1().ConfigMaps(testNamespace).DeleteCollection(b.Context(), metav1.DeleteOptions{},
+		metav1.ListOptions{LabelSelector: LabelNodeBinding + "=true"})
+	if err != nil {
+		b.Fatal(err)
+	}
 }
 
 func deleteTokens(b *testing.B, client kubernetes.Interface) {
