@@ -39,6 +39,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -187,15 +188,18 @@ type harness struct {
 }
 
 type harnessOptions struct {
-	rate       RateLimit
+	rate       connlimit.Rate
 	discardLog bool
 	limits     ConnectionLimits
+	// listen limits new connections; zero is generous (the storm connects
+	// 200 nodes from distinct sources at once).
+	listen connlimit.Limits
 }
 
 func newHarness(t testing.TB, opts harnessOptions) *harness {
 	t.Helper()
-	if opts.rate == (RateLimit{}) {
-		opts.rate = RateLimit{Rate: 1000, Burst: 1000}
+	if opts.rate == (connlimit.Rate{}) {
+		opts.rate = connlimit.Rate{Rate: 1000, Burst: 1000}
 	}
 	env := testenv.New(t, testenv.Options{ControllerManager: true})
 	ctx := t.Context()
@@ -253,7 +257,14 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.listen == (connlimit.Limits{}) {
+		opts.listen = connlimit.Limits{Handshakes: connlimit.Rate{Rate: 1000, Burst: 1000}}
+	}
+	lis, err := h.server.Listen(inner, opts.listen)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -400,7 +401,7 @@ func TestRefusals(t *testing.T) {
 	})
 
 	t.Run("rate limit per source", func(t *testing.T) {
-		h.server.limiter = newLimiter(RateLimit{Rate: 0.001, Burst: 2}, time.Now)
+		h.server.limiter = connlimit.NewBuckets(connlimit.Rate{Rate: 0.001, Burst: 2}, time.Now)
 		limited, other := h.dial(t, h.node.attester, "127.0.0.77"), h.dial(t, h.node.attester, "127.0.0.78")
 		req := &joinservicev1.IssueRejoinTicketRequest{DiskUuid: uuid.NewString()}
 		for i := range 3 {

@@ -29,6 +29,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
@@ -82,7 +83,7 @@ type Config struct {
 	// PKIDir holds the ControlPlaneFiles (/etc/kubernetes/pki on a control plane).
 	PKIDir string
 	// RateLimit is the per-source budget of requests.
-	RateLimit RateLimit
+	RateLimit connlimit.Rate
 	// Log receives the audit log and operational messages.
 	Log *slog.Logger
 	// Registerer registers the service's metrics.
@@ -95,7 +96,7 @@ type Config struct {
 type Server struct {
 	joinservicev1.UnimplementedJoinServiceServer
 	cfg     Config
-	limiter *limiter
+	limiter *connlimit.Buckets
 	metrics *metrics
 }
 
@@ -114,7 +115,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, limiter: newLimiter(cfg.RateLimit, cfg.Now), metrics: m}, nil
+	return &Server{cfg: cfg, limiter: connlimit.NewBuckets(cfg.RateLimit, cfg.Now), metrics: m}, nil
 }
 
 // refusal is an error with the gRPC code and audit reason it maps to. Its
@@ -320,7 +321,7 @@ func (s *Server) admit(ctx context.Context, d *decision) (*admission, error) {
 	if d.peer == nil {
 		return nil, refuse(codes.Unauthenticated, "unattested", "the caller did not attest")
 	}
-	if !s.limiter.allow(d.source) {
+	if !s.limiter.Allow(d.source) {
 		return nil, refuse(codes.ResourceExhausted, "rate_limited",
 			"too many requests from %s (budget %g per second, burst %d); retry later", d.source, s.cfg.RateLimit.Rate, s.cfg.RateLimit.Burst)
 	}

@@ -3,6 +3,7 @@ package joinservice
 import (
 	"context"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 )
 
 // ConnectionLimits bound what one connection can hold. Every limit is a
@@ -50,6 +52,33 @@ func (l ConnectionLimits) withDefaults() ConnectionLimits {
 		}
 	}
 	return l
+}
+
+// DefaultListenLimits are the join service's per-source limits on new
+// connections, applied before the attested handshake: each handshake costs
+// the service an evidence verification. A joining node makes one
+// connection; retries are seconds apart.
+var DefaultListenLimits = connlimit.Limits{Handshakes: connlimit.Rate{Rate: 2, Burst: 20}, PerSource: 16, Total: 1024}
+
+// Listen wraps inner with limits: a connection over a limit is closed at
+// once, before any attestation work, counted in
+// gatehouse_joinservice_connections_refused_total{reason} and
+// gatehouse_joinservice_verdicts_total{method="handshake"}, and audited.
+func (s *Server) Listen(inner net.Listener, limits connlimit.Limits) (net.Listener, error) {
+	return connlimit.NewListener(inner, limits, connlimit.Options{
+		Now: s.cfg.Now, Registerer: s.cfg.Registerer, Subsystem: "joinservice",
+		OnRefuse: func(source, reason string) {
+			s.metrics.attempts.WithLabelValues("handshake").Inc()
+			s.metrics.verdicts.WithLabelValues("handshake", "refused", reason).Inc()
+			s.cfg.Log.LogAttrs(context.Background(), slog.LevelWarn, "audit",
+				slog.String("event", "join.decision"),
+				slog.String("method", "handshake"),
+				slog.String("source", source),
+				slog.String("verdict", "refused"),
+				slog.String("reason", reason),
+			)
+		},
+	})
 }
 
 // NewGRPCServer returns a gRPC server with the join service, using creds

@@ -19,7 +19,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"k8s.io/client-go/kubernetes"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 )
 
@@ -56,7 +56,10 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		keyServiceKey  = flag.String("keyservice-key", "", "client key for the key service (PEM)")
 		rate           = flag.Float64("rate-limit", 1, "requests per second allowed per source address")
 		burst          = flag.Int("rate-burst", 10, "requests a source address may make at once")
-		maxConns       = flag.Int("max-connections", 1024, "open connections at most")
+		maxConns       = flag.Int("max-connections", joinservice.DefaultListenLimits.Total, "open connections at most")
+		hsRate         = flag.Float64("handshake-rate", joinservice.DefaultListenLimits.Handshakes.Rate, "new connections (attested handshakes) per second allowed per source address (IPv6: per /64)")
+		hsBurst        = flag.Int("handshake-burst", joinservice.DefaultListenLimits.Handshakes.Burst, "new connections a source address may open at once")
+		maxSourceConns = flag.Int("max-connections-per-source", joinservice.DefaultListenLimits.PerSource, "open connections per source address at most")
 		handshakeTO    = flag.Duration("handshake-timeout", 10*time.Second, "longest attested TLS handshake")
 		maxConnAge     = flag.Duration("max-connection-age", 5*time.Minute, "connections close this long after they open; the node attests again on a new one")
 		maxConnIdle    = flag.Duration("max-connection-idle", time.Minute, "connections without requests for this long close")
@@ -114,7 +117,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		Bindings:         joinservice.NewNodeBindings(client, *namespace, time.Now),
 		CA:               ca,
 		PKIDir:           *pkiDir,
-		RateLimit:        joinservice.RateLimit{Rate: *rate, Burst: *burst},
+		RateLimit:        connlimit.Rate{Rate: *rate, Burst: *burst},
 		Log:              log,
 		Registerer:       reg,
 	})
@@ -128,13 +131,19 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	grpcServer := joinservice.NewGRPCServer(srv, creds, joinservice.ConnectionLimits{
 		HandshakeTimeout: *handshakeTO, MaxAge: *maxConnAge, MaxIdle: *maxConnIdle,
 	})
-	lis, err := net.Listen("tcp", *listen)
+	inner, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", *listen, err)
 	}
+	lis, err := srv.Listen(inner, connlimit.Limits{
+		Handshakes: connlimit.Rate{Rate: *hsRate, Burst: *hsBurst}, PerSource: *maxSourceConns, Total: *maxConns,
+	})
+	if err != nil {
+		return fmt.Errorf("connection limits: %w", err)
+	}
 	httpServer := &http.Server{Addr: *httpListen, Handler: joinservice.HTTPHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
 	errs := make(chan error, 2)
-	go func() { errs <- grpcServer.Serve(netutil.LimitListener(lis, *maxConns)) }()
+	go func() { errs <- grpcServer.Serve(lis) }()
 	go func() { errs <- httpServer.ListenAndServe() }()
 	log.Info("Join service started", "listen", *listen, "httpListen", *httpListen,
 		"clusterIdentity", ca.DiscoveryTokenCACertHash())
