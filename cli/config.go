@@ -16,6 +16,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 func newConfigCmd() *cobra.Command {
@@ -30,6 +31,7 @@ func newConfigCmd() *cobra.Command {
 func newConfigGenerateCmd() *cobra.Command {
 	var (
 		out, name, version, refFile, serviceCIDR, podCIDR string
+		cpRefFile, workerRefFile                          string
 		akFiles                                           []string
 		pcrs                                              []int
 		force                                             bool
@@ -39,30 +41,30 @@ func newConfigGenerateCmd() *cobra.Command {
 		Short: "Write a commented cluster configuration",
 		Long: "Write a commented cluster configuration file. The attestation policy needs the\n" +
 			"reference values of what the nodes boot (--reference-values, a JSON or YAML map of\n" +
-			"PCR index to {expected: <hex>, warnOnly: <bool>}) and the nodes' trusted\n" +
-			"attestation keys (--pinned-ak, PEM public keys).",
-		Example: "  gatehouse config generate --reference-values refs.yaml --pinned-ak ak.pem",
-		Args:    cobra.NoArgs,
+			"PCR index to {expected: <hex>, warnOnly: <bool>}), the values that prove each role\n" +
+			"(--control-plane-reference-values, --worker-reference-values; docs/joinservice.md,\n" +
+			"\"Roles from evidence\") and the nodes' trusted attestation keys (--pinned-ak, PEM\n" +
+			"public keys).",
+		Example: "  gatehouse config generate --reference-values refs.yaml \\\n" +
+			"    --control-plane-reference-values cp.yaml --worker-reference-values worker.yaml --pinned-ak ak.pem",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if refFile == "" || len(akFiles) == 0 {
-				return errors.New("--reference-values and at least one --pinned-ak are required: " +
-					"without them the policy would accept any software or any TPM")
+			if refFile == "" || cpRefFile == "" || len(akFiles) == 0 {
+				return errors.New("--reference-values, --control-plane-reference-values and at least one --pinned-ak are required: " +
+					"without them the policy would accept any software, any role or any TPM")
 			}
-			rawRefs, err := os.ReadFile(refFile)
-			if err != nil {
-				return fmt.Errorf("--reference-values: %w", err)
-			}
-			refs, err := measurements.Parse(rawRefs, 32)
-			if err != nil {
-				return fmt.Errorf("--reference-values %s: %w", refFile, err)
-			}
-			refYAML, err := refs.Marshal()
+			refJSON, err := readReferenceValues("--reference-values", refFile)
 			if err != nil {
 				return err
 			}
-			refJSON, err := yaml.YAMLToJSON(refYAML)
-			if err != nil {
+			roles := map[joinconfig.Role]string{}
+			if roles[joinconfig.RoleControlPlane], err = readReferenceValues("--control-plane-reference-values", cpRefFile); err != nil {
 				return err
+			}
+			if workerRefFile != "" {
+				if roles[joinconfig.RoleWorker], err = readReferenceValues("--worker-reference-values", workerRefFile); err != nil {
+					return err
+				}
 			}
 			var aks []string
 			for _, f := range akFiles {
@@ -77,7 +79,7 @@ func newConfigGenerateCmd() *cobra.Command {
 				return fmt.Errorf("--kubernetes-version: %w", err)
 			}
 			data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
-				Name: name, KubernetesVersion: release.Version, ReferenceValues: string(refJSON),
+				Name: name, KubernetesVersion: release.Version, ReferenceValues: refJSON, RoleReferenceValues: roles,
 				PCRs: pcrs, PinnedAKs: aks, ServiceCIDR: serviceCIDR, PodCIDR: podCIDR,
 			})
 			if err != nil {
@@ -94,13 +96,34 @@ func newConfigGenerateCmd() *cobra.Command {
 	f.StringVarP(&out, "output", "o", clusterconfig.DefaultPath, "file to write")
 	f.StringVar(&name, "name", "gatehouse", "cluster name (DNS-1123 label)")
 	f.StringVar(&version, "kubernetes-version", versions.Default().Version, "Kubernetes version: 1.MINOR or v1.MINOR.PATCH; supported: "+strings.Join(versions.Supported(), ", "))
-	f.StringVar(&refFile, "reference-values", "", "file with the expected PCR values (JSON or YAML)")
+	f.StringVar(&refFile, "reference-values", "", "file with the PCR values every node shares (JSON or YAML)")
+	f.StringVar(&cpRefFile, "control-plane-reference-values", "", "file with the PCR values that prove the control-plane role (JSON or YAML)")
+	f.StringVar(&workerRefFile, "worker-reference-values", "", "file with the PCR values that prove the worker role (JSON or YAML); without it no node can join as a worker")
 	f.StringArrayVar(&akFiles, "pinned-ak", nil, "PEM public key of a trusted attestation key (repeatable)")
 	f.IntSliceVar(&pcrs, "pcrs", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15}, "SHA-256 PCRs quotes must cover; must include 15")
 	f.StringVar(&serviceCIDR, "service-cidr", "10.96.0.0/12", "Service CIDR")
 	f.StringVar(&podCIDR, "pod-cidr", "10.244.0.0/16", "pod CIDR")
 	f.BoolVar(&force, "force", false, "overwrite an existing file")
 	return cmd
+}
+
+// readReferenceValues reads a reference value file (JSON or YAML,
+// package measurements' format) and returns it as JSON.
+func readReferenceValues(flag, path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	refs, err := measurements.Parse(raw, 32)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	refYAML, err := refs.Marshal()
+	if err != nil {
+		return "", err
+	}
+	refJSON, err := yaml.YAMLToJSON(refYAML)
+	return string(refJSON), err
 }
 
 // writeNew writes data to path with mode; unless force, an existing file

@@ -30,7 +30,13 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
-var bootArtefacts = []tpm.Artefact{tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1"))}
+var bootArtefacts = append(roleArtefacts("control-plane"), tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1")))
+
+// roleArtefacts is what a node of role measures on its kernel command line
+// into PCR 8 (docs/joinservice.md, "Roles from evidence").
+func roleArtefacts(role string) []tpm.Artefact {
+	return []tpm.Artefact{tpm.BytesArtefact(8, "kernel-cmdline", []byte("gatehouse.role="+role))}
+}
 
 // Fakes for what the node changes; the InitServer, the node lock and the
 // attested TLS are real.
@@ -82,7 +88,7 @@ func startNode(t *testing.T) *node {
 	if _, err := tpm.MeasureBoot(sim, bootArtefacts); err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: []int{0, 4, 15}})
+	a, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: []int{0, 4, 8, 15}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,6 +144,14 @@ func startNode(t *testing.T) *node {
 // writeConfig runs `config generate` for n's boot and AK into dir.
 func writeConfig(t *testing.T, dir string, n *node, tamper bool) string {
 	t.Helper()
+	return writeConfigRoles(t, dir, n, tamper, map[string]string{"control-plane": "control-plane", "worker": "worker"})
+}
+
+// writeConfigRoles is writeConfig with the role each option's values come
+// from: {"control-plane": "worker"} makes the policy expect of a control
+// plane what a worker measures.
+func writeConfigRoles(t *testing.T, dir string, n *node, tamper bool, measuredAs map[string]string) string {
+	t.Helper()
 	ref, err := tpm.ReferenceValues(bootArtefacts, []int{0, 4})
 	if err != nil {
 		t.Fatal(err)
@@ -155,11 +169,27 @@ func writeConfig(t *testing.T, dir string, n *node, tamper bool) string {
 	if err := os.WriteFile(refFile, refJSON, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	roleFiles := map[string]string{}
+	for _, role := range []string{"control-plane", "worker"} {
+		ref, err := tpm.ReferenceValues(roleArtefacts(measuredAs[role]), []int{8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := ref.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		roleFiles[role] = filepath.Join(dir, role+".json")
+		if err := os.WriteFile(roleFiles[role], data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := os.WriteFile(akFile, []byte(n.akPEM), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, clusterconfig.DefaultPath)
-	run(t, "config", "generate", "--output", out, "--reference-values", refFile, "--pinned-ak", akFile, "--pcrs", "0,4,15", "--name", "test")
+	run(t, "config", "generate", "--output", out, "--reference-values", refFile, "--pinned-ak", akFile, "--pcrs", "0,4,8,15", "--name", "test",
+		"--control-plane-reference-values", roleFiles["control-plane"], "--worker-reference-values", roleFiles["worker"])
 	return out
 }
 
@@ -254,6 +284,28 @@ func TestInitRefusesTamperedNode(t *testing.T) {
 	}
 }
 
+// TestInitRefusesNodeWithoutControlPlaneRole: the first node becomes a
+// control plane, so init verifies its evidence with the control-plane
+// role's reference values; a node proving only the worker role is refused
+// before anything is sent to it.
+func TestInitRefusesNodeWithoutControlPlaneRole(t *testing.T) {
+	n := startNode(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	// The node measures the control-plane role; this policy calls that a worker.
+	config := writeConfigRoles(t, dir, n, false, map[string]string{"control-plane": "worker", "worker": "control-plane"})
+	if err := os.WriteFile("secret", []byte(n.secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runErr(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret")
+	if err == nil || !strings.Contains(err.Error(), "role controlPlane") {
+		t.Fatalf("init of a node proving only the worker role: %v\n%s", err, out)
+	}
+	if n.lock.Locked() || len(n.kubeadm.calls) != 0 {
+		t.Fatalf("the node was changed:\n%s", out)
+	}
+}
+
 // TestInitFailureShowsLogs: a failed init reports the node's error and
 // saves its logs.
 func TestInitFailureShowsLogs(t *testing.T) {
@@ -308,11 +360,11 @@ func TestConfigGenerate(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"config", "generate", "--output", config}, "--reference-values and at least one --pinned-ak"},
-		{[]string{"config", "generate", "--output", filepath.Join(dir, "x.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--kubernetes-version", "1.20"}, "not supported"},
-		{[]string{"config", "generate", "--output", config, "--reference-values", filepath.Join(dir, "refs.json"), "--pinned-ak", filepath.Join(dir, "ak.pem")}, "exists"},
-		{[]string{"config", "generate", "--output", filepath.Join(dir, "y.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--pcrs", "0,4"}, "must include the node-lock PCR 15"},
-		{[]string{"config", "generate", "--output", filepath.Join(dir, "z.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--pod-cidr", "10.96.0.0/16"}, "overlap"},
+		{[]string{"config", "generate", "--output", config}, "--reference-values, --control-plane-reference-values and at least one --pinned-ak"},
+		{[]string{"config", "generate", "--output", filepath.Join(dir, "x.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--kubernetes-version", "1.20"}, "not supported"},
+		{[]string{"config", "generate", "--output", config, "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem")}, "exists"},
+		{[]string{"config", "generate", "--output", filepath.Join(dir, "y.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--pcrs", "0,4,8"}, "must include the node-lock PCR 15"},
+		{[]string{"config", "generate", "--output", filepath.Join(dir, "z.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--pod-cidr", "10.96.0.0/16"}, "overlap"},
 	} {
 		if out, err := runErr(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v (%s), want an error containing %q", tc.args, err, out, tc.want)

@@ -30,6 +30,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // Files init writes by default.
@@ -153,7 +154,12 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 		ServiceCidr:          cfg.Networking.ServiceCIDR,
 		PodCidr:              cfg.Networking.PodCIDR,
 	}
-	verifier, err := cfg.Verifier(nil)
+	appraisal, err := cfg.Appraisal(nil)
+	if err != nil {
+		return err
+	}
+	// The first node becomes a control plane: it must prove that role.
+	verifier, err := appraisal.ForRole(joinconfig.RoleControlPlane)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // verifyReport is verify's JSON output.
@@ -29,6 +30,8 @@ type verifyReport struct {
 	ClusterID    string            `json:"clusterID,omitempty"`
 	Measurements map[string]string `json:"measurements"`
 	Warnings     []string          `json:"warnings,omitempty"`
+	// Roles are the roles whose reference values the evidence satisfies.
+	Roles []joinconfig.Role `json:"roles"`
 }
 
 func newVerifyCmd() *cobra.Command {
@@ -63,15 +66,16 @@ func newVerifyCmd() *cobra.Command {
 			case err != nil && !errors.Is(err, fs.ErrNotExist):
 				return err
 			}
-			verifier, err := cfg.Verifier(lockPCR)
+			appraisal, err := cfg.Appraisal(lockPCR)
 			if err != nil {
 				return err
 			}
-			result, err := atls.FetchEvidence(cmd.Context(), node, []attestation.Verifier{verifier})
+			result, err := atls.FetchEvidence(cmd.Context(), node, []attestation.Verifier{appraisal})
 			if err != nil {
 				return fmt.Errorf("node %s does not verify: %w", node, err)
 			}
 			report.Variant, report.Identity, report.Warnings = string(result.Variant), result.Identity, result.Warnings
+			report.Roles = appraisal.Roles(result.Measurements)
 			report.Measurements = map[string]string{}
 			for i, v := range result.Measurements {
 				report.Measurements[fmt.Sprint(i)] = hex.EncodeToString(v)
@@ -95,6 +99,7 @@ func newVerifyCmd() *cobra.Command {
 
 func printVerifyReport(out io.Writer, r verifyReport, result *attestation.Result) error {
 	fmt.Fprintf(out, "Node %s is verified (%s, %s).\n", r.Node, r.Variant, r.Identity)
+	fmt.Fprintf(out, "Its evidence proves the roles: %v.\n", r.Roles)
 	if r.ClusterID != "" {
 		fmt.Fprintf(out, "PCR %d holds cluster ID %s.\n", nodelock.PCR, r.ClusterID)
 	} else {

@@ -4,10 +4,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // TestVerify: before init the node verifies with PCR 15 zero; after init
@@ -38,7 +40,8 @@ func TestVerify(t *testing.T) {
 		t.Fatalf("%v:\n%s", err, out)
 	}
 	id := state.ClusterID
-	if report.ClusterID != id || report.Measurements["15"] == "" || !strings.HasPrefix(report.Identity, "tpm-ak:sha256:") {
+	if report.ClusterID != id || report.Measurements["15"] == "" || !strings.HasPrefix(report.Identity, "tpm-ak:sha256:") ||
+		!slices.Equal(report.Roles, []joinconfig.Role{joinconfig.RoleControlPlane}) {
 		t.Fatalf("report %+v", report)
 	}
 	idBytes := mustHex(t, id)

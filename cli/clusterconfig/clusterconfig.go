@@ -111,12 +111,18 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Verifier returns the verifier of the nodes' evidence. lockPCR is what
-// PCR 15 must hold: nil for a node before init or join (zero), the value
-// its cluster ID extended into it for a running node.
+// Verifier returns the verifier of the nodes' evidence, accepting any role
+// of the policy. lockPCR is what PCR 15 must hold: nil for a node before
+// init or join (zero), the value its cluster ID extended into it for a
+// running node.
 func (c *Config) Verifier(lockPCR []byte) (attestation.Verifier, error) {
-	v, _, err := c.Attestation.Verifier(time.Now, lockPCR)
-	return v, err
+	return c.Appraisal(lockPCR)
+}
+
+// Appraisal returns the compiled attestation policy (see Verifier), which
+// also tells a node's roles and verifies one role only.
+func (c *Config) Appraisal(lockPCR []byte) (*joinconfig.Appraisal, error) {
+	return c.Attestation.Appraisal(time.Now, lockPCR)
 }
 
 // Release returns the Kubernetes release of the configuration.
@@ -126,9 +132,14 @@ func (c *Config) Release() (versions.Release, error) { return versions.Resolve(c
 type TemplateValues struct {
 	Name              string
 	KubernetesVersion string
-	// ReferenceValues is the JSON of the expected PCR values (package
-	// measurements' format), e.g. computed from what the nodes boot.
+	// ReferenceValues is the JSON of the expected PCR values every node
+	// shares (package measurements' format), e.g. computed from what the
+	// nodes boot.
 	ReferenceValues string
+	// RoleReferenceValues holds, per role, the JSON of the PCR values that
+	// prove it (docs/joinservice.md, "Roles from evidence"). The control
+	// plane's is required: the first node is one.
+	RoleReferenceValues map[joinconfig.Role]string
 	// PCRs is the quoted selection; it must include 15.
 	PCRs []int
 	// PinnedAKs are PEM public keys of trusted attestation keys.
@@ -160,9 +171,19 @@ attestation:
   # SHA-256 PCRs every quote must cover. 15 is the node lock: it must be zero
   # when a node asks for keys, and holds the cluster ID afterwards.
   pcrs: {{json .PCRs}}
-  # Reference values: per PCR the expected value (hex) and whether a mismatch
-  # only warns. Never list PCR 15 here.
+  # Reference values every node shares: per PCR the expected value (hex) and
+  # whether a mismatch only warns. Never list PCR 15 here.
   referenceValues: {{.ReferenceValues}}
+  # Reference values per node role. A node gets a role only when its evidence
+  # satisfies that role's values too: the role is part of what it measures at
+  # boot (a role image, or the role on the measured kernel command line). The
+  # control plane's values must differ from every other role's at some PCR
+  # (docs/joinservice.md, "Roles from evidence").
+  roles:
+{{- range $role, $values := .RoleReferenceValues}}
+    {{$role}}:
+      referenceValues: {{$values}}
+{{- end}}
   # Trusted attestation keys (PEM public keys). Alternatively set akRoots to a
   # PEM bundle of CA certificates that AK certificates chain to.
   pinnedAKs:
