@@ -16,6 +16,11 @@ import (
 //go:embed all:gatehouse-joinservice all:gatehouse-keyservice
 var files embed.FS
 
+// Namespace is where the charts are installed: a namespace of Gatehouse's
+// own, so the master secret's Secret is apart from kube-system, which the
+// join service writes bootstrap tokens to (docs/threat-model.md, "Reach").
+const Namespace = "gatehouse-system"
+
 // Names are the embedded charts.
 var Names = []string{"gatehouse-keyservice", "gatehouse-joinservice"}
 

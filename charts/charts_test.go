@@ -45,12 +45,18 @@ func TestLint(t *testing.T) {
 // render renders a chart as `helm install --dry-run` does, without a cluster.
 func render(t *testing.T, name string, values map[string]any) (string, error) {
 	t.Helper()
+	return renderIn(t, name, values, Namespace)
+}
+
+// renderIn renders a chart for a release in namespace.
+func renderIn(t *testing.T, name string, values map[string]any, namespace string) (string, error) {
+	t.Helper()
 	c, err := Load(name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	install := action.NewInstall(&action.Configuration{})
-	install.ClientOnly, install.DryRun, install.ReleaseName, install.Namespace = true, true, name, "kube-system"
+	install.ClientOnly, install.DryRun, install.ReleaseName, install.Namespace = true, true, name, namespace
 	install.KubeVersion = &chartutil.KubeVersion{Version: "v1.36.4", Major: "1", Minor: "36"}
 	rel, err := install.Run(c, values)
 	if err != nil {
@@ -63,6 +69,15 @@ func render(t *testing.T, name string, values map[string]any) (string, error) {
 // every object (server-side dry run).
 func TestRenderAndApply(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
+	if out, err := exec.CommandContext(t.Context(), filepath.Join(env.BinDir, "kubectl"), "--kubeconfig", env.KubeconfigPath,
+		"create", "namespace", Namespace).CombinedOutput(); err != nil {
+		t.Fatalf("creating namespace %s: %v\n%s", Namespace, err, out)
+	}
+	want := map[string][]string{
+		"gatehouse-joinservice": {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"},
+		// No RBAC by default: the master secret is a mounted volume.
+		"gatehouse-keyservice": {"ServiceAccount", "Deployment", "Service"},
+	}
 	for _, name := range Names {
 		t.Run(name, func(t *testing.T) {
 			manifest, err := render(t, name, testValues[name])
@@ -81,7 +96,7 @@ func TestRenderAndApply(t *testing.T) {
 					kinds[obj.Kind]++
 				}
 			}
-			for _, k := range []string{"ServiceAccount", "Role", "RoleBinding", "Service"} {
+			for _, k := range want[name] {
 				if kinds[k] == 0 {
 					t.Errorf("rendered %v: no %s", kinds, k)
 				}

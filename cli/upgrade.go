@@ -68,7 +68,7 @@ func newUpgradeApplyCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", DefaultKubeconfig, "admin kubeconfig")
-	f.StringVar(&opts.Namespace, "namespace", "kube-system", "namespace of the Gatehouse releases")
+	f.StringVar(&opts.Namespace, "namespace", charts.Namespace, "namespace of the Gatehouse releases")
 	f.StringVar(&opts.BackupRoot, "backup-dir", "", "where gatehouse-upgrade/<timestamp>/backups is written (default: the current directory)")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would change; change nothing")
 	f.DurationVar(&opts.Timeout, "timeout", 5*time.Minute, "time each release may take, waiting included")

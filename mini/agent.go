@@ -18,6 +18,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // privateDirs are bind-mounted from the node's root directory over the
@@ -37,14 +38,27 @@ const (
 	mountpointsFile     = "created-mountpoints"
 )
 
-// BootArtefacts are what a node measures into PCR 4 at "boot": its
-// bootstrapper binary and its boot manifest.
-func BootArtefacts(bootstrapperBin string, manifest []byte) ([]tpm.Artefact, error) {
+// BootArtefacts are what a node measures at "boot": its bootstrapper binary
+// and its boot manifest into PCR 4, and its role into RolePCR as a kernel
+// command line "gatehouse.role=<role>" is measured
+// (docs/joinservice.md, "Roles from evidence").
+func BootArtefacts(bootstrapperBin string, manifest []byte, role joinconfig.Role) ([]tpm.Artefact, error) {
 	bin, err := tpm.FileArtefact(4, bootstrapperBin)
 	if err != nil {
 		return nil, err
 	}
-	return []tpm.Artefact{bin, tpm.BytesArtefact(4, "boot-manifest", manifest)}, nil
+	return []tpm.Artefact{
+		bin, tpm.BytesArtefact(4, "boot-manifest", manifest),
+		tpm.BytesArtefact(RolePCR, "kernel-cmdline", []byte("gatehouse.role="+string(role))),
+	}, nil
+}
+
+// Role returns the role the node measures at boot.
+func (s *NodeSpec) Role() joinconfig.Role {
+	if s.ControlPlane {
+		return joinconfig.RoleControlPlane
+	}
+	return joinconfig.RoleWorker
 }
 
 // Agent runs one node. It must run inside the node's network namespace and
@@ -144,7 +158,7 @@ func mountPrivateDirs(spec *NodeSpec) error {
 }
 
 func measureBoot(spec *NodeSpec, t *swtpm.TPM) error {
-	artefacts, err := BootArtefacts(filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), spec.BootManifest)
+	artefacts, err := BootArtefacts(filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), spec.BootManifest, spec.Role())
 	if err != nil {
 		return err
 	}

@@ -35,42 +35,58 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 	"github.com/gatehouse-dev/gatehouse/upgrade"
 )
 
 func randRead(b []byte) (int, error) { return rand.Read(b) }
 
 // writeClusterConfig writes the cluster configuration: reference values
-// of what an untampered node measures, and the nodes' attestation keys.
+// of what an untampered node measures (PCR 4) and of each role (RolePCR),
+// and the nodes' attestation keys.
 func writeClusterConfig(path string, opts Options, manifest []byte, aks [][]byte) error {
-	artefacts, err := BootArtefacts(filepath.Join(opts.BinDir, "gatehouse-bootstrapper"), manifest)
-	if err != nil {
-		return err
-	}
-	ref, err := tpm.ReferenceValues(artefacts, []int{4})
-	if err != nil {
-		return err
-	}
-	refYAML, err := ref.Marshal()
-	if err != nil {
-		return err
-	}
-	refJSON, err := yaml.YAMLToJSON(refYAML)
-	if err != nil {
-		return err
+	bin := filepath.Join(opts.BinDir, "gatehouse-bootstrapper")
+	var common string
+	roles := map[joinconfig.Role]string{}
+	for _, role := range []joinconfig.Role{joinconfig.RoleControlPlane, joinconfig.RoleWorker} {
+		artefacts, err := BootArtefacts(bin, manifest, role)
+		if err != nil {
+			return err
+		}
+		if common, err = referenceValuesJSON(artefacts, 4); err != nil {
+			return err
+		}
+		if roles[role], err = referenceValuesJSON(artefacts, RolePCR); err != nil {
+			return err
+		}
 	}
 	var pinned []string
 	for _, ak := range aks {
 		pinned = append(pinned, string(ak))
 	}
 	data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
-		Name: "mini", KubernetesVersion: opts.KubernetesVersion, ReferenceValues: string(refJSON),
+		Name: "mini", KubernetesVersion: opts.KubernetesVersion, ReferenceValues: common, RoleReferenceValues: roles,
 		PCRs: PCRs, PinnedAKs: pinned, ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
 	})
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(path, data, 0o644) //nolint:gosec // reference values and public keys
+}
+
+// referenceValuesJSON returns the values artefacts leave in pcr, as the
+// JSON of package measurements' format.
+func referenceValuesJSON(artefacts []tpm.Artefact, pcr int) (string, error) {
+	ref, err := tpm.ReferenceValues(artefacts, []int{pcr})
+	if err != nil {
+		return "", err
+	}
+	refYAML, err := ref.Marshal()
+	if err != nil {
+		return "", err
+	}
+	refJSON, err := yaml.YAMLToJSON(refYAML)
+	return string(refJSON), err
 }
 
 // services is the control plane's Gatehouse services and an admin client.
@@ -124,9 +140,13 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 	if err != nil {
 		return nil, err
 	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: charts.Namespace}}
+	if _, err := s.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("creating namespace %s: %w", charts.Namespace, err)
+	}
 	for name, data := range secrets {
-		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceSystem}, Data: data}
-		if _, err := s.client.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, sec, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: charts.Namespace}, Data: data}
+		if _, err := s.client.CoreV1().Secrets(charts.Namespace).Create(ctx, sec, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return nil, fmt.Errorf("creating Secret %s: %w", name, err)
 		}
 	}
@@ -152,7 +172,7 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 			"joinConfig": joinConfig,
 		}},
 	}
-	cfg, err := upgrade.HelmConfig(kubeconfig, metav1.NamespaceSystem)
+	cfg, err := upgrade.HelmConfig(kubeconfig, charts.Namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +182,7 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 			return nil, err
 		}
 		install := action.NewInstall(cfg)
-		install.ReleaseName, install.Namespace = r.name, metav1.NamespaceSystem
+		install.ReleaseName, install.Namespace = r.name, charts.Namespace
 		install.Wait, install.Timeout = true, 3*time.Minute
 		if _, err := install.RunWithContext(ctx, c, r.values); err != nil {
 			return nil, fmt.Errorf("installing the %s chart: %w", r.name, err)
@@ -225,7 +245,7 @@ func (s *services) publishPolicy(ctx context.Context, configPath string, compone
 	if err != nil {
 		return err
 	}
-	cfg, err := upgrade.HelmConfig(s.kubeconfig, metav1.NamespaceSystem)
+	cfg, err := upgrade.HelmConfig(s.kubeconfig, charts.Namespace)
 	if err != nil {
 		return err
 	}
@@ -234,7 +254,7 @@ func (s *services) publishPolicy(ctx context.Context, configPath string, compone
 		return err
 	}
 	up := action.NewUpgrade(cfg)
-	up.Namespace, up.ReuseValues, up.Timeout = metav1.NamespaceSystem, true, 2*time.Minute
+	up.Namespace, up.ReuseValues, up.Timeout = charts.Namespace, true, 2*time.Minute
 	if _, err := up.RunWithContext(ctx, "gatehouse-joinservice", c, map[string]any{"joinConfig": joinConfig}); err != nil {
 		return fmt.Errorf("updating the join policy: %w", err)
 	}

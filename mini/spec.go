@@ -62,9 +62,13 @@ const (
 	JoinPort     = 9090
 )
 
+// RolePCR is where a local node measures its role, as a boot loader
+// measures the kernel command line into PCR 8.
+const RolePCR = 8
+
 // PCRs the local cluster's nodes quote: the boot loader PCR (4, where a
-// node measures its bootstrapper) and the node lock.
-var PCRs = []int{4, 15}
+// node measures its bootstrapper), the role and the node lock.
+var PCRs = []int{4, RolePCR, 15}
 
 // ReadNodeSpec reads node.json.
 func ReadNodeSpec(path string) (*NodeSpec, error) {

@@ -27,7 +27,7 @@ import (
 type Options struct {
 	// Kubeconfig is the admin kubeconfig file.
 	Kubeconfig string
-	// Namespace holds the releases (kube-system).
+	// Namespace holds the releases (charts.Namespace, gatehouse-system).
 	Namespace string
 	// Charts maps release name to the chart to upgrade it to.
 	Charts map[string]*chart.Chart

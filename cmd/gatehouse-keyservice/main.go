@@ -50,7 +50,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	flag.StringVar(&kmsCfg.URIFile, "kms-uri-file", "", "file holding a kms:// URI")
 	flag.StringVar(&kmsCfg.MasterSecretFile, "master-secret-file", "", "file holding the master secret")
 	flag.StringVar(&kmsCfg.SaltFile, "salt-file", "", "file holding the master salt")
-	flag.StringVar(&kmsCfg.Namespace, "namespace", "kube-system", "namespace of wrapped data key Secrets (pkcs11 KMS)")
+	flag.StringVar(&kmsCfg.Namespace, "namespace", "gatehouse-system", "namespace of wrapped data key Secrets (pkcs11 KMS)")
 	flag.Parse()
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)

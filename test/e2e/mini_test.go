@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
@@ -178,7 +179,7 @@ func TestMiniCluster(t *testing.T) {
 			t.Fatalf("upgrade apply on the local cluster: %v\n%s", err, out)
 		}
 		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-			ds, err := client.AppsV1().DaemonSets("kube-system").Get(ctx, "gatehouse-joinservice", metav1.GetOptions{})
+			ds, err := client.AppsV1().DaemonSets(charts.Namespace).Get(ctx, "gatehouse-joinservice", metav1.GetOptions{})
 			return err == nil && ds.Status.UpdatedNumberScheduled == 1 && ds.Status.NumberReady == 1, nil
 		})
 		if err != nil {
@@ -211,7 +212,7 @@ func clientFor(t *testing.T, kubeconfig string) kubernetes.Interface {
 
 func joinServiceLog(t *testing.T, dir string) string {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "cp-0", "root", "var", "log", "pods", "kube-system_gatehouse-joinservice-*", "*", "*.log"))
+	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "cp-0", "root", "var", "log", "pods", charts.Namespace+"_gatehouse-joinservice-*", "*", "*.log"))
 	var all strings.Builder
 	for _, f := range files {
 		data, err := os.ReadFile(f)

@@ -1,0 +1,137 @@
+package charts
+
+import (
+	"strings"
+	"testing"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+)
+
+// access is one question to the API server's authorizer.
+type access struct {
+	name  string
+	attrs authorizationv1.ResourceAttributes
+}
+
+func secretsIn(ns, verb, name string) authorizationv1.ResourceAttributes {
+	return authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Resource: "secrets", Name: name}
+}
+
+// TestServiceAccountReach installs the charts' ServiceAccounts and RBAC on a
+// real API server and asks its authorizer (SubjectAccessReview, what
+// `kubectl auth can-i --as` does) whether each Gatehouse ServiceAccount can
+// do what it needs, and nothing on the list of what it must never do: a
+// compromised join service must not reach the master secret, Secrets it
+// does not write, or anything that widens its rights.
+func TestServiceAccountReach(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	c, err := client.New(env.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range Names {
+		manifest, err := renderIn(t, name, testValues[name], Namespace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(manifest, "\n---\n") {
+			o := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(doc), &o.Object); err != nil {
+				t.Fatal(err)
+			}
+			switch o.GetKind() {
+			case "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding":
+				if err := c.Create(ctx, o); err != nil {
+					t.Fatalf("creating %s %s: %v", o.GetKind(), o.GetName(), err)
+				}
+			}
+		}
+	}
+	const ks = "kube-system"
+	for _, sa := range []struct {
+		name        string
+		can, cannot []access
+	}{
+		{
+			name: "gatehouse-joinservice",
+			can: []access{
+				{"reads the join config", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "get", Resource: "configmaps", Name: "gatehouse-join-config"}},
+				{"watches the deny list by name", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "watch", Resource: "configmaps", Name: "gatehouse-deny-list"}},
+				{"creates node-name bindings", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "create", Resource: "configmaps"}},
+				{"updates a node-name binding", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "update", Resource: "configmaps", Name: "gatehouse-node-0123"}},
+				{"creates the control-plane join Lease", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "create", Group: "coordination.k8s.io", Resource: "leases"}},
+				{"takes the control-plane join Lease", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: "gatehouse-control-plane-join"}},
+				{"creates bootstrap token Secrets", secretsIn(ks, "create", "")},
+				{"renews its bootstrap token Secret", secretsIn(ks, "update", "bootstrap-token-abcdef")},
+				{"reads Nodes", authorizationv1.ResourceAttributes{Verb: "get", Resource: "nodes", Name: "cp-1"}},
+			},
+			cannot: []access{
+				{"read the master secret", secretsIn(Namespace, "get", "gatehouse-kms")},
+				{"read the key service's TLS key", secretsIn(Namespace, "get", "gatehouse-keyservice-tls")},
+				{"list Secrets in its namespace", secretsIn(Namespace, "list", "")},
+				{"list bootstrap token Secrets", secretsIn(ks, "list", "")},
+				{"watch Secrets in kube-system", secretsIn(ks, "watch", "")},
+				{"delete Secrets in kube-system", secretsIn(ks, "delete", "bootstrap-token-abcdef")},
+				{"read Secrets in another namespace", secretsIn("default", "get", "anything")},
+				{"list ConfigMaps in its namespace", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "list", Resource: "configmaps"}},
+				{"rewrite kubeadm's configuration", authorizationv1.ResourceAttributes{Namespace: ks, Verb: "update", Resource: "configmaps", Name: "kubeadm-config"}},
+				{"rewrite cluster-info", authorizationv1.ResourceAttributes{Namespace: "kube-public", Verb: "update", Resource: "configmaps", Name: "cluster-info"}},
+				{"take another component's Lease", authorizationv1.ResourceAttributes{Namespace: ks, Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: "kube-controller-manager"}},
+				{"take any Lease in its namespace", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: "other"}},
+				{"create Pods", authorizationv1.ResourceAttributes{Namespace: ks, Verb: "create", Resource: "pods"}},
+				{"exec into Pods", authorizationv1.ResourceAttributes{Namespace: ks, Verb: "create", Resource: "pods", Subresource: "exec"}},
+				{"patch Nodes", authorizationv1.ResourceAttributes{Verb: "patch", Resource: "nodes", Name: "cp-1"}},
+				{"list Nodes", authorizationv1.ResourceAttributes{Verb: "list", Resource: "nodes"}},
+				{"create CSRs", authorizationv1.ResourceAttributes{Verb: "create", Group: "certificates.k8s.io", Resource: "certificatesigningrequests"}},
+				{"approve CSRs", authorizationv1.ResourceAttributes{Verb: "update", Group: "certificates.k8s.io", Resource: "certificatesigningrequests", Subresource: "approval"}},
+				{"escalate a Role", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "escalate", Group: "rbac.authorization.k8s.io", Resource: "roles"}},
+				{"bind a ClusterRole", authorizationv1.ResourceAttributes{Verb: "bind", Group: "rbac.authorization.k8s.io", Resource: "clusterroles"}},
+				{"impersonate users", authorizationv1.ResourceAttributes{Verb: "impersonate", Resource: "users"}},
+				{"mint ServiceAccount tokens", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "create", Resource: "serviceaccounts", Subresource: "token"}},
+			},
+		},
+		{
+			name: "gatehouse-keyservice",
+			cannot: []access{
+				{"read the master secret through the API (it is mounted)", secretsIn(Namespace, "get", "gatehouse-kms")},
+				{"list Secrets", secretsIn(Namespace, "list", "")},
+				{"read Secrets in kube-system", secretsIn(ks, "get", "bootstrap-token-abcdef")},
+				{"read ConfigMaps", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "get", Resource: "configmaps", Name: "gatehouse-join-config"}},
+				{"read Nodes", authorizationv1.ResourceAttributes{Verb: "get", Resource: "nodes"}},
+				{"create Pods", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "create", Resource: "pods"}},
+			},
+		},
+	} {
+		ask := func(t *testing.T, a access, want bool) {
+			t.Helper()
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:               "system:serviceaccount:" + Namespace + ":" + sa.name,
+				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + Namespace, "system:authenticated"},
+				ResourceAttributes: &a.attrs,
+			}}
+			if err := c.Create(ctx, sar); err != nil {
+				t.Fatal(err)
+			}
+			if sar.Status.Allowed != want {
+				t.Fatalf("%+v: allowed %v (%s), want %v", a.attrs, sar.Status.Allowed, sar.Status.Reason, want)
+			}
+		}
+		for _, a := range sa.can {
+			t.Run(sa.name+" "+a.name, func(t *testing.T) { ask(t, a, true) })
+		}
+		for _, a := range sa.cannot {
+			t.Run(sa.name+" must not "+a.name, func(t *testing.T) { ask(t, a, false) })
+		}
+	}
+}
