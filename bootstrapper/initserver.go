@@ -15,8 +15,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/crypto/bcrypt"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/client-go/tools/clientcmd"
@@ -27,6 +29,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
@@ -55,6 +58,12 @@ type InitConfig struct {
 	SkipPhases      []string
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+	// SecretAttempts bound guessing the init secret; zero is
+	// DefaultSecretAttemptLimits.
+	SecretAttempts SecretAttemptLimits
+	// Registerer registers gatehouse_bootstrapper_init_refused_total; nil
+	// registers nothing.
+	Registerer prometheus.Registerer
 }
 
 // InitServer serves InitService: it makes this node the first control
@@ -63,7 +72,8 @@ type InitConfig struct {
 // the same request again and follows the same job to its result.
 type InitServer struct {
 	initservicev1.UnimplementedInitServiceServer
-	cfg InitConfig
+	cfg      InitConfig
+	attempts *secretAttempts
 
 	mu  sync.Mutex
 	job *initJob
@@ -87,7 +97,14 @@ func NewInitServer(cfg InitConfig) (*InitServer, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &InitServer{cfg: cfg, finished: make(chan struct{}), delivered: make(chan struct{})}, nil
+	if cfg.SecretAttempts == (SecretAttemptLimits{}) {
+		cfg.SecretAttempts = DefaultSecretAttemptLimits
+	}
+	attempts, err := newSecretAttempts(cfg.SecretAttempts, cfg.Now, cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("init server: %w", err)
+	}
+	return &InitServer{cfg: cfg, attempts: attempts, finished: make(chan struct{}), delivered: make(chan struct{})}, nil
 }
 
 // Finished is closed once an init has ended; Result then returns how.
@@ -142,19 +159,32 @@ func (j *initJob) snapshot(from int) ([]*initservicev1.InitResponse, bool, <-cha
 }
 
 // Init creates the cluster (see InitService). Errors: InvalidArgument for a
-// malformed request, naming the field; PermissionDenied for a wrong init
-// secret; FailedPrecondition when the node joins another cluster or is
-// being initialised with a different request. None of them change the node.
+// malformed request, naming the field; ResourceExhausted while the caller's
+// source backs off after wrong init secrets or too many secrets are tried
+// overall (SecretAttemptLimits), saying when to retry; PermissionDenied for
+// a wrong init secret; FailedPrecondition when the node joins another
+// cluster or is being initialised with a different request. None of them
+// change the node.
 func (s *InitServer) Init(req *initservicev1.InitRequest, stream initservicev1.InitService_InitServer) error {
 	plan, err := s.plan(req)
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
+	source := ""
+	if p, ok := peer.FromContext(stream.Context()); ok {
+		source = connlimit.Source(p.Addr)
+	}
+	if reason, wait := s.attempts.admit(source); reason != "" {
+		s.cfg.Setup.Log.Warn("Init refused before comparing the init secret", "source", source, "reason", reason, "retryAfter", wait.Round(time.Millisecond).String())
+		return status.Errorf(codes.ResourceExhausted, "too many init secrets tried (%s); retry in %s", reason, wait.Round(time.Millisecond))
+	}
 	// bcrypt compares in constant time.
 	if bcrypt.CompareHashAndPassword(s.cfg.InitSecretHash, req.GetInitSecret()) != nil {
-		s.cfg.Setup.Log.Warn("Init refused: wrong init secret")
+		s.attempts.wrong(source)
+		s.cfg.Setup.Log.Warn("Init refused: wrong init secret", "source", source)
 		return status.Error(codes.PermissionDenied, "the init secret does not match the one this node was provisioned with")
 	}
+	s.attempts.right(source)
 	job, err := s.attach(plan)
 	if err != nil {
 		return err

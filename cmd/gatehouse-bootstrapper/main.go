@@ -14,13 +14,17 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/google/go-tpm/tpmutil"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 
@@ -30,6 +34,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
@@ -90,6 +95,16 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		ignorePreflight = flag.String("ignore-preflight-errors", "", "comma-separated kubeadm preflight checks to ignore")
 		kubeletService  = flag.String("kubelet-service", "systemd", "how the kubelet is restarted: systemd, or none when something else supervises it")
 		successFile     = flag.String("success-file", "", "file written once the node is bootstrapped (Cluster API: /run/cluster-api/bootstrap-success.complete)")
+		metricsListen   = flag.String("metrics-listen", "", "HTTP address of /metrics (init refusals, refused connections); empty: none")
+		hsRate          = flag.Float64("init-handshake-rate", 1, "InitService connections per second per source address (each costs a TPM quote)")
+		hsBurst         = flag.Int("init-handshake-burst", 5, "InitService connections a source address may open at once")
+		maxSourceConns  = flag.Int("init-max-connections-per-source", 4, "open InitService connections per source address")
+		maxConns        = flag.Int("init-max-connections", 64, "open InitService connections in all")
+		hsTimeout       = flag.Duration("init-handshake-timeout", 10*time.Second, "longest attested TLS handshake on InitService")
+		freeAttempts    = flag.Int("init-secret-free-attempts", bootstrapper.DefaultSecretAttemptLimits.Free, "wrong init secrets a source may send before it backs off")
+		attemptBackoff  = flag.Duration("init-secret-backoff", bootstrapper.DefaultSecretAttemptLimits.Backoff, "first wait after the free wrong init secrets; doubles with each further one")
+		attemptMax      = flag.Duration("init-secret-max-backoff", bootstrapper.DefaultSecretAttemptLimits.MaxBackoff, "longest wait between init secret attempts of a source")
+		attemptRate     = flag.Float64("init-secret-rate", bootstrapper.DefaultSecretAttemptLimits.Global.Rate, "init secrets compared per second over all sources")
 	)
 	flag.Parse()
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -160,8 +175,14 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err != nil {
 		return err
 	}
+	reg := prometheus.NewRegistry()
 	initServer, err := bootstrapper.NewInitServer(bootstrapper.InitConfig{
 		Setup: setup, Lock: lock, Identity: identity, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
+		SecretAttempts: bootstrapper.SecretAttemptLimits{
+			Free: *freeAttempts, Backoff: *attemptBackoff, MaxBackoff: *attemptMax,
+			Global: connlimit.Rate{Rate: *attemptRate, Burst: bootstrapper.DefaultSecretAttemptLimits.Global.Burst},
+		},
+		Registerer:      reg,
 		ImageRepository: *imageRepo, SkipPhases: splitList(*skipPhases),
 	})
 	if err != nil {
@@ -180,13 +201,29 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err != nil {
 		return err
 	}
-	lis, err := net.Listen("tcp", *initListen)
+	inner, err := net.Listen("tcp", *initListen)
 	if err != nil {
 		return fmt.Errorf("listening for InitService: %w", err)
 	}
+	// Each anonymous handshake costs a TPM quote: limit them per source
+	// before any attestation work.
+	lis, err := connlimit.NewListener(inner, connlimit.Limits{
+		Handshakes: connlimit.Rate{Rate: *hsRate, Burst: *hsBurst}, PerSource: *maxSourceConns, Total: *maxConns,
+	}, connlimit.Options{
+		Registerer: reg, Subsystem: "bootstrapper",
+		OnRefuse: func(source, reason string) {
+			log.Warn("InitService connection refused before the handshake", "source", source, "reason", reason)
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("InitService connection limits: %w", err)
+	}
+	if *metricsListen != "" {
+		go serveMetrics(log, *metricsListen, reg)
+	}
 	cfg := bootstrapper.Config{
 		Setup: setup, Lock: lock, Disk: disk,
-		Init: initServer, InitServer: grpc.NewServer(grpc.Creds(creds)), InitListener: lis,
+		Init: initServer, InitServer: grpc.NewServer(grpc.Creds(creds), grpc.ConnectionTimeout(*hsTimeout)), InitListener: lis,
 		Join: join, Kubelet: kubelet, SuccessFile: *successFile,
 	}
 	if ok, why := statedisk.DeviceMapperAvailable(); ok {
@@ -195,6 +232,15 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		log.Warn("The state disk will not be opened after a reboot", "reason", why)
 	}
 	return bootstrapper.Run(ctx, cfg)
+}
+
+// serveMetrics serves reg on addr until the process ends; the bootstrapper
+// is short-lived, so a failure is logged, not fatal.
+func serveMetrics(log *slog.Logger, addr string, reg *prometheus.Registry) {
+	srv := &http.Server{Addr: addr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	if err := srv.ListenAndServe(); err != nil {
+		log.Error("Serving metrics failed", "listen", addr, "error", err.Error())
+	}
 }
 
 func parsePCRs(list string) ([]int, error) {
