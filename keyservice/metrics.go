@@ -12,6 +12,9 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	errors   *prometheus.CounterVec
 	latency  prometheus.Histogram
+	// handshakes counts TLS handshakes by result and refusal reason.
+	handshakes *prometheus.CounterVec
+	reg        prometheus.Registerer
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -29,8 +32,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "GetDataKey latency in seconds.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 4, 10),
 		}),
+		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gatehouse_keyservice_handshakes_total",
+			Help: "Mutual TLS handshakes by result (allowed, refused) and reason.",
+		}, []string{"result", "reason"}),
+		reg: reg,
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.errors, m.latency} {
+	for _, c := range []prometheus.Collector{m.requests, m.errors, m.latency, m.handshakes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}

@@ -25,6 +25,7 @@ import (
 
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
 )
 
 // keySource returns data keys; declared here, where it is used.
@@ -83,6 +84,9 @@ func (s *Server) GetDataKey(ctx context.Context, req *keyservicev1.GetDataKeyReq
 func (s *Server) getDataKey(ctx context.Context, req *keyservicev1.GetDataKeyRequest) ([]byte, error) {
 	if req.GetLength() > kms.MaxKeyLength {
 		return nil, status.Errorf(codes.InvalidArgument, "length %d is outside 1-%d bytes", req.GetLength(), kms.MaxKeyLength)
+	}
+	if err := protostrict.CheckUnknown(req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	if err := kms.CheckRequest(req.GetDataKeyId(), int(req.GetLength())); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -156,9 +160,12 @@ func ServerTLSConfig(files TLSFiles, allowedClients []string) (*tls.Config, erro
 }
 
 // NewGRPCServer returns a gRPC server with the key service and the gRPC
-// health service (reporting SERVING for "" and the key service) on creds.
+// health service (reporting SERVING for "" and the key service) on creds
+// (mutual TLS), wrapped so every refused handshake is logged and counted;
+// a handshake may take at most HandshakeTimeout.
 func NewGRPCServer(s *Server, creds credentials.TransportCredentials) *grpc.Server {
-	srv := grpc.NewServer(grpc.Creds(creds), grpc.MaxRecvMsgSize(4<<10))
+	srv := grpc.NewServer(grpc.Creds(&auditedCredentials{TransportCredentials: creds, s: s}),
+		grpc.MaxRecvMsgSize(4<<10), grpc.ConnectionTimeout(HandshakeTimeout))
 	keyservicev1.RegisterKeyServiceServer(srv, s)
 	hs := health.NewServer()
 	hs.SetServingStatus(keyservicev1.KeyService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

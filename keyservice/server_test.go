@@ -15,14 +15,17 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
@@ -35,6 +38,7 @@ type harness struct {
 	logs     *testkit.LogBuffer
 	reg      *prometheus.Registry
 	keys     keySource
+	srv      *Server
 }
 
 // noopServiceDesc is a test-only service whose one method does nothing: the
@@ -68,6 +72,12 @@ func newHarness(t testing.TB, keys keySource) *harness {
 // newHarnessLogging is newHarness with the logs at level going to sink.
 func newHarnessLogging(t testing.TB, keys keySource, sink *testkit.LogBuffer, level slog.Level) *harness {
 	t.Helper()
+	return startHarness(t, keys, sink, level, connlimit.Limits{Handshakes: connlimit.Rate{Rate: 1000, Burst: 1000}})
+}
+
+// startHarness is newHarnessLogging behind the connection limits listen.
+func startHarness(t testing.TB, keys keySource, sink *testkit.LogBuffer, level slog.Level, listen connlimit.Limits) *harness {
+	t.Helper()
 	if keys == nil {
 		k, err := kms.NewClusterKMS(testSecret, testSalt)
 		if err != nil {
@@ -91,9 +101,14 @@ func newHarnessLogging(t testing.TB, keys keySource, sink *testkit.LogBuffer, le
 	if err != nil {
 		t.Fatal(err)
 	}
+	h.srv = srv
 	g := NewGRPCServer(srv, credentials.NewTLS(tlsCfg))
 	g.RegisterService(&noopServiceDesc, struct{}{})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := srv.Listen(inner, listen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +125,8 @@ func (h *harness) dial(t testing.TB, clientCert *tls.Certificate) *grpc.ClientCo
 	t.Helper()
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: h.serverCA, ServerName: "127.0.0.1"}
 	if clientCert != nil {
-		cfg.Certificates = []tls.Certificate{*clientCert}
+		// Present it whatever CAs the server names, as an attacker would.
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return clientCert, nil }
 	}
 	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	if err != nil {
@@ -202,12 +218,13 @@ func TestUnauthenticatedCallersAreRefused(t *testing.T) {
 	kubelet := h.ca.Issue(t, "system:node:worker-1", false)
 	foreign := other.Issue(t, "gatehouse-joinservice", false)
 	tests := []struct {
-		name string
-		cert *tls.Certificate
+		name   string
+		cert   *tls.Certificate
+		reason string
 	}{
-		{name: "no client certificate"},
-		{name: "certificate from another CA", cert: &foreign},
-		{name: "certificate for a name that is not allowed", cert: &kubelet},
+		{name: "no client certificate", reason: "no_client_certificate"},
+		{name: "certificate from another CA", cert: &foreign, reason: "untrusted_client_certificate"},
+		{name: "certificate for a name that is not allowed", cert: &kubelet, reason: "client_not_allowed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -217,8 +234,17 @@ func TestUnauthenticatedCallersAreRefused(t *testing.T) {
 			if status.Code(err) != codes.Unavailable {
 				t.Fatalf("error = %v, want the connection refused (Unavailable)", err)
 			}
+			// The server logs and counts the refusal after the client saw it.
+			err = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				return strings.Contains(h.logs.String(), `"reason":"`+tt.reason+`"`) &&
+					testutil.ToFloat64(h.srv.metrics.handshakes.WithLabelValues("refused", tt.reason)) >= 1, nil
+			})
+			if err != nil {
+				t.Fatalf("no logged and counted refusal %q: %v\n%s", tt.reason, err, h.logs.String())
+			}
 		})
 	}
+	testkit.AssertNoSecrets(t, h.logs.String(), [][]byte{testSecret, testSalt})
 	if got := counterValue(t, h.reg, "gatehouse_keyservice_requests_total", "OK"); got != 0 {
 		t.Errorf("%v keys issued to unauthenticated callers", got)
 	}

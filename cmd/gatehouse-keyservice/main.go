@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/keyservice"
 )
 
@@ -43,6 +44,10 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		allowed       = flag.String("allowed-clients", "gatehouse-joinservice", "comma-separated client certificate common names allowed to call")
 		logLevel      = flag.String("log-level", "info", "debug, info, warn or error")
 		kmsCfg        keyservice.KMSConfig
+		hsRate        = flag.Float64("handshake-rate", keyservice.DefaultListenLimits.Handshakes.Rate, "new connections per second per source address")
+		hsBurst       = flag.Int("handshake-burst", keyservice.DefaultListenLimits.Handshakes.Burst, "new connections a source address may open at once")
+		maxSource     = flag.Int("max-connections-per-source", keyservice.DefaultListenLimits.PerSource, "open connections per source address")
+		maxConns      = flag.Int("max-connections", keyservice.DefaultListenLimits.Total, "open connections in all")
 	)
 	flag.StringVar(&tlsFiles.Cert, "tls-cert", "", "server certificate (PEM)")
 	flag.StringVar(&tlsFiles.Key, "tls-key", "", "server key (PEM)")
@@ -80,9 +85,15 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return err
 	}
 	grpcServer := keyservice.NewGRPCServer(srv, credentials.NewTLS(tlsCfg))
-	lis, err := net.Listen("tcp", *listen)
+	inner, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", *listen, err)
+	}
+	lis, err := srv.Listen(inner, connlimit.Limits{
+		Handshakes: connlimit.Rate{Rate: *hsRate, Burst: *hsBurst}, PerSource: *maxSource, Total: *maxConns,
+	})
+	if err != nil {
+		return fmt.Errorf("connection limits: %w", err)
 	}
 	metricsServer := &http.Server{Addr: *metricsListen, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 	errs := make(chan error, 2)
