@@ -24,8 +24,9 @@ type SecretAttemptLimits struct {
 	Global     connlimit.Rate
 }
 
-// DefaultSecretAttemptLimits: 3 free tries, then 1 s, 2 s, 4 s … up to
-// 10 min per source; 1 comparison per second overall, 10 at once.
+// DefaultSecretAttemptLimits are 3 free tries, then waits of 1 s, 2 s,
+// 4 s … up to 10 min per source; 1 comparison per second overall, 10 at
+// once.
 var DefaultSecretAttemptLimits = SecretAttemptLimits{
 	Free: 3, Backoff: time.Second, MaxBackoff: 10 * time.Minute,
 	Global: connlimit.Rate{Rate: 1, Burst: 10},

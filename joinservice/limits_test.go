@@ -2,6 +2,7 @@ package joinservice
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -33,7 +34,7 @@ func TestHandshakeTimeout(t *testing.T) {
 	}
 	if n, err := conn.Read(make([]byte, 1)); err == nil {
 		t.Fatalf("read %d bytes from a connection that never handshook; want the server to close it", n)
-	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	} else if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		t.Fatal("the server kept a silent connection open for 30 s; want it closed after the handshake timeout")
 	}
 	h.waitAudit(t, "handshake", "refused", "handshake_timeout")

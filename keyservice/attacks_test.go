@@ -78,4 +78,3 @@ func TestKeyServiceAttacks(t *testing.T) {
 	})
 	testkit.AssertNoSecrets(t, h.logs.String(), [][]byte{testSecret, testSalt})
 }
-

@@ -109,6 +109,10 @@ func TestMiniCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("worker-measured machine asking for the control-plane role refused", func(t *testing.T) {
+		workerAsksForControlPlane(ctx, t, dir, client)
+	})
+
 	t.Run("tampered worker refused", func(t *testing.T) {
 		if _, err := client.CoreV1().Nodes().Get(ctx, "worker-3", metav1.GetOptions{}); err == nil {
 			t.Fatal("the tampered worker-3 is a Node")

@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/charts"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+	"github.com/gatehouse-dev/gatehouse/joinservice"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
+	"github.com/gatehouse-dev/gatehouse/mini"
+)
+
+// workerAsksForControlPlane boots a fresh machine that measures exactly
+// what a local worker measures, has an administrator trust its key as for
+// any new worker, and asks the running join service for the control-plane
+// role. It must be refused, leaving no token, binding or Lease.
+func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, client kubernetes.Interface) {
+	t.Helper()
+	spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", "worker-1", "node.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := swtpm.Start(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dev.Stop)
+	rw, err := dev.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rw.Close() })
+	artefacts, err := mini.BootArtefacts(filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), spec.BootManifest, joinconfig.RoleWorker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tpm.MeasureBoot(rw, artefacts); err != nil {
+		t.Fatal(err)
+	}
+	attester, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: mini.PCRs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = attester.Close() })
+	trustAK(ctx, t, client, attester)
+
+	caPEM, err := os.ReadFile(filepath.Join(dir, "nodes", "cp-0", "root", "etc", "kubernetes", "pki", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caHash, err := kubeadm.DiscoveryTokenCACertHashPEM(caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := joinservice.ClientCredentials(attester, caHash, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("10.88.0.10:9090", grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	req := &joinservicev1.IssueJoinTicketRequest{DiskUuid: uuid.NewString(), CertificateRequest: impostorCSR(t), IsControlPlane: true}
+	// Until the join service has applied the trusted key, the handshake
+	// fails (Unavailable); then the request is decided.
+	var callErr error
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, callErr = joinservicev1.NewJoinServiceClient(conn).IssueJoinTicket(ctx, req)
+		return status.Code(callErr) != codes.Unavailable, nil
+	})
+	if err != nil {
+		t.Fatalf("the join service never decided the request: %v (last: %v)", err, callErr)
+	}
+	if status.Code(callErr) != codes.PermissionDenied || !strings.Contains(callErr.Error(), "role") {
+		t.Fatalf("a worker-measured machine asking for the control-plane role: %v, want PermissionDenied naming the role", callErr)
+	}
+	secrets, err := client.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range secrets.Items {
+		if strings.Contains(string(s.Data["description"]), "impostor-cp") {
+			t.Errorf("the refused machine got bootstrap token %s", s.Name)
+		}
+	}
+	if _, err := client.CoreV1().ConfigMaps(charts.Namespace).Get(ctx, joinservice.BindingName("impostor-cp"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the refused machine's name is bound (%v)", err)
+	}
+	lease, err := client.CoordinationV1().Leases(charts.Namespace).Get(ctx, joinservice.ControlPlaneLeaseName, metav1.GetOptions{})
+	if err == nil && ptr.Deref(lease.Spec.HolderIdentity, "") == "impostor-cp" {
+		t.Error("the refused machine holds the control-plane join Lease")
+	}
+	if log := joinServiceLog(t, dir); !strings.Contains(log, `"reason":"role_not_attested"`) {
+		t.Errorf("the join service did not audit role_not_attested:\n%s", log)
+	}
+}
+
+// trustAK adds a's attestation key to the join config's pinned keys, as an
+// administrator provisioning a new worker would.
+func trustAK(ctx context.Context, t *testing.T, client kubernetes.Interface, a *tpm.Attester) {
+	t.Helper()
+	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cms := client.CoreV1().ConfigMaps(charts.Namespace)
+	cm, err := cms.Get(ctx, "gatehouse-join-config", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy, err := joinconfig.DecodeAttestationPolicy([]byte(cm.Data[joinconfig.KeyAttestation]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy.PinnedAKs = append(policy.PinnedAKs, string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki})))
+	data, err := yaml.Marshal(policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data[joinconfig.KeyAttestation] = string(data)
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// impostorCSR is a valid kubelet CSR for the node impostor-cp.
+func impostorCSR(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject:  pkix.Name{CommonName: "system:node:impostor-cp", Organization: []string{"system:nodes"}},
+		DNSNames: []string{"impostor-cp"},
+	}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der
+}
