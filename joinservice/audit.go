@@ -12,8 +12,6 @@ import (
 	"slices"
 	"syscall"
 
-	"google.golang.org/grpc/credentials"
-
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
@@ -69,27 +67,21 @@ func handshakeReason(err error) string {
 	return "tls_error"
 }
 
-// auditedCredentials wrap the service's attested TLS credentials so every
-// refused handshake, the point where unattested and wrongly measured
-// callers are turned away, is counted and audited. Aborted connections
-// (TCP probes, scanners) are only counted.
-type auditedCredentials struct {
-	credentials.TransportCredentials
-	s *Server
-}
-
-func (c *auditedCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	out, info, err := c.TransportCredentials.ServerHandshake(conn)
-	m := c.s.metrics
+// observeHandshake counts and audits every refused attested TLS
+// handshake, the point where unattested and wrongly measured callers are
+// turned away. Aborted connections (TCP probes, scanners) are only
+// counted.
+func (s *Server) observeHandshake(conn net.Conn, err error) {
+	m := s.metrics
 	m.attempts.WithLabelValues("handshake").Inc()
 	if err == nil {
 		m.verdicts.WithLabelValues("handshake", "allowed", "allowed").Inc()
-		return out, info, nil
+		return
 	}
 	reason := handshakeReason(err)
 	m.verdicts.WithLabelValues("handshake", "refused", reason).Inc()
 	if reason != "aborted" {
-		c.s.cfg.Log.LogAttrs(context.Background(), slog.LevelWarn, "audit",
+		s.cfg.Log.LogAttrs(context.Background(), slog.LevelWarn, "audit",
 			slog.String("event", "join.decision"),
 			slog.String("method", "handshake"),
 			slog.String("source", sourceHost(conn.RemoteAddr())),
@@ -98,9 +90,4 @@ func (c *auditedCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentia
 			slog.String("error", err.Error()),
 		)
 	}
-	return out, info, err
-}
-
-func (c *auditedCredentials) Clone() credentials.TransportCredentials {
-	return &auditedCredentials{TransportCredentials: c.TransportCredentials.Clone(), s: c.s}
 }

@@ -18,6 +18,7 @@ import (
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/handshake"
 )
 
 // ConnectionLimits bound what one connection can hold. Every limit is a
@@ -89,7 +90,7 @@ func (s *Server) Listen(inner net.Listener, limits connlimit.Limits) (net.Listen
 func NewGRPCServer(s *Server, creds credentials.TransportCredentials, limits ConnectionLimits) *grpc.Server {
 	limits = limits.withDefaults()
 	srv := grpc.NewServer(
-		grpc.Creds(&auditedCredentials{TransportCredentials: creds, s: s}),
+		grpc.Creds(&handshake.ObservedCredentials{TransportCredentials: creds, Observe: s.observeHandshake}),
 		grpc.MaxRecvMsgSize(MaxRequestSize),
 		grpc.ConnectionTimeout(limits.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/handshake"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
 )
@@ -164,7 +165,7 @@ func ServerTLSConfig(files TLSFiles, allowedClients []string) (*tls.Config, erro
 // (mutual TLS), wrapped so every refused handshake is logged and counted;
 // a handshake may take at most HandshakeTimeout.
 func NewGRPCServer(s *Server, creds credentials.TransportCredentials) *grpc.Server {
-	srv := grpc.NewServer(grpc.Creds(&auditedCredentials{TransportCredentials: creds, s: s}),
+	srv := grpc.NewServer(grpc.Creds(&handshake.ObservedCredentials{TransportCredentials: creds, Observe: s.observeHandshake}),
 		grpc.MaxRecvMsgSize(4<<10), grpc.ConnectionTimeout(HandshakeTimeout))
 	keyservicev1.RegisterKeyServiceServer(srv, s)
 	hs := health.NewServer()

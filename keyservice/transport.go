@@ -12,8 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc/credentials"
-
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 )
 
@@ -57,34 +55,23 @@ func handshakeReason(err error) string {
 	return "tls_error"
 }
 
-// auditedCredentials log and count every refused handshake: a caller
+// observeHandshake logs and counts every refused handshake: a caller
 // without a certificate, with one from another CA, or with a name not
 // allowed. Aborted connections (probes, scanners) are only counted.
-type auditedCredentials struct {
-	credentials.TransportCredentials
-	s *Server
-}
-
-func (c *auditedCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	out, info, err := c.TransportCredentials.ServerHandshake(conn)
-	m := c.s.metrics.handshakes
+func (s *Server) observeHandshake(conn net.Conn, err error) {
+	m := s.metrics.handshakes
 	if err == nil {
 		m.WithLabelValues("allowed", "allowed").Inc()
-		return out, info, nil
+		return
 	}
 	reason := handshakeReason(err)
 	m.WithLabelValues("refused", reason).Inc()
 	if reason != "aborted" {
-		c.s.log.LogAttrs(context.Background(), slog.LevelWarn, "Handshake refused",
+		s.log.LogAttrs(context.Background(), slog.LevelWarn, "Handshake refused",
 			slog.String("event", "keyservice.handshake"),
 			slog.String("source", connlimit.Source(conn.RemoteAddr())),
 			slog.String("reason", reason),
 			slog.String("error", err.Error()),
 		)
 	}
-	return out, info, err
-}
-
-func (c *auditedCredentials) Clone() credentials.TransportCredentials {
-	return &auditedCredentials{TransportCredentials: c.TransportCredentials.Clone(), s: c.s}
 }
