@@ -157,11 +157,16 @@ type admission struct {
 
 // IssueJoinTicket gives an attested new node its join ticket. Errors:
 // Unauthenticated without attestation; ResourceExhausted over the rate
-// limit; PermissionDenied for a denied identity or node; InvalidArgument for
-// a malformed disk UUID or CSR, naming what is wrong; Unavailable (retry)
-// while the policy is not loaded, another control plane joins, or the key
-// service or API server fail; FailedPrecondition when control-plane files
-// are missing. Nothing is created unless the whole ticket is.
+// limit; PermissionDenied for a denied identity or node, evidence that no
+// longer satisfies the policy, a role the evidence does not prove
+// (role_not_attested), a node name bound to another identity (name_bound)
+// or certificate names the node does not own (name_not_owned);
+// InvalidArgument for a malformed disk UUID or CSR or unknown fields,
+// naming what is wrong; Unavailable (retry) while the policy is not loaded,
+// another control plane joins, or the key service or API server fail;
+// FailedPrecondition when control-plane files are missing. A refusal
+// creates nothing; only failures after the name is bound (key service, API
+// server) leave the binding, which is the caller's own.
 func (s *Server) IssueJoinTicket(ctx context.Context, req *joinservicev1.IssueJoinTicketRequest) (*joinservicev1.IssueJoinTicketResponse, error) {
 	d := &decision{method: "IssueJoinTicket", controlPlane: req.GetIsControlPlane(), diskUUID: req.GetDiskUuid()}
 	start := s.begin(ctx, d)

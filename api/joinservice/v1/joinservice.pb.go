@@ -25,11 +25,15 @@ const (
 
 type IssueJoinTicketRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// UUID of the node's LUKS2 state disk (RFC 9562 text form); selects the disk key.
+	// UUID of the node's LUKS2 state disk (RFC 9562 text form, any case); with the
+	// caller's attestation identity it selects the disk key, so a node only ever gets
+	// its own keys.
 	DiskUuid string `protobuf:"bytes,1,opt,name=disk_uuid,json=diskUuid,proto3" json:"disk_uuid,omitempty"`
-	// PKCS#10 certificate request for the kubelet, DER: CN=system:node:<name>, O=system:nodes.
+	// PKCS#10 certificate request for the kubelet, DER: CN=system:node:<name>, O=system:nodes,
+	// with DNS names and IP addresses the node owns (its name, its source address).
 	CertificateRequest []byte `protobuf:"bytes,2,opt,name=certificate_request,json=certificateRequest,proto3" json:"certificate_request,omitempty"`
-	// Whether the node joins as a control plane.
+	// Whether the node asks to join as a control plane. The role is granted only when
+	// the node's evidence satisfies the control-plane reference values.
 	IsControlPlane bool `protobuf:"varint,3,opt,name=is_control_plane,json=isControlPlane,proto3" json:"is_control_plane,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache

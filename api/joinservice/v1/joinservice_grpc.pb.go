@@ -35,8 +35,9 @@ type JoinServiceClient interface {
 	// its state disk and run `kubeadm join`.
 	//
 	// Errors: InvalidArgument for a malformed request or CSR; PermissionDenied for a
-	// node on the deny list; ResourceExhausted when rate limited; Unavailable (retryable)
-	// while another control plane is joining.
+	// node on the deny list, a role its evidence does not prove, a node name bound to
+	// another identity, or certificate names the node does not own; ResourceExhausted
+	// when rate limited; Unavailable (retryable) while another control plane is joining.
 	IssueJoinTicket(ctx context.Context, in *IssueJoinTicketRequest, opts ...grpc.CallOption) (*IssueJoinTicketResponse, error)
 	// IssueRejoinTicket gives a rebooted, already joined node the keys to unlock
 	// its state disk, and nothing else.
@@ -83,8 +84,9 @@ type JoinServiceServer interface {
 	// its state disk and run `kubeadm join`.
 	//
 	// Errors: InvalidArgument for a malformed request or CSR; PermissionDenied for a
-	// node on the deny list; ResourceExhausted when rate limited; Unavailable (retryable)
-	// while another control plane is joining.
+	// node on the deny list, a role its evidence does not prove, a node name bound to
+	// another identity, or certificate names the node does not own; ResourceExhausted
+	// when rate limited; Unavailable (retryable) while another control plane is joining.
 	IssueJoinTicket(context.Context, *IssueJoinTicketRequest) (*IssueJoinTicketResponse, error)
 	// IssueRejoinTicket gives a rebooted, already joined node the keys to unlock
 	// its state disk, and nothing else.
