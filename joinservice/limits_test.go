@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
@@ -98,5 +99,35 @@ func TestConnectionLimits(t *testing.T) {
 		if got := testutil.ToFloat64(h.server.metrics.verdicts.WithLabelValues("handshake", "refused", reason)); got < want {
 			t.Errorf("verdicts{handshake, refused, %s} = %v, want at least %v", reason, got, want)
 		}
+	}
+}
+
+// TestConnectionMaxAge: no attestation outlives its connection's maximum
+// age; the server closes the connection and the node attests again on a
+// new one.
+func TestConnectionMaxAge(t *testing.T) {
+	h := newHarness(t, harnessOptions{limits: ConnectionLimits{MaxAge: 500 * time.Millisecond, MaxAgeGrace: 100 * time.Millisecond}})
+	attester := &countingAttester{Attester: h.node.attester}
+	conn, err := dialJoinService(h.addr, h.caHash, attester, "127.0.0.70")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	client := joinservicev1.NewJoinServiceClient(conn)
+	req := &joinservicev1.IssueRejoinTicketRequest{DiskUuid: uuid.NewString()}
+	if _, err := client.IssueRejoinTicket(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	if got := attester.quotes.Load(); got != 1 {
+		t.Fatalf("%d quotes for one connection, want 1", got)
+	}
+	// Keep asking (a request may meet the closing connection and fail:
+	// that is the point); the node must have attested again.
+	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, _ = client.IssueRejoinTicket(ctx, req)
+		return attester.quotes.Load() >= 2, nil
+	})
+	if err != nil {
+		t.Fatalf("the connection outlived its maximum age: still %d quote(s): %v", attester.quotes.Load(), err)
 	}
 }
