@@ -13,6 +13,7 @@ import (
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // bootDisk is the state disk as the boot sequence sees it.
@@ -212,7 +213,7 @@ func rejoin(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	id, err := clusterID(ticket.GetMeasurementSecret(), salt)
+	id, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), salt)
 	if err != nil {
 		return err
 	}

@@ -19,11 +19,11 @@ import (
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
-	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 )
 
@@ -231,12 +231,12 @@ func TestRunRejoin(t *testing.T) {
 	if err := awaitRun(t, f.run(t.Context())); err != nil {
 		t.Fatal(err)
 	}
-	id, err := clusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
+	id, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pcr, err := tpm2.ReadPCR(n.sim, nodelock.PCR, tpm2.AlgSHA256)
-	if err != nil || !bytes.Equal(pcr, nodelock.ExpectedPCR(id)) || n.lock.Holder() != "rejoin" {
+	pcr, err := tpm2.ReadPCR(n.sim, keys.NodeLockPCR, tpm2.AlgSHA256)
+	if err != nil || !bytes.Equal(pcr, keys.ExpectedNodeLockPCR(id)) || n.lock.Holder() != "rejoin" {
 		t.Fatalf("holder %q, PCR 15 %x", n.lock.Holder(), pcr)
 	}
 	if f.kubelet.restarts.Load() != 1 || n.runner.subcommands() != "" {

@@ -27,13 +27,14 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 // testPCRs are quoted by the test nodes: firmware, boot loader, node lock.
-var testPCRs = []int{0, 4, nodelock.PCR}
+var testPCRs = []int{0, 4, keys.NodeLockPCR}
 
 var bootArtefacts = []tpm.Artefact{tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1"))}
 
@@ -116,9 +117,9 @@ func verifier(t *testing.T, a *tpm.Attester, lockedOK ...bool) *tpm.Verifier {
 		t.Fatal(err)
 	}
 	if len(lockedOK) > 0 && lockedOK[0] {
-		m := ref[nodelock.PCR]
+		m := ref[keys.NodeLockPCR]
 		m.WarnOnly = true
-		ref[nodelock.PCR] = m
+		ref[keys.NodeLockPCR] = m
 	}
 	v, err := tpm.NewVerifier(tpm.Policy{
 		PCRs: testPCRs, ReferenceValues: ref,

@@ -30,6 +30,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
@@ -44,7 +45,7 @@ type InitConfig struct {
 	// Identity is the node's attestation identity, as verifiers see it in
 	// its evidence (attestation.Result.Identity); the state disk key is
 	// bound to it, as the join service binds a joining node's
-	// (kms.DiskKeyID), so a rejoin after a reboot gets the same key.
+	// (keys.DiskKeyID), so a rejoin after a reboot gets the same key.
 	Identity string
 	// InitSecretHash is the bcrypt hash of the init secret the node was
 	// provisioned with.
@@ -238,7 +239,7 @@ func (s *InitServer) follow(stream initservicev1.InitService_InitServer, j *init
 type initPlan struct {
 	req         *initservicev1.InitRequest
 	fingerprint [sha256.Size]byte
-	keys        *kms.ClusterKMS
+	derive      *kms.ClusterKMS
 	clusterID   []byte
 	params      kubeadm.InitParams
 }
@@ -254,12 +255,12 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 	if !ok {
 		return nil, errors.New("kms_uri: the first node derives keys itself and needs kms://cluster-kms?key=…&salt=…")
 	}
-	keys, err := kms.NewClusterKMS(uri.MasterSecret, uri.Salt)
+	derive, err := kms.NewClusterKMS(uri.MasterSecret, uri.Salt)
 	if err != nil {
 		return nil, fmt.Errorf("kms_uri: %w", err)
 	}
-	if len(req.GetMeasurementSalt()) != 32 {
-		return nil, fmt.Errorf("measurement_salt has %d bytes, want 32", len(req.GetMeasurementSalt()))
+	if len(req.GetMeasurementSalt()) != keys.MeasurementSaltSize {
+		return nil, fmt.Errorf("measurement_salt has %d bytes, want %d", len(req.GetMeasurementSalt()), keys.MeasurementSaltSize)
 	}
 	if len(req.GetKubernetesComponents()) == 0 {
 		return nil, errors.New("kubernetes_components is empty: send the pinned components of kubernetes_version")
@@ -269,11 +270,11 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 			return nil, fmt.Errorf("kubernetes_components[%d]: %w", i, err)
 		}
 	}
-	secret, err := keys.GetDEK(context.Background(), kms.MeasurementSecretID, 32)
+	secret, err := derive.GetDEK(context.Background(), keys.MeasurementSecretID, keys.MeasurementSecretSize)
 	if err != nil {
 		return nil, err
 	}
-	id, err := clusterID(secret, req.GetMeasurementSalt())
+	id, err := keys.DeriveClusterID(secret, req.GetMeasurementSalt())
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +304,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &initPlan{req: req, fingerprint: sha256.Sum256(data), keys: keys, clusterID: id, params: params}, nil
+	return &initPlan{req: req, fingerprint: sha256.Sum256(data), derive: derive, clusterID: id, params: params}, nil
 }
 
 // run executes the init and records its end.
@@ -360,11 +361,11 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 	if err != nil {
 		return nil, err
 	}
-	diskKeyID, err := kms.DiskKeyID(s.cfg.Identity, diskUUID)
+	diskKeyID, err := keys.DiskKeyID(s.cfg.Identity, diskUUID)
 	if err != nil {
 		return nil, err
 	}
-	diskKey, err := p.keys.GetDEK(ctx, diskKeyID, 32)
+	diskKey, err := p.derive.GetDEK(ctx, diskKeyID, keys.StateDiskKeySize)
 	if err != nil {
 		return nil, err
 	}

@@ -24,11 +24,11 @@ import (
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
-	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -97,26 +97,26 @@ func newInitFixture(t *testing.T) *initFixture {
 // expected derives what the node must end up with from the client's view.
 func (f *initFixture) expected(t *testing.T) (id, diskKey []byte) {
 	t.Helper()
-	keys, err := kms.NewClusterKMS(f.master, f.masterSalt)
+	derive, err := kms.NewClusterKMS(f.master, f.masterSalt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret, err := keys.GetDEK(t.Context(), kms.MeasurementSecretID, 32)
+	secret, err := derive.GetDEK(t.Context(), keys.MeasurementSecretID, keys.MeasurementSecretSize)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id, err = clusterID(secret, f.req.GetMeasurementSalt()); err != nil {
+	if id, err = keys.DeriveClusterID(secret, f.req.GetMeasurementSalt()); err != nil {
 		t.Fatal(err)
 	}
 	uuid, err := f.node.disk.UUID(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	diskKeyID, err := kms.DiskKeyID(f.node.identity(t), uuid)
+	diskKeyID, err := keys.DiskKeyID(f.node.identity(t), uuid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diskKey, err = keys.GetDEK(t.Context(), diskKeyID, 32); err != nil {
+	if diskKey, err = derive.GetDEK(t.Context(), diskKeyID, keys.StateDiskKeySize); err != nil {
 		t.Fatal(err)
 	}
 	return id, diskKey
@@ -178,11 +178,11 @@ func TestInit(t *testing.T) {
 	if !bytes.Equal(final.GetSuccess().GetClusterId(), wantID) {
 		t.Fatal("cluster ID differs from HKDF(measurementSecret, measurementSalt, \"key-clusterID\")")
 	}
-	pcr, err := tpm2.ReadPCR(f.node.sim, nodelock.PCR, tpm2.AlgSHA256)
+	pcr, err := tpm2.ReadPCR(f.node.sim, keys.NodeLockPCR, tpm2.AlgSHA256)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(pcr, nodelock.ExpectedPCR(wantID)) {
+	if !bytes.Equal(pcr, keys.ExpectedNodeLockPCR(wantID)) {
 		t.Fatal("PCR 15 does not hold the cluster ID")
 	}
 	for key, want := range map[string]bool{"first-boot": false, "derived": true} {

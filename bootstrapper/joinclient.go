@@ -19,6 +19,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 )
@@ -133,7 +134,7 @@ func (c *JoinClient) Join(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	id, err := clusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
+	id, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
 	if err != nil {
 		return err
 	}

@@ -23,12 +23,12 @@ import (
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
-	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -184,12 +184,12 @@ func TestJoin(t *testing.T) {
 	if fake.calls != 2 {
 		t.Errorf("%d calls to the join service, want 2 (one Unavailable)", fake.calls)
 	}
-	id, err := clusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
+	id, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pcr, err := tpm2.ReadPCR(n.sim, nodelock.PCR, tpm2.AlgSHA256)
-	if err != nil || !bytes.Equal(pcr, nodelock.ExpectedPCR(id)) || n.lock.Holder() != "join" {
+	pcr, err := tpm2.ReadPCR(n.sim, keys.NodeLockPCR, tpm2.AlgSHA256)
+	if err != nil || !bytes.Equal(pcr, keys.ExpectedNodeLockPCR(id)) || n.lock.Holder() != "join" {
 		t.Fatalf("lock holder %q, PCR 15 %x: want the join's cluster ID", n.lock.Holder(), pcr)
 	}
 	ctx := t.Context()

@@ -18,6 +18,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
@@ -80,7 +81,7 @@ func TestInitJoinRace(t *testing.T) {
 	}
 	ticket := testTicket(t, setup.Root)
 	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
-	joinID, err := clusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
+	joinID, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,11 +158,11 @@ func TestInitJoinRace(t *testing.T) {
 				t.Fatalf("round %d: the losing join ended with %v, want ErrLocked", round, joinErr)
 			}
 		}
-		pcr, err := tpm2.ReadPCR(sim, nodelock.PCR, tpm2.AlgSHA256)
+		pcr, err := tpm2.ReadPCR(sim, keys.NodeLockPCR, tpm2.AlgSHA256)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(pcr, nodelock.ExpectedPCR(want)) {
+		if !bytes.Equal(pcr, keys.ExpectedNodeLockPCR(want)) {
 			t.Fatalf("round %d: PCR 15 does not hold the winner's cluster ID", round)
 		}
 		wins[lock.Holder()]++

@@ -7,8 +7,6 @@ package bootstrapper
 
 import (
 	"context"
-	"crypto/hkdf"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -120,16 +118,6 @@ func (s *Setup) markFailed(err error, now time.Time) *FailedError {
 	failed := &FailedError{Err: err}
 	_ = writeStatus(s.Root, PhaseFailed, failed, now)
 	return failed
-}
-
-// clusterID derives the cluster ID from the measurement secret and salt:
-// HKDF-SHA256(measurementSecret, measurementSalt, "key-clusterID", 32)
-// (DESIGN.md "Keys").
-func clusterID(measurementSecret, measurementSalt []byte) ([]byte, error) {
-	if len(measurementSecret) == 0 || len(measurementSalt) == 0 {
-		return nil, errors.New("deriving the cluster ID: measurement secret and salt must not be empty")
-	}
-	return hkdf.Key(sha256.New, measurementSecret, measurementSalt, "key-clusterID", 32)
 }
 
 // ExecRunner runs the kubeadm binary at Path (found in PATH when empty).

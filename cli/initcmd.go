@@ -41,7 +41,7 @@ const (
 )
 
 // masterSecret is the master secret file: 32 random bytes and a 32-byte
-// salt (DESIGN.md "Keys"). Keep it safe: it derives every key of the
+// salt (docs/keys.md, "Key hierarchy"). Keep it safe: it derives every key of the
 // cluster.
 type masterSecret struct {
 	Key  []byte `json:"key"`

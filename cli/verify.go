@@ -13,10 +13,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
@@ -59,10 +59,10 @@ func newVerifyCmd() *cobra.Command {
 			switch {
 			case err == nil && state.ClusterID != "":
 				id, err := hex.DecodeString(state.ClusterID)
-				if err != nil || len(id) != nodelock.ClusterIDSize {
-					return fmt.Errorf("%s: cluster ID is not %d bytes of hex", stateFile, nodelock.ClusterIDSize)
+				if err != nil || len(id) != keys.ClusterIDSize {
+					return fmt.Errorf("%s: cluster ID is not %d bytes of hex", stateFile, keys.ClusterIDSize)
 				}
-				lockPCR, report.ClusterID = nodelock.ExpectedPCR(id), state.ClusterID
+				lockPCR, report.ClusterID = keys.ExpectedNodeLockPCR(id), state.ClusterID
 			case err != nil && !errors.Is(err, fs.ErrNotExist):
 				return err
 			}
@@ -101,9 +101,9 @@ func printVerifyReport(out io.Writer, r verifyReport, result *attestation.Result
 	fmt.Fprintf(out, "Node %s is verified (%s, %s).\n", r.Node, r.Variant, r.Identity)
 	fmt.Fprintf(out, "Its evidence proves the roles: %v.\n", r.Roles)
 	if r.ClusterID != "" {
-		fmt.Fprintf(out, "PCR %d holds cluster ID %s.\n", nodelock.PCR, r.ClusterID)
+		fmt.Fprintf(out, "PCR %d holds cluster ID %s.\n", keys.NodeLockPCR, r.ClusterID)
 	} else {
-		fmt.Fprintf(out, "PCR %d is zero: the node has not taken its node lock.\n", nodelock.PCR)
+		fmt.Fprintf(out, "PCR %d is zero: the node has not taken its node lock.\n", keys.NodeLockPCR)
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "PCR\tVALUE")

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
@@ -45,7 +45,7 @@ func TestVerify(t *testing.T) {
 		t.Fatalf("report %+v", report)
 	}
 	idBytes := mustHex(t, id)
-	if report.Measurements["15"] != hexOf(nodelock.ExpectedPCR(idBytes)) {
+	if report.Measurements["15"] != hexOf(keys.ExpectedNodeLockPCR(idBytes)) {
 		t.Fatal("PCR 15 is not the cluster ID's value")
 	}
 

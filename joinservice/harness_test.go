@@ -40,6 +40,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -60,7 +61,7 @@ const rolePCR = 8
 
 // testPCRs is the quoted selection: firmware, boot loader (the
 // bootstrapper's measurement), the role and the node-lock PCR.
-var testPCRs = []int{0, 4, rolePCR, joinconfig.NodeLockPCR}
+var testPCRs = []int{0, 4, rolePCR, keys.NodeLockPCR}
 
 // testNodeCIDR holds the addresses test nodes put in their CSRs: they
 // connect from loopback, which a kubelet certificate may not name.
@@ -218,7 +219,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		logs:    &testkit.LogBuffer{Discard: opts.discardLog},
 		reg:     prometheus.NewRegistry(),
 		keysReg: prometheus.NewRegistry(),
-		salt:    randomBytes(t, joinconfig.MeasurementSaltSize),
+		salt:    randomBytes(t, keys.MeasurementSaltSize),
 	}
 	h.pkiDir = writeControlPlanePKI(t, env)
 	h.startKeyService(t)

@@ -30,14 +30,10 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
-	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
-
-// keySize is the size in bytes of the keys asked of the key service
-// (docs/keys.md).
-const keySize = 32
 
 // MaxRequestSize bounds a request message in bytes; a CSR is well under 4 KiB.
 const MaxRequestSize = 16 << 10
@@ -382,9 +378,9 @@ func strict(req proto.Message) error {
 }
 
 // diskKeyID returns the key id of the caller's disk key: bound to its
-// attestation identity, with the UUID canonicalised (kms.DiskKeyID).
+// attestation identity, with the UUID canonicalised (keys.DiskKeyID).
 func diskKeyID(identity, diskUUID string) (string, error) {
-	id, err := kms.DiskKeyID(identity, diskUUID)
+	id, err := keys.DiskKeyID(identity, diskUUID)
 	if err != nil {
 		return "", refuse(codes.InvalidArgument, "invalid_request",
 			"disk_uuid %q is not a UUID in RFC 9562 text form (8-4-4-4-12 hex digits)", truncate(diskUUID, 40))
@@ -394,10 +390,10 @@ func diskKeyID(identity, diskUUID string) (string, error) {
 
 // keys fetches the disk key and the measurement secret.
 func (s *Server) keys(ctx context.Context, diskKeyID string) (diskKey, measurementSecret []byte, err error) {
-	if diskKey, err = s.cfg.Keys.GetDataKey(ctx, diskKeyID, keySize); err != nil {
+	if diskKey, err = s.cfg.Keys.GetDataKey(ctx, diskKeyID, keys.StateDiskKeySize); err != nil {
 		return nil, nil, refuse(codes.Unavailable, "key_service_error", "getting the state disk key from the key service: %w", err)
 	}
-	if measurementSecret, err = s.cfg.Keys.GetDataKey(ctx, kms.MeasurementSecretID, keySize); err != nil {
+	if measurementSecret, err = s.cfg.Keys.GetDataKey(ctx, keys.MeasurementSecretID, keys.MeasurementSecretSize); err != nil {
 		return nil, nil, refuse(codes.Unavailable, "key_service_error", "getting the measurement secret from the key service: %w", err)
 	}
 	return diskKey, measurementSecret, nil

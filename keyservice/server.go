@@ -25,7 +25,7 @@ import (
 
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/handshake"
-	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
 )
 
@@ -83,13 +83,13 @@ func (s *Server) GetDataKey(ctx context.Context, req *keyservicev1.GetDataKeyReq
 }
 
 func (s *Server) getDataKey(ctx context.Context, req *keyservicev1.GetDataKeyRequest) ([]byte, error) {
-	if req.GetLength() > kms.MaxKeyLength {
-		return nil, status.Errorf(codes.InvalidArgument, "length %d is outside 1-%d bytes", req.GetLength(), kms.MaxKeyLength)
+	if req.GetLength() > keys.MaxDataKeySize {
+		return nil, status.Errorf(codes.InvalidArgument, "length %d is outside 1-%d bytes", req.GetLength(), keys.MaxDataKeySize)
 	}
 	if err := protostrict.CheckUnknown(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if err := kms.CheckRequest(req.GetDataKeyId(), int(req.GetLength())); err != nil {
+	if err := keys.CheckRequest(req.GetDataKeyId(), int(req.GetLength())); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	key, err := s.keys.GetDEK(ctx, req.GetDataKeyId(), int(req.GetLength()))

@@ -1,4 +1,4 @@
-// Package nodelock is the node lock of DESIGN.md "Node lock": two states,
+// Package nodelock is the node lock (docs/bootstrapper.md, "The node lock"): two states,
 // one transition (unlocked → locked), taken by whichever of the InitServer
 // and the JoinClient gets there first. Taking it extends the node's TPM PCR
 // 15 with the cluster ID, so that "this node is initialised" is part of the
@@ -14,15 +14,10 @@ import (
 	"io"
 	"sync"
 
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/google/go-tpm/tpmutil"
 )
-
-// PCR is the PCR the lock extends (SHA-256 bank).
-const PCR = 15
-
-// ClusterIDSize is the size of a cluster ID in bytes (DESIGN.md "Keys").
-const ClusterIDSize = sha256.Size
 
 // ErrLocked means the lock was already taken, by the other contender in
 // this boot or in an earlier one.
@@ -42,9 +37,9 @@ type Lock struct {
 // bootstrapper ran, e.g. a restarted bootstrapper), unlocked when it is
 // zero.
 func New(rw io.ReadWriter) (*Lock, error) {
-	value, err := tpm2.ReadPCR(rw, PCR, tpm2.AlgSHA256)
+	value, err := tpm2.ReadPCR(rw, keys.NodeLockPCR, tpm2.AlgSHA256)
 	if err != nil {
-		return nil, fmt.Errorf("reading node lock PCR %d: %w", PCR, err)
+		return nil, fmt.Errorf("reading node lock PCR %d: %w", keys.NodeLockPCR, err)
 	}
 	l := &Lock{tpm: rw, taken: make(chan struct{})}
 	if !bytes.Equal(value, make([]byte, sha256.Size)) {
@@ -77,28 +72,18 @@ func (l *Lock) Holder() string {
 // when the lock is already taken. If the extension fails the lock stays
 // untaken and the error says why.
 func (l *Lock) TryLock(holder string, clusterID []byte) error {
-	if len(clusterID) != ClusterIDSize {
-		return fmt.Errorf("taking the node lock: cluster ID is %d bytes, want %d", len(clusterID), ClusterIDSize)
+	if len(clusterID) != keys.ClusterIDSize {
+		return fmt.Errorf("taking the node lock: cluster ID is %d bytes, want %d", len(clusterID), keys.ClusterIDSize)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.locked {
 		return ErrLocked
 	}
-	if err := tpm2.PCRExtend(l.tpm, tpmutil.Handle(PCR), tpm2.AlgSHA256, clusterID, ""); err != nil {
-		return fmt.Errorf("taking the node lock: extending PCR %d: %w", PCR, err)
+	if err := tpm2.PCRExtend(l.tpm, tpmutil.Handle(keys.NodeLockPCR), tpm2.AlgSHA256, clusterID, ""); err != nil {
+		return fmt.Errorf("taking the node lock: extending PCR %d: %w", keys.NodeLockPCR, err)
 	}
 	l.locked, l.holder = true, holder
 	close(l.taken)
 	return nil
-}
-
-// ExpectedPCR is PCR 15's value after the lock was taken with clusterID on
-// a TPM whose PCR 15 was zero: SHA-256(32 zero bytes || clusterID) (TPM 2.0
-// Library, Part 1, 17.6.2 "Extend").
-func ExpectedPCR(clusterID []byte) []byte {
-	h := sha256.New()
-	h.Write(make([]byte, sha256.Size))
-	h.Write(clusterID)
-	return h.Sum(nil)
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/google/go-tpm-tools/simulator"
 	"github.com/google/go-tpm/legacy/tpm2"
 )
@@ -23,7 +24,7 @@ func openSimulator(t *testing.T) *simulator.Simulator {
 
 func readPCR(t *testing.T, sim *simulator.Simulator) []byte {
 	t.Helper()
-	v, err := tpm2.ReadPCR(sim, PCR, tpm2.AlgSHA256)
+	v, err := tpm2.ReadPCR(sim, keys.NodeLockPCR, tpm2.AlgSHA256)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +33,7 @@ func readPCR(t *testing.T, sim *simulator.Simulator) []byte {
 
 func clusterID(t *testing.T) []byte {
 	t.Helper()
-	id := make([]byte, ClusterIDSize)
+	id := make([]byte, keys.ClusterIDSize)
 	if _, err := rand.Read(id); err != nil {
 		t.Fatal(err)
 	}
@@ -82,8 +83,8 @@ func TestRace(t *testing.T) {
 		if winner == "" || errs[winner] != nil || !errors.Is(errs[loser], ErrLocked) {
 			t.Fatalf("round %d: holder %q, results %v: want exactly one winner", round, winner, errs)
 		}
-		if got := readPCR(t, sim); !bytes.Equal(got, ExpectedPCR(ids[winner])) {
-			t.Fatalf("round %d: PCR %d = %x, want the %s cluster ID's %x", round, PCR, got, winner, ExpectedPCR(ids[winner]))
+		if got := readPCR(t, sim); !bytes.Equal(got, keys.ExpectedNodeLockPCR(ids[winner])) {
+			t.Fatalf("round %d: PCR %d = %x, want the %s cluster ID's %x", round, keys.NodeLockPCR, got, winner, keys.ExpectedNodeLockPCR(ids[winner]))
 		}
 		wins[winner]++
 	}
@@ -112,7 +113,7 @@ func TestLockedAfterRestart(t *testing.T) {
 	if err := again.TryLock("init", clusterID(t)); !errors.Is(err, ErrLocked) {
 		t.Fatalf("TryLock after restart: %v, want ErrLocked", err)
 	}
-	if got := readPCR(t, sim); !bytes.Equal(got, ExpectedPCR(id)) {
+	if got := readPCR(t, sim); !bytes.Equal(got, keys.ExpectedNodeLockPCR(id)) {
 		t.Fatalf("PCR changed by a refused TryLock: %x", got)
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
@@ -253,11 +254,11 @@ func parsePCRs(list string) ([]int, error) {
 		pcrs = append(pcrs, n)
 	}
 	for _, p := range pcrs {
-		if p == nodelock.PCR {
+		if p == keys.NodeLockPCR {
 			return pcrs, nil
 		}
 	}
-	return nil, fmt.Errorf("--pcrs must include the node lock PCR %d", nodelock.PCR)
+	return nil, fmt.Errorf("--pcrs must include the node lock PCR %d", keys.NodeLockPCR)
 }
 
 func splitList(s string) []string {

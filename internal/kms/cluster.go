@@ -5,16 +5,12 @@ import (
 	"crypto/hkdf"
 	"crypto/sha256"
 	"fmt"
-)
 
-// Minimum sizes of the master secret and salt, in bytes.
-const (
-	MinMasterSecretSize = 16
-	MinSaltSize         = 32
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // ClusterKMS derives keys from the cluster's master secret:
-// key = HKDF-SHA256(IKM = master secret, salt, info = "key-" + id, L = length)
+// key = HKDF-SHA256(IKM = master secret, salt, info = keys.Info(id), L = length)
 // (RFC 5869). Deriving the same id with a shorter length yields a prefix of
 // the longer key. The extract step (RFC 5869 §2.2), the same for every id, is
 // done once: each request only expands the pseudorandom key.
@@ -23,13 +19,13 @@ type ClusterKMS struct {
 }
 
 // NewClusterKMS returns a ClusterKMS, refusing a master secret shorter than
-// MinMasterSecretSize or a salt shorter than MinSaltSize.
+// keys.MinMasterSecretSize or a salt shorter than keys.MinMasterSaltSize.
 func NewClusterKMS(masterSecret, salt []byte) (*ClusterKMS, error) {
-	if len(masterSecret) < MinMasterSecretSize {
-		return nil, fmt.Errorf("master secret has %d bytes, at least %d required", len(masterSecret), MinMasterSecretSize)
+	if len(masterSecret) < keys.MinMasterSecretSize {
+		return nil, fmt.Errorf("master secret has %d bytes, at least %d required", len(masterSecret), keys.MinMasterSecretSize)
 	}
-	if len(salt) < MinSaltSize {
-		return nil, fmt.Errorf("master salt has %d bytes, at least %d required", len(salt), MinSaltSize)
+	if len(salt) < keys.MinMasterSaltSize {
+		return nil, fmt.Errorf("master salt has %d bytes, at least %d required", len(salt), keys.MinMasterSaltSize)
 	}
 	prk, err := hkdf.Extract(sha256.New, masterSecret, salt)
 	if err != nil {
@@ -40,10 +36,10 @@ func NewClusterKMS(masterSecret, salt []byte) (*ClusterKMS, error) {
 
 // GetDEK returns the key for id, length bytes long.
 func (k *ClusterKMS) GetDEK(_ context.Context, id string, length int) ([]byte, error) {
-	if err := CheckRequest(id, length); err != nil {
+	if err := keys.CheckRequest(id, length); err != nil {
 		return nil, err
 	}
-	key, err := hkdf.Expand(sha256.New, k.prk, "key-"+id, length)
+	key, err := hkdf.Expand(sha256.New, k.prk, keys.Info(id), length)
 	if err != nil {
 		return nil, fmt.Errorf("deriving key: %w", err)
 	}

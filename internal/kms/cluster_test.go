@@ -8,6 +8,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 var (
@@ -87,21 +89,9 @@ func TestNewClusterKMSEnforcesMinimumSizes(t *testing.T) {
 	}
 }
 
-// FuzzValidID checks the hand-written id check against IDPattern.
-func FuzzValidID(f *testing.F) {
-	for _, s := range []string{"a", "measurementSecret", "2b2f6c1e-6f8a-4b8c-9d7e-0a1b2c3d4e5f", ".x", "a/b", "", "é"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, id string) {
-		if validID(id) != IDPattern.MatchString(id) {
-			t.Fatalf("validID(%q) = %t, IDPattern says %t", id, validID(id), IDPattern.MatchString(id))
-		}
-	})
-}
-
 // FuzzGetDEK sends arbitrary ids and lengths, as a key service request may
 // carry: the answer is a key of exactly the requested length or an error
-// wrapping ErrInvalidRequest, never a panic.
+// wrapping keys.ErrInvalidRequest, never a panic.
 func FuzzGetDEK(f *testing.F) {
 	f.Add("2b2f6c1e-6f8a-4b8c-9d7e-0a1b2c3d4e5f", 32)
 	f.Add("", 0)
@@ -114,8 +104,8 @@ func FuzzGetDEK(f *testing.F) {
 	f.Fuzz(func(t *testing.T, id string, length int) {
 		key, err := k.GetDEK(context.Background(), id, length)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidRequest) {
-				t.Fatalf("error %v does not wrap ErrInvalidRequest", err)
+			if !errors.Is(err, keys.ErrInvalidRequest) {
+				t.Fatalf("error %v does not wrap keys.ErrInvalidRequest", err)
 			}
 			return
 		}
@@ -123,35 +113,4 @@ func FuzzGetDEK(f *testing.F) {
 			t.Fatalf("key has %d bytes, want %d", len(key), length)
 		}
 	})
-}
-
-func TestCheckRequest(t *testing.T) {
-	tests := []struct {
-		name    string
-		id      string
-		length  int
-		wantErr string
-	}{
-		{name: "uuid", id: "2b2f6c1e-6f8a-4b8c-9d7e-0a1b2c3d4e5f", length: 32},
-		{name: "empty id", id: "", length: 32, wantErr: "data key id is empty"},
-		{name: "slash in id", id: "a/b", length: 32, wantErr: "must be 1-128 characters"},
-		{name: "leading dot", id: ".hidden", length: 32, wantErr: "must be 1-128 characters"},
-		{name: "id too long", id: strings.Repeat("a", 129), length: 32, wantErr: "must be 1-128 characters"},
-		{name: "length 0", id: "a", length: 0, wantErr: "length 0 is outside 1-64 bytes"},
-		{name: "length 65", id: "a", length: 65, wantErr: "length 65 is outside 1-64 bytes"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := CheckRequest(tt.id, tt.length)
-			if tt.wantErr == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Fatalf("error = %v, want %q", err, tt.wantErr)
-			}
-		})
-	}
 }

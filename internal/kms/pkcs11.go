@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/ThalesGroup/crypto11"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -24,7 +25,7 @@ type DEKStore interface {
 
 // PKCS11KMS hands out random DEKs, generated on first request for an id,
 // wrapped with AES-256-GCM by a key-encryption key (KEK) that stays inside a
-// PKCS#11 token, and kept wrapped in a DEKStore. Every DEK is MaxKeyLength
+// PKCS#11 token, and kept wrapped in a DEKStore. Every DEK is keys.MaxDataKeySize
 // bytes; a request for fewer bytes gets a prefix, as with ClusterKMS.
 type PKCS11KMS struct {
 	kek   cipher.AEAD
@@ -70,7 +71,7 @@ func OpenPKCS11(uri *PKCS11URI) (*crypto11.Context, cipher.AEAD, error) {
 // Concurrent first requests for one id, in this process or in others sharing
 // the store, all get the same key.
 func (k *PKCS11KMS) GetDEK(ctx context.Context, id string, length int) ([]byte, error) {
-	if err := CheckRequest(id, length); err != nil {
+	if err := keys.CheckRequest(id, length); err != nil {
 		return nil, err
 	}
 	v, err, _ := k.group.Do(id, func() (any, error) { return k.getOrCreate(ctx, id) })
@@ -89,7 +90,7 @@ func (k *PKCS11KMS) getOrCreate(ctx context.Context, id string) ([]byte, error) 
 	if found {
 		return k.unwrap(id, wrapped)
 	}
-	dek := make([]byte, MaxKeyLength)
+	dek := make([]byte, keys.MaxDataKeySize)
 	if _, err := rand.Read(dek); err != nil {
 		return nil, fmt.Errorf("generating data key: %w", err)
 	}
@@ -135,8 +136,8 @@ func (k *PKCS11KMS) unwrap(id string, wrapped []byte) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("unwrapping data key %s: %w", id, errUnwrap)
 	}
-	if len(dek) != MaxKeyLength {
-		return nil, fmt.Errorf("wrapped data key %s has %d bytes, want %d", id, len(dek), MaxKeyLength)
+	if len(dek) != keys.MaxDataKeySize {
+		return nil, fmt.Errorf("wrapped data key %s has %d bytes, want %d", id, len(dek), keys.MaxDataKeySize)
 	}
 	return dek, nil
 }

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"os"
 	"strings"
+
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // ClusterKMSURI is a parsed kms://cluster-kms?key=<base64url>&salt=<base64url>.
@@ -84,11 +86,11 @@ func parseClusterKMS(q url.Values) (*ClusterKMSURI, error) {
 			return nil, fmt.Errorf("KMS URI parameter %q is not base64url", name)
 		}
 	}
-	if len(decoded[0]) < MinMasterSecretSize {
-		return nil, fmt.Errorf("KMS URI key has %d bytes, at least %d required", len(decoded[0]), MinMasterSecretSize)
+	if len(decoded[0]) < keys.MinMasterSecretSize {
+		return nil, fmt.Errorf("KMS URI key has %d bytes, at least %d required", len(decoded[0]), keys.MinMasterSecretSize)
 	}
-	if len(decoded[1]) < MinSaltSize {
-		return nil, fmt.Errorf("KMS URI salt has %d bytes, at least %d required", len(decoded[1]), MinSaltSize)
+	if len(decoded[1]) < keys.MinMasterSaltSize {
+		return nil, fmt.Errorf("KMS URI salt has %d bytes, at least %d required", len(decoded[1]), keys.MinMasterSaltSize)
 	}
 	return &ClusterKMSURI{MasterSecret: decoded[0], Salt: decoded[1]}, nil
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 func TestParseURI(t *testing.T) {
@@ -72,7 +74,7 @@ func FuzzParseURI(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if c, ok := got.(*ClusterKMSURI); ok && (len(c.MasterSecret) < MinMasterSecretSize || len(c.Salt) < MinSaltSize) {
+		if c, ok := got.(*ClusterKMSURI); ok && (len(c.MasterSecret) < keys.MinMasterSecretSize || len(c.Salt) < keys.MinMasterSaltSize) {
 			t.Fatalf("accepted short key material from %q", uri)
 		}
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // Role names what a node may be in the cluster. A node gets a role only
@@ -73,8 +74,8 @@ func (p AttestationPolicy) Appraisal(now func() time.Time, lockPCR []byte) (*App
 	if variant != attestation.VariantTPM {
 		return nil, fmt.Errorf("variant %q has no policy format yet; use tpm", variant)
 	}
-	if !slices.Contains(p.PCRs, NodeLockPCR) {
-		return nil, fmt.Errorf("pcrs must include the node-lock PCR %d", NodeLockPCR)
+	if !slices.Contains(p.PCRs, keys.NodeLockPCR) {
+		return nil, fmt.Errorf("pcrs must include the node-lock PCR %d", keys.NodeLockPCR)
 	}
 	ref, err := parseReferenceValues("referenceValues", p.ReferenceValues, p.PCRs, true)
 	if err != nil {
@@ -87,7 +88,7 @@ func (p AttestationPolicy) Appraisal(now func() time.Time, lockPCR []byte) (*App
 	if lockPCR == nil {
 		lockPCR = make([]byte, 32)
 	}
-	ref[NodeLockPCR] = measurements.Measurement{Expected: lockPCR}
+	ref[keys.NodeLockPCR] = measurements.Measurement{Expected: lockPCR}
 	endorsement, err := parseEndorsement(p)
 	if err != nil {
 		return nil, err
@@ -135,8 +136,8 @@ func parseReferenceValues(field string, raw json.RawMessage, pcrs []int, mayBeEm
 		return nil, fmt.Errorf("%s: %w", field, err)
 	}
 	for index := range ref {
-		if index == NodeLockPCR {
-			return nil, fmt.Errorf("%s must not set PCR %d: it holds the node lock, always checked", field, NodeLockPCR)
+		if index == keys.NodeLockPCR {
+			return nil, fmt.Errorf("%s must not set PCR %d: it holds the node lock, always checked", field, keys.NodeLockPCR)
 		}
 		if !slices.Contains(pcrs, int(index)) {
 			return nil, fmt.Errorf("%s sets PCR %d, which pcrs does not select", field, index)

@@ -28,6 +28,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // Keys of the join config ConfigMap (docs/joinservice.md shows an example).
@@ -58,14 +59,6 @@ const (
 // "sev-snp-chip:<hex>", "tdx-ppid:<hex>") or "node:<node name>".
 const KeyDenyList = "denied"
 
-// NodeLockPCR is the PCR the bootstrapper extends with the cluster ID when
-// it takes the node lock (DESIGN.md "Node lock"). A node asking for keys must
-// not have taken it yet, so the join service always requires it to be zero.
-const NodeLockPCR = 15
-
-// MeasurementSaltSize is the size of the measurement salt in bytes.
-const MeasurementSaltSize = 32
-
 // maxComponents bounds the component list of a join config.
 const maxComponents = 64
 
@@ -75,10 +68,10 @@ type AttestationPolicy struct {
 	// Variant must be the variant the service was started for ("tpm").
 	Variant string `json:"variant"`
 	// PCRs is the SHA-256 PCR selection every quote must cover; it must
-	// include NodeLockPCR.
+	// include keys.NodeLockPCR.
 	PCRs []int `json:"pcrs"`
 	// ReferenceValues are the expected PCR values every node shares, whatever
-	// its role (package measurements' format). NodeLockPCR must not appear:
+	// its role (package measurements' format). keys.NodeLockPCR must not appear:
 	// it is always enforced as zero.
 	ReferenceValues json.RawMessage `json:"referenceValues,omitempty"`
 	// Roles holds the reference values of each node role a node can prove
@@ -96,7 +89,7 @@ type AttestationPolicy struct {
 type JoinConfig struct {
 	// Appraisal appraises joiners' evidence and tells their roles.
 	Appraisal *Appraisal
-	// MeasurementSalt is handed to every joiner, MeasurementSaltSize bytes.
+	// MeasurementSalt is handed to every joiner, keys.MeasurementSaltSize bytes.
 	MeasurementSalt []byte
 	// APIServerEndpoint is where joiners reach the API server, host:port.
 	APIServerEndpoint string
@@ -133,8 +126,8 @@ func ParseJoinConfig(data map[string]string, variant attestation.Variant, now fu
 	}
 	cfg.Summary = cfg.Appraisal.Summary
 	salt, err := hex.DecodeString(strings.TrimSpace(data[KeyMeasurementSalt]))
-	if err != nil || len(salt) != MeasurementSaltSize {
-		return nil, fmt.Errorf("join config: %s must be %d bytes as hex (%d hex digits)", KeyMeasurementSalt, MeasurementSaltSize, 2*MeasurementSaltSize)
+	if err != nil || len(salt) != keys.MeasurementSaltSize {
+		return nil, fmt.Errorf("join config: %s must be %d bytes as hex (%d hex digits)", KeyMeasurementSalt, keys.MeasurementSaltSize, 2*keys.MeasurementSaltSize)
 	}
 	cfg.MeasurementSalt = salt
 	endpoint := strings.TrimSpace(data[KeyAPIServerEndpoint])

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
@@ -186,7 +187,7 @@ func FuzzParseJoinConfig(f *testing.F) {
 		d := maps.Clone(valid)
 		d[KeyAttestation], d[KeyKubernetesComponents], d[KeyMeasurementSalt] = policy, components, salt
 		cfg, err := ParseJoinConfig(d, attestation.VariantTPM, time.Now)
-		if err == nil && (!strings.Contains(cfg.Summary, "15") || len(cfg.MeasurementSalt) != MeasurementSaltSize) {
+		if err == nil && (!strings.Contains(cfg.Summary, "15") || len(cfg.MeasurementSalt) != keys.MeasurementSaltSize) {
 			t.Fatalf("accepted config %+v", cfg)
 		}
 	})

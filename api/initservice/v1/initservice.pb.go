@@ -297,7 +297,7 @@ type InitSuccess struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Admin kubeconfig (YAML) for a named cluster admin. Secret.
 	Kubeconfig []byte `protobuf:"bytes,1,opt,name=kubeconfig,proto3" json:"kubeconfig,omitempty"`
-	// Cluster ID, 32 bytes (DESIGN.md "Keys").
+	// Cluster ID, 32 bytes (docs/keys.md, "Key hierarchy").
 	ClusterId     []byte `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
