@@ -270,7 +270,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 			return nil, fmt.Errorf("kubernetes_components[%d]: %w", i, err)
 		}
 	}
-	secret, err := derive.GetDEK(context.Background(), keys.MeasurementSecretID, keys.MeasurementSecretSize)
+	secret, err := derive.GetDataKey(context.Background(), keys.MeasurementSecretID, keys.MeasurementSecretSize)
 	if err != nil {
 		return nil, err
 	}
@@ -365,7 +365,7 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 	if err != nil {
 		return nil, err
 	}
-	diskKey, err := p.derive.GetDEK(ctx, diskKeyID, keys.StateDiskKeySize)
+	diskKey, err := p.derive.GetDataKey(ctx, diskKeyID, keys.StateDiskKeySize)
 	if err != nil {
 		return nil, err
 	}

@@ -101,7 +101,7 @@ func (f *initFixture) expected(t *testing.T) (id, diskKey []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret, err := derive.GetDEK(t.Context(), keys.MeasurementSecretID, keys.MeasurementSecretSize)
+	secret, err := derive.GetDataKey(t.Context(), keys.MeasurementSecretID, keys.MeasurementSecretSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func (f *initFixture) expected(t *testing.T) (id, diskKey []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diskKey, err = derive.GetDEK(t.Context(), diskKeyID, keys.StateDiskKeySize); err != nil {
+	if diskKey, err = derive.GetDataKey(t.Context(), diskKeyID, keys.StateDiskKeySize); err != nil {
 		t.Fatal(err)
 	}
 	return id, diskKey

@@ -19,9 +19,9 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
-	"github.com/gatehouse-dev/gatehouse/joinservice"
 )
 
 // Backoff is the retry schedule for calls to the join service.
@@ -104,7 +104,7 @@ func NewJoinClient(cfg JoinConfig) (*JoinClient, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if _, err := joinservice.ClientCredentials(cfg.Attester, cfg.CACertHash, cfg.Now); err != nil {
+	if _, err := joincreds.Client(cfg.Attester, cfg.CACertHash, cfg.Now); err != nil {
 		return nil, fmt.Errorf("join client: %w", err)
 	}
 	return &JoinClient{cfg: cfg}, nil
@@ -197,7 +197,7 @@ func rejectedEvidence(err error) bool {
 }
 
 func (c *JoinClient) callOne(ctx context.Context, endpoint string, call func(context.Context, joinservicev1.JoinServiceClient) error) error {
-	creds, err := joinservice.ClientCredentials(c.cfg.Attester, c.cfg.CACertHash, c.cfg.Now)
+	creds, err := joincreds.Client(c.cfg.Attester, c.cfg.CACertHash, c.cfg.Now)
 	if err != nil {
 		return err
 	}

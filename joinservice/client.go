@@ -13,22 +13,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 )
 
-// ClientCredentials returns the attested TLS credentials a joiner dials the
-// join service with: the joiner attests with attester, and trusts the
-// service by the cluster identity it was provisioned with, the cluster CA's
-// discovery token CA cert hash (see clusterpki.VerifyClusterIdentity). now is the
-// clock; nil is time.Now.
-func ClientCredentials(attester attestation.Attester, caCertHash string, now func() time.Time) (*atls.Credentials, error) {
-	if now == nil {
-		now = time.Now
-	}
-	verify, err := clusterpki.VerifyClusterIdentity(caCertHash, now)
-	if err != nil {
-		return nil, err
-	}
-	return atls.NewCredentials(atls.Config{Attester: attester, VerifyPeer: verify, Now: now})
-}
-
 // ServerCredentials returns the service's attested TLS credentials: joiners
 // must attest and are appraised by policy; the service presents its
 // identity.

@@ -40,6 +40,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -492,7 +493,7 @@ func dialJoinService(addr, caHash string, attester attestation.Attester, src str
 	var creds credentials.TransportCredentials
 	var err error
 	if attester != nil {
-		creds, err = ClientCredentials(attester, caHash, nil)
+		creds, err = joincreds.Client(attester, caHash, nil)
 	} else {
 		creds, err = unattestedCredentials(caHash)
 	}

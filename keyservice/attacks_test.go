@@ -24,9 +24,9 @@ type countingKeys struct {
 	derived atomic.Int64
 }
 
-func (c *countingKeys) GetDEK(ctx context.Context, id string, length int) ([]byte, error) {
+func (c *countingKeys) GetDataKey(ctx context.Context, id string, length int) ([]byte, error) {
 	c.derived.Add(1)
-	return c.keySource.GetDEK(ctx, id, length)
+	return c.keySource.GetDataKey(ctx, id, length)
 }
 
 // TestKeyServiceAttacks: requests the key service must refuse before its

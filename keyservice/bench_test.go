@@ -44,7 +44,7 @@ func BenchmarkKeyService(b *testing.B) {
 			b.Fatal(err)
 		}
 		for b.Loop() {
-			if _, err := k.GetDEK(ctx, req.GetDataKeyId(), 32); err != nil {
+			if _, err := k.GetDataKey(ctx, req.GetDataKeyId(), 32); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -31,7 +31,7 @@ func TestOpenKMS(t *testing.T) {
 	saltFile := writeFile(t, dir, "salt", string(testSalt))
 	uriFile := writeFile(t, dir, "uri", kms.ClusterKMSURIString(testSecret, testSalt)+"\n")
 	reference, _ := kms.NewClusterKMS(testSecret, testSalt)
-	want, _ := reference.GetDEK(context.Background(), "measurementSecret", 32)
+	want, _ := reference.GetDataKey(context.Background(), "measurementSecret", 32)
 
 	tests := []struct {
 		name    string
@@ -59,7 +59,7 @@ func TestOpenKMS(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer closer.Close()
-			got, err := keys.GetDEK(context.Background(), "measurementSecret", 32)
+			got, err := keys.GetDataKey(context.Background(), "measurementSecret", 32)
 			if err != nil || !bytes.Equal(got, want) {
 				t.Fatalf("key differs from the derivation: %v", err)
 			}

@@ -31,7 +31,7 @@ import (
 
 // keySource returns data keys; declared here, where it is used.
 type keySource interface {
-	GetDEK(ctx context.Context, id string, length int) ([]byte, error)
+	GetDataKey(ctx context.Context, id string, length int) ([]byte, error)
 }
 
 // Server implements KeyService.
@@ -92,7 +92,7 @@ func (s *Server) getDataKey(ctx context.Context, req *keyservicev1.GetDataKeyReq
 	if err := keys.CheckRequest(req.GetDataKeyId(), int(req.GetLength())); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	key, err := s.keys.GetDEK(ctx, req.GetDataKeyId(), int(req.GetLength()))
+	key, err := s.keys.GetDataKey(ctx, req.GetDataKeyId(), int(req.GetLength()))
 	switch {
 	case err == nil:
 		return key, nil

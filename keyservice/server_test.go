@@ -154,7 +154,7 @@ func TestGetDataKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, _ := reference.GetDEK(ctx, "2b2f6c1e-6f8a-4b8c-9d7e-0a1b2c3d4e5f", int(length))
+		want, _ := reference.GetDataKey(ctx, "2b2f6c1e-6f8a-4b8c-9d7e-0a1b2c3d4e5f", int(length))
 		if !bytes.Equal(resp.GetDataKey(), want) {
 			t.Fatalf("length %d: key differs from the HKDF derivation", length)
 		}
@@ -197,7 +197,7 @@ func TestGetDataKey(t *testing.T) {
 // leak into logs as key material.
 type failingKeys struct{}
 
-func (failingKeys) GetDEK(context.Context, string, int) ([]byte, error) {
+func (failingKeys) GetDataKey(context.Context, string, int) ([]byte, error) {
 	return nil, errors.New("token not present")
 }
 

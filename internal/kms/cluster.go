@@ -34,8 +34,8 @@ func NewClusterKMS(masterSecret, salt []byte) (*ClusterKMS, error) {
 	return &ClusterKMS{prk: prk}, nil
 }
 
-// GetDEK returns the key for id, length bytes long.
-func (k *ClusterKMS) GetDEK(_ context.Context, id string, length int) ([]byte, error) {
+// GetDataKey returns the key for id, length bytes long.
+func (k *ClusterKMS) GetDataKey(_ context.Context, id string, length int) ([]byte, error) {
 	if err := keys.CheckRequest(id, length); err != nil {
 		return nil, err
 	}

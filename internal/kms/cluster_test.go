@@ -66,7 +66,7 @@ func TestClusterKMSKnownAnswers(t *testing.T) {
 	}
 	for _, kat := range kats {
 		t.Run(kat.id, func(t *testing.T) {
-			got, err := k.GetDEK(context.Background(), kat.id, kat.length)
+			got, err := k.GetDataKey(context.Background(), kat.id, kat.length)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +102,7 @@ func FuzzGetDEK(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, id string, length int) {
-		key, err := k.GetDEK(context.Background(), id, length)
+		key, err := k.GetDataKey(context.Background(), id, length)
 		if err != nil {
 			if !errors.Is(err, keys.ErrInvalidRequest) {
 				t.Fatalf("error %v does not wrap keys.ErrInvalidRequest", err)

@@ -67,10 +67,10 @@ func OpenPKCS11(uri *PKCS11URI) (*crypto11.Context, cipher.AEAD, error) {
 	return ctx, aead, nil
 }
 
-// GetDEK returns the DEK for id, creating and storing it on first use.
+// GetDataKey returns the DEK for id, creating and storing it on first use.
 // Concurrent first requests for one id, in this process or in others sharing
 // the store, all get the same key.
-func (k *PKCS11KMS) GetDEK(ctx context.Context, id string, length int) ([]byte, error) {
+func (k *PKCS11KMS) GetDataKey(ctx context.Context, id string, length int) ([]byte, error) {
 	if err := keys.CheckRequest(id, length); err != nil {
 		return nil, err
 	}

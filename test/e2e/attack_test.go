@@ -29,6 +29,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
@@ -77,7 +78,7 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds, err := joinservice.ClientCredentials(attester, caHash, time.Now)
+	creds, err := joincreds.Client(attester, caHash, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func TestPKCS11KMS(t *testing.T) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { keys[i], errs[i] = replicas[i%2].GetDEK(ctx, "disk-1", 32) })
+		wg.Go(func() { keys[i], errs[i] = replicas[i%2].GetDataKey(ctx, "disk-1", 32) })
 	}
 	wg.Wait()
 	for i := range n {
@@ -63,15 +63,15 @@ func TestPKCS11KMS(t *testing.T) {
 	// A new instance (a restarted key service) unwraps the same key; a
 	// shorter request gets a prefix; another id gets another key.
 	fresh := kms.NewPKCS11KMS(kek, store)
-	again, err := fresh.GetDEK(ctx, "disk-1", 32)
+	again, err := fresh.GetDataKey(ctx, "disk-1", 32)
 	if err != nil || !bytes.Equal(again, keys[0]) {
 		t.Fatalf("after restart: %x, %v; want the stored key", again, err)
 	}
-	short, err := fresh.GetDEK(ctx, "disk-1", 16)
+	short, err := fresh.GetDataKey(ctx, "disk-1", 16)
 	if err != nil || !bytes.Equal(short, keys[0][:16]) {
 		t.Fatalf("16-byte request: %v; want a prefix of the key", err)
 	}
-	other, err := fresh.GetDEK(ctx, "disk-2", 32)
+	other, err := fresh.GetDataKey(ctx, "disk-2", 32)
 	if err != nil || bytes.Equal(other, keys[0]) {
 		t.Fatalf("another id: %v (same key: %t)", err, bytes.Equal(other, keys[0]))
 	}
@@ -81,7 +81,7 @@ func TestPKCS11KMS(t *testing.T) {
 	if created, err := store.Create(ctx, "disk-3", blob); err != nil || !created {
 		t.Fatalf("planting a moved blob: %t, %v", created, err)
 	}
-	if _, err := fresh.GetDEK(ctx, "disk-3", 32); err == nil || !strings.Contains(err.Error(), "moved to another id") {
+	if _, err := fresh.GetDataKey(ctx, "disk-3", 32); err == nil || !strings.Contains(err.Error(), "moved to another id") {
 		t.Fatalf("a wrapped key moved to another id: %v, want it refused", err)
 	}
 }
