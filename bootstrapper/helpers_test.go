@@ -27,6 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -42,7 +43,7 @@ var bootArtefacts = []tpm.Artefact{tpm.BytesArtefact(4, "gatehouse-bootstrapper"
 // a LUKS state disk on a loop device, and a temporary root.
 type testNode struct {
 	sim      *simulator.Simulator
-	attester *tpm.Attester
+	attester *tpmattester.Attester
 	lock     *nodelock.Lock
 	disk     *statedisk.Disk
 	setup    *Setup
@@ -57,10 +58,10 @@ func newTestNode(t *testing.T) *testNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sim.Close() })
-	if _, err := tpm.MeasureBoot(sim, bootArtefacts); err != nil {
+	if _, err := tpmattester.MeasureBoot(sim, bootArtefacts); err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: testPCRs})
+	a, err := tpmattester.New(sim, tpmattester.Options{PCRs: testPCRs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func (n *testNode) identity(t testing.TB) string {
 	return id
 }
 
-func verifier(t *testing.T, a *tpm.Attester, lockedOK ...bool) *tpm.Verifier {
+func verifier(t *testing.T, a *tpmattester.Attester, lockedOK ...bool) *tpm.Verifier {
 	t.Helper()
 	ref, err := tpm.ReferenceValues(bootArtefacts, testPCRs)
 	if err != nil {

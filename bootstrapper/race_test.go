@@ -16,7 +16,7 @@ import (
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
@@ -94,10 +94,10 @@ func TestInitJoinRace(t *testing.T) {
 		if err := sim.Reset(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tpm.MeasureBoot(sim, bootArtefacts); err != nil {
+		if _, err := tpmattester.MeasureBoot(sim, bootArtefacts); err != nil {
 			t.Fatal(err)
 		}
-		attester, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: testPCRs})
+		attester, err := tpmattester.New(sim, tpmattester.Options{PCRs: testPCRs})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
@@ -85,10 +86,10 @@ func startNode(t *testing.T) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sim.Close() })
-	if _, err := tpm.MeasureBoot(sim, bootArtefacts); err != nil {
+	if _, err := tpmattester.MeasureBoot(sim, bootArtefacts); err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: []int{0, 4, 8, 15}})
+	a, err := tpmattester.New(sim, tpmattester.Options{PCRs: []int{0, 4, 8, 15}})
 	if err != nil {
 		t.Fatal(err)
 	}

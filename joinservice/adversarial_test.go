@@ -36,7 +36,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
@@ -435,7 +435,7 @@ func TestAttacks(t *testing.T) {
 }
 
 // swtpmNodeTrusted boots another control plane on its own TPM and trusts it.
-func swtpmNodeTrusted(t *testing.T, h *harness) *tpm.Attester {
+func swtpmNodeTrusted(t *testing.T, h *harness) *tpmattester.Attester {
 	t.Helper()
 	a := swtpmNode(t, joinconfig.RoleControlPlane)
 	h.trust(t, a)

@@ -38,6 +38,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
@@ -81,7 +82,7 @@ func bootArtefacts(role joinconfig.Role) []tpm.Artefact {
 // test using it share it: they differ in node name and disk, not in AK.
 // swtpmNode gives a test another identity, and a control plane.
 type node struct {
-	attester *tpm.Attester
+	attester *tpmattester.Attester
 }
 
 func newNode(t testing.TB) *node {
@@ -96,16 +97,16 @@ func newNode(t testing.TB) *node {
 
 // bootNode opens this process's TPM simulator, measures bootArtefacts into
 // it and returns an attester quoting testPCRs, and what closes both.
-func bootNode() (*tpm.Attester, func(), error) {
+func bootNode() (*tpmattester.Attester, func(), error) {
 	sim, err := simulator.Get()
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := tpm.MeasureBoot(sim, bootArtefacts(joinconfig.RoleWorker)); err != nil {
+	if _, err := tpmattester.MeasureBoot(sim, bootArtefacts(joinconfig.RoleWorker)); err != nil {
 		_ = sim.Close()
 		return nil, nil, err
 	}
-	a, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: testPCRs})
+	a, err := tpmattester.New(sim, tpmattester.Options{PCRs: testPCRs})
 	if err != nil {
 		_ = sim.Close()
 		return nil, nil, err
@@ -116,7 +117,7 @@ func bootNode() (*tpm.Attester, func(), error) {
 // swtpmNode boots a node of role on its own swtpm, a separate TPM with its
 // own attestation identity, and returns its attester. The harness does not
 // trust it until h.trust.
-func swtpmNode(t testing.TB, role joinconfig.Role) *tpm.Attester {
+func swtpmNode(t testing.TB, role joinconfig.Role) *tpmattester.Attester {
 	t.Helper()
 	dev, err := swtpm.Start(t.Context(), t.TempDir())
 	if err != nil {
@@ -128,10 +129,10 @@ func swtpmNode(t testing.TB, role joinconfig.Role) *tpm.Attester {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rw.Close() })
-	if _, err := tpm.MeasureBoot(rw, bootArtefacts(role)); err != nil {
+	if _, err := tpmattester.MeasureBoot(rw, bootArtefacts(role)); err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: testPCRs})
+	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +142,7 @@ func swtpmNode(t testing.TB, role joinconfig.Role) *tpm.Attester {
 
 // trust pins the AKs of attesters in the join config and waits until the
 // service applied it.
-func (h *harness) trust(t testing.TB, attesters ...*tpm.Attester) {
+func (h *harness) trust(t testing.TB, attesters ...*tpmattester.Attester) {
 	t.Helper()
 	for _, a := range attesters {
 		h.extraAKs = append(h.extraAKs, a.AttestationKey())
@@ -159,7 +160,7 @@ func (h *harness) applyJoinConfig(t testing.TB, data map[string]string) {
 }
 
 // identity returns the attestation identity of a.
-func identity(t testing.TB, a *tpm.Attester) string {
+func identity(t testing.TB, a *tpmattester.Attester) string {
 	t.Helper()
 	id, err := a.Identity()
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
@@ -167,7 +168,7 @@ func measureBoot(spec *NodeSpec, t *swtpm.TPM) error {
 		return err
 	}
 	defer rw.Close()
-	_, err = tpm.MeasureBoot(rw, artefacts)
+	_, err = tpmattester.MeasureBoot(rw, artefacts)
 	return err
 }
 
@@ -180,7 +181,7 @@ func writeAK(spec *NodeSpec, t *swtpm.TPM) error {
 		return err
 	}
 	defer rw.Close()
-	a, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: PCRs})
+	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: PCRs})
 	if err != nil {
 		return err
 	}

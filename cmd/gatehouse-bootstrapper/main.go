@@ -33,7 +33,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -304,12 +304,12 @@ func serveEvidence(log *slog.Logger, args []string) error {
 
 // openAttester opens the TPM at path (device or swtpm socket) and an
 // attester quoting pcrs; the function returned closes both.
-func openAttester(path string, pcrs []int) (io.ReadWriteCloser, *tpm.Attester, func(), error) {
+func openAttester(path string, pcrs []int) (io.ReadWriteCloser, *tpmattester.Attester, func(), error) {
 	rw, err := tpmutil.OpenTPM(path)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("opening the TPM %s: %w", path, err)
 	}
-	attester, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: pcrs})
+	attester, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs})
 	if err != nil {
 		_ = rw.Close()
 		return nil, nil, nil, fmt.Errorf("creating the attestation key: %w", err)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 )
 
 var pcrs = []int{0, 4, 16}
@@ -36,7 +37,7 @@ var pcrs = []int{0, 4, 16}
 // pinning its key. The simulator is one per process, so both sides of a
 // mutual handshake share the attester (it serialises TPM commands).
 type tpmPair struct {
-	attester *tpm.Attester
+	attester *tpmattester.Attester
 	verifier *tpm.Verifier
 }
 
@@ -48,11 +49,11 @@ func newTPMPair(t testing.TB) *tpmPair {
 	}
 	t.Cleanup(func() { _ = sim.Close() })
 	boot := []tpm.Artefact{tpm.BytesArtefact(4, "bootstrapper", []byte("v1"))}
-	log, err := tpm.MeasureBoot(sim, boot)
+	log, err := tpmattester.MeasureBoot(sim, boot)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.NewAttester(sim, tpm.AttesterOptions{PCRs: pcrs, EventLog: log})
+	a, err := tpmattester.New(sim, tpmattester.Options{PCRs: pcrs, EventLog: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +364,7 @@ func TestEvidenceBoundToAnotherKey(t *testing.T) {
 // the key it is asked about, as an attacker relaying a genuine attester's
 // evidence onto its own key would.
 type relay struct {
-	*tpm.Attester
+	*tpmattester.Attester
 	userData []byte
 }
 

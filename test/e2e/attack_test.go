@@ -27,8 +27,8 @@ import (
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/charts"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
@@ -60,10 +60,10 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tpm.MeasureBoot(rw, artefacts); err != nil {
+	if _, err := tpmattester.MeasureBoot(rw, artefacts); err != nil {
 		t.Fatal(err)
 	}
-	attester, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: mini.PCRs})
+	attester, err := tpmattester.New(rw, tpmattester.Options{PCRs: mini.PCRs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 
 // trustAK adds a's attestation key to the join config's pinned keys, as an
 // administrator provisioning a new worker would.
-func trustAK(ctx context.Context, t *testing.T, client kubernetes.Interface, a *tpm.Attester) {
+func trustAK(ctx context.Context, t *testing.T, client kubernetes.Interface, a *tpmattester.Attester) {
 	t.Helper()
 	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
 	if err != nil {

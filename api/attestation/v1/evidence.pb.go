@@ -256,7 +256,7 @@ func (x *TDXEvidence) GetUserData() []byte {
 }
 
 // EventLog is the log of Gatehouse's measured boot
-// (internal/attestation/tpm.MeasureBoot): the SHA-256 PCR extensions made,
+// (internal/attestation/tpm/tpmattester.MeasureBoot): the SHA-256 PCR extensions made,
 // in order. A verifier replays it from all-zero PCRs.
 type EventLog struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`

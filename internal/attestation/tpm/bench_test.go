@@ -1,4 +1,4 @@
-package tpm
+package tpm_test
 
 import (
 	"bytes"

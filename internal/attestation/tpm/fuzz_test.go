@@ -1,4 +1,4 @@
-package tpm
+package tpm_test
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
 
 // FuzzVerify feeds the verifier mutations of genuine evidence from the
@@ -45,14 +46,14 @@ func FuzzReplayEventLog(f *testing.F) {
 	f.Add(seed)
 	f.Add([]byte{0x0a, 0x02, 0x08, 0x18})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		log, err := ParseEventLog(data)
+		log, err := tpm.ParseEventLog(data)
 		if err != nil {
 			return
 		}
-		var artefacts []Artefact
+		var artefacts []tpm.Artefact
 		pcrs := map[int]bool{}
 		for _, e := range log.GetEvents() {
-			a := Artefact{PCR: int(e.GetPcr())}
+			a := tpm.Artefact{PCR: int(e.GetPcr())}
 			copy(a.Digest[:], e.GetDigest())
 			artefacts = append(artefacts, a)
 			pcrs[a.PCR] = true
@@ -61,11 +62,11 @@ func FuzzReplayEventLog(f *testing.F) {
 		for p := range pcrs {
 			sel = append(sel, p)
 		}
-		expected, err := ExpectedPCRs(artefacts, sel)
+		expected, err := tpm.ExpectedPCRs(artefacts, sel)
 		if err != nil {
 			t.Fatalf("a parsed log names an unmeasurable PCR: %v", err)
 		}
-		if err := ReplayEventLog(data, expected); err != nil {
+		if err := tpm.ReplayEventLog(data, expected); err != nil {
 			t.Fatalf("log does not replay to its own expected values: %v", err)
 		}
 	})

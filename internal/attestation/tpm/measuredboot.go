@@ -7,8 +7,6 @@ import (
 	"io"
 	"os"
 
-	"github.com/google/go-tpm/legacy/tpm2"
-	"github.com/google/go-tpm/tpmutil"
 	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
@@ -48,35 +46,14 @@ func FileArtefact(pcr int, path string) (Artefact, error) {
 	return a, nil
 }
 
-func checkMeasurablePCR(pcr int) error {
+// CheckMeasurablePCR returns an error unless pcr is one a measured boot may
+// extend: 0-16 or 23, the PCRs that start at zero on a TPM reset (TCG PC
+// Client Platform Firmware Profile, §3.3.4).
+func CheckMeasurablePCR(pcr int) error {
 	if (pcr >= 0 && pcr <= 16) || pcr == 23 {
 		return nil
 	}
 	return fmt.Errorf("PCR %d cannot be measured into: use 0-16 or 23, the PCRs that start at zero", pcr)
-}
-
-// MeasureBoot extends each artefact's digest into its PCR of the SHA-256
-// bank of the TPM at rw, in order, and returns the event log (a marshalled
-// EventLog) to send with evidence. It checks every artefact before extending
-// anything.
-func MeasureBoot(rw io.ReadWriter, artefacts []Artefact) ([]byte, error) {
-	log := &attestationv1.EventLog{}
-	for _, a := range artefacts {
-		if err := checkMeasurablePCR(a.PCR); err != nil {
-			return nil, fmt.Errorf("measuring %s: %w", a.Description, err)
-		}
-		log.Events = append(log.Events, &attestationv1.Event{Pcr: uint32(a.PCR), Digest: a.Digest[:], Description: a.Description})
-	}
-	for _, a := range artefacts {
-		if err := tpm2.PCRExtend(rw, tpmutil.Handle(a.PCR), tpm2.AlgSHA256, a.Digest[:], ""); err != nil {
-			return nil, fmt.Errorf("extending PCR %d with %s: %w", a.PCR, a.Description, err)
-		}
-	}
-	out, err := proto.Marshal(log)
-	if err != nil {
-		return nil, fmt.Errorf("encoding event log: %w", err)
-	}
-	return out, nil
 }
 
 // ExpectedPCRs computes, without a TPM, the SHA-256 PCR values a measured
@@ -86,13 +63,13 @@ func MeasureBoot(rw io.ReadWriter, artefacts []Artefact) ([]byte, error) {
 func ExpectedPCRs(artefacts []Artefact, pcrs []int) (map[uint32][]byte, error) {
 	values := make(map[uint32][]byte, len(pcrs))
 	for _, pcr := range pcrs {
-		if err := checkMeasurablePCR(pcr); err != nil {
+		if err := CheckMeasurablePCR(pcr); err != nil {
 			return nil, err
 		}
 		values[uint32(pcr)] = make([]byte, sha256.Size)
 	}
 	for _, a := range artefacts {
-		if err := checkMeasurablePCR(a.PCR); err != nil {
+		if err := CheckMeasurablePCR(a.PCR); err != nil {
 			return nil, fmt.Errorf("measuring %s: %w", a.Description, err)
 		}
 		if v, ok := values[uint32(a.PCR)]; ok {
@@ -133,7 +110,7 @@ func ParseEventLog(data []byte) (*attestationv1.EventLog, error) {
 		return nil, fmt.Errorf("%w: decoding event log: %w", attestation.ErrMalformed, err)
 	}
 	for i, e := range log.GetEvents() {
-		if err := checkMeasurablePCR(int(e.GetPcr())); err != nil {
+		if err := CheckMeasurablePCR(int(e.GetPcr())); err != nil {
 			return nil, fmt.Errorf("%w: event %d: %w", attestation.ErrMalformed, i, err)
 		}
 		if len(e.GetDigest()) != sha256.Size {

@@ -1,4 +1,4 @@
-package tpm
+package tpm_test
 
 import (
 	"bytes"
@@ -26,6 +26,8 @@ import (
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 )
 
 var testPCRs = []int{0, 4, 15, 16}
@@ -55,51 +57,53 @@ func newNonce(t testing.TB) []byte {
 }
 
 // bootArtefacts is a small measured boot: a "binary" and a "configuration".
-func bootArtefacts() []Artefact {
-	return []Artefact{
-		BytesArtefact(4, "bootstrapper", []byte("gatehouse-bootstrapper binary")),
-		BytesArtefact(4, "bootstrapper config", []byte("joinServiceEndpoint: 10.0.0.1:9090")),
-		BytesArtefact(16, "debug", []byte("test")),
+func bootArtefacts() []tpm.Artefact {
+	return []tpm.Artefact{
+		tpm.BytesArtefact(4, "bootstrapper", []byte("gatehouse-bootstrapper binary")),
+		tpm.BytesArtefact(4, "bootstrapper config", []byte("joinServiceEndpoint: 10.0.0.1:9090")),
+		tpm.BytesArtefact(16, "debug", []byte("test")),
 	}
 }
 
 // fixture is a booted simulator TPM with an attester and a matching verifier.
 type fixture struct {
 	tpm      io.ReadWriter
-	attester *Attester
-	policy   Policy
+	log      []byte // the boot's event log
+	attester *tpmattester.Attester
+	policy   tpm.Policy
 }
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	rw := newSimulator(t)
-	log, err := MeasureBoot(rw, bootArtefacts())
+	log, err := tpmattester.MeasureBoot(rw, bootArtefacts())
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := NewAttester(rw, AttesterOptions{PCRs: testPCRs, EventLog: log})
+	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs, EventLog: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Close() })
-	ref, err := ReferenceValues(bootArtefacts(), testPCRs)
+	ref, err := tpm.ReferenceValues(bootArtefacts(), testPCRs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &fixture{
 		tpm:      rw,
+		log:      log,
 		attester: a,
-		policy: Policy{
+		policy: tpm.Policy{
 			PCRs:            testPCRs,
 			ReferenceValues: ref,
-			Endorsement:     Endorsement{PinnedKeys: []crypto.PublicKey{a.AttestationKey()}},
+			Endorsement:     tpm.Endorsement{PinnedKeys: []crypto.PublicKey{a.AttestationKey()}},
 		},
 	}
 }
 
-func (f *fixture) verifier(t testing.TB) *Verifier {
+func (f *fixture) verifier(t testing.TB) *tpm.Verifier {
 	t.Helper()
-	v, err := NewVerifier(f.policy, time.Now)
+	v, err := tpm.NewVerifier(f.policy, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +128,7 @@ func TestAttestAndVerify(t *testing.T) {
 	if !strings.HasPrefix(result.Identity, "tpm-ak:sha256:") {
 		t.Errorf("identity = %q", result.Identity)
 	}
-	want, _ := ExpectedPCRs(bootArtefacts(), testPCRs)
+	want, _ := tpm.ExpectedPCRs(bootArtefacts(), testPCRs)
 	for pcr, v := range want {
 		if !bytes.Equal(result.Measurements[pcr], v) {
 			t.Errorf("PCR %d = %x, want %x", pcr, result.Measurements[pcr], v)
@@ -134,20 +138,20 @@ func TestAttestAndVerify(t *testing.T) {
 
 func TestExpectedPCRsMatchTheTPM(t *testing.T) {
 	rw := newSimulator(t)
-	if _, err := MeasureBoot(rw, bootArtefacts()); err != nil {
+	if _, err := tpmattester.MeasureBoot(rw, bootArtefacts()); err != nil {
 		t.Fatal(err)
 	}
 	pcrs, err := client.ReadPCRs(rw, tpm2.PCRSelection{Hash: tpm2.AlgSHA256, PCRs: testPCRs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := ExpectedPCRs(bootArtefacts(), testPCRs)
+	want, err := tpm.ExpectedPCRs(bootArtefacts(), testPCRs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for pcr, v := range want {
 		if got := pcrs.GetPcrs()[pcr]; !bytes.Equal(got, v) {
-			t.Errorf("PCR %d: TPM has %x, ExpectedPCRs computed %x", pcr, got, v)
+			t.Errorf("PCR %d: TPM has %x, tpm.ExpectedPCRs computed %x", pcr, got, v)
 		}
 	}
 }
@@ -173,22 +177,22 @@ func TestNewVerifierRefusesBadPolicies(t *testing.T) {
 	key := &ecdsa.PublicKey{}
 	tests := []struct {
 		name    string
-		policy  Policy
+		policy  tpm.Policy
 		wantErr string
 	}{
-		{name: "no PCRs", policy: Policy{Endorsement: Endorsement{PinnedKeys: []crypto.PublicKey{key}}}, wantErr: "no PCRs selected"},
-		{name: "PCR out of range", policy: Policy{PCRs: []int{24}, Endorsement: Endorsement{PinnedKeys: []crypto.PublicKey{key}}}, wantErr: "PCR 24 out of range"},
-		{name: "no endorsement", policy: Policy{PCRs: []int{0}}, wantErr: "set exactly one of"},
-		{name: "both endorsements", policy: Policy{PCRs: []int{0}, Endorsement: Endorsement{PinnedKeys: []crypto.PublicKey{key}, Roots: x509.NewCertPool()}}, wantErr: "set exactly one of"},
+		{name: "no PCRs", policy: tpm.Policy{Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}}}, wantErr: "no PCRs selected"},
+		{name: "PCR out of range", policy: tpm.Policy{PCRs: []int{24}, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}}}, wantErr: "PCR 24 out of range"},
+		{name: "no endorsement", policy: tpm.Policy{PCRs: []int{0}}, wantErr: "set exactly one of"},
+		{name: "both endorsements", policy: tpm.Policy{PCRs: []int{0}, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}, Roots: x509.NewCertPool()}}, wantErr: "set exactly one of"},
 		{
 			name:    "reference value outside the selection",
-			policy:  Policy{PCRs: []int{0}, ReferenceValues: measurements.M{7: {}}, Endorsement: Endorsement{PinnedKeys: []crypto.PublicKey{key}}},
+			policy:  tpm.Policy{PCRs: []int{0}, ReferenceValues: measurements.M{7: {}}, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}}},
 			wantErr: "reference value for PCR 7",
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := NewVerifier(tt.policy, time.Now); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			if _, err := tpm.NewVerifier(tt.policy, time.Now); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("error = %v, want %q", err, tt.wantErr)
 			}
 		})
@@ -226,14 +230,26 @@ func akCertificate(t *testing.T, ak crypto.PublicKey, notBefore, notAfter time.T
 	return pool, [][]byte{leafDER}
 }
 
+// certified returns an attester on the fixture's TPM that presents chain as
+// its AK's certificates. The AK is the same on every start of a TPM.
+func (f *fixture) certified(t testing.TB, chain [][]byte) *tpmattester.Attester {
+	t.Helper()
+	a, err := tpmattester.New(f.tpm, tpmattester.Options{PCRs: testPCRs, EventLog: f.log, AKCertificates: chain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	return a
+}
+
 func TestAKCertificateChain(t *testing.T) {
 	f := newFixture(t)
 	now := time.Now()
 	pool, chain := akCertificate(t, f.attester.AttestationKey(), now.Add(-time.Hour), now.Add(time.Hour))
-	f.attester.opts.AKCertificates = chain
-	f.policy.Endorsement = Endorsement{Roots: pool}
+	certified := f.certified(t, chain)
+	f.policy.Endorsement = tpm.Endorsement{Roots: pool}
 	nonce := newNonce(t)
-	evidence, err := f.attester.Attest(context.Background(), nil, nonce)
+	evidence, err := certified.Attest(context.Background(), nil, nonce)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,12 +289,15 @@ func TestVerifyRejects(t *testing.T) {
 	}
 	t.Cleanup(otherAK.Close)
 	now := time.Now()
+	// akChain, when a case's policy sets it, is the AK certificate chain the
+	// case's evidence carries.
+	var akChain [][]byte
 
 	tests := []struct {
 		name     string
 		evidence func(t *testing.T) []byte
 		nonce    []byte
-		policy   func(p *Policy)
+		policy   func(p *tpm.Policy)
 		wantErr  error
 		wantText string
 	}{
@@ -304,7 +323,7 @@ func TestVerifyRejects(t *testing.T) {
 		{
 			name:     "wrong PCR value",
 			evidence: func(*testing.T) []byte { return evidence },
-			policy: func(p *Policy) {
+			policy: func(p *tpm.Policy) {
 				p.ReferenceValues[4] = measurements.Measurement{Expected: bytes.Repeat([]byte{0xee}, 32)}
 			},
 			wantErr: attestation.ErrMeasurement, wantText: "index 4: expected eeee",
@@ -312,7 +331,7 @@ func TestVerifyRejects(t *testing.T) {
 		{
 			name:     "PCR selection mismatch",
 			evidence: func(*testing.T) []byte { return evidence },
-			policy:   func(p *Policy) { p.PCRs = []int{0, 4, 15, 16, 17} },
+			policy:   func(p *tpm.Policy) { p.PCRs = []int{0, 4, 15, 16, 17} },
 			wantErr:  attestation.ErrPolicy, wantText: "policy requires exactly [0 4 15 16 17]",
 		},
 		{
@@ -359,31 +378,31 @@ func TestVerifyRejects(t *testing.T) {
 		{
 			name:     "expired AK certificate",
 			evidence: func(*testing.T) []byte { return evidence },
-			policy: func(p *Policy) {
+			policy: func(p *tpm.Policy) {
 				pool, chain := akCertificate(t, f.attester.AttestationKey(), now.Add(-2*time.Hour), now.Add(-time.Hour))
-				p.Endorsement = Endorsement{Roots: pool}
-				f.attester.opts.AKCertificates = chain
+				p.Endorsement = tpm.Endorsement{Roots: pool}
+				akChain = chain
 			},
 			wantErr: attestation.ErrUntrustedKey, wantText: "expired",
 		},
 		{
 			name:     "AK certificate from an untrusted CA",
 			evidence: func(*testing.T) []byte { return evidence },
-			policy: func(p *Policy) {
+			policy: func(p *tpm.Policy) {
 				_, chain := akCertificate(t, f.attester.AttestationKey(), now.Add(-time.Hour), now.Add(time.Hour))
 				other, _ := akCertificate(t, f.attester.AttestationKey(), now.Add(-time.Hour), now.Add(time.Hour))
-				p.Endorsement = Endorsement{Roots: other}
-				f.attester.opts.AKCertificates = chain
+				p.Endorsement = tpm.Endorsement{Roots: other}
+				akChain = chain
 			},
 			wantErr: attestation.ErrUntrustedKey, wantText: "unknown authority",
 		},
 		{
 			name:     "AK certificate for another key",
 			evidence: func(*testing.T) []byte { return evidence },
-			policy: func(p *Policy) {
+			policy: func(p *tpm.Policy) {
 				pool, chain := akCertificate(t, otherAK.PublicKey(), now.Add(-time.Hour), now.Add(time.Hour))
-				p.Endorsement = Endorsement{Roots: pool}
-				f.attester.opts.AKCertificates = chain
+				p.Endorsement = tpm.Endorsement{Roots: pool}
+				akChain = chain
 			},
 			wantErr: attestation.ErrUntrustedKey, wantText: "certificate is for another key",
 		},
@@ -425,20 +444,19 @@ func TestVerifyRejects(t *testing.T) {
 			for k, v := range f.policy.ReferenceValues {
 				policy.ReferenceValues[k] = v
 			}
-			saved := f.attester.opts.AKCertificates
-			t.Cleanup(func() { f.attester.opts.AKCertificates = saved })
+			akChain = nil
 			if tt.policy != nil {
 				tt.policy(&policy)
 			}
 			ev := tt.evidence(t)
-			if f.attester.opts.AKCertificates != nil {
-				// The case changed the AK certificate: attest again to carry it.
+			if akChain != nil {
+				// The case made an AK certificate: attest again to carry it.
 				var err error
-				if ev, err = f.attester.Attest(ctx, []byte("key hash"), nonce); err != nil {
+				if ev, err = f.certified(t, akChain).Attest(ctx, []byte("key hash"), nonce); err != nil {
 					t.Fatal(err)
 				}
 			}
-			v, err := NewVerifier(policy, time.Now)
+			v, err := tpm.NewVerifier(policy, time.Now)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 )
 
 var pcrs = []int{4, 16}
@@ -24,7 +25,7 @@ func boot(version string) []tpm.Artefact {
 }
 
 // startBooted starts swtpm on dir, measures boot into it and returns an attester.
-func startBooted(t testing.TB, dir, version string) (*TPM, *tpm.Attester) {
+func startBooted(t testing.TB, dir, version string) (*TPM, *tpmattester.Attester) {
 	t.Helper()
 	sw, err := Start(t.Context(), dir)
 	if err != nil {
@@ -36,11 +37,11 @@ func startBooted(t testing.TB, dir, version string) (*TPM, *tpm.Attester) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rw.Close() })
-	log, err := tpm.MeasureBoot(rw, boot(version))
+	log, err := tpmattester.MeasureBoot(rw, boot(version))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpm.NewAttester(rw, tpm.AttesterOptions{PCRs: pcrs, EventLog: log})
+	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs, EventLog: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func startBooted(t testing.TB, dir, version string) (*TPM, *tpm.Attester) {
 	return sw, a
 }
 
-func attestVerify(t *testing.T, a *tpm.Attester, pinned crypto.PublicKey, version string) error {
+func attestVerify(t *testing.T, a *tpmattester.Attester, pinned crypto.PublicKey, version string) error {
 	t.Helper()
 	ref, err := tpm.ReferenceValues(boot(version), pcrs)
 	if err != nil {
@@ -106,7 +107,7 @@ func TestSWTPMPCRsMatchExpected(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rw.Close()
-	if _, err := tpm.MeasureBoot(rw, boot("v1")); err != nil {
+	if _, err := tpmattester.MeasureBoot(rw, boot("v1")); err != nil {
 		t.Fatal(err)
 	}
 	got, err := client.ReadPCRs(rw, tpm2.PCRSelection{Hash: tpm2.AlgSHA256, PCRs: pcrs})

@@ -1,4 +1,9 @@
-package tpm
+// Package tpmattester is the "tpm" attester, the node's half of the tpm
+// variant (package tpm is the verifier's): it measures a boot into a TPM's
+// PCRs (MeasureBoot) and produces evidence, a quote over them signed by an
+// attestation key (docs/attestation.md). As with go-tpm-tools' client and
+// server packages, nodes link this package, verifiers need only package tpm.
+package tpmattester
 
 import (
 	"context"
@@ -15,10 +20,11 @@ import (
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
 
-// AttesterOptions configures an Attester.
-type AttesterOptions struct {
+// Options configures an Attester.
+type Options struct {
 	// PCRs is the SHA-256 PCR selection to quote; it must equal the
 	// verifier's policy.
 	PCRs []int
@@ -36,12 +42,12 @@ type Attester struct {
 	mu   sync.Mutex
 	tpm  io.ReadWriter
 	ak   *client.Key
-	opts AttesterOptions
+	opts Options
 	pub  []byte // the AK's TPMT_PUBLIC
 }
 
-// NewAttester creates the attestation key on the TPM at rw. Close flushes it.
-func NewAttester(rw io.ReadWriter, opts AttesterOptions) (*Attester, error) {
+// New creates the attestation key on the TPM at rw. Close flushes it.
+func New(rw io.ReadWriter, opts Options) (*Attester, error) {
 	if len(opts.PCRs) == 0 {
 		return nil, errors.New("tpm attester: no PCRs selected")
 	}
@@ -65,8 +71,8 @@ func (a *Attester) Variant() attestation.Variant { return attestation.VariantTPM
 func (a *Attester) AttestationKey() crypto.PublicKey { return a.ak.PublicKey() }
 
 // Identity returns the identity verifiers see for this attester's evidence
-// (see Identity).
-func (a *Attester) Identity() (string, error) { return Identity(a.ak.PublicKey()) }
+// (see tpm.Identity).
+func (a *Attester) Identity() (string, error) { return tpm.Identity(a.ak.PublicKey()) }
 
 // Attest quotes the selected PCRs with extraData SHA-256(nonce || userData)
 // and returns marshalled TPMEvidence.
