@@ -26,9 +26,9 @@ import (
 	bootstraputil "k8s.io/cluster-bootstrap/token/util"
 
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
-	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/components"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
@@ -266,7 +266,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		return nil, errors.New("kubernetes_components is empty: send the pinned components of kubernetes_version")
 	}
 	for i, c := range req.GetKubernetesComponents() {
-		if err := installer.Validate(c); err != nil {
+		if err := components.Validate(c); err != nil {
 			return nil, fmt.Errorf("kubernetes_components[%d]: %w", i, err)
 		}
 	}

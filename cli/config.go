@@ -15,8 +15,8 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
-	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 func newConfigCmd() *cobra.Command {
@@ -57,12 +57,12 @@ func newConfigGenerateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			roles := map[joinconfig.Role]string{}
-			if roles[joinconfig.RoleControlPlane], err = readReferenceValues("--control-plane-reference-values", cpRefFile); err != nil {
+			roles := map[policy.Role]string{}
+			if roles[policy.RoleControlPlane], err = readReferenceValues("--control-plane-reference-values", cpRefFile); err != nil {
 				return err
 			}
 			if workerRefFile != "" {
-				if roles[joinconfig.RoleWorker], err = readReferenceValues("--worker-reference-values", workerRefFile); err != nil {
+				if roles[policy.RoleWorker], err = readReferenceValues("--worker-reference-values", workerRefFile); err != nil {
 					return err
 				}
 			}

@@ -29,8 +29,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
-	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // Files init writes by default.
@@ -159,7 +159,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 		return err
 	}
 	// The first node becomes a control plane: it must prove that role.
-	verifier, err := appraisal.ForRole(joinconfig.RoleControlPlane)
+	verifier, err := appraisal.ForRole(policy.RoleControlPlane)
 	if err != nil {
 		return err
 	}

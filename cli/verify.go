@@ -16,8 +16,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
-	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // verifyReport is verify's JSON output.
@@ -31,7 +31,7 @@ type verifyReport struct {
 	Measurements map[string]string `json:"measurements"`
 	Warnings     []string          `json:"warnings,omitempty"`
 	// Roles are the roles whose reference values the evidence satisfies.
-	Roles []joinconfig.Role `json:"roles"`
+	Roles []policy.Role `json:"roles"`
 }
 
 func newVerifyCmd() *cobra.Command {

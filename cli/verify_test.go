@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
-	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // TestVerify: before init the node verifies with PCR 15 zero; after init
@@ -41,7 +41,7 @@ func TestVerify(t *testing.T) {
 	}
 	id := state.ClusterID
 	if report.ClusterID != id || report.Measurements["15"] == "" || !strings.HasPrefix(report.Identity, "tpm-ak:sha256:") ||
-		!slices.Equal(report.Roles, []joinconfig.Role{joinconfig.RoleControlPlane}) {
+		!slices.Equal(report.Roles, []policy.Role{policy.RoleControlPlane}) {
 		t.Fatalf("report %+v", report)
 	}
 	idBytes := mustHex(t, id)

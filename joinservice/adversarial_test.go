@@ -36,6 +36,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
@@ -141,7 +142,7 @@ func TestAttacks(t *testing.T) {
 	ctx := t.Context()
 	// The victim: a worker on the simulator. The attacker: another worker
 	// on its own swtpm. A control plane on a third TPM.
-	attackerTPM, controlPlaneTPM := swtpmNode(t, joinconfig.RoleWorker), swtpmNode(t, joinconfig.RoleControlPlane)
+	attackerTPM, controlPlaneTPM := swtpmNode(t, policy.RoleWorker), swtpmNode(t, policy.RoleControlPlane)
 	h.trust(t, attackerTPM, controlPlaneTPM)
 	victim, attacker := h.dial(t, h.node.attester, "127.0.0.20"), h.dial(t, attackerTPM, "127.0.0.21")
 	controlPlane := h.dial(t, controlPlaneTPM, "127.0.0.22")
@@ -437,7 +438,7 @@ func TestAttacks(t *testing.T) {
 // swtpmNodeTrusted boots another control plane on its own TPM and trusts it.
 func swtpmNodeTrusted(t *testing.T, h *harness) *tpmattester.Attester {
 	t.Helper()
-	a := swtpmNode(t, joinconfig.RoleControlPlane)
+	a := swtpmNode(t, policy.RoleControlPlane)
 	h.trust(t, a)
 	return a
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
-	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 )
 
 // measurementsDigest fingerprints verified measurements (index, value pairs
@@ -30,7 +30,7 @@ func measurementsDigest(m map[uint32][]byte) string {
 		buf = binary.BigEndian.AppendUint32(buf, uint32(len(m[i])))
 		buf = append(buf, m[i]...)
 	}
-	return joinconfig.Fingerprint(buf)
+	return policy.Fingerprint(buf)
 }
 
 // handshakeReason classifies a failed attested TLS handshake for metrics

@@ -36,6 +36,7 @@ import (
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
@@ -70,7 +71,7 @@ var testPCRs = []int{0, 4, rolePCR, keys.NodeLockPCR}
 const testNodeCIDR = "10.0.0.0/8"
 
 // bootArtefacts are what the simulated nodes of role "boot".
-func bootArtefacts(role joinconfig.Role) []tpm.Artefact {
+func bootArtefacts(role policy.Role) []tpm.Artefact {
 	return []tpm.Artefact{
 		tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1")),
 		tpm.BytesArtefact(rolePCR, "kernel-cmdline", []byte("gatehouse.role="+string(role))),
@@ -102,7 +103,7 @@ func bootNode() (*tpmattester.Attester, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := tpmattester.MeasureBoot(sim, bootArtefacts(joinconfig.RoleWorker)); err != nil {
+	if _, err := tpmattester.MeasureBoot(sim, bootArtefacts(policy.RoleWorker)); err != nil {
 		_ = sim.Close()
 		return nil, nil, err
 	}
@@ -117,7 +118,7 @@ func bootNode() (*tpmattester.Attester, func(), error) {
 // swtpmNode boots a node of role on its own swtpm, a separate TPM with its
 // own attestation identity, and returns its attester. The harness does not
 // trust it until h.trust.
-func swtpmNode(t testing.TB, role joinconfig.Role) *tpmattester.Attester {
+func swtpmNode(t testing.TB, role policy.Role) *tpmattester.Attester {
 	t.Helper()
 	dev, err := swtpm.Start(t.Context(), t.TempDir())
 	if err != nil {
@@ -388,12 +389,12 @@ func (h *harness) keyRequests(t testing.TB) float64 {
 // rolePCR per role; override replaces common reference values.
 func (h *harness) joinConfigData(t testing.TB, override map[uint32]string) map[string]string {
 	t.Helper()
-	values := referenceValues(t, bootArtefacts(joinconfig.RoleWorker), 0, 4)
+	values := referenceValues(t, bootArtefacts(policy.RoleWorker), 0, 4)
 	for i, v := range override {
 		values[fmt.Sprint(i)] = map[string]any{"expected": v}
 	}
-	roles := map[joinconfig.Role]any{}
-	for _, r := range []joinconfig.Role{joinconfig.RoleControlPlane, joinconfig.RoleWorker} {
+	roles := map[policy.Role]any{}
+	for _, r := range []policy.Role{policy.RoleControlPlane, policy.RoleWorker} {
 		roles[r] = map[string]any{"referenceValues": referenceValues(t, bootArtefacts(r), rolePCR)}
 	}
 	var pinned []string

@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -171,7 +172,7 @@ func TestJoinTickets(t *testing.T) {
 
 	t.Run("control planes join one at a time", func(t *testing.T) {
 		// A control plane proves its role by what it booted: its own TPM.
-		cp := swtpmNode(t, joinconfig.RoleControlPlane)
+		cp := swtpmNode(t, policy.RoleControlPlane)
 		h.trust(t, cp)
 		client := h.dial(t, cp, "")
 		first := joinRequest(t, "cp-2", net.IPv4(10, 0, 0, 2), true)

@@ -28,6 +28,7 @@ import (
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
@@ -136,7 +137,7 @@ type decision struct {
 	sourceAddr   netip.Addr
 	peer         *attestation.Result
 	evidence     atls.Evidence
-	roles        []joinconfig.Role
+	roles        []policy.Role
 	node         string
 	controlPlane bool
 	diskUUID     string
@@ -190,9 +191,9 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 	if err := checkDenied(adm.deny, d); err != nil {
 		return nil, err
 	}
-	role := joinconfig.RoleWorker
+	role := policy.RoleWorker
 	if req.GetIsControlPlane() {
-		role = joinconfig.RoleControlPlane
+		role = policy.RoleControlPlane
 	}
 	if !slices.Contains(d.roles, role) {
 		return nil, refuse(codes.PermissionDenied, "role_not_attested",
@@ -218,7 +219,7 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 		KubernetesVersion:        join.KubernetesVersion,
 		KubernetesComponents:     join.Components,
 	}
-	if role == joinconfig.RoleControlPlane {
+	if role == policy.RoleControlPlane {
 		if resp.ControlPlaneFiles, err = s.controlPlaneFiles(); err != nil {
 			return nil, err
 		}
@@ -227,7 +228,7 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 		return nil, err
 	}
 	release := func(context.Context) error { return nil }
-	if role == joinconfig.RoleControlPlane {
+	if role == policy.RoleControlPlane {
 		if release, err = s.cfg.ControlPlaneLock.Acquire(ctx, kubelet.NodeName, d.peer.Identity); err != nil {
 			if errors.Is(err, ErrControlPlaneBusy) {
 				return nil, refuse(codes.Unavailable, "control_plane_busy", "%w", err)

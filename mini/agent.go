@@ -16,10 +16,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
-	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // privateDirs are bind-mounted from the node's root directory over the
@@ -43,7 +43,7 @@ const (
 // and its boot manifest into PCR 4, and its role into RolePCR as a kernel
 // command line "gatehouse.role=<role>" is measured
 // (docs/joinservice.md, "Roles from evidence").
-func BootArtefacts(bootstrapperBin string, manifest []byte, role joinconfig.Role) ([]tpm.Artefact, error) {
+func BootArtefacts(bootstrapperBin string, manifest []byte, role policy.Role) ([]tpm.Artefact, error) {
 	bin, err := tpm.FileArtefact(4, bootstrapperBin)
 	if err != nil {
 		return nil, err
@@ -55,11 +55,11 @@ func BootArtefacts(bootstrapperBin string, manifest []byte, role joinconfig.Role
 }
 
 // Role returns the role the node measures at boot.
-func (s *NodeSpec) Role() joinconfig.Role {
+func (s *NodeSpec) Role() policy.Role {
 	if s.ControlPlane {
-		return joinconfig.RoleControlPlane
+		return policy.RoleControlPlane
 	}
-	return joinconfig.RoleWorker
+	return policy.RoleWorker
 }
 
 // Agent runs one node. It must run inside the node's network namespace and

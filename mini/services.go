@@ -33,9 +33,9 @@ import (
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
-	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 	"github.com/gatehouse-dev/gatehouse/upgrade"
 )
 
@@ -47,8 +47,8 @@ func randRead(b []byte) (int, error) { return rand.Read(b) }
 func writeClusterConfig(path string, opts Options, manifest []byte, aks [][]byte) error {
 	bin := filepath.Join(opts.BinDir, "gatehouse-bootstrapper")
 	var common string
-	roles := map[joinconfig.Role]string{}
-	for _, role := range []joinconfig.Role{joinconfig.RoleControlPlane, joinconfig.RoleWorker} {
+	roles := map[policy.Role]string{}
+	for _, role := range []policy.Role{policy.RoleControlPlane, policy.RoleWorker} {
 		artefacts, err := BootArtefacts(bin, manifest, role)
 		if err != nil {
 			return err

@@ -9,7 +9,6 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 	"time"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/components"
 )
 
 // ErrHashMismatch means a download's digest differs from the pinned one.
@@ -67,48 +67,16 @@ func New(opts Options) *Installer {
 	return &Installer{opts: opts}
 }
 
-// Validate checks a component: a URL with scheme https, http, file or data
-// (the digest makes the transport's integrity irrelevant), a hash of the
-// form "sha256:" and 64 lowercase hex digits, and an absolute, clean
-// install path.
-func Validate(c *componentsv1.Component) error {
-	u, err := url.Parse(c.GetUrl())
-	if err != nil {
-		return fmt.Errorf("component URL %q: %w", c.GetUrl(), err)
-	}
-	switch u.Scheme {
-	case "https", "http", "file", "data":
-	default:
-		return fmt.Errorf("component URL %q: scheme %q is not https, http, file or data", c.GetUrl(), u.Scheme)
-	}
-	if _, err := parseHash(c.GetHash()); err != nil {
-		return fmt.Errorf("component %s: %w", c.GetUrl(), err)
-	}
-	p := c.GetInstallPath()
-	if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
-		return fmt.Errorf("component %s: install path %q must be an absolute, clean path other than /", c.GetUrl(), p)
-	}
-	return nil
-}
-
-func parseHash(h string) ([]byte, error) {
-	hexDigest, ok := strings.CutPrefix(h, "sha256:")
-	if !ok || len(hexDigest) != 2*sha256.Size || strings.ToLower(hexDigest) != hexDigest {
-		return nil, fmt.Errorf("hash %q is not \"sha256:\" followed by 64 lowercase hex digits", h)
-	}
-	return hex.DecodeString(hexDigest)
-}
-
 // Install installs every component in order, after validating them all. It
 // stops at the first component that fails, leaving the ones before it
 // installed and nothing of the failed one.
-func (i *Installer) Install(ctx context.Context, components []*componentsv1.Component) error {
-	for _, c := range components {
-		if err := Validate(c); err != nil {
+func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component) error {
+	for _, c := range list {
+		if err := components.Validate(c); err != nil {
 			return err
 		}
 	}
-	for _, c := range components {
+	for _, c := range list {
 		if err := i.install(ctx, c); err != nil {
 			return fmt.Errorf("installing %s: %w", c.GetInstallPath(), err)
 		}
@@ -118,7 +86,7 @@ func (i *Installer) Install(ctx context.Context, components []*componentsv1.Comp
 }
 
 func (i *Installer) install(ctx context.Context, c *componentsv1.Component) error {
-	want, _ := parseHash(c.GetHash())
+	want, _ := components.ParseHash(c.GetHash())
 	dir := filepath.Dir(c.GetInstallPath())
 	if c.GetExtract() {
 		dir = c.GetInstallPath()
@@ -215,7 +183,7 @@ func (i *Installer) open(ctx context.Context, rawURL string) (io.ReadCloser, err
 		}
 		return os.Open(u.Path)
 	case "data":
-		data, err := ParseDataURL(rawURL)
+		data, err := components.ParseDataURL(rawURL)
 		if err != nil {
 			return nil, err
 		}

@@ -19,8 +19,8 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
-	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // DefaultPath is the configuration file's default name.
@@ -35,7 +35,7 @@ type Config struct {
 	KubernetesVersion string `json:"kubernetesVersion"`
 	// Attestation is the appraisal policy of the cluster's nodes, in the
 	// join service's format (docs/joinservice.md).
-	Attestation joinconfig.AttestationPolicy `json:"attestation"`
+	Attestation policy.Policy `json:"attestation"`
 	// Networking holds the cluster's CIDRs.
 	Networking Networking `json:"networking"`
 	// APIServerCertSANs are extra API server certificate names.
@@ -121,7 +121,7 @@ func (c *Config) Verifier(lockPCR []byte) (attestation.Verifier, error) {
 
 // Appraisal returns the compiled attestation policy (see Verifier), which
 // also tells a node's roles and verifies one role only.
-func (c *Config) Appraisal(lockPCR []byte) (*joinconfig.Appraisal, error) {
+func (c *Config) Appraisal(lockPCR []byte) (*policy.Appraisal, error) {
 	return c.Attestation.Appraisal(time.Now, lockPCR)
 }
 
@@ -139,7 +139,7 @@ type TemplateValues struct {
 	// RoleReferenceValues holds, per role, the JSON of the PCR values that
 	// prove it (docs/joinservice.md, "Roles from evidence"). The control
 	// plane's is required: the first node is one.
-	RoleReferenceValues map[joinconfig.Role]string
+	RoleReferenceValues map[policy.Role]string
 	// PCRs is the quoted selection; it must include 15.
 	PCRs []int
 	// PinnedAKs are PEM public keys of trusted attestation keys.

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
+	"github.com/gatehouse-dev/gatehouse/internal/components"
 )
 
 func TestSupported(t *testing.T) {
@@ -75,7 +75,7 @@ func TestComponents(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, p := range protos {
-				if err := installer.Validate(p); err != nil {
+				if err := components.Validate(p); err != nil {
 					t.Errorf("%s %s: %v", v, arch, err)
 				}
 			}

@@ -4,14 +4,8 @@
 package joinconfig
 
 import (
-	"bytes"
-	"crypto"
-	"crypto/sha256"
-	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -22,18 +16,17 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"sigs.k8s.io/yaml"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
-	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/components"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // Keys of the join config ConfigMap (docs/joinservice.md shows an example).
 const (
-	// KeyAttestation holds the appraisal policy, YAML (AttestationPolicy).
+	// KeyAttestation holds the appraisal policy, YAML (policy.Policy).
 	KeyAttestation = "attestation.yaml"
 	// KeyMeasurementSalt holds the 32-byte measurement salt, hex.
 	KeyMeasurementSalt = "measurementSalt"
@@ -62,33 +55,10 @@ const KeyDenyList = "denied"
 // maxComponents bounds the component list of a join config.
 const maxComponents = 64
 
-// AttestationPolicy is the file form of the appraisal policy in the join
-// config (key attestation.yaml).
-type AttestationPolicy struct {
-	// Variant must be the variant the service was started for ("tpm").
-	Variant string `json:"variant"`
-	// PCRs is the SHA-256 PCR selection every quote must cover; it must
-	// include keys.NodeLockPCR.
-	PCRs []int `json:"pcrs"`
-	// ReferenceValues are the expected PCR values every node shares, whatever
-	// its role (package measurements' format). keys.NodeLockPCR must not appear:
-	// it is always enforced as zero.
-	ReferenceValues json.RawMessage `json:"referenceValues,omitempty"`
-	// Roles holds the reference values of each node role a node can prove
-	// (RoleControlPlane, RoleWorker). A node's evidence must satisfy
-	// ReferenceValues and at least one role's; the roles it satisfies are
-	// the only ones it gets (docs/joinservice.md, "Roles from evidence").
-	Roles map[Role]RolePolicy `json:"roles"`
-	// AKRoots is a PEM bundle of roots for AK certificate chains.
-	AKRoots string `json:"akRoots,omitempty"`
-	// PinnedAKs are PEM public keys of trusted attestation keys.
-	PinnedAKs []string `json:"pinnedAKs,omitempty"`
-}
-
 // JoinConfig is one validated version of the join config ConfigMap.
 type JoinConfig struct {
 	// Appraisal appraises joiners' evidence and tells their roles.
-	Appraisal *Appraisal
+	Appraisal *policy.Appraisal
 	// MeasurementSalt is handed to every joiner, keys.MeasurementSaltSize bytes.
 	MeasurementSalt []byte
 	// APIServerEndpoint is where joiners reach the API server, host:port.
@@ -227,7 +197,7 @@ func parseComponents(data []byte) ([]*componentsv1.Component, error) {
 		}
 		// What the node's installer accepts: https, http, file or data URLs
 		// (the pinned digest makes the transport's integrity irrelevant).
-		if err := installer.Validate(c); err != nil {
+		if err := components.Validate(c); err != nil {
 			return nil, fmt.Errorf("component %d: %w", i, err)
 		}
 		out = append(out, c)
@@ -235,8 +205,8 @@ func parseComponents(data []byte) ([]*componentsv1.Component, error) {
 	return out, nil
 }
 
-func parseAttestationPolicy(data []byte, variant attestation.Variant, now func() time.Time) (*Appraisal, error) {
-	p, err := DecodeAttestationPolicy(data)
+func parseAttestationPolicy(data []byte, variant attestation.Variant, now func() time.Time) (*policy.Appraisal, error) {
+	p, err := policy.Decode(data)
 	if err != nil {
 		return nil, err
 	}
@@ -244,58 +214,6 @@ func parseAttestationPolicy(data []byte, variant attestation.Variant, now func()
 		return nil, fmt.Errorf("variant %q differs from the service's variant %q", p.Variant, variant)
 	}
 	return p.Appraisal(now, nil)
-}
-
-// DecodeAttestationPolicy decodes YAML (or JSON) strictly: unknown fields
-// are errors.
-func DecodeAttestationPolicy(data []byte) (AttestationPolicy, error) {
-	var p AttestationPolicy
-	jsonData, err := yaml.YAMLToJSONStrict(data)
-	if err != nil {
-		return p, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(jsonData))
-	dec.DisallowUnknownFields()
-	err = dec.Decode(&p)
-	return p, err
-}
-
-// Verifier returns the verifier of p, accepting evidence that satisfies
-// any of its roles, and a summary of it for logs. lockPCR is what the
-// node-lock PCR must hold (see Appraisal).
-func (p AttestationPolicy) Verifier(now func() time.Time, lockPCR []byte) (attestation.Verifier, string, error) {
-	a, err := p.Appraisal(now, lockPCR)
-	if err != nil {
-		return nil, "", err
-	}
-	return a, a.Summary, nil
-}
-
-func parseEndorsement(p AttestationPolicy) (tpm.Endorsement, error) {
-	var e tpm.Endorsement
-	if (strings.TrimSpace(p.AKRoots) == "") == (len(p.PinnedAKs) == 0) {
-		return e, errors.New("set exactly one of akRoots and pinnedAKs")
-	}
-	if p.AKRoots != "" {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM([]byte(p.AKRoots)) {
-			return e, errors.New("akRoots holds no PEM certificate")
-		}
-		e.Roots = pool
-		return e, nil
-	}
-	for i, s := range p.PinnedAKs {
-		block, _ := pem.Decode([]byte(s))
-		if block == nil || block.Type != "PUBLIC KEY" {
-			return e, fmt.Errorf("pinnedAKs[%d] is not a PEM PUBLIC KEY", i)
-		}
-		pub, err := x509.ParsePKIXPublicKey(block.Bytes)
-		if err != nil {
-			return e, fmt.Errorf("pinnedAKs[%d]: %w", i, err)
-		}
-		e.PinnedKeys = append(e.PinnedKeys, crypto.PublicKey(pub))
-	}
-	return e, nil
 }
 
 // DenyList is a parsed deny list: attestation identities and node names
@@ -346,10 +264,3 @@ func (d DenyList) Denies(identity, nodeName string) (string, bool) {
 
 // Len returns the number of entries.
 func (d DenyList) Len() int { return len(d.identities) + len(d.nodes) }
-
-// Fingerprint returns "sha256:" and the first 16 hex digits of data's
-// SHA-256, a short fingerprint for logs.
-func Fingerprint(data []byte) string {
-	sum := sha256.Sum256(data)
-	return "sha256:" + hex.EncodeToString(sum[:8])
-}

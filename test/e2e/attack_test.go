@@ -27,6 +27,7 @@ import (
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/charts"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
@@ -56,7 +57,7 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rw.Close() })
-	artefacts, err := mini.BootArtefacts(filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), spec.BootManifest, joinconfig.RoleWorker)
+	artefacts, err := mini.BootArtefacts(filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), spec.BootManifest, policy.RoleWorker)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +136,7 @@ func trustAK(ctx context.Context, t *testing.T, client kubernetes.Interface, a *
 	if err != nil {
 		t.Fatal(err)
 	}
-	policy, err := joinconfig.DecodeAttestationPolicy([]byte(cm.Data[joinconfig.KeyAttestation]))
+	policy, err := policy.Decode([]byte(cm.Data[joinconfig.KeyAttestation]))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
-	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
+	"github.com/gatehouse-dev/gatehouse/internal/components"
 )
 
 // CloudInitSchema fails the test unless `cloud-init schema` accepts data.
@@ -93,7 +93,7 @@ func Text(t testing.TB, format bootstrapv1.Format, data []byte) string {
 
 func dataURL(t testing.TB, src string) []byte {
 	t.Helper()
-	b, err := installer.ParseDataURL(src)
+	b, err := components.ParseDataURL(src)
 	if err != nil {
 		t.Fatalf("file source: %v", err)
 	}

@@ -1,4 +1,4 @@
-package joinconfig
+package policy
 
 import (
 	"context"
@@ -44,7 +44,7 @@ type RolePolicy struct {
 	ReferenceValues json.RawMessage `json:"referenceValues"`
 }
 
-// Appraisal is a compiled AttestationPolicy: it verifies evidence (as an
+// Appraisal is a compiled Policy: it verifies evidence (as an
 // attestation.Verifier, accepting evidence that satisfies at least one
 // role) and tells which roles verified measurements satisfy. It is safe for
 // concurrent use.
@@ -66,7 +66,7 @@ type Appraisal struct {
 // key-issuing endpoints require; a verifier of a running node passes the
 // value its cluster ID extended into it. Errors name the field that is
 // wrong.
-func (p AttestationPolicy) Appraisal(now func() time.Time, lockPCR []byte) (*Appraisal, error) {
+func (p Policy) Appraisal(now func() time.Time, lockPCR []byte) (*Appraisal, error) {
 	variant, err := attestation.ParseVariant(p.Variant)
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package installer
+package components
 
 import (
 	"encoding/base64"
