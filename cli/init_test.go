@@ -24,10 +24,10 @@ import (
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
-	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
@@ -225,21 +225,21 @@ func TestInit(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := run(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret")
-	for _, want := range []string{"[node-lock]", "[kubeadm-init]", "[admin-kubeconfig]", "is initialised", DefaultKubeconfig} {
+	for _, want := range []string{"[node-lock]", "[kubeadm-init]", "[admin-kubeconfig]", "is initialised", clusterconfig.DefaultKubeconfig} {
 		if !strings.Contains(out, want) {
 			t.Errorf("init output lacks %q:\n%s", want, out)
 		}
 	}
-	for file, mode := range map[string]os.FileMode{DefaultKubeconfig: 0o600, DefaultMasterSecretFile: 0o600, DefaultStateFile: 0o600} {
+	for file, mode := range map[string]os.FileMode{clusterconfig.DefaultKubeconfig: 0o600, clusterconfig.DefaultMasterSecretFile: 0o600, clusterconfig.DefaultStateFile: 0o600} {
 		fi, err := os.Stat(file)
 		if err != nil || fi.Mode().Perm() != mode {
 			t.Errorf("%s: %v, mode %v; want %v", file, err, fi.Mode().Perm(), mode)
 		}
 	}
-	if _, err := clientcmd.LoadFromFile(DefaultKubeconfig); err != nil {
+	if _, err := clientcmd.LoadFromFile(clusterconfig.DefaultKubeconfig); err != nil {
 		t.Error(err)
 	}
-	state, err := ReadState(DefaultStateFile)
+	state, err := clusterconfig.ReadState(clusterconfig.DefaultStateFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,14 +251,14 @@ func TestInit(t *testing.T) {
 	}
 
 	// Again: the cluster exists, and the master secret is never overwritten.
-	secretBefore, _ := os.ReadFile(DefaultMasterSecretFile)
+	secretBefore, _ := os.ReadFile(clusterconfig.DefaultMasterSecretFile)
 	if out, err := runErr(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret"); err == nil || !strings.Contains(err.Error(), "already initialised") {
 		t.Fatalf("second init: %v\n%s", err, out)
 	}
-	if secretAfter, _ := os.ReadFile(DefaultMasterSecretFile); !bytes.Equal(secretBefore, secretAfter) {
+	if secretAfter, _ := os.ReadFile(clusterconfig.DefaultMasterSecretFile); !bytes.Equal(secretBefore, secretAfter) {
 		t.Fatal("the master secret file changed")
 	}
-	if err := os.Remove(DefaultStateFile); err != nil {
+	if err := os.Remove(clusterconfig.DefaultStateFile); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := runErr(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret"); err == nil || !strings.Contains(err.Error(), "exists") {

@@ -26,18 +26,11 @@ import (
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
-	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
-)
-
-// Files init writes by default.
-const (
-	DefaultMasterSecretFile = "gatehouse-master-secret.json"
-	DefaultStateFile        = "gatehouse-state.json"
-	DefaultKubeconfig       = "gatehouse-admin.conf"
 )
 
 // masterSecret is the master secret file: 32 random bytes and a 32-byte
@@ -46,33 +39,6 @@ const (
 type masterSecret struct {
 	Key  []byte `json:"key"`
 	Salt []byte `json:"salt"`
-}
-
-// State is the CLI's record of a cluster (gatehouse-state.json).
-type State struct {
-	// Phase is "initialising" while an init may be resumed, then "initialised".
-	Phase string `json:"phase"`
-	// Node is the first control plane's InitService address.
-	Node string `json:"node"`
-	// MeasurementSalt is the cluster's measurement salt (hex).
-	MeasurementSalt string `json:"measurementSalt"`
-	// ClusterID is the cluster ID (hex), once initialised.
-	ClusterID string `json:"clusterID,omitempty"`
-	// KubernetesVersion the cluster was initialised with.
-	KubernetesVersion string `json:"kubernetesVersion"`
-}
-
-// ReadState reads a state file.
-func ReadState(path string) (*State, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var s State
-	if err := json.Unmarshal(data, &s); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return &s, nil
 }
 
 type initOptions struct {
@@ -104,9 +70,9 @@ func newInitCmd() *cobra.Command {
 	f.StringVar(&o.config, "config", clusterconfig.DefaultPath, "cluster configuration file")
 	f.StringVar(&o.node, "node", "", "InitService address of the first node, host:port (required)")
 	f.StringVar(&o.initSecretFile, "init-secret-file", "", "file holding the init secret the node was provisioned for (required)")
-	f.StringVar(&o.masterSecretFile, "master-secret-file", DefaultMasterSecretFile, "master secret file to create (mode 0600)")
-	f.StringVar(&o.stateFile, "state-file", DefaultStateFile, "cluster state file to create")
-	f.StringVar(&o.kubeconfig, "kubeconfig-out", DefaultKubeconfig, "admin kubeconfig to write (mode 0600)")
+	f.StringVar(&o.masterSecretFile, "master-secret-file", clusterconfig.DefaultMasterSecretFile, "master secret file to create (mode 0600)")
+	f.StringVar(&o.stateFile, "state-file", clusterconfig.DefaultStateFile, "cluster state file to create")
+	f.StringVar(&o.kubeconfig, "kubeconfig-out", clusterconfig.DefaultKubeconfig, "admin kubeconfig to write (mode 0600)")
 	f.StringVar(&o.componentsFile, "components-file", "", "JSON list of components to install instead of the versions table's (offline use)")
 	f.StringVar(&o.arch, "node-arch", runtime.GOARCH, "CPU architecture of the node: amd64 or arm64")
 	f.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
@@ -174,7 +140,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 		return fmt.Errorf("the cluster is initialised, but writing the admin kubeconfig failed: %w", err)
 	}
 	state.Phase, state.ClusterID = "initialised", hex.EncodeToString(success.GetClusterId())
-	if err := writeState(o.stateFile, state); err != nil {
+	if err := clusterconfig.WriteState(o.stateFile, state); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "Cluster %q is initialised.\n  cluster ID:  %s\n  kubeconfig:  %s\n  state:       %s\n  master secret: %s (keep it safe: it derives every key of the cluster)\n",
@@ -185,8 +151,8 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 // prepareSecrets creates the master secret file and the state file, or
 // reuses both when the state file records an unfinished init on the same
 // node. An existing master secret file is never overwritten.
-func prepareSecrets(o initOptions, version string) (*masterSecret, *State, error) {
-	state, err := ReadState(o.stateFile)
+func prepareSecrets(o initOptions, version string) (*masterSecret, *clusterconfig.State, error) {
+	state, err := clusterconfig.ReadState(o.stateFile)
 	switch {
 	case err == nil && state.Phase == "initialised":
 		return nil, nil, fmt.Errorf("%s says cluster %s is already initialised; use another --state-file for a new cluster", o.stateFile, state.ClusterID)
@@ -219,23 +185,11 @@ func prepareSecrets(o initOptions, version string) (*masterSecret, *State, error
 	if err := writeNew(o.masterSecretFile, append(data, '\n'), 0o600, false); err != nil {
 		return nil, nil, fmt.Errorf("master secret: %w", err)
 	}
-	state = &State{Phase: "initialising", Node: o.node, MeasurementSalt: hex.EncodeToString(salt), KubernetesVersion: version}
-	if err := writeState(o.stateFile, state); err != nil {
+	state = &clusterconfig.State{Phase: "initialising", Node: o.node, MeasurementSalt: hex.EncodeToString(salt), KubernetesVersion: version}
+	if err := clusterconfig.WriteState(o.stateFile, state); err != nil {
 		return nil, nil, err
 	}
 	return secret, state, nil
-}
-
-func writeState(path string, s *State) error {
-	data, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // loadComponents returns the components from file (a JSON list of

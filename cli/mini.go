@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
@@ -51,8 +52,8 @@ func newMiniUpCmd() *cobra.Command {
 			opts.Init = func(ctx context.Context, dir, config, node, secretFile string, components []*componentsv1.Component) error {
 				return runInit(ctx, cmd.OutOrStdout(), initOptions{
 					config: config, node: node, initSecretFile: secretFile,
-					masterSecretFile: filepath.Join(dir, DefaultMasterSecretFile), stateFile: filepath.Join(dir, DefaultStateFile),
-					kubeconfig: filepath.Join(dir, DefaultKubeconfig), components: components, arch: "amd64", timeout: 10 * time.Minute,
+					masterSecretFile: filepath.Join(dir, clusterconfig.DefaultMasterSecretFile), stateFile: filepath.Join(dir, clusterconfig.DefaultStateFile),
+					kubeconfig: filepath.Join(dir, clusterconfig.DefaultKubeconfig), components: components, arch: "amd64", timeout: 10 * time.Minute,
 					failureLog: filepath.Join(dir, "init-failure.log"),
 				})
 			}

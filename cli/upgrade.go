@@ -11,6 +11,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 
 	"github.com/gatehouse-dev/gatehouse/charts"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/upgrade"
 )
 
@@ -67,7 +68,7 @@ func newUpgradeApplyCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.Kubeconfig, "kubeconfig", DefaultKubeconfig, "admin kubeconfig")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", clusterconfig.DefaultKubeconfig, "admin kubeconfig")
 	f.StringVar(&opts.Namespace, "namespace", charts.Namespace, "namespace of the Gatehouse releases")
 	f.StringVar(&opts.BackupRoot, "backup-dir", "", "where gatehouse-upgrade/<timestamp>/backups is written (default: the current directory)")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would change; change nothing")

@@ -13,10 +13,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
@@ -55,7 +55,7 @@ func newVerifyCmd() *cobra.Command {
 			}
 			report := verifyReport{Node: node}
 			var lockPCR []byte
-			state, err := ReadState(stateFile)
+			state, err := clusterconfig.ReadState(stateFile)
 			switch {
 			case err == nil && state.ClusterID != "":
 				id, err := hex.DecodeString(state.ClusterID)
@@ -91,7 +91,7 @@ func newVerifyCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&config, "config", clusterconfig.DefaultPath, "cluster configuration file")
 	f.StringVar(&node, "node", "", "the node's evidence address, host:port (required)")
-	f.StringVar(&stateFile, "state-file", DefaultStateFile, "cluster state file (holds the cluster ID)")
+	f.StringVar(&stateFile, "state-file", clusterconfig.DefaultStateFile, "cluster state file (holds the cluster ID)")
 	f.StringVarP(&output, "output", "o", "text", "output format: text or json")
 	_ = cmd.MarkFlagRequired("node")
 	return cmd

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
@@ -30,7 +31,7 @@ func TestVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret")
-	state, err := ReadState(DefaultStateFile)
+	state, err := clusterconfig.ReadState(clusterconfig.DefaultStateFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func TestVerify(t *testing.T) {
 	}
 
 	// Without the state file, PCR 15 is expected zero: the locked node fails.
-	if err := os.Rename(DefaultStateFile, "elsewhere.json"); err != nil {
+	if err := os.Rename(clusterconfig.DefaultStateFile, "elsewhere.json"); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := runErr(t, "verify", "--config", config, "--node", n.evidence); err == nil || !strings.Contains(err.Error(), "index 15") {

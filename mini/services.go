@@ -32,11 +32,11 @@ import (
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/charts"
-	"github.com/gatehouse-dev/gatehouse/cli/clusterconfig"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
-	"github.com/gatehouse-dev/gatehouse/upgrade"
+	"github.com/gatehouse-dev/gatehouse/internal/helm"
 )
 
 func randRead(b []byte) (int, error) { return rand.Read(b) }
@@ -172,7 +172,7 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 			"joinConfig": joinConfig,
 		}},
 	}
-	cfg, err := upgrade.HelmConfig(kubeconfig, charts.Namespace)
+	cfg, err := helm.Config(kubeconfig, charts.Namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -245,7 +245,7 @@ func (s *services) publishPolicy(ctx context.Context, configPath string, compone
 	if err != nil {
 		return err
 	}
-	cfg, err := upgrade.HelmConfig(s.kubeconfig, charts.Namespace)
+	cfg, err := helm.Config(s.kubeconfig, charts.Namespace)
 	if err != nil {
 		return err
 	}

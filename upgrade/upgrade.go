@@ -20,7 +20,8 @@ import (
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/storage/driver"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
+
+	"github.com/gatehouse-dev/gatehouse/internal/helm"
 )
 
 // Options configure Apply.
@@ -67,7 +68,7 @@ func Apply(ctx context.Context, opts Options) ([]Result, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	cfg, err := helmConfig(opts)
+	cfg, err := helm.Config(opts.Kubeconfig, opts.Namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -237,17 +238,5 @@ func rollback(ctx context.Context, cfg *action.Configuration, opts Options, name
 }
 
 func helmConfig(opts Options) (*action.Configuration, error) {
-	return HelmConfig(opts.Kubeconfig, opts.Namespace)
-}
-
-// HelmConfig returns Helm's action configuration for releases in namespace
-// of the cluster kubeconfig names (release records in Secrets).
-func HelmConfig(kubeconfig, namespace string) (*action.Configuration, error) {
-	flags := genericclioptions.NewConfigFlags(false)
-	flags.KubeConfig, flags.Namespace = &kubeconfig, &namespace
-	cfg := new(action.Configuration)
-	if err := cfg.Init(flags, namespace, "secret", func(string, ...any) {}); err != nil {
-		return nil, fmt.Errorf("connecting Helm to the cluster: %w", err)
-	}
-	return cfg, nil
+	return helm.Config(opts.Kubeconfig, opts.Namespace)
 }

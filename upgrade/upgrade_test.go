@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gatehouse-dev/gatehouse/internal/helm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 )
 
@@ -89,7 +90,7 @@ func TestApply(t *testing.T) {
 	var out bytes.Buffer
 	opts := Options{Kubeconfig: env.KubeconfigPath, Namespace: "default", BackupRoot: root,
 		Order: []string{"demo"}, Timeout: time.Minute, Out: &out}
-	cfg, err := helmConfig(opts)
+	cfg, err := helm.Config(opts.Kubeconfig, opts.Namespace)
 	if err != nil {
 		t.Fatal(err)
 	}

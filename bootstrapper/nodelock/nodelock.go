@@ -14,9 +14,10 @@ import (
 	"io"
 	"sync"
 
-	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/google/go-tpm/tpmutil"
+
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // ErrLocked means the lock was already taken, by the other contender in

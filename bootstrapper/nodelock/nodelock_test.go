@@ -7,9 +7,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/google/go-tpm-tools/simulator"
 	"github.com/google/go-tpm/legacy/tpm2"
+
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 func openSimulator(t *testing.T) *simulator.Simulator {

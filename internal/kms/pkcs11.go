@@ -9,8 +9,9 @@ import (
 	"strconv"
 
 	"github.com/ThalesGroup/crypto11"
-	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // wrappedVersion prefixes a wrapped DEK: version || GCM nonce || ciphertext.

@@ -18,9 +18,10 @@ import (
 	"strings"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
-	"sigs.k8s.io/yaml"
 )
 
 // Policy is the file form of an appraisal policy: the join config's
