@@ -475,7 +475,7 @@ func (s *InitServer) writeInitFiles(setup *Setup, p *initPlan, configPath string
 		return err
 	}
 	// The key service on this control plane derives keys from it.
-	return setup.writeFile(KMSURIPath, []byte(p.req.GetKmsUri()), 0o600)
+	return setup.writeFile(kms.URIFile, []byte(p.req.GetKmsUri()), 0o600)
 }
 
 // adminKubeconfig returns a kubeconfig for the named admin.

@@ -200,7 +200,7 @@ func TestInit(t *testing.T) {
 	root := f.node.setup.Root
 	for path, mode := range map[string]os.FileMode{
 		"usr/local/bin/kubelet": 0o755, "etc/kubernetes/pki/ca.key": 0o600, "etc/kubernetes/pki/ca.crt": 0o644,
-		strings.TrimPrefix(KMSURIPath, "/"): 0o600, strings.TrimPrefix(kubeadm.AuditPolicyPath, "/"): 0o600,
+		strings.TrimPrefix(kms.URIFile, "/"): 0o600, strings.TrimPrefix(kubeadm.AuditPolicyPath, "/"): 0o600,
 		strings.TrimPrefix(kubeadm.KubeletKeyPath, "/"): 0o600,
 	} {
 		if got := fileMode(t, filepath.Join(root, path)); got != mode {

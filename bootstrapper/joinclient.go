@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/logtail"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -259,8 +261,8 @@ func (c *JoinClient) setUp(ctx context.Context, t *joinservicev1.IssueJoinTicket
 		if err == nil {
 			return nil
 		}
-		last = fmt.Errorf("kubeadm join (attempt %d of %d): %w\n%s", attempt, c.cfg.KubeadmAttempts, err, tail(string(out), 20))
-		setup.Log.Warn("kubeadm join failed", "attempt", attempt, "error", err.Error(), "output", tail(string(out), 20))
+		last = fmt.Errorf("kubeadm join (attempt %d of %d): %w\n%s", attempt, c.cfg.KubeadmAttempts, err, logtail.Lines(string(out), 20))
+		setup.Log.Warn("kubeadm join failed", "attempt", attempt, "error", err.Error(), "output", logtail.Lines(string(out), 20))
 	}
 	return last
 }
@@ -293,13 +295,4 @@ func (c *JoinClient) writeJoinFiles(t *joinservicev1.IssueJoinTicketResponse, ku
 		}
 	}
 	return setup.writeFile(configPath, config, 0o600)
-}
-
-// tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

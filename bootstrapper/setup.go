@@ -7,13 +7,14 @@ package bootstrapper
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -23,9 +24,6 @@ import (
 const (
 	// KubeadmDir holds the generated kubeadm configuration and patches.
 	KubeadmDir = "/etc/gatehouse/kubeadm"
-	// KMSURIPath holds the cluster's KMS URI for the key service on the
-	// first control plane (mode 0600). Secret.
-	KMSURIPath = "/etc/kubernetes/gatehouse/kms-uri"
 )
 
 // stateDisk is the part of the state disk a bootstrap changes.
@@ -82,20 +80,7 @@ func (s *Setup) writeFile(p string, data []byte, mode fs.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil { //nolint:gosec // /etc/kubernetes and friends are world-readable directories
 		return fmt.Errorf("writing %s: %w", p, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(full), ".gatehouse-*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", p, err)
-	}
-	defer os.Remove(tmp.Name())
-	_, werr := tmp.Write(data)
-	err = errors.Join(werr, tmp.Chmod(mode), tmp.Close())
-	if err == nil {
-		err = os.Rename(tmp.Name(), full)
-	}
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", p, err)
-	}
-	return nil
+	return atomicfile.Write(full, data, mode)
 }
 
 // rekeyDisk replaces the first-boot passphrase with diskKey and records the

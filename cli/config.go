@@ -155,11 +155,3 @@ func gunzip(data []byte) ([]byte, error) {
 	}
 	return io.ReadAll(io.LimitReader(zr, 16<<20))
 }
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}

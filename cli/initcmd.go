@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/logtail"
+
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -292,7 +294,7 @@ func initFailure(out io.Writer, f *initservicev1.InitFailure, name string) error
 	logs, err := gunzip(f.GetLogsGzip())
 	if err == nil && len(logs) > 0 {
 		if werr := os.WriteFile(name, logs, 0o600); werr == nil {
-			fmt.Fprintf(out, "The node's logs are in %s. Last lines:\n%s\n", name, lastLines(string(logs), 15))
+			fmt.Fprintf(out, "The node's logs are in %s. Last lines:\n%s\n", name, logtail.Lines(string(logs), 15))
 		}
 	}
 	return fmt.Errorf("the node failed to initialise the cluster and must be reset: %s", f.GetError())

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
 )
 
 // Record lists everything Up created, so Down removes every process,
@@ -56,11 +58,7 @@ func (r *Record) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := recordPath(r.Dir) + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, recordPath(r.Dir))
+	return atomicfile.Write(recordPath(r.Dir), append(data, '\n'), 0o600)
 }
 
 func (r *Record) node(name string) *NodeRecord {

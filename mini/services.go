@@ -32,11 +32,12 @@ import (
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/charts"
-	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/helm"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
 )
 
 func randRead(b []byte) (int, error) { return rand.Read(b) }
@@ -121,7 +122,7 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 	if err := writeInternalPKI(pkiDir); err != nil {
 		return nil, err
 	}
-	kmsURI, err := os.ReadFile(filepath.Join(root, "etc/kubernetes/gatehouse/kms-uri"))
+	kmsURI, err := os.ReadFile(filepath.Join(root, kms.URIFile))
 	if err != nil {
 		return nil, err
 	}
@@ -203,14 +204,8 @@ func (s *services) joinConfigValues(configPath string, components []*componentsv
 	if err != nil {
 		return nil, err
 	}
-	var state struct {
-		MeasurementSalt string `json:"measurementSalt"`
-	}
-	data, err := os.ReadFile(filepath.Join(s.dir, "gatehouse-state.json"))
+	state, err := clusterconfig.ReadState(filepath.Join(s.dir, clusterconfig.DefaultStateFile))
 	if err != nil {
-		return nil, err
-	}
-	if err := json.Unmarshal(data, &state); err != nil {
 		return nil, err
 	}
 	if _, err := hex.DecodeString(state.MeasurementSalt); err != nil {

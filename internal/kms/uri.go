@@ -11,6 +11,11 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
+// URIFile is where the first control plane's bootstrapper writes the
+// cluster's KMS URI for the key service (absolute path on the node, mode
+// 0600). Its content is secret: a cluster-kms URI carries the master secret.
+const URIFile = "/etc/kubernetes/gatehouse/kms-uri"
+
 // ClusterKMSURI is a parsed kms://cluster-kms?key=<base64url>&salt=<base64url>.
 type ClusterKMSURI struct {
 	MasterSecret, Salt []byte

@@ -20,6 +20,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
+
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -266,10 +268,7 @@ func WriteArchive(file string, arch string, specs []Spec) error {
 		}
 		refs[ref] = img
 	}
-	tmp := file + ".tmp"
-	if err := tarball.MultiRefWriteToFile(tmp, refs); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("writing images to %s: %w", file, err)
-	}
-	return os.Rename(tmp, file)
+	return atomicfile.WriteFunc(file, 0o644, func(f *os.File) error {
+		return tarball.MultiRefWrite(refs, f)
+	})
 }
