@@ -1,6 +1,8 @@
 package joinservice
 
 import (
+	"go.uber.org/goleak"
+
 	"bufio"
 	"context"
 	"crypto"
@@ -37,7 +39,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// A test that leaves a goroutine running (a server not stopped, a
+	// connection not closed) fails the package.
+	goleak.VerifyTestMain(m)
 }
 
 // rigHello is the rig's first line: the AK its nodes attest with (PKIX DER).

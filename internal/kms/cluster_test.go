@@ -89,10 +89,10 @@ func TestNewClusterKMSEnforcesMinimumSizes(t *testing.T) {
 	}
 }
 
-// FuzzGetDEK sends arbitrary ids and lengths, as a key service request may
+// FuzzGetDataKey sends arbitrary ids and lengths, as a key service request may
 // carry: the answer is a key of exactly the requested length or an error
 // wrapping keys.ErrInvalidRequest, never a panic.
-func FuzzGetDEK(f *testing.F) {
+func FuzzGetDataKey(f *testing.F) {
 	f.Add("2b2f6c1e-6f8a-4b8c-9d7e-0a1b2c3d4e5f", 32)
 	f.Add("", 0)
 	f.Add("../x", 65)
