@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -27,6 +26,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 )
 
@@ -142,22 +142,5 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return fmt.Errorf("connection limits: %w", err)
 	}
 	httpServer := &http.Server{Addr: *httpListen, Handler: joinservice.HTTPHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
-	errs := make(chan error, 2)
-	go func() { errs <- grpcServer.Serve(lis) }()
-	go func() { errs <- httpServer.ListenAndServe() }()
-	log.Info("Join service started", "listen", *listen, "httpListen", *httpListen,
-		"clusterIdentity", ca.DiscoveryTokenCACertHash())
-	select {
-	case <-ctx.Done():
-		log.Info("Join service stopping")
-	case err = <-errs:
-	}
-	grpcServer.GracefulStop()
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = httpServer.Shutdown(shutdownCtx)
-	if err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return serve.Run(ctx, log, "Join service", grpcServer, lis, httpServer, "clusterIdentity", ca.DiscoveryTokenCACertHash())
 }

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -24,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/keyservice"
 )
 
@@ -96,21 +96,5 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return fmt.Errorf("connection limits: %w", err)
 	}
 	metricsServer := &http.Server{Addr: *metricsListen, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-	errs := make(chan error, 2)
-	go func() { errs <- grpcServer.Serve(lis) }()
-	go func() { errs <- metricsServer.ListenAndServe() }()
-	log.Info("Key service started", slog.String("listen", *listen), slog.String("metricsListen", *metricsListen))
-	select {
-	case <-ctx.Done():
-		log.Info("Key service stopping")
-	case err = <-errs:
-	}
-	grpcServer.GracefulStop()
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = metricsServer.Shutdown(shutdownCtx)
-	if err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return serve.Run(ctx, log, "Key service", grpcServer, lis, metricsServer)
 }
