@@ -236,7 +236,3 @@ func rollback(ctx context.Context, cfg *action.Configuration, opts Options, name
 	rb.Version, rb.Timeout, rb.Wait, rb.MaxHistory = deployed.Version, opts.Timeout, opts.Wait, 10
 	return rb.Run(name)
 }
-
-func helmConfig(opts Options) (*action.Configuration, error) {
-	return helm.Config(opts.Kubeconfig, opts.Namespace)
-}
