@@ -69,7 +69,7 @@ func TestTokenReuseAndRenewal(t *testing.T) {
 		t.Fatalf("renewed expiration %s, want %s", renewed.Expiration, want)
 	}
 	list, err := client.CoreV1().Secrets(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
-		LabelSelector: LabelJoinRequest + "=" + requestLabel(key),
+		LabelSelector: LabelJoinRequest + "=" + requestTokens.OwnerLabel(key),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -91,16 +91,16 @@ func TestTokenReuseAndRenewal(t *testing.T) {
 func TestTokenIDTakenByAnotherRequest(t *testing.T) {
 	client, clock := clockClient(t)
 	const key = "identity\x00node-b"
-	foreign, err := bootstraptoken.New(tokenID(key), clock.Now().Add(time.Hour))
+	foreign, err := bootstraptoken.New(requestTokens.ID(key), clock.Now().Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := tokenSecret(foreign, "someone-else", "made by kubeadm token create")
+	s := bootstraptoken.Secret(foreign, map[string]string{LabelJoinRequest: "someone-else"}, "made by kubeadm token create")
 	if _, err := client.CoreV1().Secrets(metav1.NamespaceSystem).Create(t.Context(), s, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewTokens(client, clock.Now).Issue(t.Context(), key, "x"); !errors.Is(err, errTokenIDTaken) {
-		t.Fatalf("Issue over a foreign token: %v, want errTokenIDTaken", err)
+	if _, err := NewTokens(client, clock.Now).Issue(t.Context(), key, "x"); !errors.Is(err, bootstraptoken.ErrIDTaken) {
+		t.Fatalf("Issue over a foreign token: %v, want ErrIDTaken", err)
 	}
 	got, err := client.CoreV1().Secrets(metav1.NamespaceSystem).Get(t.Context(), s.Name, metav1.GetOptions{})
 	if err != nil {

@@ -24,7 +24,6 @@ import (
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
-	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 )
 
 // stormNodes is how many simulated nodes join at once in the CI storm
@@ -297,10 +296,9 @@ func rawTokenCreates(b *testing.B, client kubernetes.Interface, n, round int) fl
 	start := time.Now()
 	for i := range n {
 		wg.Go(func() {
-			token, err := bootstraptoken.New(tokenID(fmt.Sprintf("raw-%d-%d", round, i)), time.Now().Add(TokenTTL))
+			_, s, err := requestTokens.NewSecret(fmt.Sprintf("raw-%d-%d", round, i), time.Now().Add(TokenTTL), "raw rate")
 			if err == nil {
-				_, err = client.CoreV1().Secrets(metav1.NamespaceSystem).Create(b.Context(),
-					tokenSecret(token, "raw", "raw rate"), metav1.CreateOptions{})
+				_, err = client.CoreV1().Secrets(metav1.NamespaceSystem).Create(b.Context(), s, metav1.CreateOptions{})
 			}
 			errs <- err
 		})

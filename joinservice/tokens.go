@@ -2,16 +2,14 @@ package joinservice
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 )
@@ -31,14 +29,17 @@ const (
 	LabelJoinRequest = "gatehouse.dev/join-request"
 )
 
-// errTokenIDTaken: the deterministic token id of a request is used by a
-// token that is not the request's (a kubeadm-made token; about 1 in 2^31).
-var errTokenIDTaken = errors.New("bootstrap token id is taken by a token of another request")
+// requestTokens derives a join request's token id and owner label from its
+// request key (the node's attestation identity and node name).
+var requestTokens = bootstraptoken.Issuer{
+	Label:       LabelJoinRequest,
+	IDDomain:    "gatehouse-token-id",
+	OwnerDomain: "gatehouse-join-request",
+}
 
 // Tokens issues kubeadm bootstrap tokens as Secrets in kube-system.
 //
-// Issuing is idempotent per join request: the token id is derived from the
-// request key (the node's attestation identity and node name), so a retry
+// Issuing is idempotent per join request (bootstraptoken.Issuer): a retry
 // after a lost response or an API server restart finds the token it created
 // before instead of leaving an orphan, and each node has at most one token.
 type Tokens struct {
@@ -54,52 +55,46 @@ func NewTokens(client kubernetes.Interface, now func() time.Time) *Tokens {
 // Token is an issued bootstrap token.
 type Token = bootstraptoken.Token
 
-// requestLabel returns the label value for a request key: hex of its
-// SHA-256, shortened to fit a label value.
-func requestLabel(requestKey string) string {
-	sum := sha256.Sum256([]byte("gatehouse-join-request\x00" + requestKey))
-	return hex.EncodeToString(sum[:24])
-}
-
-// tokenID derives the token id of a request key.
-func tokenID(requestKey string) string {
-	return bootstraptoken.DerivedID("gatehouse-token-id", requestKey)
-}
-
 // Issue returns the bootstrap token of the request identified by
 // requestKey: the existing one while it has tokenReuseMargin left, else a
 // new or renewed one with TokenTTL, authentication and signing usages and
 // the group TokenGroup. description is stored in the Secret (not secret).
+// A token id held by another owner's token is bootstraptoken.ErrIDTaken.
 func (t *Tokens) Issue(ctx context.Context, requestKey, description string) (Token, error) {
-	label := requestLabel(requestKey)
-	secrets := t.client.CoreV1().Secrets(metav1.NamespaceSystem)
-	token, err := bootstraptoken.New(tokenID(requestKey), t.now().Add(TokenTTL))
+	secrets := kubeSystemSecrets{t.client.CoreV1().Secrets(metav1.NamespaceSystem)}
+	now := t.now()
+	token, existing, err := requestTokens.Ensure(ctx, secrets, requestKey, now.Add(TokenTTL), description)
+	switch {
+	case existing == nil && err == nil:
+		return token, nil
+	case err == nil && token.Expiration.Sub(now) >= tokenReuseMargin:
+		return token, nil
+	case err != nil && !errors.Is(err, bootstraptoken.ErrMalformed):
+		return Token{}, err
+	}
+	// Too little time left, or malformed: renew in place (same id).
+	token, renewed, err := requestTokens.NewSecret(requestKey, now.Add(TokenTTL), description)
 	if err != nil {
 		return Token{}, err
 	}
-	s := tokenSecret(token, label, description)
-	if _, err := secrets.Create(ctx, s, metav1.CreateOptions{}); err == nil {
-		return token, nil
-	} else if !apierrors.IsAlreadyExists(err) {
-		return Token{}, fmt.Errorf("creating bootstrap token Secret: %w", err)
-	}
-	existing, err := secrets.Get(ctx, s.Name, metav1.GetOptions{})
-	if err != nil {
-		return Token{}, fmt.Errorf("reading bootstrap token Secret %s: %w", s.Name, err)
-	}
-	if existing.Labels[LabelJoinRequest] != label {
-		return Token{}, fmt.Errorf("%w: %s", errTokenIDTaken, s.Name)
-	}
-	if old, ok := bootstraptoken.FromSecret(existing); ok && old.Expiration.Sub(t.now()) >= tokenReuseMargin {
-		return old, nil
-	}
-	s.ResourceVersion = existing.ResourceVersion
-	if _, err := secrets.Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-		return Token{}, fmt.Errorf("renewing bootstrap token Secret %s: %w", s.Name, err)
+	renewed.ResourceVersion = existing.ResourceVersion
+	if _, err := secrets.Update(ctx, renewed, metav1.UpdateOptions{}); err != nil {
+		return Token{}, fmt.Errorf("renewing bootstrap token Secret %s: %w", renewed.Name, err)
 	}
 	return token, nil
 }
 
-func tokenSecret(token Token, label, description string) *corev1.Secret {
-	return bootstraptoken.Secret(token, map[string]string{LabelJoinRequest: label}, description)
+// kubeSystemSecrets adapts client-go's Secrets client to
+// bootstraptoken.Secrets.
+type kubeSystemSecrets struct {
+	corev1client.SecretInterface
+}
+
+func (s kubeSystemSecrets) Create(ctx context.Context, secret *corev1.Secret) error {
+	_, err := s.SecretInterface.Create(ctx, secret, metav1.CreateOptions{})
+	return err
+}
+
+func (s kubeSystemSecrets) Get(ctx context.Context, name string) (*corev1.Secret, error) {
+	return s.SecretInterface.Get(ctx, name, metav1.GetOptions{})
 }

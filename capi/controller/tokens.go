@@ -2,8 +2,6 @@ package controller
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -42,60 +40,36 @@ type tokens struct {
 	ttl    time.Duration
 }
 
-func ownerLabel(uid types.UID) string {
-	sum := sha256.Sum256([]byte("gatehouse-capi-token-owner\x00" + string(uid)))
-	return hex.EncodeToString(sum[:24])
-}
-
-// tokenID is the public token id of a config UID.
-func tokenID(uid types.UID) string {
-	return bootstraptoken.DerivedID("gatehouse-capi-token-id", string(uid))
-}
-
-// tokenKey is the Secret of a config UID's token.
-func tokenKey(uid types.UID) client.ObjectKey {
-	return client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: bootstraptoken.SecretName(tokenID(uid))}
+// configTokens derives a KubeadmConfig's token id and owner label from its
+// UID.
+var configTokens = bootstraptoken.Issuer{
+	Label:       labelTokenOwner,
+	IDDomain:    "gatehouse-capi-token-id",
+	OwnerDomain: "gatehouse-capi-token-owner",
 }
 
 // ensure returns the config's token "<id>.<secret>", creating it with the
 // TTL when it does not exist (created is then true). A token id held by a
-// token that is not the config's is an error.
+// token that is not the config's is bootstraptoken.ErrIDTaken.
 func (t *tokens) ensure(ctx context.Context, uid types.UID, description string) (token string, created bool, err error) {
-	tok, err := bootstraptoken.New(tokenID(uid), t.now().Add(t.ttl))
+	tok, existing, err := configTokens.Ensure(ctx, workloadSecrets{t.client}, string(uid), t.now().Add(t.ttl), description)
 	if err != nil {
 		return "", false, err
 	}
-	s := bootstraptoken.Secret(tok, map[string]string{labelTokenOwner: ownerLabel(uid)}, description)
-	err = t.client.Create(ctx, s)
-	if err == nil {
-		return tok.String(), true, nil
-	}
-	if !apierrors.IsAlreadyExists(err) {
-		return "", false, fmt.Errorf("creating bootstrap token Secret %s: %w", s.Name, err)
-	}
-	existing, err := t.owned(ctx, uid)
-	if err != nil {
-		return "", false, err
-	}
-	old, ok := bootstraptoken.FromSecret(existing)
-	if !ok {
-		return "", false, fmt.Errorf("bootstrap token Secret %s is malformed", s.Name)
-	}
-	return old.String(), false, nil
+	return tok.String(), existing == nil, nil
 }
 
 // owned reads the config's token Secret; errTokenGone when it does not
 // exist or is not the config's.
 func (t *tokens) owned(ctx context.Context, uid types.UID) (*corev1.Secret, error) {
-	s := &corev1.Secret{}
-	key := tokenKey(uid)
-	if err := t.client.Get(ctx, key, s); err != nil {
+	s, err := workloadSecrets{t.client}.Get(ctx, configTokens.SecretName(string(uid)))
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, errTokenGone
 		}
-		return nil, fmt.Errorf("reading bootstrap token Secret %s: %w", key.Name, err)
+		return nil, fmt.Errorf("reading bootstrap token Secret: %w", err)
 	}
-	if s.Labels[labelTokenOwner] != ownerLabel(uid) {
+	if !configTokens.Owns(s, string(uid)) {
 		return nil, fmt.Errorf("%w: its id is taken by a token of something else", errTokenGone)
 	}
 	return s, nil
@@ -141,4 +115,20 @@ func (t *tokens) remove(ctx context.Context, uid types.UID) error {
 		return fmt.Errorf("deleting bootstrap token Secret %s: %w", s.Name, err)
 	}
 	return nil
+}
+
+// workloadSecrets adapts a workload cluster client to
+// bootstraptoken.Secrets (kube-system).
+type workloadSecrets struct{ client client.Client }
+
+func (w workloadSecrets) Create(ctx context.Context, s *corev1.Secret) error {
+	return w.client.Create(ctx, s)
+}
+
+func (w workloadSecrets) Get(ctx context.Context, name string) (*corev1.Secret, error) {
+	s := &corev1.Secret{}
+	if err := w.client.Get(ctx, client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: name}, s); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
