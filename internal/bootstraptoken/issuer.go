@@ -12,12 +12,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
-// ErrIDTaken: the token id derived for an owner is held by a Secret that is
+// ErrIDTaken means the token id derived for an owner is held by a Secret that is
 // not the owner's (a token made by `kubeadm token create` or another
 // issuer; about 1 in 2^31 per pair of tokens).
 var ErrIDTaken = errors.New("bootstrap token id is taken by a token of another owner")
 
-// ErrMalformed: an owner's token Secret holds no valid token or expiration
+// ErrMalformed means an owner's token Secret holds no valid token or expiration
 // (edited by hand, or written by something else).
 var ErrMalformed = errors.New("bootstrap token Secret is malformed")
 
