@@ -1,6 +1,9 @@
 package testenv
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -12,13 +15,22 @@ import (
 // Machine, ...) and its kubeadm bootstrap provider (upstream CABPK).
 func ClusterAPICRDs(t testing.TB) (core, kubeadmBootstrap string) {
 	t.Helper()
-	out, err := exec.CommandContext(t.Context(), "go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/cluster-api").Output()
+	core, kubeadmBootstrap, err := ClusterAPICRDDirs(t.Context())
 	if err != nil {
-		t.Fatalf("locating the sigs.k8s.io/cluster-api module (go list -m): %v", err)
+		t.Fatal(err)
+	}
+	return core, kubeadmBootstrap
+}
+
+// ClusterAPICRDDirs is ClusterAPICRDs for a TestMain.
+func ClusterAPICRDDirs(ctx context.Context) (core, kubeadmBootstrap string, err error) {
+	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/cluster-api").Output()
+	if err != nil {
+		return "", "", fmt.Errorf("locating the sigs.k8s.io/cluster-api module (go list -m): %w", err)
 	}
 	dir := strings.TrimSpace(string(out))
 	if dir == "" {
-		t.Fatal("the sigs.k8s.io/cluster-api module is not downloaded: run go mod download")
+		return "", "", errors.New("the sigs.k8s.io/cluster-api module is not downloaded: run go mod download")
 	}
-	return filepath.Join(dir, "core", "config", "crd", "bases"), filepath.Join(dir, "bootstrap", "kubeadm", "config", "crd", "bases")
+	return filepath.Join(dir, "core", "config", "crd", "bases"), filepath.Join(dir, "bootstrap", "kubeadm", "config", "crd", "bases"), nil
 }

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"fmt"
 	"testing"
 
 	"k8s.io/client-go/rest"
@@ -14,23 +15,33 @@ import (
 // files of a kubeadm-style PKI use New.
 func NewEnvtest(t testing.TB, crdDirs ...string) *rest.Config {
 	t.Helper()
-	dir, err := BinDir()
+	cfg, stop, err := StartEnvtest(crdDirs...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("stopping envtest: %v", err)
+		}
+	})
+	return cfg
+}
+
+// StartEnvtest is NewEnvtest for a package's TestMain, where one
+// environment serves all of the package's tests (Cluster API's
+// suite_test.go pattern): the caller calls stop after m.Run.
+func StartEnvtest(crdDirs ...string) (cfg *rest.Config, stop func() error, err error) {
+	dir, err := BinDir()
+	if err != nil {
+		return nil, nil, err
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: dir,
 		CRDDirectoryPaths:     crdDirs,
 		ErrorIfCRDPathMissing: true,
 	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("starting envtest: %v", err)
+	if cfg, err = env.Start(); err != nil {
+		return nil, nil, fmt.Errorf("starting envtest: %w", err)
 	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stopping envtest: %v", err)
-		}
-	})
-	return cfg
+	return cfg, env.Stop, nil
 }

@@ -7,6 +7,7 @@ package controllertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"runtime"
@@ -49,30 +50,60 @@ type Env struct {
 // ends.
 func NewEnv(t testing.TB) *Env {
 	t.Helper()
-	core, _ := testenv.ClusterAPICRDs(t)
-	cfg := testenv.NewEnvtest(t, core, crdDir(t))
+	e, stop, err := Start(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("stopping envtest: %v", err)
+		}
+	})
+	return e
+}
+
+// Start starts the API server for a package's TestMain, where one serves
+// all of the package's tests, each in namespaces of its own (Cluster API's
+// suite_test.go pattern). The caller calls stop after m.Run.
+func Start(ctx context.Context) (e *Env, stop func() error, err error) {
+	core, _, err := testenv.ClusterAPICRDDirs(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	crds, err := crdDir()
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, stop, err := testenv.StartEnvtest(core, crds)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = stop()
+		}
+	}()
 	scheme := k8sruntime.NewScheme()
 	for _, add := range []func(*k8sruntime.Scheme) error{clientgoscheme.AddToScheme, clusterv1.AddToScheme, bootstrapv1.AddToScheme} {
 		if err := add(scheme); err != nil {
-			t.Fatal(err)
+			return nil, nil, err
 		}
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	return &Env{Config: cfg, Client: c, Scheme: scheme}
+	return &Env{Config: cfg, Client: c, Scheme: scheme}, stop, nil
 }
 
 // crdDir is the repository's config/crd, found from this source file so
 // that tests in any directory can call NewEnv.
-func crdDir(t testing.TB) string {
-	t.Helper()
+func crdDir() (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
-		t.Fatal("locating package controllertest's source to find config/crd")
+		return "", errors.New("locating package controllertest's source to find config/crd")
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..", "..", "config", "crd")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "config", "crd"), nil
 }
 
 // Namespace creates a namespace of its own for a test and returns its name.
