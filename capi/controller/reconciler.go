@@ -40,11 +40,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/locking"
-	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/patch"
+	"sigs.k8s.io/cluster-api/util/paused"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -62,26 +65,28 @@ import (
 
 // Conditions of a KubeadmConfig (metav1.Condition types and reasons).
 const (
-	// ConditionReady summarises the others.
+	// ConditionReady summarises the others (Cluster API's summary
+	// condition): False while any is False, with the first one's reason.
 	ConditionReady = "Ready"
 	// ConditionDataSecretAvailable: the data Secret exists.
 	ConditionDataSecretAvailable = "DataSecretAvailable"
 	// ConditionCertificatesAvailable: the cluster CAs the data needs exist.
 	ConditionCertificatesAvailable = "CertificatesAvailable"
 
-	ReasonDataSecretAvailable          = "DataSecretAvailable"
-	ReasonWaitingForOwner              = "WaitingForOwnerMachine"
-	ReasonWaitingForInfrastructure     = "WaitingForClusterInfrastructure"
-	ReasonWaitingForControlPlane       = "WaitingForControlPlaneInitialization"
-	ReasonWaitingForInitLock           = "WaitingForInitLock"
-	ReasonWaitingForClusterCA          = "WaitingForClusterCA"
-	ReasonNoBaseTemplate               = "NoBaseTemplateForVersion"
-	ReasonInvalidSpec                  = "InvalidSpec"
-	ReasonRenderFailed                 = "RenderFailed"
-	ReasonBootstrapTokenExpired        = "BootstrapTokenExpired"
-	ReasonCertificatesAvailable        = "CertificatesAvailable"
-	ReasonCertificatesGenerationFailed = "CertificatesGenerationFailed"
-	ReasonUserDataStoreFailed          = "UserDataStoreFailed"
+	ReasonDataSecretAvailable            = "DataSecretAvailable"
+	ReasonWaitingForOwner                = "WaitingForOwnerMachine"
+	ReasonWaitingForInfrastructure       = "WaitingForClusterInfrastructure"
+	ReasonWaitingForControlPlane         = "WaitingForControlPlaneInitialization"
+	ReasonWaitingForInitLock             = "WaitingForInitLock"
+	ReasonWaitingForClusterCA            = "WaitingForClusterCA"
+	ReasonWaitingForControlPlaneEndpoint = "WaitingForControlPlaneEndpoint"
+	ReasonNoBaseTemplate                 = "NoBaseTemplateForVersion"
+	ReasonInvalidSpec                    = "InvalidSpec"
+	ReasonRenderFailed                   = "RenderFailed"
+	ReasonBootstrapTokenExpired          = "BootstrapTokenExpired"
+	ReasonCertificatesAvailable          = "CertificatesAvailable"
+	ReasonCertificatesGenerationFailed   = "CertificatesGenerationFailed"
+	ReasonUserDataStoreFailed            = "UserDataStoreFailed"
 )
 
 // Finalizer is set on KubeadmConfigs that own something outside their own
@@ -240,17 +245,28 @@ func (s *scope) controlPlane() bool {
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 // Reconcile brings one KubeadmConfig's data Secret and token up to date.
+// Status and conditions are written once, at the end, by Cluster API's
+// patch helper; status.observedGeneration only when the reconcile
+// succeeded.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res reconcile.Result, err error) {
 	config := &bootstrapv1.KubeadmConfig{}
 	if err := r.client.Get(ctx, req.NamespacedName, config); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	log := ctrl.LoggerFrom(ctx).WithValues("KubeadmConfig", klog.KObj(config))
+	ctx = ctrl.LoggerInto(ctx, log)
 	if !config.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, r.reconcileDelete(ctx, config)
 	}
-	original := config.DeepCopy()
+	helper, err := patch.NewHelper(config, r.client)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("preparing the status patch: %w", err)
+	}
 	defer func() {
-		if patchErr := r.patchStatus(ctx, original, config); patchErr != nil {
+		if helper == nil {
+			return // paused: EnsurePausedCondition wrote the status
+		}
+		if patchErr := r.patchStatus(ctx, helper, config, err == nil); patchErr != nil {
 			err = errors.Join(err, patchErr)
 		}
 	}()
@@ -262,6 +278,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 	if gone {
 		// The Machine is deleted; the garbage collector deletes the config
 		// too, but do not wait for it to clean up tokens and objects.
+		helper = nil
 		return reconcile.Result{}, client.IgnoreNotFound(r.client.Delete(ctx, config, client.Preconditions{UID: &config.UID}))
 	}
 	if machine == nil {
@@ -272,8 +289,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 	if err := r.client.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: machine.Spec.ClusterName}, cluster); err != nil {
 		return reconcile.Result{}, fmt.Errorf("reading Cluster %s: %w", machine.Spec.ClusterName, err)
 	}
-	if annotations.IsPaused(cluster, config) {
-		return reconcile.Result{}, nil
+	log = log.WithValues("Machine", klog.KObj(machine), "Cluster", klog.KObj(cluster))
+	ctx = ctrl.LoggerInto(ctx, log)
+	// EnsurePausedCondition writes the Paused condition itself.
+	isPaused, _, err := paused.EnsurePausedCondition(ctx, r.client, cluster, config)
+	if err != nil || isPaused {
+		helper = nil
+		return reconcile.Result{}, err
+	}
+	if helper, err = patch.NewHelper(config, r.client); err != nil {
+		return reconcile.Result{}, fmt.Errorf("preparing the status patch: %w", err)
 	}
 	s := &scope{config: config, machine: machine, cluster: cluster}
 	if config.Status.DataSecretName != nil {
@@ -342,7 +367,7 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 		setDataAvailable(s.config)
 		return r.reconcileToken(ctx, s)
 	}
-	in, waiting, err := r.renderInput(ctx, s, role)
+	in, w, err := r.renderInput(ctx, s, role)
 	if err != nil {
 		var se *specError
 		switch {
@@ -355,8 +380,8 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 		}
 		return reconcile.Result{}, err
 	}
-	if waiting != "" {
-		setWaiting(s.config, ReasonWaitingForClusterCA, waiting)
+	if w != nil {
+		setWaiting(s.config, w.reason, w.message)
 		return reconcile.Result{RequeueAfter: waitRequeue}, nil
 	}
 	data, err := render.Render(in)
@@ -369,10 +394,15 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 		return reconcile.Result{}, nil
 	}
 	if err := r.storeData(ctx, s, data); err != nil {
+		var dse *dataStoreError
 		var se *specError
-		if errors.As(err, &se) {
-			setWaiting(s.config, ReasonUserDataStoreFailed, se.Error())
+		switch {
+		case errors.As(err, &dse):
+			setWaiting(s.config, ReasonUserDataStoreFailed, dse.Error())
 			return reconcile.Result{RequeueAfter: waitRequeue}, nil
+		case errors.As(err, &se):
+			setWaiting(s.config, ReasonInvalidSpec, se.Error())
+			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
 	}
@@ -411,13 +441,13 @@ func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Re
 		}
 		r.tokenChecks.Delete(s.config.UID)
 		// Done with the token: later reconciles need not reach the
-		// workload cluster, nor does the deletion.
-		patch := client.MergeFrom(s.config.DeepCopy())
+		// workload cluster, nor does the deletion (the patch helper writes
+		// this at the end of the reconcile).
 		delete(s.config.Annotations, annotationManagedToken)
 		if s.config.Spec.UserDataStore == nil {
 			controllerutil.RemoveFinalizer(s.config, Finalizer)
 		}
-		return reconcile.Result{}, r.client.Patch(ctx, s.config, patch)
+		return reconcile.Result{}, nil
 	}
 	next, err := t.refresh(ctx, s.config.UID)
 	if errors.Is(err, errTokenGone) {
@@ -442,9 +472,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, config *bootstrapv1.Ku
 	log := ctrl.LoggerFrom(ctx)
 	if ds := config.Spec.UserDataStore; ds != nil {
 		err := r.deleteObject(ctx, config)
-		var se *specError
+		var dse *dataStoreError
 		switch {
-		case errors.As(err, &se) || errors.Is(err, userdatastore.ErrBucketNotFound):
+		case errors.As(err, &dse) || errors.Is(err, userdatastore.ErrBucketNotFound):
 			// Nothing to reach it with, or nothing left: retrying cannot help,
 			// and a stuck finalizer would hold up the Machine and Cluster.
 			log.Info("Leaving the bootstrap data object in place", "bucket", ds.Bucket, "reason", err.Error())
@@ -495,33 +525,61 @@ func (r *Reconciler) removeToken(ctx context.Context, config *bootstrapv1.Kubead
 	return t.remove(ctx, config.UID)
 }
 
-func (r *Reconciler) patchStatus(ctx context.Context, original, config *bootstrapv1.KubeadmConfig) error {
-	config.Status.ObservedGeneration = config.Generation
-	ready := meta.FindStatusCondition(config.Status.Conditions, ConditionReady)
-	if ready == nil {
-		setCondition(config, ConditionReady, metav1.ConditionUnknown, "Reconciling", "")
+// readyReason is the summary Ready condition's reason: the first issue's
+// (DataSecretAvailable before CertificatesAvailable), else the first
+// unknown one's, else DataSecretAvailable.
+func readyReason(issues, unknown, _ []conditions.ConditionWithOwnerInfo) string {
+	switch {
+	case len(issues) > 0:
+		return issues[0].Reason
+	case len(unknown) > 0:
+		return unknown[0].Reason
 	}
-	for i := range config.Status.Conditions {
-		config.Status.Conditions[i].ObservedGeneration = config.Generation
+	return ReasonDataSecretAvailable
+}
+
+// setReady sets Ready as the summary of the other conditions.
+func setReady(config *bootstrapv1.KubeadmConfig) error {
+	if meta.FindStatusCondition(config.Status.Conditions, ConditionDataSecretAvailable) == nil {
+		setCondition(config, ConditionDataSecretAvailable, metav1.ConditionUnknown, "Reconciling", "")
 	}
-	if equality.Semantic.DeepEqual(original.Status, config.Status) {
-		return nil
-	}
-	if err := r.client.Status().Patch(ctx, config, client.MergeFrom(original)); err != nil {
-		return client.IgnoreNotFound(err)
+	if err := conditions.SetSummaryCondition(config, config, ConditionReady,
+		conditions.ForConditionTypes{ConditionDataSecretAvailable, ConditionCertificatesAvailable},
+		conditions.IgnoreTypesIfMissing{ConditionCertificatesAvailable},
+		conditions.CustomMergeStrategy{MergeStrategy: conditions.DefaultMergeStrategy(conditions.ComputeReasonFunc(readyReason))},
+	); err != nil {
+		return fmt.Errorf("summarising the Ready condition: %w", err)
 	}
 	return nil
 }
 
-func setDataAvailable(config *bootstrapv1.KubeadmConfig) {
-	setCondition(config, ConditionDataSecretAvailable, metav1.ConditionTrue, ReasonDataSecretAvailable, "data Secret "+config.Name)
-	setCondition(config, ConditionReady, metav1.ConditionTrue, ReasonDataSecretAvailable, "")
+// patchStatus sets the summary Ready condition from every other condition
+// and, after a successful reconcile, status.observedGeneration, and writes
+// the config's changes with the patch helper (owning our conditions).
+func (r *Reconciler) patchStatus(ctx context.Context, helper *patch.Helper, config *bootstrapv1.KubeadmConfig, succeeded bool) error {
+	if err := setReady(config); err != nil {
+		return err
+	}
+	for i := range config.Status.Conditions {
+		config.Status.Conditions[i].ObservedGeneration = config.Generation
+	}
+	if succeeded {
+		config.Status.ObservedGeneration = config.Generation
+	}
+	err := helper.Patch(ctx, config, patch.WithOwnedConditions{Conditions: []string{
+		ConditionReady, ConditionDataSecretAvailable, ConditionCertificatesAvailable, clusterv1.PausedCondition,
+	}})
+	return client.IgnoreNotFound(err)
 }
 
-// setWaiting records that the data is not (or no longer) usable and why.
+func setDataAvailable(config *bootstrapv1.KubeadmConfig) {
+	setCondition(config, ConditionDataSecretAvailable, metav1.ConditionTrue, ReasonDataSecretAvailable, "data Secret "+config.Name)
+}
+
+// setWaiting records that the data is not (or no longer) usable and why
+// (Ready follows, as the summary).
 func setWaiting(config *bootstrapv1.KubeadmConfig, reason, message string) {
 	setCondition(config, ConditionDataSecretAvailable, metav1.ConditionFalse, reason, message)
-	setCondition(config, ConditionReady, metav1.ConditionFalse, reason, message)
 }
 
 func setCondition(config *bootstrapv1.KubeadmConfig, typ string, status metav1.ConditionStatus, reason, message string) {
@@ -535,4 +593,17 @@ func (e *specError) Error() string { return e.msg }
 
 func specErrorf(format string, args ...any) error {
 	return &specError{msg: fmt.Sprintf(format, args...)}
+}
+
+// dataStoreError is a failure of the userDataStore bucket: its credentials,
+// the upload or the presigned URL. It is reported as the
+// UserDataStoreFailed condition and retried after waitRequeue.
+type dataStoreError struct{ err error }
+
+func (e *dataStoreError) Error() string { return "userDataStore: " + e.err.Error() }
+
+func (e *dataStoreError) Unwrap() error { return e.err }
+
+func dataStoreErrorf(format string, args ...any) error {
+	return &dataStoreError{err: fmt.Errorf(format, args...)}
 }

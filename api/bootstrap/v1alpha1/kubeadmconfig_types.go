@@ -186,6 +186,15 @@ type KubeadmConfig struct {
 	Status KubeadmConfigStatus `json:"status,omitempty"`
 }
 
+// GetConditions returns the config's conditions (Cluster API's
+// conditions.Getter, for its conditions and patch utilities).
+func (c *KubeadmConfig) GetConditions() []metav1.Condition { return c.Status.Conditions }
+
+// SetConditions sets the config's conditions (conditions.Setter).
+func (c *KubeadmConfig) SetConditions(conditions []metav1.Condition) {
+	c.Status.Conditions = conditions
+}
+
 // KubeadmConfigList is a list of KubeadmConfig.
 //
 // +kubebuilder:object:root=true

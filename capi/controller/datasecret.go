@@ -1,0 +1,144 @@
+package controller
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"net/url"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/userdatastore"
+)
+
+// storeData writes the data Secret (or the bucket object and a stub).
+func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte) error {
+	format := s.config.Spec.Format
+	if format == "" {
+		format = bootstrapv1.FormatCloudConfig
+	}
+	if ds := s.config.Spec.UserDataStore; ds != nil {
+		store, caPEM, err := r.openStore(ctx, s.config)
+		if err != nil {
+			return err
+		}
+		if err := r.ensureFinalizer(ctx, s.config, false); err != nil {
+			return err
+		}
+		key := objectKey(s.config)
+		if err := store.Put(ctx, key, data); err != nil {
+			return dataStoreErrorf("storing the bootstrap data in bucket %s at %s: %v", ds.Bucket, ds.Endpoint, err)
+		}
+		if data, err = stub(ctx, store, ds, format, key, caPEM); err != nil {
+			return err
+		}
+	}
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      s.config.Name,
+			Namespace: s.config.Namespace,
+			Labels:    map[string]string{clusterv1.ClusterNameLabel: s.cluster.Name},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: bootstrapv1.GroupVersion.String(), Kind: "KubeadmConfig",
+				Name: s.config.Name, UID: s.config.UID, Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}},
+		},
+		Type: clusterv1.ClusterSecretType,
+		Data: map[string][]byte{"value": data, "format": []byte(format)},
+	}
+	if err := r.client.Create(ctx, sec); err != nil {
+		if !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating the data Secret: %w", err)
+		}
+		// A retry after a lost status update: the Secret must be this config's.
+		existing := &corev1.Secret{}
+		if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(sec), existing); err != nil {
+			return fmt.Errorf("reading the data Secret: %w", err)
+		}
+		if !metav1.IsControlledBy(existing, s.config) {
+			return specErrorf("Secret %s exists and does not belong to this KubeadmConfig: delete or rename it", sec.Name)
+		}
+		patch := client.MergeFrom(existing.DeepCopy())
+		existing.Data = sec.Data
+		if err := r.client.Patch(ctx, existing, patch); err != nil {
+			return fmt.Errorf("updating the data Secret: %w", err)
+		}
+	}
+	s.config.Status.DataSecretName = ptr.To(sec.Name)
+	s.config.Status.Initialization = &bootstrapv1.Initialization{DataSecretCreated: ptr.To(true)}
+	return nil
+}
+
+// stub is the small data pointing at the bucket object.
+// caPEM is the store's CA from the credentials Secret, if any: Ignition
+// gets it to trust; cloud-init cannot be told (its CA must be in the image).
+func stub(ctx context.Context, store ObjectStore, ds *bootstrapv1.UserDataStore, format bootstrapv1.Format, key string, caPEM []byte) ([]byte, error) {
+	if ds.Stub == "s3-uri" {
+		if format != bootstrapv1.FormatIgnition {
+			return nil, dataStoreErrorf("an s3-uri stub needs format ignition")
+		}
+		return userdatastore.IgnitionStub(store.S3URI(key), nil)
+	}
+	ttl := 24 * time.Hour
+	if ds.PresignedURLTTL != nil {
+		ttl = ds.PresignedURLTTL.Duration
+	}
+	u, err := store.PresignedGetURL(ctx, key, ttl)
+	if err != nil {
+		return nil, dataStoreErrorf("presigning the bootstrap data URL: %v", err)
+	}
+	if format == bootstrapv1.FormatIgnition {
+		return userdatastore.IgnitionStub(u.String(), caPEM)
+	}
+	return userdatastore.CloudConfigStub(u), nil
+}
+
+// ObjectStore keeps bootstrap data objects in a bucket.
+type ObjectStore interface {
+	Put(ctx context.Context, key string, data []byte) error
+	PresignedGetURL(ctx context.Context, key string, ttl time.Duration) (*url.URL, error)
+	S3URI(key string) string
+	Delete(ctx context.Context, key string) error
+}
+
+// StoreFactory opens the bucket of a config's userDataStore.
+type StoreFactory func(userdatastore.Config) (ObjectStore, error)
+
+func s3Stores(cfg userdatastore.Config) (ObjectStore, error) { return userdatastore.New(cfg) }
+
+func objectKey(config *bootstrapv1.KubeadmConfig) string {
+	return userdatastore.ObjectKey(config.Namespace, config.Name, config.UID)
+}
+
+// openStore reads the bucket credentials and opens the config's store.
+func (r *Reconciler) openStore(ctx context.Context, config *bootstrapv1.KubeadmConfig) (store ObjectStore, caPEM []byte, err error) {
+	ds := config.Spec.UserDataStore
+	creds := &corev1.Secret{}
+	if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: ds.CredentialsSecret}, creds); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil, dataStoreErrorf("credentials Secret %s does not exist", ds.CredentialsSecret)
+		}
+		return nil, nil, fmt.Errorf("reading the userDataStore credentials Secret: %w", err)
+	}
+	cfg := userdatastore.Config{Endpoint: ds.Endpoint, Bucket: ds.Bucket, Region: ds.Region,
+		AccessKeyID: string(creds.Data["accessKeyID"]), SecretAccessKey: string(creds.Data["secretAccessKey"]),
+		ServerSideEncryption: ptr.Deref(ds.ServerSideEncryption, true)}
+	if cfg.AccessKeyID == "" || cfg.SecretAccessKey == "" {
+		return nil, nil, dataStoreErrorf("credentials Secret %s needs the keys accessKeyID and secretAccessKey", ds.CredentialsSecret)
+	}
+	if caPEM = creds.Data["ca.crt"]; len(caPEM) > 0 {
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(caPEM) {
+			return nil, nil, dataStoreErrorf("ca.crt in Secret %s holds no PEM certificate", ds.CredentialsSecret)
+		}
+	}
+	if store, err = r.stores(cfg); err != nil {
+		return nil, nil, &dataStoreError{err: err}
+	}
+	return store, caPEM, nil
+}

@@ -1,0 +1,395 @@
+package controller
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io"
+
+	"github.com/blang/semver/v4"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kubeadmtypes "sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/types"
+	"sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/types/upstream"
+	"sigs.k8s.io/cluster-api/util/secret"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/render"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+)
+
+// wait says why a config's data cannot be made yet: the reason and message
+// of its DataSecretAvailable=False condition. The reconciler looks again
+// after waitRequeue.
+type wait struct {
+	reason, message string
+}
+
+// renderInput gathers what the data is made from, by role as CABPK does
+// (handleClusterNotInitialized, joinControlplane, joinWorker), with
+// attested Machines apart: their data holds no secret. A non-nil wait means
+// something the data needs does not exist yet.
+func (r *Reconciler) renderInput(ctx context.Context, s *scope, role render.Role) (render.Input, *wait, error) {
+	in, err := r.commonInput(ctx, s, role)
+	if err != nil {
+		return in, nil, err
+	}
+	switch {
+	case s.attested():
+		w, err := r.attestedInput(ctx, s, role, &in)
+		return in, w, err
+	case role == render.RoleInit:
+		return in, nil, r.initInput(ctx, s, &in)
+	case s.controlPlane():
+		w, err := r.joinControlPlaneInput(ctx, s, &in)
+		return in, w, err
+	default:
+		w, err := r.joinInput(ctx, s, &in)
+		return in, w, err
+	}
+}
+
+// commonInput is what every role's data has: the spec, version,
+// architecture (amd64 by default) and files.
+func (r *Reconciler) commonInput(ctx context.Context, s *scope, role render.Role) (render.Input, error) {
+	spec := s.config.Spec.DeepCopy()
+	in := render.Input{Spec: spec, Role: role, KubernetesVersion: s.machine.Spec.Version, Arch: spec.Architecture,
+		ControlPlane: s.controlPlane()}
+	if in.Arch == "" {
+		in.Arch = "amd64"
+	}
+	if in.KubernetesVersion == "" {
+		return in, specErrorf("Machine %s has no spec.version: set the Kubernetes version", s.machine.Name)
+	}
+	if err := render.CheckBaseTemplate(in.KubernetesVersion, in.Arch); err != nil {
+		return in, err
+	}
+	var err error
+	in.Files, err = r.resolveFiles(ctx, s.config)
+	return in, err
+}
+
+// version is the Machine's Kubernetes version, parsed.
+func version(s *scope, in *render.Input) (semver.Version, error) {
+	v, err := semver.ParseTolerant(in.KubernetesVersion)
+	if err != nil {
+		return v, specErrorf("Machine %s: spec.version %q is not a Kubernetes version", s.machine.Name, in.KubernetesVersion)
+	}
+	return v, nil
+}
+
+// attestedInput: no CA, no token; the join service hands them to the
+// attested Machine. A joining Machine gets the cluster CA's hash to pin the
+// join service to.
+func (r *Reconciler) attestedInput(ctx context.Context, s *scope, role render.Role, in *render.Input) (*wait, error) {
+	if role != render.RoleJoin {
+		return nil, nil
+	}
+	var err error
+	if in.ClusterCAHash, err = r.clusterCAHash(ctx, s); err != nil || in.ClusterCAHash == "" {
+		return &wait{ReasonWaitingForClusterCA, "waiting for the cluster CA (Secret " + secret.Name(s.cluster.Name, secret.ClusterCA) +
+			" or the workload cluster's kube-public/cluster-info) to pin the join service to"}, err
+	}
+	return nil, nil
+}
+
+// initInput is the first control plane's: the cluster CAs, looked up or
+// generated (Cluster API's certificate conventions), and kubeadm's
+// ClusterConfiguration and InitConfiguration.
+func (r *Reconciler) initInput(ctx context.Context, s *scope, in *render.Input) error {
+	v, err := version(s, in)
+	if err != nil {
+		return err
+	}
+	certs := secret.NewCertificatesForInitialControlPlane(&in.Spec.ClusterConfiguration)
+	owner := metav1.OwnerReference{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: s.cluster.Name, UID: s.cluster.UID}
+	if err := certs.LookupOrGenerateCached(ctx, r.client, r.direct(), s.clusterKey(), owner); err != nil {
+		setCertificates(s.config, false, ReasonCertificatesGenerationFailed, "looking up or generating the cluster CAs failed")
+		return fmt.Errorf("looking up or generating the cluster CAs: %w", err)
+	}
+	setCertificates(s.config, true, ReasonCertificatesAvailable, "")
+	in.Files = append(in.Files, renderFiles(certs.AsFiles())...)
+	in.KubeadmConfig, err = initConfiguration(s, in.Spec, v)
+	return err
+}
+
+// joinControlPlaneInput is a joining control plane's: the cluster CAs,
+// which must exist, and the join.
+func (r *Reconciler) joinControlPlaneInput(ctx context.Context, s *scope, in *render.Input) (*wait, error) {
+	certs := secret.NewControlPlaneJoinCerts(&in.Spec.ClusterConfiguration)
+	if err := certs.LookupCached(ctx, r.client, r.direct(), s.clusterKey()); err != nil {
+		return nil, fmt.Errorf("looking up the cluster CAs: %w", err)
+	}
+	if err := certs.EnsureAllExist(); err != nil {
+		setCertificates(s.config, false, ReasonWaitingForClusterCA, "the cluster CA Secrets are missing")
+		return &wait{ReasonWaitingForClusterCA, "a control-plane join needs the cluster CA Secrets (" +
+			secret.Name(s.cluster.Name, secret.ClusterCA) + " and the others)"}, nil
+	}
+	setCertificates(s.config, true, ReasonCertificatesAvailable, "")
+	in.Files = append(in.Files, renderFiles(certs.AsFiles())...)
+	if in.Spec.JoinConfiguration.ControlPlane == nil {
+		in.Spec.JoinConfiguration.ControlPlane = &cabpkv1.JoinControlPlane{}
+	}
+	return r.joinInput(ctx, s, in)
+}
+
+// joinInput is a join's kubeadm JoinConfiguration, with bootstrap token
+// discovery filled in.
+func (r *Reconciler) joinInput(ctx context.Context, s *scope, in *render.Input) (*wait, error) {
+	v, err := version(s, in)
+	if err != nil {
+		return nil, err
+	}
+	if w, err := r.discovery(ctx, s, &in.Spec.JoinConfiguration); w != nil || err != nil {
+		return w, err
+	}
+	join, err := kubeadmtypes.MarshalJoinConfigurationForVersion(&in.Spec.JoinConfiguration, v)
+	if err != nil {
+		return nil, specErrorf("rendering the kubeadm JoinConfiguration: %v", err)
+	}
+	in.KubeadmConfig = []byte(join)
+	return nil, nil
+}
+
+// initConfiguration is kubeadm's ClusterConfiguration and InitConfiguration
+// with the Cluster's and Machine's values where the spec leaves them out.
+func initConfiguration(s *scope, spec *bootstrapv1.KubeadmConfigSpec, version semver.Version) ([]byte, error) {
+	cc := &spec.ClusterConfiguration
+	if cc.ControlPlaneEndpoint == "" && s.cluster.Spec.ControlPlaneEndpoint.IsValid() {
+		cc.ControlPlaneEndpoint = s.cluster.Spec.ControlPlaneEndpoint.String()
+	}
+	network := s.cluster.Spec.ClusterNetwork
+	data := &upstream.AdditionalData{ClusterName: ptr.To(s.cluster.Name), KubernetesVersion: ptr.To(s.machine.Spec.Version)}
+	if network.ServiceDomain != "" {
+		data.DNSDomain = ptr.To(network.ServiceDomain)
+	}
+	if len(network.Services.CIDRBlocks) > 0 {
+		data.ServiceSubnet = ptr.To(network.Services.String())
+	}
+	if len(network.Pods.CIDRBlocks) > 0 {
+		data.PodSubnet = ptr.To(network.Pods.String())
+	}
+	data.ControlPlaneComponentHealthCheckSeconds = spec.InitConfiguration.Timeouts.ControlPlaneComponentHealthCheckSeconds
+	clusterData, err := kubeadmtypes.MarshalClusterConfigurationForVersion(cc, version, data)
+	if err != nil {
+		return nil, specErrorf("rendering the kubeadm ClusterConfiguration: %v", err)
+	}
+	initData, err := kubeadmtypes.MarshalInitConfigurationForVersion(&spec.InitConfiguration, version)
+	if err != nil {
+		return nil, specErrorf("rendering the kubeadm InitConfiguration: %v", err)
+	}
+	return []byte(clusterData + "---\n" + initData), nil
+}
+
+// discovery fills in the join's bootstrap token discovery: the API server
+// endpoint from the Cluster, the CA hash from the cluster CA and, unless
+// the spec brings its own, a bootstrap token made for this config.
+func (r *Reconciler) discovery(ctx context.Context, s *scope, join *cabpkv1.JoinConfiguration) (*wait, error) {
+	if join.Discovery.File.IsDefined() {
+		return nil, nil
+	}
+	bt := &join.Discovery.BootstrapToken
+	if bt.APIServerEndpoint == "" {
+		if !s.cluster.Spec.ControlPlaneEndpoint.IsValid() {
+			return &wait{ReasonWaitingForControlPlaneEndpoint, "waiting for the Cluster's spec.controlPlaneEndpoint"}, nil
+		}
+		bt.APIServerEndpoint = s.cluster.Spec.ControlPlaneEndpoint.String()
+	}
+	if len(bt.CACertHashes) == 0 && !ptr.Deref(bt.UnsafeSkipCAVerification, false) {
+		hash, err := r.clusterCAHash(ctx, s)
+		if err != nil || hash == "" {
+			return &wait{ReasonWaitingForClusterCA, "waiting for the cluster CA Secret " + secret.Name(s.cluster.Name, secret.ClusterCA)}, err
+		}
+		bt.CACertHashes = []string{hash}
+	}
+	if bt.Token != "" {
+		return nil, nil
+	}
+	if err := r.ensureFinalizer(ctx, s.config, true); err != nil {
+		return nil, err
+	}
+	wc, err := r.workload.ClientFor(ctx, s.clusterKey())
+	if err != nil {
+		return nil, err
+	}
+	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
+	token, created, err := t.ensure(ctx, s.config.UID, "bootstrap token of KubeadmConfig "+s.config.Namespace+"/"+s.config.Name)
+	if err != nil {
+		return nil, fmt.Errorf("creating the Machine's bootstrap token: %w", err)
+	}
+	bt.Token = token
+	if created {
+		r.tokenChecks.Store(s.config.UID, r.clock.Now().Add(r.tokenTTL/2))
+	} else {
+		// A token found again (a retry) may be older: check it next pass.
+		r.tokenChecks.Delete(s.config.UID)
+	}
+	return nil, nil
+}
+
+// clusterCAHash is the discovery token CA cert hash of the cluster CA:
+// from the "<cluster>-ca" Secret, else (attested clusters, whose CA is made
+// on the first node) from the workload cluster's kube-public/cluster-info.
+// It is "" when neither exists.
+func (r *Reconciler) clusterCAHash(ctx context.Context, s *scope) (string, error) {
+	ca, err := secret.GetFromNamespacedName(ctx, fallbackReader{cached: r.client, direct: r.apiReader}, s.clusterKey(), secret.ClusterCA)
+	if err == nil {
+		return kubeadm.DiscoveryTokenCACertHashPEM(ca.Data[secret.TLSCrtDataName])
+	}
+	if !apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("reading the cluster CA Secret: %w", err)
+	}
+	if !s.attested() {
+		return "", nil
+	}
+	wc, err := r.workload.ClientFor(ctx, s.clusterKey())
+	if err != nil {
+		return "", nil //nolint:nilerr // no kubeconfig yet: keep waiting
+	}
+	cm := &corev1.ConfigMap{}
+	if err := wc.Get(ctx, client.ObjectKey{Namespace: metav1.NamespacePublic, Name: "cluster-info"}, cm); err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	cfg, err := clientcmd.Load([]byte(cm.Data["kubeconfig"]))
+	if err != nil {
+		return "", fmt.Errorf("parsing kube-public/cluster-info: %w", err)
+	}
+	for _, c := range cfg.Clusters {
+		return kubeadm.DiscoveryTokenCACertHashPEM(c.CertificateAuthorityData)
+	}
+	return "", nil
+}
+
+// resolveFiles turns the spec's files into render files: Secret contents
+// read, encodings undone.
+func (r *Reconciler) resolveFiles(ctx context.Context, config *bootstrapv1.KubeadmConfig) ([]render.File, error) {
+	var out []render.File
+	for _, f := range config.Spec.Files {
+		rf := render.File{Path: f.Path, Owner: f.Owner, Permissions: f.Permissions}
+		if src := f.ContentFrom.Secret; src.Name != "" {
+			sec := &corev1.Secret{}
+			if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: src.Name}, sec); err != nil {
+				if apierrors.IsNotFound(err) {
+					return nil, specErrorf("file %s: Secret %s (contentFrom) does not exist", f.Path, src.Name)
+				}
+				return nil, fmt.Errorf("file %s: reading Secret %s: %w", f.Path, src.Name, err)
+			}
+			data, ok := sec.Data[src.Key]
+			if !ok {
+				return nil, specErrorf("file %s: Secret %s has no key %q", f.Path, src.Name, src.Key)
+			}
+			rf.Content, rf.Base64 = base64.StdEncoding.EncodeToString(data), true
+			out = append(out, rf)
+			continue
+		}
+		content, err := decodeContent(f)
+		if err != nil {
+			return nil, specErrorf("file %s: %v", f.Path, err)
+		}
+		rf.Content, rf.Base64 = content, f.Encoding != ""
+		out = append(out, rf)
+	}
+	return out, nil
+}
+
+// decodeContent returns inline content as given, or base64 of its bytes
+// when it is base64, gzip or gzip+base64 encoded.
+func decodeContent(f cabpkv1.File) (string, error) {
+	raw := []byte(f.Content)
+	switch f.Encoding {
+	case "":
+		return f.Content, nil
+	case cabpkv1.Base64:
+		if _, err := base64.StdEncoding.DecodeString(f.Content); err != nil {
+			return "", fmt.Errorf("content is not base64: %w", err)
+		}
+		return f.Content, nil
+	case cabpkv1.GzipBase64:
+		b, err := base64.StdEncoding.DecodeString(f.Content)
+		if err != nil {
+			return "", fmt.Errorf("content is not base64: %w", err)
+		}
+		raw = b
+		fallthrough
+	case cabpkv1.Gzip:
+		zr, err := gzip.NewReader(bytes.NewReader(raw))
+		if err != nil {
+			return "", fmt.Errorf("content is not gzip: %w", err)
+		}
+		out, err := io.ReadAll(io.LimitReader(zr, 16<<20))
+		if err != nil {
+			return "", fmt.Errorf("content is not gzip: %w", err)
+		}
+		return base64.StdEncoding.EncodeToString(out), nil
+	default:
+		return "", fmt.Errorf("unknown encoding %q", f.Encoding)
+	}
+}
+
+func renderFiles(files []cabpkv1.File) []render.File {
+	out := make([]render.File, 0, len(files))
+	for _, f := range files {
+		out = append(out, render.File{Path: f.Path, Content: f.Content, Owner: f.Owner, Permissions: f.Permissions})
+	}
+	return out
+}
+
+func setCertificates(config *bootstrapv1.KubeadmConfig, ok bool, reason, message string) {
+	status := metav1.ConditionFalse
+	if ok {
+		status = metav1.ConditionTrue
+	}
+	setCondition(config, ConditionCertificatesAvailable, status, reason, message)
+}
+
+// ensureFinalizer adds the cleanup finalizer (and marks a managed token)
+// before anything outside the config's Secret is created: it is written at
+// once, on a copy, so config keeps the resourceVersion the reconcile's
+// patch helper started from (the helper writes the same change again,
+// which changes nothing).
+func (r *Reconciler) ensureFinalizer(ctx context.Context, config *bootstrapv1.KubeadmConfig, managedToken bool) error {
+	if controllerutil.ContainsFinalizer(config, Finalizer) && (!managedToken || config.Annotations[annotationManagedToken] == "true") {
+		return nil
+	}
+	mark := func(c *bootstrapv1.KubeadmConfig) {
+		controllerutil.AddFinalizer(c, Finalizer)
+		if managedToken {
+			if c.Annotations == nil {
+				c.Annotations = map[string]string{}
+			}
+			c.Annotations[annotationManagedToken] = "true"
+		}
+	}
+	marked := config.DeepCopy()
+	mark(marked)
+	if err := r.client.Patch(ctx, marked, client.MergeFrom(config)); err != nil {
+		return fmt.Errorf("adding the cleanup finalizer: %w", err)
+	}
+	mark(config)
+	return nil
+}
+
+// direct is the client with reads going straight to the API server: for
+// Secrets the cache does not hold (a user's CA Secret without the
+// cluster-name label).
+func (r *Reconciler) direct() client.Client {
+	return directClient{Client: r.client, reader: r.apiReader}
+}
+
+type directClient struct {
+	client.Client
+	reader client.Reader
+}
+
+func (d directClient) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	return d.reader.Get(ctx, key, obj, opts...)
+}
