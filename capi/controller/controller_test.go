@@ -44,7 +44,7 @@ import (
 type env struct{ *controllertest.Env }
 
 // startManager runs the controller in a manager until the test ends.
-func (e *env) startManager(t *testing.T, o controller.Options) {
+func (e *env) startManager(t *testing.T, o controller.Config) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
 		Scheme:  e.Scheme,
@@ -73,7 +73,7 @@ func (e *env) startManager(t *testing.T, o controller.Options) {
 }
 
 // reconciler is a Reconciler called directly by a test.
-func (e *env) reconciler(o controller.Options) *controller.Reconciler {
+func (e *env) reconciler(o controller.Config) *controller.Reconciler {
 	o.Client, o.APIReader, o.LockClient = e.Client, e.Client, e.Client
 	o.Workload = controller.NewKubeconfigClients(e.Client, e.Client, 50, 100)
 	return controller.New(o)
@@ -132,7 +132,7 @@ func formatOf(i int) bootstrapv1.Format {
 func TestInitJoinOrdering(t *testing.T) {
 	e := newEnv(t)
 	ns := e.Namespace(t)
-	e.startManager(t, controller.Options{})
+	e.startManager(t, controller.Config{})
 	ctx := t.Context()
 	cluster := e.Cluster(t, ns, "c1", false)
 
@@ -250,7 +250,7 @@ func TestNoBaseTemplate(t *testing.T) {
 	if err := e.Client.Update(t.Context(), m); err != nil {
 		t.Fatal(err)
 	}
-	r := e.reconciler(controller.Options{})
+	r := e.reconciler(controller.Config{})
 	if _, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cfg)}); err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +299,7 @@ func TestTokenRefresh(t *testing.T) {
 	start := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 	clock := clocktesting.NewFakePassiveClock(start)
 	ttl := 15 * time.Minute
-	r := e.reconciler(controller.Options{Clock: clock, TokenTTL: ttl})
+	r := e.reconciler(controller.Config{Clock: clock, TokenTTL: ttl})
 	m, cfg, err := e.Machine(ctx, cluster, "worker-0", false, bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatIgnition})
 	if err != nil {
 		t.Fatal(err)
@@ -439,7 +439,7 @@ func TestUserDataStore(t *testing.T) {
 		return status == http.StatusOK
 	}
 
-	e.startManager(t, controller.Options{})
+	e.startManager(t, controller.Config{})
 	cluster := e.Cluster(t, ns, "c1", true)
 	e.SeedCA(t, cluster)
 	tests := []struct {
@@ -538,7 +538,7 @@ func TestAttestedDataHoldsNoSecrets(t *testing.T) {
 	e := newEnv(t)
 	ns := e.Namespace(t)
 	ctx := t.Context()
-	e.startManager(t, controller.Options{})
+	e.startManager(t, controller.Config{})
 	cluster := e.Cluster(t, ns, "c1", false)
 	attested := func(format bootstrapv1.Format) bootstrapv1.KubeadmConfigSpec {
 		return bootstrapv1.KubeadmConfigSpec{Format: format, Attested: &bootstrapv1.AttestedSpec{Enabled: true, JoinEndpoints: []string{"10.0.0.1:9090"}}}
@@ -614,7 +614,7 @@ func TestAdoptionAndExistingCA(t *testing.T) {
 	e := newEnv(t)
 	ns := e.Namespace(t)
 	ctx := t.Context()
-	e.startManager(t, controller.Options{})
+	e.startManager(t, controller.Config{})
 	cluster := e.Cluster(t, ns, "c1", false)
 	e.SeedCA(t, cluster)
 	ca := &corev1.Secret{}

@@ -122,8 +122,9 @@ type Reconciler struct {
 	tokenChecks sync.Map
 }
 
-// Options are the Reconciler's dependencies.
-type Options struct {
+// Config holds the Reconciler's dependencies (Client, APIReader and
+// Workload are required) and its optional settings.
+type Config struct {
 	// Client is the manager's (cached) client.
 	Client client.Client
 	// APIReader reads what is not cached: user Secrets (contentFrom,
@@ -144,7 +145,7 @@ type Options struct {
 }
 
 // New returns a Reconciler.
-func New(o Options) *Reconciler {
+func New(o Config) *Reconciler {
 	r := &Reconciler{client: o.Client, apiReader: o.APIReader, workload: o.Workload, initLock: o.InitLock,
 		clock: o.Clock, tokenTTL: o.TokenTTL, stores: o.Stores}
 	if r.initLock == nil {

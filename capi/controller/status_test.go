@@ -39,7 +39,7 @@ func TestReadySummarisesCertificates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := e.reconciler(controller.Options{})
+	r := e.reconciler(controller.Config{})
 	if _, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cfg)}); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestPausedCondition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := e.reconciler(controller.Options{})
+	r := e.reconciler(controller.Config{})
 	reconcile := func() {
 		t.Helper()
 		if _, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cfg)}); err != nil {
@@ -119,7 +119,7 @@ func TestObservedGenerationOnlyOnSuccess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := controller.New(controller.Options{Client: e.Client, APIReader: e.Client, LockClient: e.Client, Workload: brokenWorkload{}})
+	r := controller.New(controller.Config{Client: e.Client, APIReader: e.Client, LockClient: e.Client, Workload: brokenWorkload{}})
 	if _, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cfg)}); err == nil {
 		t.Fatal("Reconcile with an unreachable workload cluster succeeded")
 	}

@@ -124,7 +124,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
-	r := controller.New(controller.Options{
+	r := controller.New(controller.Config{
 		Client:     mgr.GetClient(),
 		APIReader:  mgr.GetAPIReader(),
 		LockClient: mgr.GetClient(),
