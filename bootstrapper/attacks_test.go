@@ -51,8 +51,8 @@ func newInitTarget(t *testing.T, attempts SecretAttemptLimits, listen connlimit.
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.server, err = NewInitServer(InitConfig{
-		Setup: f.node.setup, Lock: f.node.lock, Identity: f.node.identity(t), InitSecretHash: hash,
+	f.server, err = NewInitServer(InitServerConfig{
+		Machine: f.node.machine, Lock: f.node.lock, Identity: f.node.identity(t), InitSecretHash: hash,
 		Now: tg.clock.Now, SecretAttempts: attempts, Registerer: tg.reg,
 	})
 	if err != nil {

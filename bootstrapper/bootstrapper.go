@@ -10,10 +10,8 @@ import (
 	"google.golang.org/grpc"
 
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
-	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
-	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // bootDisk is the state disk as the boot sequence sees it.
@@ -52,18 +50,18 @@ func (SystemdKubelet) Restart(ctx context.Context) error {
 
 // Config holds what Run needs.
 type Config struct {
-	Setup *Setup
-	Lock  *nodelock.Lock
-	Disk  bootDisk
+	Machine *Machine
+	Lock    *nodelock.Lock
+	Disk    bootDisk
 	// Opener, when set, maps the state disk as MapperName once its key is
 	// known after a reboot. Nil on machines without device-mapper.
 	Opener     diskOpener
 	MapperName string
-	// Init serves InitService on InitListener through InitServer (a gRPC
-	// server with attested TLS credentials).
-	Init         *InitServer
-	InitServer   *grpc.Server
-	InitListener net.Listener
+	// InitServer serves InitService on InitListener through
+	// InitGRPCServer (a gRPC server with attested TLS credentials).
+	InitServer     *InitServer
+	InitGRPCServer *grpc.Server
+	InitListener   net.Listener
 	// Join is nil on a node that can only be initialised (no join service
 	// to ask, e.g. the first node of a local cluster).
 	Join    *JoinClient
@@ -90,7 +88,7 @@ type Config struct {
 func Run(ctx context.Context, cfg Config) error {
 	err := run(ctx, cfg)
 	if err == nil && cfg.SuccessFile != "" {
-		if werr := cfg.Setup.writeFile(cfg.SuccessFile, []byte("success\n"), 0o644); werr != nil {
+		if werr := cfg.Machine.writeFile(cfg.SuccessFile, []byte("success\n"), 0o644); werr != nil {
 			return fmt.Errorf("the node is bootstrapped, but writing %s failed: %w", cfg.SuccessFile, werr)
 		}
 	}
@@ -98,7 +96,7 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 func run(ctx context.Context, cfg Config) error {
-	setup := cfg.Setup
+	machine := cfg.Machine
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -106,14 +104,14 @@ func run(ctx context.Context, cfg Config) error {
 		cfg.Linger = 10 * time.Minute
 	}
 	if cfg.Lock.Locked() {
-		st, err := ReadStatus(setup.Root)
+		st, err := ReadStatus(machine.Root)
 		if err != nil {
 			return err
 		}
 		if st.Phase == PhaseFailed {
 			return &FailedError{Err: fmt.Errorf("this boot's bootstrap failed at %s: %s", st.Time.Format(time.RFC3339), st.Error)}
 		}
-		setup.Log.Info("The node lock is already taken in this boot; (re)starting the kubelet only")
+		machine.Log.Info("The node lock is already taken in this boot; (re)starting the kubelet only")
 		return cfg.Kubelet.Restart(ctx)
 	}
 	state, err := cfg.Disk.State(ctx)
@@ -124,22 +122,22 @@ func run(ctx context.Context, cfg Config) error {
 		if cfg.Join == nil {
 			return errors.New("the state disk is initialised, but without join service endpoints this node cannot rejoin")
 		}
-		return rejoin(ctx, cfg)
+		return newRejoin(cfg).run(ctx)
 	}
-	setup.Log.Info("Formatting the state disk with a random passphrase", "previousState", string(state))
-	if setup.FirstBootKey, err = cfg.Disk.FormatRandom(ctx); err != nil {
+	machine.Log.Info("Formatting the state disk with a random passphrase", "previousState", string(state))
+	if machine.FirstBootKey, err = cfg.Disk.FormatRandom(ctx); err != nil {
 		return err
 	}
-	_ = writeStatus(setup.Root, PhaseWaiting, nil, cfg.Now())
+	machine.recordStatus(PhaseWaiting, nil, cfg.Now())
 	return race(ctx, cfg)
 }
 
 // race runs the InitServer and the JoinClient until one of them finishes.
 func race(ctx context.Context, cfg Config) error {
-	log := cfg.Setup.Log
-	initservicev1.RegisterInitServiceServer(cfg.InitServer, cfg.Init)
+	log := cfg.Machine.Log
+	initservicev1.RegisterInitServiceServer(cfg.InitGRPCServer, cfg.InitServer)
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- cfg.InitServer.Serve(cfg.InitListener) }()
+	go func() { serveErr <- cfg.InitGRPCServer.Serve(cfg.InitListener) }()
 	log.Info("Waiting for init or join", "initAddress", cfg.InitListener.Addr().String())
 
 	joinCtx, stopJoin := context.WithCancel(ctx)
@@ -150,7 +148,7 @@ func race(ctx context.Context, cfg Config) error {
 		go func() { joined <- cfg.Join.Join(joinCtx) }()
 	}
 
-	finished := cfg.Init.Finished()
+	finished := cfg.InitServer.Finished()
 	for {
 		select {
 		case err := <-joined:
@@ -159,7 +157,7 @@ func race(ctx context.Context, cfg Config) error {
 				joined = nil
 				continue
 			}
-			cfg.InitServer.Stop()
+			cfg.InitGRPCServer.Stop()
 			return err
 		case <-finished:
 			if cfg.Lock.Holder() != "init" {
@@ -169,14 +167,14 @@ func race(ctx context.Context, cfg Config) error {
 				continue
 			}
 			stopJoin()
-			err := cfg.Init.Result()
+			err := cfg.InitServer.Result()
 			select {
-			case <-cfg.Init.Delivered():
+			case <-cfg.InitServer.Delivered():
 			case <-time.After(cfg.Linger):
 				log.Warn("No client fetched the init result; stopping anyway", "waited", cfg.Linger)
 			case <-ctx.Done():
 			}
-			cfg.InitServer.GracefulStop()
+			cfg.InitGRPCServer.GracefulStop()
 			if err != nil {
 				return &FailedError{Err: err}
 			}
@@ -185,50 +183,9 @@ func race(ctx context.Context, cfg Config) error {
 			stopJoin()
 			return fmt.Errorf("serving InitService: %w", err)
 		case <-ctx.Done():
-			cfg.InitServer.Stop()
+			cfg.InitServer.Stop() // a running init job's kubeadm stops too
+			cfg.InitGRPCServer.Stop()
 			return ctx.Err()
 		}
 	}
-}
-
-// rejoin unlocks an initialised node after a reboot: the join service
-// returns the disk key and the measurement secret after attestation.
-func rejoin(ctx context.Context, cfg Config) error {
-	setup := cfg.Setup
-	_ = writeStatus(setup.Root, PhaseRejoining, nil, cfg.Now())
-	diskUUID, err := setup.Disk.UUID(ctx)
-	if err != nil {
-		return err
-	}
-	salt, err := cfg.Disk.MeasurementSalt(ctx)
-	if err != nil {
-		return err
-	}
-	var ticket *joinservicev1.IssueRejoinTicketResponse
-	err = cfg.Join.retry(ctx, "rejoin ticket", func(ctx context.Context, client joinservicev1.JoinServiceClient) error {
-		var err error
-		ticket, err = client.IssueRejoinTicket(ctx, &joinservicev1.IssueRejoinTicketRequest{DiskUuid: diskUUID})
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	id, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), salt)
-	if err != nil {
-		return err
-	}
-	if err := cfg.Lock.TryLock("rejoin", id); err != nil {
-		return err
-	}
-	if cfg.Opener != nil {
-		if err := cfg.Opener.Open(ctx, cfg.MapperName, ticket.GetStateDiskKey()); err != nil {
-			return cfg.Join.fail(err)
-		}
-	}
-	if err := cfg.Kubelet.Restart(ctx); err != nil {
-		return cfg.Join.fail(err)
-	}
-	_ = writeStatus(setup.Root, PhaseDone, nil, cfg.Now())
-	setup.Log.Info("Rejoined: the state disk is unlocked and the kubelet runs")
-	return nil
 }

@@ -51,7 +51,7 @@ func newRunFixture(t *testing.T, n *testNode, ca *clusterpki.CA, endpoints ...st
 	if err != nil {
 		t.Fatal(err)
 	}
-	init, err := NewInitServer(InitConfig{Setup: n.setup, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash})
+	init, err := NewInitServer(InitServerConfig{Machine: n.machine, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,8 +64,8 @@ func newRunFixture(t *testing.T, n *testNode, ca *clusterpki.CA, endpoints ...st
 		t.Fatal(err)
 	}
 	f.cfg = Config{
-		Setup: n.setup, Lock: n.lock, Disk: n.disk,
-		Init: init, InitServer: grpc.NewServer(grpc.Creds(creds)), InitListener: lis,
+		Machine: n.machine, Lock: n.lock, Disk: n.disk,
+		InitServer: init, InitGRPCServer: grpc.NewServer(grpc.Creds(creds)), InitListener: lis,
 		Join:    newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), false, endpoints...),
 		Kubelet: f.kubelet, Linger: time.Minute,
 	}
@@ -90,7 +90,7 @@ func (f *runFixture) initRequest(t *testing.T) *initservicev1.InitRequest {
 	return &initservicev1.InitRequest{
 		InitSecret: f.secret, KmsUri: kms.ClusterKMSURIString(random(t, 32), random(t, 32)),
 		MeasurementSalt: random(t, 32), KubernetesVersion: "v1.36.4",
-		KubernetesComponents: []*componentsv1.Component{component(t, f.node.setup.Root, "kubelet", "kubelet")},
+		KubernetesComponents: []*componentsv1.Component{component(t, f.node.machine.Root, "kubelet", "kubelet")},
 		ClusterName:          "gatehouse", ServiceCidr: "10.96.0.0/12", PodCidr: "10.244.0.0/16",
 	}
 }
@@ -115,7 +115,7 @@ func TestRunJoinWins(t *testing.T) {
 	}
 	n := newTestNode(t)
 	n.runner.recordOnly = true
-	ticket := testTicket(t, n.setup.Root)
+	ticket := testTicket(t, n.machine.Root)
 	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
 	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
 	f := newRunFixture(t, n, ca, addr)
@@ -133,7 +133,7 @@ func TestRunJoinWins(t *testing.T) {
 	if err := awaitRun(t, f.run(t.Context())); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(n.setup.Root, f.cfg.SuccessFile)); err != nil {
+	if _, err := os.Stat(filepath.Join(n.machine.Root, f.cfg.SuccessFile)); err != nil {
 		t.Fatalf("the success file was not written: %v", err)
 	}
 	if status.Code(initErr) != codes.FailedPrecondition {
@@ -200,7 +200,7 @@ func TestRunLockedRestartsKubeletOnly(t *testing.T) {
 		t.Fatalf("the disk was touched: %s", st)
 	}
 
-	if err := writeStatus(n.setup.Root, PhaseFailed, errors.New("kubeadm join failed"), time.Now()); err != nil {
+	if err := writeStatus(n.machine.Root, PhaseFailed, errors.New("kubeadm join failed"), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	var failed *FailedError
@@ -222,8 +222,8 @@ func TestRunRejoin(t *testing.T) {
 	}
 	n := newTestNode(t)
 	n.formatDisk(t)
-	ticket := testTicket(t, n.setup.Root)
-	if err := n.setup.rekeyDisk(t.Context(), ticket.GetStateDiskKey(), ticket.GetMeasurementSalt()); err != nil {
+	ticket := testTicket(t, n.machine.Root)
+	if err := n.machine.rekeyDisk(t.Context(), ticket.GetStateDiskKey(), ticket.GetMeasurementSalt()); err != nil {
 		t.Fatal(err)
 	}
 	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})

@@ -46,7 +46,7 @@ type testNode struct {
 	attester *tpmattester.Attester
 	lock     *nodelock.Lock
 	disk     *statedisk.Disk
-	setup    *Setup
+	machine  *Machine
 	logs     *testkit.LogBuffer
 	runner   *dryRunRunner
 }
@@ -77,7 +77,7 @@ func newTestNode(t *testing.T) *testNode {
 	logs := &testkit.LogBuffer{}
 	runner := &dryRunRunner{t: t}
 	n := &testNode{sim: sim, attester: a, lock: lock, disk: disk, logs: logs, runner: runner}
-	n.setup = &Setup{
+	n.machine = &Machine{
 		Root:      t.TempDir(),
 		Disk:      disk,
 		Installer: installer.New(installer.Options{Attempts: 2, Backoff: time.Millisecond}),
@@ -96,7 +96,7 @@ func (n *testNode) formatDisk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.setup.FirstBootKey = key
+	n.machine.FirstBootKey = key
 }
 
 // verifier appraises the test nodes' evidence: their boot, and PCR 15

@@ -38,10 +38,10 @@ import (
 // DefaultAdminName is the user name of the admin kubeconfig Init returns.
 const DefaultAdminName = "gatehouse-admin"
 
-// InitConfig holds an InitServer's dependencies.
-type InitConfig struct {
-	Setup *Setup
-	Lock  *nodelock.Lock
+// InitServerConfig holds an InitServer's dependencies.
+type InitServerConfig struct {
+	Machine *Machine
+	Lock    *nodelock.Lock
 	// Identity is the node's attestation identity, as verifiers see it in
 	// its evidence (attestation.Result.Identity); the state disk key is
 	// bound to it, as the join service binds a joining node's
@@ -73,7 +73,7 @@ type InitConfig struct {
 // the same request again and follows the same job to its result.
 type InitServer struct {
 	initservicev1.UnimplementedInitServiceServer
-	cfg      InitConfig
+	cfg      InitServerConfig
 	attempts *secretAttempts
 
 	mu  sync.Mutex
@@ -82,12 +82,17 @@ type InitServer struct {
 	finished  chan struct{} // closed when the job has a result
 	delivered chan struct{} // closed when a client received the result
 	deliverMu sync.Once
+
+	// lifetime is the init job's context: the server's, not the stream's
+	// (the job outlives a dropped stream), cancelled by Stop.
+	lifetime context.Context
+	stop     context.CancelFunc
 }
 
 // NewInitServer returns an InitServer.
-func NewInitServer(cfg InitConfig) (*InitServer, error) {
-	if cfg.Setup == nil || cfg.Lock == nil || cfg.Identity == "" {
-		return nil, errors.New("init server: Setup, Lock and Identity are required")
+func NewInitServer(cfg InitServerConfig) (*InitServer, error) {
+	if cfg.Machine == nil || cfg.Lock == nil || cfg.Identity == "" {
+		return nil, errors.New("init server: Machine, Lock and Identity are required")
 	}
 	if _, err := bcrypt.Cost(cfg.InitSecretHash); err != nil {
 		return nil, fmt.Errorf("init server: the provisioned init secret hash is not a bcrypt hash: %w", err)
@@ -105,8 +110,16 @@ func NewInitServer(cfg InitConfig) (*InitServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("init server: %w", err)
 	}
-	return &InitServer{cfg: cfg, attempts: attempts, finished: make(chan struct{}), delivered: make(chan struct{})}, nil
+	lifetime, stop := context.WithCancel(context.Background())
+	return &InitServer{cfg: cfg, attempts: attempts, finished: make(chan struct{}), delivered: make(chan struct{}),
+		lifetime: lifetime, stop: stop}, nil
 }
+
+// Stop ends the server's lifetime: a running init job is cancelled (kubeadm
+// is killed; past the node lock the node is marked for reset, as after any
+// failure there) and Finished closes once it has ended. The bootstrapper
+// calls it on SIGTERM. Safe to call more than once.
+func (s *InitServer) Stop() { s.stop() }
 
 // Finished is closed once an init has ended; Result then returns how.
 func (s *InitServer) Finished() <-chan struct{} { return s.finished }
@@ -176,13 +189,13 @@ func (s *InitServer) Init(req *initservicev1.InitRequest, stream initservicev1.I
 		source = connlimit.Source(p.Addr)
 	}
 	if reason, wait := s.attempts.admit(source); reason != "" {
-		s.cfg.Setup.Log.Warn("Init refused before comparing the init secret", "source", source, "reason", reason, "retryAfter", wait.Round(time.Millisecond).String())
+		s.cfg.Machine.Log.Warn("Init refused before comparing the init secret", "source", source, "reason", reason, "retryAfter", wait.Round(time.Millisecond).String())
 		return status.Errorf(codes.ResourceExhausted, "too many init secrets tried (%s); retry in %s", reason, wait.Round(time.Millisecond))
 	}
 	// bcrypt compares in constant time.
 	if bcrypt.CompareHashAndPassword(s.cfg.InitSecretHash, req.GetInitSecret()) != nil {
 		s.attempts.wrong(source)
-		s.cfg.Setup.Log.Warn("Init refused: wrong init secret", "source", source)
+		s.cfg.Machine.Log.Warn("Init refused: wrong init secret", "source", source)
 		return status.Error(codes.PermissionDenied, "the init secret does not match the one this node was provisioned with")
 	}
 	s.attempts.right(source)
@@ -283,8 +296,8 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		return nil, err
 	}
 	params := kubeadm.InitParams{
-		Node:              s.cfg.Setup.Node,
-		Kubelet:           s.cfg.Setup.Kubelet,
+		Node:              s.cfg.Machine.Node,
+		Kubelet:           s.cfg.Machine.Kubelet,
 		ClusterName:       req.GetClusterName(),
 		KubernetesVersion: req.GetKubernetesVersion(),
 		CertSANs:          req.GetApiServerCertSans(),
@@ -310,12 +323,12 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 // run executes the init and records its end.
 func (s *InitServer) run(j *initJob, p *initPlan) {
 	log := slog.New(slog.NewTextHandler(&j.logs, nil)).With("component", "init")
-	result, err := s.execute(context.Background(), j, p, log)
+	result, err := s.execute(s.lifetime, j, p, log)
 	now := s.cfg.Now()
 	if err != nil {
-		s.cfg.Setup.Log.Error("Init failed", "error", err.Error())
+		s.cfg.Machine.Log.Error("Init failed", "error", err.Error())
 		log.Error("Init failed", "error", err.Error())
-		if get := s.cfg.Setup.KubeletLogs; get != nil && s.cfg.Lock.Holder() == "init" {
+		if get := s.cfg.Machine.KubeletLogs; get != nil && s.cfg.Lock.Holder() == "init" {
 			kubelet, kerr := get(context.Background())
 			if kerr != nil {
 				log.Warn("Reading the kubelet's log failed", "error", kerr.Error())
@@ -324,7 +337,7 @@ func (s *InitServer) run(j *initJob, p *initPlan) {
 		}
 		if s.cfg.Lock.Holder() == "init" {
 			// Past the point of no return: report and mark for reset.
-			_ = s.cfg.Setup.markFailed(err, now)
+			_ = s.cfg.Machine.markFailed(err, now)
 		}
 		j.mu.Lock()
 		j.err = err
@@ -332,18 +345,18 @@ func (s *InitServer) run(j *initJob, p *initPlan) {
 		j.mu.Unlock()
 		j.emit(&initservicev1.InitResponse{Kind: &initservicev1.InitResponse_Failure{Failure: &initservicev1.InitFailure{Error: err.Error(), LogsGzip: logs}}})
 	} else {
-		_ = writeStatus(s.cfg.Setup.Root, PhaseDone, nil, now)
+		s.cfg.Machine.recordStatus(PhaseDone, nil, now)
 		j.emit(&initservicev1.InitResponse{Kind: &initservicev1.InitResponse_Success{Success: result}})
-		s.cfg.Setup.Log.Info("Init succeeded: this node is the cluster's first control plane")
+		s.cfg.Machine.Log.Info("Init succeeded: this node is the cluster's first control plane")
 	}
 	close(s.finished)
 }
 
 // execute takes the lock and creates the cluster.
 func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *slog.Logger) (*initservicev1.InitSuccess, error) {
-	setup := s.cfg.Setup
+	machine := s.cfg.Machine
 	step := func(name, msg string) {
-		setup.Log.Info(msg, "step", name)
+		machine.Log.Info(msg, "step", name)
 		log.Info(msg, "step", name)
 		j.progress(name, msg)
 	}
@@ -354,10 +367,10 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 		}
 		return nil, err
 	}
-	_ = writeStatus(setup.Root, PhaseInitialising, nil, s.cfg.Now())
+	machine.recordStatus(PhaseInitialising, nil, s.cfg.Now())
 
 	step("rekey-state-disk", "Re-keying the state disk with the key derived from the master secret")
-	diskUUID, err := setup.Disk.UUID(ctx)
+	diskUUID, err := machine.Disk.UUID(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -369,39 +382,39 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 	if err != nil {
 		return nil, err
 	}
-	if err := setup.rekeyDisk(ctx, diskKey, p.req.GetMeasurementSalt()); err != nil {
+	if err := machine.rekeyDisk(ctx, diskKey, p.req.GetMeasurementSalt()); err != nil {
 		return nil, err
 	}
 
 	step("install-components", fmt.Sprintf("Installing the %d pinned components of Kubernetes %s", len(p.req.GetKubernetesComponents()), p.req.GetKubernetesVersion()))
-	if err := setup.Installer.Install(ctx, p.req.GetKubernetesComponents()); err != nil {
+	if err := machine.Installer.Install(ctx, p.req.GetKubernetesComponents()); err != nil {
 		return nil, err
 	}
 
 	step("pki", "Generating the cluster CA and this node's kubelet serving certificate")
-	ca, err := s.writePKI(setup)
+	ca, err := s.writePKI(machine)
 	if err != nil {
 		return nil, err
 	}
 
 	step("kubeadm-config", "Writing the kubeadm configuration and audit policy")
 	configPath := KubeadmDir + "/init.yaml"
-	if err := s.writeInitFiles(setup, p, configPath); err != nil {
+	if err := s.writeInitFiles(machine, p, configPath); err != nil {
 		return nil, err
 	}
 
 	step("kubeadm-init", "Running kubeadm init")
-	out, err := setup.Kubeadm.Run(ctx, "init", "--config", setup.path(configPath), "--skip-token-print")
+	out, err := machine.Kubeadm.Run(ctx, "init", "--config", machine.path(configPath), "--skip-token-print")
 	log.Info("kubeadm init output", "output", string(out))
 	if err != nil {
 		return nil, fmt.Errorf("kubeadm init failed: %w (its output is in the logs)", err)
 	}
 	tokenID, _, _ := strings.Cut(p.params.InitToken, ".")
-	if out, err := setup.Kubeadm.Run(ctx, "token", "delete", tokenID, "--kubeconfig", setup.path("/etc/kubernetes/admin.conf")); err != nil {
+	if out, err := machine.Kubeadm.Run(ctx, "token", "delete", tokenID, "--kubeconfig", machine.path("/etc/kubernetes/admin.conf")); err != nil {
 		// It expires by itself within kubeadm.InitTokenTTL.
 		log.Warn("Deleting kubeadm init's bootstrap token failed", "error", err.Error(), "output", string(out))
 	}
-	if err := removeFile(setup.path(configPath)); err != nil {
+	if err := removeFile(machine.path(configPath)); err != nil {
 		log.Warn("Removing the init configuration failed", "error", err.Error())
 	}
 
@@ -415,19 +428,19 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 
 // writePKI writes a new cluster CA where kubeadm init finds and keeps it,
 // and the kubelet's serving certificate signed by it.
-func (s *InitServer) writePKI(setup *Setup) (*clusterpki.CA, error) {
+func (s *InitServer) writePKI(machine *Machine) (*clusterpki.CA, error) {
 	ca, certPEM, keyPEM, err := clusterpki.GenerateCA(s.cfg.Now())
 	if err != nil {
 		return nil, err
 	}
-	if err := setup.writeFile(kubeadm.PKIDir+"/ca.crt", certPEM, 0o644); err != nil {
+	if err := machine.writeFile(kubeadm.PKIDir+"/ca.crt", certPEM, 0o644); err != nil {
 		return nil, err
 	}
-	if err := setup.writeFile(kubeadm.PKIDir+"/ca.key", keyPEM, 0o600); err != nil {
+	if err := machine.writeFile(kubeadm.PKIDir+"/ca.key", keyPEM, 0o600); err != nil {
 		return nil, err
 	}
-	if setup.Kubelet.ServingCert {
-		if err := writeKubeletServingCert(setup, ca, s.cfg.Now()); err != nil {
+	if machine.Kubelet.ServingCert {
+		if err := writeKubeletServingCert(machine, ca, s.cfg.Now()); err != nil {
 			return nil, err
 		}
 	}
@@ -436,8 +449,8 @@ func (s *InitServer) writePKI(setup *Setup) (*clusterpki.CA, error) {
 
 // writeKubeletServingCert issues this node's kubelet serving certificate
 // with ca and writes it with its key.
-func writeKubeletServingCert(setup *Setup, ca *clusterpki.CA, now time.Time) error {
-	csr, keyPEM, err := clusterpki.NewKubeletCSR(setup.Node.Name, []net.IP{net.ParseIP(setup.Node.AdvertiseAddress)})
+func writeKubeletServingCert(machine *Machine, ca *clusterpki.CA, now time.Time) error {
+	csr, keyPEM, err := clusterpki.NewKubeletCSR(machine.Node.Name, []net.IP{net.ParseIP(machine.Node.AdvertiseAddress)})
 	if err != nil {
 		return err
 	}
@@ -449,33 +462,33 @@ func writeKubeletServingCert(setup *Setup, ca *clusterpki.CA, now time.Time) err
 	if err != nil {
 		return err
 	}
-	return writeKubeletCert(setup, der, keyPEM)
+	return writeKubeletCert(machine, der, keyPEM)
 }
 
-func writeKubeletCert(setup *Setup, certDER, keyPEM []byte) error {
-	if err := setup.writeFile(kubeadm.KubeletCertPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER}), 0o644); err != nil {
+func writeKubeletCert(machine *Machine, certDER, keyPEM []byte) error {
+	if err := machine.writeFile(kubeadm.KubeletCertPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER}), 0o644); err != nil {
 		return err
 	}
-	return setup.writeFile(kubeadm.KubeletKeyPath, keyPEM, 0o600)
+	return machine.writeFile(kubeadm.KubeletKeyPath, keyPEM, 0o600)
 }
 
-func (s *InitServer) writeInitFiles(setup *Setup, p *initPlan, configPath string) error {
+func (s *InitServer) writeInitFiles(machine *Machine, p *initPlan, configPath string) error {
 	policy, err := kubeadm.AuditPolicy()
 	if err != nil {
 		return err
 	}
-	if err := setup.writeFile(kubeadm.AuditPolicyPath, policy, 0o600); err != nil {
+	if err := machine.writeFile(kubeadm.AuditPolicyPath, policy, 0o600); err != nil {
 		return err
 	}
 	config, err := p.params.Render()
 	if err != nil {
 		return err
 	}
-	if err := setup.writeFile(configPath, config, 0o600); err != nil {
+	if err := machine.writeFile(configPath, config, 0o600); err != nil {
 		return err
 	}
 	// The key service on this control plane derives keys from it.
-	return setup.writeFile(kms.URIFile, []byte(p.req.GetKmsUri()), 0o600)
+	return machine.writeFile(kms.URIFile, []byte(p.req.GetKmsUri()), 0o600)
 }
 
 // adminKubeconfig returns a kubeconfig for the named admin.

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-tpm/legacy/tpm2"
 	"golang.org/x/crypto/bcrypt"
@@ -64,7 +65,7 @@ func newInitFixture(t *testing.T) *initFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.server, err = NewInitServer(InitConfig{Setup: n.setup, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash, AdminName: "alice"})
+	f.server, err = NewInitServer(InitServerConfig{Machine: n.machine, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash, AdminName: "alice"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func newInitFixture(t *testing.T) *initFixture {
 	initservicev1.RegisterInitServiceServer(srv, f.server)
 	addr := serve(t, srv)
 	f.client = initservicev1.NewInitServiceClient(dial(t, addr, atls.Config{Verifiers: []attestation.Verifier{verifier(t, n.attester)}}))
-	root := n.setup.Root
+	root := n.machine.Root
 	f.req = &initservicev1.InitRequest{
 		InitSecret:        f.secret,
 		KmsUri:            kms.ClusterKMSURIString(f.master, f.masterSalt),
@@ -158,7 +159,7 @@ func fileMode(t *testing.T, path string) os.FileMode {
 func TestInit(t *testing.T) {
 	f := newInitFixture(t)
 	ctx := t.Context()
-	first := f.node.setup.FirstBootKey
+	first := f.node.machine.FirstBootKey
 	stream, err := f.client.Init(ctx, f.req)
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +198,7 @@ func TestInit(t *testing.T) {
 	if st, _ := f.node.disk.State(ctx); st != statedisk.Initialised {
 		t.Errorf("disk state %s", st)
 	}
-	root := f.node.setup.Root
+	root := f.node.machine.Root
 	for path, mode := range map[string]os.FileMode{
 		"usr/local/bin/kubelet": 0o755, "etc/kubernetes/pki/ca.key": 0o600, "etc/kubernetes/pki/ca.crt": 0o644,
 		strings.TrimPrefix(kms.URIFile, "/"): 0o600, strings.TrimPrefix(kubeadm.AuditPolicyPath, "/"): 0o600,
@@ -282,10 +283,10 @@ func (f *initFixture) assertUnchanged(t *testing.T) {
 	if f.node.lock.Locked() {
 		t.Error("the node lock was taken")
 	}
-	if ok, _ := f.node.disk.TestKey(t.Context(), f.node.setup.FirstBootKey); !ok {
+	if ok, _ := f.node.disk.TestKey(t.Context(), f.node.machine.FirstBootKey); !ok {
 		t.Error("the first-boot passphrase no longer opens the disk")
 	}
-	if entries, _ := os.ReadDir(f.node.setup.Root); len(entries) > 0 {
+	if entries, _ := os.ReadDir(f.node.machine.Root); len(entries) > 0 {
 		t.Errorf("files were written: %v", entries)
 	}
 }
@@ -373,7 +374,7 @@ func TestInitFailureAfterLock(t *testing.T) {
 	f := newInitFixture(t)
 	f.node.runner.fail = map[string]int{"init": 1}
 	f.node.runner.failOutput = "[wait-control-plane] timed out waiting for the API server"
-	f.node.setup.KubeletLogs = func(context.Context) ([]byte, error) {
+	f.node.machine.KubeletLogs = func(context.Context) ([]byte, error) {
 		return []byte("E1122 kubelet.go:1 \"Failed to run kubelet\" err=\"cgroup v1\""), nil
 	}
 	stream, err := f.client.Init(t.Context(), f.req)
@@ -397,10 +398,58 @@ func TestInitFailureAfterLock(t *testing.T) {
 	if st, _ := f.node.disk.State(t.Context()); st != statedisk.ResetRequested {
 		t.Errorf("disk state %s, want %s", st, statedisk.ResetRequested)
 	}
-	if st, _ := ReadStatus(f.node.setup.Root); st.Phase != PhaseFailed || !strings.Contains(st.Error, "kubeadm init") {
+	if st, _ := ReadStatus(f.node.machine.Root); st.Phase != PhaseFailed || !strings.Contains(st.Error, "kubeadm init") {
 		t.Errorf("status %+v", st)
 	}
 	if f.server.Result() == nil {
 		t.Error("Result is nil after a failure")
+	}
+}
+
+// blockingKubeadm runs every kubeadm subcommand as a no-op but init, which
+// blocks until its context ends, as a kubeadm init waiting for a control
+// plane that does not come up.
+type blockingKubeadm struct{ started chan struct{} }
+
+func (b *blockingKubeadm) Run(ctx context.Context, args ...string) ([]byte, error) {
+	if args[0] != "init" {
+		return nil, nil
+	}
+	close(b.started)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestStopCancelsInitJob: the init job runs under the server's lifetime,
+// not the stream's: Stop (the bootstrapper's SIGTERM) kills a running
+// kubeadm init, and the job ends with a failure the client is told about.
+func TestStopCancelsInitJob(t *testing.T) {
+	f := newInitFixture(t)
+	k := &blockingKubeadm{started: make(chan struct{})}
+	f.node.machine.Kubeadm = k
+	stream, err := f.client.Init(t.Context(), f.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-k.started:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("kubeadm init never started")
+	}
+	f.server.Stop()
+	select {
+	case <-f.server.Finished():
+	case <-time.After(time.Minute):
+		t.Fatal("the init job did not end after Stop")
+	}
+	if err := f.server.Result(); err == nil || !strings.Contains(err.Error(), context.Canceled.Error()) {
+		t.Fatalf("init result after Stop: %v, want the job cancelled", err)
+	}
+	_, final, err := receive(t, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.GetFailure() == nil {
+		t.Fatal("the client was not told the init failed")
 	}
 }

@@ -13,10 +13,6 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/logtail"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
@@ -56,10 +52,10 @@ func (b Backoff) wait(ctx context.Context, attempt int, stop <-chan struct{}) er
 	}
 }
 
-// JoinConfig holds a JoinClient's dependencies.
-type JoinConfig struct {
-	Setup *Setup
-	Lock  *nodelock.Lock
+// JoinClientConfig holds a JoinClient's dependencies.
+type JoinClientConfig struct {
+	Machine *Machine
+	Lock    *nodelock.Lock
 	// Endpoints finds the join service.
 	Endpoints EndpointSource
 	// Attester produces this node's evidence.
@@ -80,7 +76,8 @@ type JoinConfig struct {
 // JoinClient joins this node to an existing cluster through the join
 // service.
 type JoinClient struct {
-	cfg JoinConfig
+	cfg   JoinClientConfig
+	calls *joinServiceCalls
 }
 
 // FailedError is a failure after the node lock: the node cannot go back
@@ -93,9 +90,9 @@ func (e *FailedError) Error() string {
 func (e *FailedError) Unwrap() error { return e.Err }
 
 // NewJoinClient returns a JoinClient.
-func NewJoinClient(cfg JoinConfig) (*JoinClient, error) {
-	if cfg.Setup == nil || cfg.Lock == nil || cfg.Endpoints == nil || cfg.Attester == nil {
-		return nil, errors.New("join client: Setup, Lock, Endpoints and Attester are required")
+func NewJoinClient(cfg JoinClientConfig) (*JoinClient, error) {
+	if cfg.Machine == nil || cfg.Lock == nil || cfg.Endpoints == nil || cfg.Attester == nil {
+		return nil, errors.New("join client: Machine, Lock, Endpoints and Attester are required")
 	}
 	if cfg.Backoff == (Backoff{}) {
 		cfg.Backoff = DefaultBackoff
@@ -109,26 +106,29 @@ func NewJoinClient(cfg JoinConfig) (*JoinClient, error) {
 	if _, err := joincreds.Client(cfg.Attester, cfg.CACertHash, cfg.Now); err != nil {
 		return nil, fmt.Errorf("join client: %w", err)
 	}
-	return &JoinClient{cfg: cfg}, nil
+	return &JoinClient{cfg: cfg, calls: &joinServiceCalls{
+		log: cfg.Machine.Log, lock: cfg.Lock, endpoints: cfg.Endpoints, attester: cfg.Attester,
+		caCertHash: cfg.CACertHash, backoff: cfg.Backoff, now: cfg.Now,
+	}}, nil
 }
 
 // Join gets a join ticket, retrying with backoff until ctx ends or the
 // lock is taken by someone else (nodelock.ErrLocked), then takes the node
 // lock and joins. Errors after the lock are *FailedError.
 func (c *JoinClient) Join(ctx context.Context) error {
-	setup := c.cfg.Setup
-	diskUUID, err := setup.Disk.UUID(ctx)
+	machine := c.cfg.Machine
+	diskUUID, err := machine.Disk.UUID(ctx)
 	if err != nil {
 		return err
 	}
-	ip := net.ParseIP(setup.Node.AdvertiseAddress)
-	csr, kubeletKey, err := clusterpki.NewKubeletCSR(setup.Node.Name, []net.IP{ip})
+	ip := net.ParseIP(machine.Node.AdvertiseAddress)
+	csr, kubeletKey, err := clusterpki.NewKubeletCSR(machine.Node.Name, []net.IP{ip})
 	if err != nil {
 		return err
 	}
 	req := &joinservicev1.IssueJoinTicketRequest{DiskUuid: diskUUID, CertificateRequest: csr, IsControlPlane: c.cfg.ControlPlane}
 	var ticket *joinservicev1.IssueJoinTicketResponse
-	err = c.retry(ctx, "join ticket", func(ctx context.Context, client joinservicev1.JoinServiceClient) error {
+	err = c.calls.call(ctx, "join ticket", func(ctx context.Context, client joinservicev1.JoinServiceClient) error {
 		var err error
 		ticket, err = client.IssueJoinTicket(ctx, req)
 		return err
@@ -143,95 +143,34 @@ func (c *JoinClient) Join(ctx context.Context) error {
 	if err := c.cfg.Lock.TryLock("join", id); err != nil {
 		return err
 	}
-	_ = writeStatus(setup.Root, PhaseJoining, nil, c.cfg.Now())
+	machine.recordStatus(PhaseJoining, nil, c.cfg.Now())
 	if err := c.setUp(ctx, ticket, kubeletKey); err != nil {
-		return c.fail(err)
+		return c.cfg.Machine.markFailed(err, c.cfg.Now())
 	}
-	_ = writeStatus(setup.Root, PhaseDone, nil, c.cfg.Now())
-	setup.Log.Info("Joined the cluster", "controlPlane", c.cfg.ControlPlane)
+	machine.recordStatus(PhaseDone, nil, c.cfg.Now())
+	machine.Log.Info("Joined the cluster", "controlPlane", c.cfg.ControlPlane)
 	return nil
-}
-
-// fail marks the node failed after the lock.
-func (c *JoinClient) fail(err error) error { return c.cfg.Setup.markFailed(err, c.cfg.Now()) }
-
-// retry calls call on each endpoint in turn, round after round with
-// backoff, until one succeeds. It gives up on ctx's end, when the lock is
-// taken, and on answers that retrying cannot change (PermissionDenied,
-// InvalidArgument, FailedPrecondition).
-func (c *JoinClient) retry(ctx context.Context, what string, call func(context.Context, joinservicev1.JoinServiceClient) error) error {
-	log := c.cfg.Setup.Log
-	for round := 0; ; round++ {
-		if c.cfg.Lock.Locked() {
-			return nodelock.ErrLocked
-		}
-		endpoints, err := c.cfg.Endpoints.Endpoints(ctx)
-		if err != nil {
-			log.Warn("No join service endpoints yet", "error", err.Error())
-		}
-		for _, ep := range endpoints {
-			err := c.callOne(ctx, ep, call)
-			if err == nil {
-				return nil
-			}
-			switch status.Code(err) {
-			case codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition:
-				return fmt.Errorf("the join service at %s refused the %s request: %w", ep, what, err)
-			}
-			if rejectedEvidence(err) {
-				log.Error("The join service refused this node's attestation evidence; its audit log names the reason "+
-					"(e.g. measurement_mismatch). Retrying in case its policy changes.", "endpoint", ep, "request", what, "round", round)
-				continue
-			}
-			log.Warn("Join service call failed; trying the next endpoint", "endpoint", ep, "request", what, "round", round, "error", err.Error())
-		}
-		if err := c.cfg.Backoff.wait(ctx, round, c.cfg.Lock.Taken()); err != nil {
-			return err
-		}
-	}
-}
-
-// rejectedEvidence reports whether err is the join service refusing this
-// node's attested TLS certificate (TLS alert bad_certificate, RFC 8446
-// §6.2): the service does not tell a refused client why.
-func rejectedEvidence(err error) bool {
-	return status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "tls: bad certificate")
-}
-
-func (c *JoinClient) callOne(ctx context.Context, endpoint string, call func(context.Context, joinservicev1.JoinServiceClient) error) error {
-	creds, err := joincreds.Client(c.cfg.Attester, c.cfg.CACertHash, c.cfg.Now)
-	if err != nil {
-		return err
-	}
-	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	return call(ctx, joinservicev1.NewJoinServiceClient(conn))
 }
 
 // setUp does what follows the lock: re-key, install, files, kubeadm join.
 func (c *JoinClient) setUp(ctx context.Context, t *joinservicev1.IssueJoinTicketResponse, kubeletKey []byte) error {
-	setup := c.cfg.Setup
-	setup.Log.Info("Re-keying the state disk with the join ticket's key")
-	if err := setup.rekeyDisk(ctx, t.GetStateDiskKey(), t.GetMeasurementSalt()); err != nil {
+	machine := c.cfg.Machine
+	machine.Log.Info("Re-keying the state disk with the join ticket's key")
+	if err := machine.rekeyDisk(ctx, t.GetStateDiskKey(), t.GetMeasurementSalt()); err != nil {
 		return err
 	}
-	setup.Log.Info("Installing the pinned components", "kubernetesVersion", t.GetKubernetesVersion(), "count", len(t.GetKubernetesComponents()))
-	if err := setup.Installer.Install(ctx, t.GetKubernetesComponents()); err != nil {
+	machine.Log.Info("Installing the pinned components", "kubernetesVersion", t.GetKubernetesVersion(), "count", len(t.GetKubernetesComponents()))
+	if err := machine.Installer.Install(ctx, t.GetKubernetesComponents()); err != nil {
 		return err
 	}
 	params := kubeadm.JoinParams{
-		Node:              setup.Node,
-		Kubelet:           setup.Kubelet,
+		Node:              machine.Node,
+		Kubelet:           machine.Kubelet,
 		APIServerEndpoint: t.GetApiServerEndpoint(),
 		Token:             t.GetToken(),
 		CACertHash:        t.GetDiscoveryTokenCaCertHash(),
 		ControlPlane:      c.cfg.ControlPlane,
-		PatchesDir:        setup.path(KubeadmDir + "/patches"),
+		PatchesDir:        machine.path(KubeadmDir + "/patches"),
 	}
 	config, patches, err := params.Render()
 	if err != nil {
@@ -240,29 +179,29 @@ func (c *JoinClient) setUp(ctx context.Context, t *joinservicev1.IssueJoinTicket
 	configPath := KubeadmDir + "/join.yaml"
 	defer func() {
 		// It holds the bootstrap token.
-		if err := removeFile(setup.path(configPath)); err != nil {
-			setup.Log.Warn("Removing the join configuration failed", "error", err.Error())
+		if err := removeFile(machine.path(configPath)); err != nil {
+			machine.Log.Warn("Removing the join configuration failed", "error", err.Error())
 		}
 	}()
 	var last error
 	for attempt := 1; attempt <= c.cfg.KubeadmAttempts; attempt++ {
 		if attempt > 1 {
 			// A failed join leaves files that fail the next one's preflight.
-			out, err := setup.Kubeadm.Run(ctx, "reset", "--force")
+			out, err := machine.Kubeadm.Run(ctx, "reset", "--force")
 			if err != nil {
-				setup.Log.Warn("kubeadm reset before retrying failed", "error", err.Error(), "output", string(out))
+				machine.Log.Warn("kubeadm reset before retrying failed", "error", err.Error(), "output", string(out))
 			}
 		}
 		if err := c.writeJoinFiles(t, kubeletKey, configPath, config, patches); err != nil {
 			return err
 		}
-		setup.Log.Info("Running kubeadm join", "attempt", attempt, "of", c.cfg.KubeadmAttempts)
-		out, err := setup.Kubeadm.Run(ctx, "join", "--config", setup.path(configPath))
+		machine.Log.Info("Running kubeadm join", "attempt", attempt, "of", c.cfg.KubeadmAttempts)
+		out, err := machine.Kubeadm.Run(ctx, "join", "--config", machine.path(configPath))
 		if err == nil {
 			return nil
 		}
 		last = fmt.Errorf("kubeadm join (attempt %d of %d): %w\n%s", attempt, c.cfg.KubeadmAttempts, err, logtail.Lines(string(out), 20))
-		setup.Log.Warn("kubeadm join failed", "attempt", attempt, "error", err.Error(), "output", logtail.Lines(string(out), 20))
+		machine.Log.Warn("kubeadm join failed", "attempt", attempt, "error", err.Error(), "output", logtail.Lines(string(out), 20))
 	}
 	return last
 }
@@ -270,9 +209,9 @@ func (c *JoinClient) setUp(ctx context.Context, t *joinservicev1.IssueJoinTicket
 // writeJoinFiles writes the kubelet certificate, a control plane's PKI
 // files (keys 0600, certificates 0644) and the kubeadm configuration.
 func (c *JoinClient) writeJoinFiles(t *joinservicev1.IssueJoinTicketResponse, kubeletKey []byte, configPath string, config []byte, patches map[string][]byte) error {
-	setup := c.cfg.Setup
-	if setup.Kubelet.ServingCert {
-		if err := writeKubeletCert(setup, t.GetKubeletCert(), kubeletKey); err != nil {
+	machine := c.cfg.Machine
+	if machine.Kubelet.ServingCert {
+		if err := writeKubeletCert(machine, t.GetKubeletCert(), kubeletKey); err != nil {
 			return err
 		}
 	}
@@ -285,14 +224,14 @@ func (c *JoinClient) writeJoinFiles(t *joinservicev1.IssueJoinTicketResponse, ku
 		if strings.HasSuffix(name, ".key") {
 			mode = 0o600
 		}
-		if err := setup.writeFile(kubeadm.PKIDir+name, f.GetData(), mode); err != nil {
+		if err := machine.writeFile(kubeadm.PKIDir+name, f.GetData(), mode); err != nil {
 			return err
 		}
 	}
 	for name, data := range patches {
-		if err := setup.writeFile(KubeadmDir+"/patches/"+name, data, 0o600); err != nil {
+		if err := machine.writeFile(KubeadmDir+"/patches/"+name, data, 0o600); err != nil {
 			return err
 		}
 	}
-	return setup.writeFile(configPath, config, 0o600)
+	return machine.writeFile(configPath, config, 0o600)
 }

@@ -124,8 +124,8 @@ func testTicket(t *testing.T, root string) *joinservicev1.IssueJoinTicketRespons
 
 func newJoinClient(t *testing.T, n *testNode, caHash string, controlPlane bool, endpoints ...string) *JoinClient {
 	t.Helper()
-	c, err := NewJoinClient(JoinConfig{
-		Setup: n.setup, Lock: n.lock, Endpoints: StaticEndpoints(endpoints), Attester: n.attester,
+	c, err := NewJoinClient(JoinClientConfig{
+		Machine: n.machine, Lock: n.lock, Endpoints: StaticEndpoints(endpoints), Attester: n.attester,
 		CACertHash: caHash, ControlPlane: controlPlane, Backoff: Backoff{Initial: time.Millisecond, Max: 10 * time.Millisecond},
 	})
 	if err != nil {
@@ -169,8 +169,8 @@ func TestJoin(t *testing.T) {
 	}
 	n := newTestNode(t)
 	n.formatDisk(t)
-	first := n.setup.FirstBootKey
-	ticket := testTicket(t, n.setup.Root)
+	first := n.machine.FirstBootKey
+	ticket := testTicket(t, n.machine.Root)
 	ticket.ApiServerEndpoint = strings.TrimPrefix(env.APIServerURL, "https://")
 	ticket.Token = createToken(t, env)
 	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
@@ -202,7 +202,7 @@ func TestJoin(t *testing.T) {
 	if salt, err := n.disk.MeasurementSalt(ctx); err != nil || !bytes.Equal(salt, ticket.GetMeasurementSalt()) {
 		t.Errorf("recorded measurement salt: %v", err)
 	}
-	root := n.setup.Root
+	root := n.machine.Root
 	if got := fileMode(t, filepath.Join(root, "usr/local/bin/kubelet")); got != 0o755 {
 		t.Errorf("kubelet installed with mode %v", got)
 	}
@@ -239,7 +239,7 @@ func joinControlPlane(t *testing.T, files []*joinservicev1.ControlPlaneFile) (*t
 	n := newTestNode(t)
 	n.formatDisk(t)
 	n.runner.recordOnly = true
-	ticket := testTicket(t, n.setup.Root)
+	ticket := testTicket(t, n.machine.Root)
 	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
 	ticket.ControlPlaneFiles = files
 	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
@@ -257,7 +257,7 @@ func TestJoinControlPlaneFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, mode := range map[string]os.FileMode{"ca.crt": 0o644, "ca.key": 0o600, "etcd/ca.key": 0o600, "sa.pub": 0o644} {
-		if got := fileMode(t, filepath.Join(n.setup.Root, kubeadm.PKIDir, name)); got != mode {
+		if got := fileMode(t, filepath.Join(n.machine.Root, kubeadm.PKIDir, name)); got != mode {
 			t.Errorf("%s mode %v, want %v", name, got, mode)
 		}
 	}
@@ -271,7 +271,7 @@ func TestJoinRefusesEscapingFileNames(t *testing.T) {
 	if !errors.As(err, &failed) || !strings.Contains(err.Error(), "outside the PKI directory") {
 		t.Fatalf("escaping file name: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(n.setup.Root, "etc/passwd")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(n.machine.Root, "etc/passwd")); !os.IsNotExist(err) {
 		t.Fatal("the escaping file was written")
 	}
 }
@@ -289,7 +289,7 @@ func TestJoinFailureAfterLock(t *testing.T) {
 	n.runner.recordOnly = true
 	n.runner.fail = map[string]int{"join": 3}
 	n.runner.failOutput = "error execution phase kubelet-start: timed out"
-	ticket := testTicket(t, n.setup.Root)
+	ticket := testTicket(t, n.machine.Root)
 	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
 	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
 	err = newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), false, addr).Join(t.Context())
@@ -303,7 +303,7 @@ func TestJoinFailureAfterLock(t *testing.T) {
 	if st, _ := n.disk.State(t.Context()); st != statedisk.ResetRequested {
 		t.Errorf("disk state %s", st)
 	}
-	if st, _ := ReadStatus(n.setup.Root); st.Phase != PhaseFailed {
+	if st, _ := ReadStatus(n.machine.Root); st.Phase != PhaseFailed {
 		t.Errorf("status %+v", st)
 	}
 }
@@ -317,7 +317,7 @@ func TestJoinRefused(t *testing.T) {
 	}
 	n := newTestNode(t)
 	n.formatDisk(t)
-	ticket := testTicket(t, n.setup.Root)
+	ticket := testTicket(t, n.machine.Root)
 	fake := &fakeJoinService{ca: ca, ticket: ticket, refuse: codes.PermissionDenied}
 	addr := startJoinService(t, n, fake)
 	err = newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), false, addr).Join(t.Context())
@@ -327,7 +327,7 @@ func TestJoinRefused(t *testing.T) {
 	if n.lock.Locked() || n.runner.subcommands() != "" {
 		t.Fatal("a refused join changed the node")
 	}
-	if ok, _ := n.disk.TestKey(t.Context(), n.setup.FirstBootKey); !ok {
+	if ok, _ := n.disk.TestKey(t.Context(), n.machine.FirstBootKey); !ok {
 		t.Fatal("a refused join re-keyed the disk")
 	}
 
@@ -376,7 +376,7 @@ func TestJoinLogsRefusedEvidence(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer(grpc.Creds(creds))
-	joinservicev1.RegisterJoinServiceServer(srv, &fakeJoinService{ca: ca, ticket: testTicket(t, n.setup.Root)})
+	joinservicev1.RegisterJoinServiceServer(srv, &fakeJoinService{ca: ca, ticket: testTicket(t, n.machine.Root)})
 	addr := serve(t, srv)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	defer cancel()

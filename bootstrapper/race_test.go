@@ -62,7 +62,7 @@ func TestInitJoinRace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setup := &Setup{
+	machine := &Machine{
 		Root: t.TempDir(), Disk: &memDisk{}, FirstBootKey: []byte("first boot"), Installer: noInstaller{},
 		Kubeadm: &dryRunRunner{t: t, recordOnly: true},
 		Node:    kubeadm.Node{Name: "node-1", AdvertiseAddress: "192.0.2.10"},
@@ -76,10 +76,10 @@ func TestInitJoinRace(t *testing.T) {
 	master, masterSalt := random(t, 32), random(t, 32)
 	req := &initservicev1.InitRequest{
 		InitSecret: secret, KmsUri: kms.ClusterKMSURIString(master, masterSalt), MeasurementSalt: random(t, 32),
-		KubernetesVersion: "v1.36.4", KubernetesComponents: []*componentsv1.Component{component(t, setup.Root, "kubelet", "k")},
+		KubernetesVersion: "v1.36.4", KubernetesComponents: []*componentsv1.Component{component(t, machine.Root, "kubelet", "k")},
 		ClusterName: "gatehouse", ServiceCidr: "10.96.0.0/12", PodCidr: "10.244.0.0/16",
 	}
-	ticket := testTicket(t, setup.Root)
+	ticket := testTicket(t, machine.Root)
 	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
 	joinID, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
 	if err != nil {
@@ -105,12 +105,12 @@ func TestInitJoinRace(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := &testNode{sim: sim, attester: attester, lock: lock, setup: setup}
+		n := &testNode{sim: sim, attester: attester, lock: lock, machine: machine}
 		if service == "" {
 			// The AK comes from the same seed every round: one service serves all.
 			service = startJoinService(t, n, fake)
 		}
-		initServer, err := NewInitServer(InitConfig{Setup: setup, Lock: lock, Identity: n.identity(t), InitSecretHash: hash})
+		initServer, err := NewInitServer(InitServerConfig{Machine: machine, Lock: lock, Identity: n.identity(t), InitSecretHash: hash})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -35,6 +35,15 @@ type Status struct {
 	Time  time.Time `json:"time"`
 }
 
+// recordStatus records phase (and err, for PhaseFailed) as the node's
+// status. The status is a report, not a decision: a failure to write it is
+// logged and the bootstrap goes on.
+func (m *Machine) recordStatus(phase Phase, err error, now time.Time) {
+	if werr := writeStatus(m.Root, phase, err, now); werr != nil {
+		m.Log.Warn("Recording the bootstrap status failed", "phase", string(phase), "error", werr.Error())
+	}
+}
+
 // writeStatus records phase (and err, for PhaseFailed) under root.
 func writeStatus(root string, phase Phase, err error, now time.Time) error {
 	st := Status{Phase: phase, Time: now.UTC()}
@@ -45,7 +54,7 @@ func writeStatus(root string, phase Phase, err error, now time.Time) error {
 	if merr != nil {
 		return merr
 	}
-	s := &Setup{Root: root}
+	s := &Machine{Root: root}
 	return s.writeFile(StatusPath, append(data, '\n'), 0o644)
 }
 

@@ -156,11 +156,11 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err != nil {
 		return err
 	}
-	setup := &bootstrapper.Setup{
+	setup := &bootstrapper.Machine{
 		Root:      *root,
 		Disk:      disk,
 		Installer: installer.New(installer.Options{Log: log}),
-		Kubeadm:   bootstrapper.ExecRunner{Path: *kubeadmPath},
+		Kubeadm:   bootstrapper.ExecKubeadm{Path: *kubeadmPath},
 		Node: kubeadm.Node{
 			Name: *nodeName, AdvertiseAddress: *advertise, CRISocket: *criSocket,
 			ImagePullPolicy: corev1.PullPolicy(*pullPolicy), IgnorePreflightErrors: splitList(*ignorePreflight),
@@ -177,8 +177,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	initServer, err := bootstrapper.NewInitServer(bootstrapper.InitConfig{
-		Setup: setup, Lock: lock, Identity: identity, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
+	initServer, err := bootstrapper.NewInitServer(bootstrapper.InitServerConfig{
+		Machine: setup, Lock: lock, Identity: identity, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
 		SecretAttempts: bootstrapper.SecretAttemptLimits{
 			Free: *freeAttempts, Backoff: *attemptBackoff, MaxBackoff: *attemptMax,
 			Global: connlimit.Rate{Rate: *attemptRate, Burst: bootstrapper.DefaultSecretAttemptLimits.Global.Burst},
@@ -191,8 +191,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	}
 	var join *bootstrapper.JoinClient
 	if source != nil {
-		if join, err = bootstrapper.NewJoinClient(bootstrapper.JoinConfig{
-			Setup: setup, Lock: lock, Endpoints: source, Attester: attester,
+		if join, err = bootstrapper.NewJoinClient(bootstrapper.JoinClientConfig{
+			Machine: setup, Lock: lock, Endpoints: source, Attester: attester,
 			CACertHash: *caHash, ControlPlane: *controlPlane,
 		}); err != nil {
 			return err
@@ -223,8 +223,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		go serveMetrics(log, *metricsListen, reg)
 	}
 	cfg := bootstrapper.Config{
-		Setup: setup, Lock: lock, Disk: disk,
-		Init: initServer, InitServer: grpc.NewServer(grpc.Creds(creds), grpc.ConnectionTimeout(*hsTimeout)), InitListener: lis,
+		Machine: setup, Lock: lock, Disk: disk,
+		InitServer: initServer, InitGRPCServer: grpc.NewServer(grpc.Creds(creds), grpc.ConnectionTimeout(*hsTimeout)), InitListener: lis,
 		Join: join, Kubelet: kubelet, SuccessFile: *successFile,
 	}
 	if ok, why := statedisk.DeviceMapperAvailable(); ok {

@@ -39,15 +39,16 @@ type componentInstaller interface {
 	Install(ctx context.Context, components []*componentsv1.Component) error
 }
 
-// Runner runs kubeadm with args and returns its combined output.
-// ExecRunner runs the real binary.
-type Runner interface {
+// KubeadmRunner runs kubeadm with args and returns its combined output.
+// ExecKubeadm runs the real binary.
+type KubeadmRunner interface {
 	Run(ctx context.Context, args ...string) ([]byte, error)
 }
 
-// Setup is what init and join share after the node lock: the node's
-// machine and how to change it.
-type Setup struct {
+// Machine is the node's machine as init and join change it after the node
+// lock: its file system, state disk, component installer, kubeadm and the
+// node's identity for kubeadm.
+type Machine struct {
 	// Root is the file system root files are written under: "/" on a node,
 	// a temporary directory in tests.
 	Root string
@@ -55,7 +56,7 @@ type Setup struct {
 	Disk         stateDisk
 	FirstBootKey []byte
 	Installer    componentInstaller
-	Kubeadm      Runner
+	Kubeadm      KubeadmRunner
 	// Node and Kubelet describe the node to kubeadm.
 	Node    kubeadm.Node
 	Kubelet kubeadm.KubeletOptions
@@ -71,11 +72,11 @@ func JournalKubeletLogs(ctx context.Context) ([]byte, error) {
 }
 
 // path returns p (absolute on the node) under Root.
-func (s *Setup) path(p string) string { return filepath.Join(s.Root, p) }
+func (s *Machine) path(p string) string { return filepath.Join(s.Root, p) }
 
 // writeFile writes data to p under Root with mode, atomically: readers see
 // the old file or the whole new one.
-func (s *Setup) writeFile(p string, data []byte, mode fs.FileMode) error {
+func (s *Machine) writeFile(p string, data []byte, mode fs.FileMode) error {
 	full := s.path(p)
 	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil { //nolint:gosec // /etc/kubernetes and friends are world-readable directories
 		return fmt.Errorf("writing %s: %w", p, err)
@@ -85,7 +86,7 @@ func (s *Setup) writeFile(p string, data []byte, mode fs.FileMode) error {
 
 // rekeyDisk replaces the first-boot passphrase with diskKey and records the
 // measurement salt. Re-running it after an interruption is safe.
-func (s *Setup) rekeyDisk(ctx context.Context, diskKey, measurementSalt []byte) error {
+func (s *Machine) rekeyDisk(ctx context.Context, diskKey, measurementSalt []byte) error {
 	if err := s.Disk.Rekey(ctx, s.FirstBootKey, diskKey); err != nil {
 		return err
 	}
@@ -95,23 +96,23 @@ func (s *Setup) rekeyDisk(ctx context.Context, diskKey, measurementSalt []byte) 
 // markFailed records a failure after the node lock: the state disk is
 // marked for reset, the status says failed with err. It returns err as a
 // *FailedError.
-func (s *Setup) markFailed(err error, now time.Time) *FailedError {
+func (s *Machine) markFailed(err error, now time.Time) *FailedError {
 	s.Log.Error("Bootstrap failed after the node lock; marking the state disk for reset", "error", err.Error())
 	if rerr := s.Disk.MarkForReset(context.Background()); rerr != nil {
 		s.Log.Error("Marking the state disk for reset failed", "error", rerr.Error())
 	}
 	failed := &FailedError{Err: err}
-	_ = writeStatus(s.Root, PhaseFailed, failed, now)
+	s.recordStatus(PhaseFailed, failed, now)
 	return failed
 }
 
-// ExecRunner runs the kubeadm binary at Path (found in PATH when empty).
-type ExecRunner struct {
+// ExecKubeadm runs the kubeadm binary at Path (found in PATH when empty).
+type ExecKubeadm struct {
 	Path string
 }
 
 // Run runs kubeadm with args.
-func (r ExecRunner) Run(ctx context.Context, args ...string) ([]byte, error) {
+func (r ExecKubeadm) Run(ctx context.Context, args ...string) ([]byte, error) {
 	bin := r.Path
 	if bin == "" {
 		bin = "kubeadm"

@@ -1,0 +1,90 @@
+package bootstrapper
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
+)
+
+// joinServiceCalls calls the join service as this node: over attested TLS
+// (internal/joincreds) to each endpoint in turn, round after round with
+// backoff, until the node lock is taken. The JoinClient and the rejoin
+// share it.
+type joinServiceCalls struct {
+	log        *slog.Logger
+	lock       *nodelock.Lock
+	endpoints  EndpointSource
+	attester   attestation.Attester
+	caCertHash string
+	backoff    Backoff
+	now        func() time.Time
+}
+
+// call calls fn on each endpoint in turn, round after round with
+// backoff, until one succeeds. It gives up on ctx's end, when the lock is
+// taken, and on answers that retrying cannot change (PermissionDenied,
+// InvalidArgument, FailedPrecondition).
+func (j *joinServiceCalls) call(ctx context.Context, what string, fn func(context.Context, joinservicev1.JoinServiceClient) error) error {
+	log := j.log
+	for round := 0; ; round++ {
+		if j.lock.Locked() {
+			return nodelock.ErrLocked
+		}
+		endpoints, err := j.endpoints.Endpoints(ctx)
+		if err != nil {
+			log.Warn("No join service endpoints yet", "error", err.Error())
+		}
+		for _, ep := range endpoints {
+			err := j.callOne(ctx, ep, fn)
+			if err == nil {
+				return nil
+			}
+			switch status.Code(err) {
+			case codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition:
+				return fmt.Errorf("the join service at %s refused the %s request: %w", ep, what, err)
+			}
+			if rejectedEvidence(err) {
+				log.Error("The join service refused this node's attestation evidence; its audit log names the reason "+
+					"(e.g. measurement_mismatch). Retrying in case its policy changes.", "endpoint", ep, "request", what, "round", round)
+				continue
+			}
+			log.Warn("Join service call failed; trying the next endpoint", "endpoint", ep, "request", what, "round", round, "error", err.Error())
+		}
+		if err := j.backoff.wait(ctx, round, j.lock.Taken()); err != nil {
+			return err
+		}
+	}
+}
+
+// rejectedEvidence reports whether err is the join service refusing this
+// node's attested TLS certificate (TLS alert bad_certificate, RFC 8446
+// §6.2): the service does not tell a refused client why.
+func rejectedEvidence(err error) bool {
+	return status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "tls: bad certificate")
+}
+
+func (j *joinServiceCalls) callOne(ctx context.Context, endpoint string, fn func(context.Context, joinservicev1.JoinServiceClient) error) error {
+	creds, err := joincreds.Client(j.attester, j.caCertHash, j.now)
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return fn(ctx, joinservicev1.NewJoinServiceClient(conn))
+}

@@ -1,0 +1,13 @@
+package bootstrapper
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package's tests when a test leaves a goroutine running
+// (a server not stopped, a connection not closed).
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
