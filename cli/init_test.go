@@ -103,7 +103,7 @@ func startNode(t *testing.T) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setup := &bootstrapper.Setup{
+	setup := &bootstrapper.Machine{
 		Root: t.TempDir(), Disk: memDisk{}, FirstBootKey: []byte("first"), Installer: memDisk{}, Kubeadm: n.kubeadm,
 		Node: kubeadm.Node{Name: "cp-0", AdvertiseAddress: "192.0.2.10"}, Log: slog.New(slog.DiscardHandler),
 	}
@@ -111,7 +111,7 @@ func startNode(t *testing.T) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := bootstrapper.NewInitServer(bootstrapper.InitConfig{Setup: setup, Lock: lock, Identity: identity, InitSecretHash: hash})
+	srv, err := bootstrapper.NewInitServer(bootstrapper.InitServerConfig{Machine: setup, Lock: lock, Identity: identity, InitSecretHash: hash})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -28,6 +29,7 @@ func newMiniCmd() *cobra.Command {
 
 func newMiniUpCmd() *cobra.Command {
 	opts := mini.Options{}
+	var tampered []string
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Create a local cluster: one control plane and --workers workers",
@@ -57,6 +59,9 @@ func newMiniUpCmd() *cobra.Command {
 					failureLog: filepath.Join(dir, "init-failure.log"),
 				})
 			}
+			if len(tampered) > 0 {
+				opts.BootManifest = tamper(tampered)
+			}
 			return mini.Up(cmd.Context(), opts)
 		},
 	}
@@ -65,9 +70,20 @@ func newMiniUpCmd() *cobra.Command {
 	f.IntVar(&opts.Workers, "workers", 2, "number of worker nodes")
 	f.StringVar(&opts.BinDir, "bin", "", "directory of the gatehouse binaries (default: this binary's)")
 	f.StringVar(&opts.KubeBinDir, "kube-bin", "", "directory of the pinned Kubernetes binaries (default $GATEHOUSE_KUBE_BIN)")
-	f.StringSliceVar(&opts.Tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")
+	f.StringSliceVar(&tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")
 	_ = f.MarkHidden("tamper")
 	return cmd
+}
+
+// tamper changes the boot manifest of the named nodes by one bit: what a
+// node measures that differs from the reference value.
+func tamper(nodes []string) func(node string, manifest []byte) []byte {
+	return func(node string, manifest []byte) []byte {
+		if slices.Contains(nodes, node) && len(manifest) > 0 {
+			manifest[len(manifest)-1] ^= 1
+		}
+		return manifest
+	}
 }
 
 func newMiniDownCmd() *cobra.Command {

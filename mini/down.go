@@ -33,18 +33,18 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 		fmt.Fprintf(out, "Removing node %s\n", n.Name)
 		if n.AgentPID > 0 {
 			_ = syscall.Kill(n.AgentPID, syscall.SIGTERM)
-			waitGone(n.AgentPID, 15*time.Second)
+			waitGone(ctx, n.AgentPID, 15*time.Second)
 		}
 		if n.AgentMountNS != "" {
 			killPIDs(pidsInMountNS(n.AgentMountNS))
 		}
 		if n.CgroupRoot != "" {
-			if err := removeCgroup(n.CgroupRoot); err != nil {
+			if err := removeCgroup(ctx, n.CgroupRoot); err != nil {
 				errs = append(errs, err)
 			}
 		}
 		if n.AgentMountNS != "" {
-			if err := killMountNS(n.AgentMountNS, 15*time.Second); err != nil {
+			if err := killMountNS(ctx, n.AgentMountNS, 15*time.Second); err != nil {
 				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
 			}
 		}
@@ -83,30 +83,29 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 
 // killMountNS kills every process in mount namespace ns until none is
 // left, or fails after timeout.
-func killMountNS(ns string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		pids := pidsInMountNS(ns)
-		if len(pids) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("processes %v of mount namespace %s survive SIGKILL", pids, ns)
+func killMountNS(ctx context.Context, ns string, timeout time.Duration) error {
+	var pids []int
+	err := poll(ctx, 100*time.Millisecond, timeout, "the processes of mount namespace "+ns+" to exit", func() (bool, error) {
+		if pids = pidsInMountNS(ns); len(pids) == 0 {
+			return true, nil
 		}
 		killPIDs(pids)
-		time.Sleep(100 * time.Millisecond)
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("processes %v survive SIGKILL: %w", pids, err)
 	}
+	return nil
 }
 
-func waitGone(pid int, timeout time.Duration) {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+// waitGone waits for process pid to exit, and kills it after timeout.
+func waitGone(ctx context.Context, pid int, timeout time.Duration) {
+	err := poll(ctx, 100*time.Millisecond, timeout, fmt.Sprintf("process %d to exit", pid), func() (bool, error) {
+		return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH), nil
+	})
+	if err != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	_ = syscall.Kill(pid, syscall.SIGKILL)
 }
 
 // Status prints the local cluster's nodes, or that there is none.

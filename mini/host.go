@@ -113,7 +113,7 @@ func createCgroup(root string) error {
 
 // removeCgroup kills every process in root's subtree in every hierarchy
 // and removes the subtree, deepest first.
-func removeCgroup(root string) error {
+func removeCgroup(ctx context.Context, root string) error {
 	mounts, err := cgroupMounts()
 	if err != nil {
 		return err
@@ -132,7 +132,7 @@ func removeCgroup(root string) error {
 			killPIDs(readPIDs(filepath.Join(d, "cgroup.procs")))
 		}
 		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := rmdirRetry(dirs[i]); err != nil {
+			if err := rmdirRetry(ctx, dirs[i]); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -140,15 +140,12 @@ func removeCgroup(root string) error {
 	return errors.Join(errs...)
 }
 
-func rmdirRetry(dir string) error {
-	var err error
-	for range 50 {
-		if err = syscall.Rmdir(dir); err == nil || errors.Is(err, syscall.ENOENT) {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond) // the kernel frees a cgroup after its last process is reaped
-	}
-	return fmt.Errorf("removing cgroup %s: %w", dir, err)
+func rmdirRetry(ctx context.Context, dir string) error {
+	// The kernel frees a cgroup after its last process is reaped.
+	return poll(ctx, 100*time.Millisecond, 5*time.Second, "cgroup "+dir+" to be removable", func() (bool, error) {
+		err := syscall.Rmdir(dir)
+		return err == nil || errors.Is(err, syscall.ENOENT), nil
+	})
 }
 
 func readPIDs(file string) []int {

@@ -256,42 +256,35 @@ func (s *services) publishPolicy(ctx context.Context, configPath string, compone
 	return nil
 }
 
-// waitReady polls until every node but the tampered ones is Ready.
-func (s *services) waitReady(ctx context.Context, workers []*NodeSpec, tampered []string, p *progress) error {
+// waitReady waits until the control plane and workers are Ready.
+func (s *services) waitReady(ctx context.Context, workers []*NodeSpec, p *progress) error {
 	want := []string{s.cp.Name}
 	for _, w := range workers {
-		if !slices.Contains(tampered, w.Name) {
-			want = append(want, w.Name)
-		}
+		want = append(want, w.Name)
 	}
-	deadline := time.Now().Add(5 * time.Minute)
 	reported := map[string]bool{}
-	for {
+	ready := 0
+	err := poll(ctx, time.Second, 5*time.Minute, "every node to be Ready", func() (bool, error) {
 		nodes, err := s.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		ready := 0
-		if err == nil {
-			for _, n := range nodes.Items {
-				if slices.Contains(want, n.Name) && nodeReady(&n) {
-					ready++
-					if !reported[n.Name] {
-						reported[n.Name] = true
-						p.step("Node %s is Ready", n.Name)
-					}
+		if err != nil {
+			return false, nil //nolint:nilerr // the API server may be restarting: keep polling
+		}
+		ready = 0
+		for _, n := range nodes.Items {
+			if slices.Contains(want, n.Name) && nodeReady(&n) {
+				ready++
+				if !reported[n.Name] {
+					reported[n.Name] = true
+					p.step("Node %s is Ready", n.Name)
 				}
 			}
 		}
-		if ready == len(want) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d nodes Ready after 5 minutes (see %s/nodes/*/logs)", ready, len(want), s.dir)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
+		return ready == len(want), nil
+	})
+	if err != nil {
+		return fmt.Errorf("%d of %d nodes Ready (see %s/nodes/*/logs): %w", ready, len(want), s.dir, err)
 	}
+	return nil
 }
 
 func nodeReady(n *corev1.Node) bool {

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 	"github.com/gatehouse-dev/gatehouse/mini/images"
 )
@@ -39,8 +40,11 @@ type Options struct {
 	KubeBinDir string
 	// KubernetesVersion is the version those binaries are.
 	KubernetesVersion string
-	// Tampered names workers that measure a changed boot manifest (tests).
-	Tampered []string
+	// BootManifest, when set, changes what node measures at boot (its boot
+	// manifest, given as the cluster's reference value). A node whose
+	// manifest differs fails attestation and is not waited for; the CLI's
+	// hidden --tamper flag uses this to show a refused node.
+	BootManifest func(node string, manifest []byte) []byte
 	// Out receives progress.
 	Out io.Writer
 	// Init initialises the cluster as `gatehouse init` does: it verifies the
@@ -62,12 +66,64 @@ func bootManifest(version, imagesDigest string) []byte {
 }
 
 // Up creates the local cluster: one control plane and opts.Workers workers.
+// It runs the phases below in order and stops at the first failure,
+// saying where the node logs are (`gatehouse mini down` removes what was
+// made; the record in opts.Dir says what that is).
 func Up(ctx context.Context, opts Options) (err error) {
-	p := &progress{out: opts.Out, start: time.Now()}
-	if running, err := exists(opts.Dir); err != nil {
+	u := &up{opts: opts, p: &progress{out: opts.Out, start: time.Now()}}
+	if err := u.preflight(); err != nil {
+		return err
+	}
+	if err := u.createRecord(); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			u.p.step("Failed: %v. Node logs are under %s/nodes/*/logs; `gatehouse mini down` removes everything.", err, opts.Dir)
+		}
+	}()
+	for _, phase := range []func(context.Context) error{
+		u.buildImages, // the node images, from the pinned binaries
+		u.createNetwork,
+		u.initControlPlane,
+		u.installServices, // key service and join service
+		u.startWorkers,
+		u.waitReady,
+	} {
+		if err := phase(ctx); err != nil {
+			return err
+		}
+	}
+	u.p.step("The cluster is up.")
+	fmt.Fprintf(opts.Out, "\nkubeconfig: %s\n  export KUBECONFIG=%s\n\n", u.rec.Kubeconfig, u.rec.Kubeconfig)
+	return u.svc.printNodes(ctx, opts.Out)
+}
+
+// up is one `mini up`: what each phase leaves for the next.
+type up struct {
+	opts Options
+	p    *progress
+	rec  *Record
+
+	archive, pause string // the image archive and the pause image's reference
+	manifest       []byte // what every node measures besides its bootstrapper
+	initSecret     string // file of the init secret the CLI sends
+	hashFile       string // file of its bcrypt hash, given to the control plane
+	cp             *NodeSpec
+	aks            [][]byte // attestation keys, control plane first
+	components     []*componentsv1.Component
+	config         string // the cluster configuration file
+	svc            *services
+	workers        []*NodeSpec
+}
+
+// preflight refuses to start over a running cluster or on a machine that
+// lacks what a local cluster needs.
+func (u *up) preflight() error {
+	if running, err := exists(u.opts.Dir); err != nil {
 		return err
 	} else if running {
-		return fmt.Errorf("a local cluster already runs from %s; run `gatehouse mini down` first", opts.Dir)
+		return fmt.Errorf("a local cluster already runs from %s; run `gatehouse mini down` first", u.opts.Dir)
 	}
 	if _, err := net.InterfaceByName(bridgeName); err == nil {
 		return fmt.Errorf("a local cluster already runs (its bridge %s exists), from another directory; run `gatehouse mini down --dir <its directory>` first", bridgeName)
@@ -75,40 +131,45 @@ func Up(ctx context.Context, opts Options) (err error) {
 	if err := CheckPrerequisites(); err != nil {
 		return fmt.Errorf("this machine lacks what a local cluster needs:\n%w", err)
 	}
-	if err := checkBinaries(opts); err != nil {
-		return err
-	}
+	return checkBinaries(u.opts)
+}
 
-	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+// createRecord makes the cluster directory and its record, which
+// `gatehouse mini down` reads to remove what each phase makes.
+func (u *up) createRecord() error {
+	if err := os.MkdirAll(u.opts.Dir, 0o700); err != nil {
 		return err
 	}
-	rec := &Record{Created: time.Now().UTC(), Dir: opts.Dir}
-	if err := rec.save(); err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			p.step("Failed: %v. Node logs are under %s/nodes/*/logs; `gatehouse mini down` removes everything.", err, opts.Dir)
-		}
-	}()
+	u.rec = &Record{Created: time.Now().UTC(), Dir: u.opts.Dir}
+	return u.rec.save()
+}
 
-	p.step("Building the node images from the pinned binaries")
-	archive := filepath.Join(opts.Dir, "images.tar")
-	pause, err := buildImages(ctx, opts, archive)
+// buildImages writes the image archive every node imports and fixes the
+// boot manifest, which names the archive's digest.
+func (u *up) buildImages(ctx context.Context) error {
+	u.p.step("Building the node images from the pinned binaries")
+	u.archive = filepath.Join(u.opts.Dir, "images.tar")
+	var err error
+	if u.pause, err = buildImages(ctx, u.opts, u.archive); err != nil {
+		return err
+	}
+	imagesDigest, err := fileDigest(u.archive)
 	if err != nil {
 		return err
 	}
-	imagesDigest, err := fileDigest(archive)
-	if err != nil {
-		return err
-	}
+	u.manifest = bootManifest(u.opts.KubernetesVersion, imagesDigest)
+	return nil
+}
 
-	p.step("Creating the cluster network (bridge %s, %s.0/24)", bridgeName, subnet)
+// createNetwork creates the cluster bridge, the host's address on it, and
+// the init secret files.
+func (u *up) createNetwork(ctx context.Context) error {
+	u.p.step("Creating the cluster network (bridge %s, %s.0/24)", bridgeName, subnet)
 	if err := run(ctx, "ip", "link", "add", bridgeName, "type", "bridge"); err != nil {
 		return err
 	}
-	rec.Bridge = bridgeName
-	if err := rec.save(); err != nil {
+	u.rec.Bridge = bridgeName
+	if err := u.rec.save(); err != nil {
 		return err
 	}
 	if err := run(ctx, "ip", "addr", "add", subnet+".1/24", "dev", bridgeName); err != nil {
@@ -117,95 +178,104 @@ func Up(ctx context.Context, opts Options) (err error) {
 	if err := run(ctx, "ip", "link", "set", bridgeName, "up"); err != nil {
 		return err
 	}
+	var err error
+	u.initSecret, u.hashFile, err = initSecretFiles(u.opts.Dir)
+	return err
+}
 
-	initSecret, hashFile, err := initSecretFiles(opts.Dir)
+// newSpec is node i's specification; the hook in Options may change what
+// it measures at boot.
+func (u *up) newSpec(i int, name string) *NodeSpec {
+	manifest := u.manifest
+	if u.opts.BootManifest != nil {
+		manifest = u.opts.BootManifest(name, bytes.Clone(manifest))
+	}
+	return &NodeSpec{
+		Name: name, IP: fmt.Sprintf("%s.%d", subnet, 10+i), Gateway: subnet + ".1",
+		Dir: filepath.Join(u.opts.Dir, "nodes", name), NetNS: "gh-" + name,
+		BinDir: u.opts.BinDir, KubeBinDir: u.opts.KubeBinDir, Images: u.archive, PauseImage: u.pause,
+		PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), CgroupRoot: "/gh-" + name,
+		BootManifest: manifest, InitSecretHashFile: u.hashFile,
+	}
+}
+
+// initControlPlane starts the control plane, pins its attestation key in
+// the cluster configuration and initialises the cluster through it as
+// `gatehouse init` does (Options.Init).
+func (u *up) initControlPlane(ctx context.Context) error {
+	u.cp = u.newSpec(0, "cp-0")
+	u.cp.ControlPlane, u.cp.Init = true, true
+	u.p.step("Starting node %s (%s): network and mount namespaces, containerd, TPM, state disk", u.cp.Name, u.cp.IP)
+	if err := startNode(ctx, u.opts, u.rec, u.cp); err != nil {
+		return err
+	}
+	cpAK, err := waitFile(ctx, u.cp.akFile(), time.Minute)
 	if err != nil {
+		return fmt.Errorf("node %s: %w (see %s)", u.cp.Name, err, filepath.Join(u.cp.logDir(), "agent.log"))
+	}
+	u.aks = [][]byte{cpAK}
+	if u.components, err = miniComponents(u.opts.KubernetesVersion, u.opts.KubeBinDir); err != nil {
 		return err
 	}
-	manifest := bootManifest(opts.KubernetesVersion, imagesDigest)
-	newSpec := func(i int, name string) *NodeSpec {
-		return &NodeSpec{
-			Name: name, IP: fmt.Sprintf("%s.%d", subnet, 10+i), Gateway: subnet + ".1",
-			Dir: filepath.Join(opts.Dir, "nodes", name), NetNS: "gh-" + name,
-			BinDir: opts.BinDir, KubeBinDir: opts.KubeBinDir, Images: archive, PauseImage: pause,
-			PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), CgroupRoot: "/gh-" + name,
-			BootManifest: manifest, InitSecretHashFile: hashFile,
-		}
+	u.config = filepath.Join(u.opts.Dir, "gatehouse-config.yaml")
+	if err := writeClusterConfig(u.config, u.opts, u.manifest, u.aks); err != nil {
+		return err
 	}
+	u.p.step("Initialising the cluster on %s (attested init, real kubeadm init)", u.cp.Name)
+	if err := u.opts.Init(ctx, u.opts.Dir, u.config, fmt.Sprintf("%s:%d", u.cp.IP, InitPort), u.initSecret, u.components); err != nil {
+		return err
+	}
+	u.rec.Kubeconfig = filepath.Join(u.opts.Dir, clusterconfig.DefaultKubeconfig)
+	return u.rec.save()
+}
 
-	cp := newSpec(0, "cp-0")
-	cp.ControlPlane, cp.Init = true, true
-	p.step("Starting node %s (%s): network and mount namespaces, containerd, TPM, state disk", cp.Name, cp.IP)
-	if err := startNode(ctx, opts, rec, cp); err != nil {
-		return err
-	}
-	cpAK, err := waitFile(ctx, cp.akFile(), time.Minute)
-	if err != nil {
-		return fmt.Errorf("node %s: %w (see %s)", cp.Name, err, filepath.Join(cp.logDir(), "agent.log"))
-	}
+// installServices installs the key service and the join service.
+func (u *up) installServices(ctx context.Context) error {
+	u.p.step("Installing the key service and the join service on %s (Helm charts, local images)", u.cp.Name)
+	var err error
+	u.svc, err = deployServices(ctx, u.opts, u.cp, u.rec.Kubeconfig, u.config, u.components)
+	return err
+}
 
-	components, err := miniComponents(opts.KubernetesVersion, opts.KubeBinDir)
-	if err != nil {
-		return err
-	}
-	config := filepath.Join(opts.Dir, "gatehouse-config.yaml")
-	if err := writeClusterConfig(config, opts, manifest, [][]byte{cpAK}); err != nil {
-		return err
-	}
-	p.step("Initialising the cluster on %s (attested init, real kubeadm init)", cp.Name)
-	if err := opts.Init(ctx, opts.Dir, config, fmt.Sprintf("%s:%d", cp.IP, InitPort), initSecret, components); err != nil {
-		return err
-	}
-	rec.Kubeconfig = filepath.Join(opts.Dir, "gatehouse-admin.conf")
-	if err := rec.save(); err != nil {
-		return err
-	}
-
-	p.step("Installing the key service and the join service on %s (Helm charts, local images)", cp.Name)
-	svc, err := deployServices(ctx, opts, cp, rec.Kubeconfig, config, components)
-	if err != nil {
-		return err
-	}
-
-	var workers []*NodeSpec
-	for i := 1; i <= opts.Workers; i++ {
-		w := newSpec(i, fmt.Sprintf("worker-%d", i))
-		w.JoinEndpoints = []string{fmt.Sprintf("%s:%d", cp.IP, JoinPort)}
-		w.CACertHash = svc.caHash
-		for _, t := range opts.Tampered {
-			if t == w.Name {
-				w.BootManifest = append(bytes.Clone(manifest[:len(manifest)-1]), manifest[len(manifest)-1]^1)
-			}
-		}
-		p.step("Starting node %s (%s)", w.Name, w.IP)
-		if err := startNode(ctx, opts, rec, w); err != nil {
+// startWorkers starts the workers, pointed at the join service, and
+// trusts their attestation keys in the join policy.
+func (u *up) startWorkers(ctx context.Context) error {
+	for i := 1; i <= u.opts.Workers; i++ {
+		w := u.newSpec(i, fmt.Sprintf("worker-%d", i))
+		w.JoinEndpoints = []string{fmt.Sprintf("%s:%d", u.cp.IP, JoinPort)}
+		w.CACertHash = u.svc.caHash
+		u.p.step("Starting node %s (%s)", w.Name, w.IP)
+		if err := startNode(ctx, u.opts, u.rec, w); err != nil {
 			return err
 		}
-		workers = append(workers, w)
+		u.workers = append(u.workers, w)
 	}
-	aks := [][]byte{cpAK}
-	for _, w := range workers {
+	for _, w := range u.workers {
 		ak, err := waitFile(ctx, w.akFile(), time.Minute)
 		if err != nil {
 			return fmt.Errorf("node %s: %w", w.Name, err)
 		}
-		aks = append(aks, ak)
+		u.aks = append(u.aks, ak)
 	}
-	p.step("Trusting the workers' attestation keys in the join policy")
-	if err := writeClusterConfig(config, opts, manifest, aks); err != nil {
+	u.p.step("Trusting the workers' attestation keys in the join policy")
+	if err := writeClusterConfig(u.config, u.opts, u.manifest, u.aks); err != nil {
 		return err
 	}
-	if err := svc.publishPolicy(ctx, config, components); err != nil {
-		return err
-	}
+	return u.svc.publishPolicy(ctx, u.config, u.components)
+}
 
-	p.step("Waiting for the workers to join through the join service and every node to be Ready")
-	if err := svc.waitReady(ctx, workers, opts.Tampered, p); err != nil {
-		return err
+// waitReady waits for every node that measures the cluster's reference
+// boot manifest to be Ready; one that measures something else fails
+// attestation, as it should, and is not waited for.
+func (u *up) waitReady(ctx context.Context) error {
+	u.p.step("Waiting for the workers to join through the join service and every node to be Ready")
+	var expected []*NodeSpec
+	for _, w := range u.workers {
+		if bytes.Equal(w.BootManifest, u.manifest) {
+			expected = append(expected, w)
+		}
 	}
-	p.step("The cluster is up.")
-	fmt.Fprintf(opts.Out, "\nkubeconfig: %s\n  export KUBECONFIG=%s\n\n", rec.Kubeconfig, rec.Kubeconfig)
-	return svc.printNodes(ctx, opts.Out)
+	return u.svc.waitReady(ctx, expected, u.p)
 }
 
 // progress prints numbered steps with the time since the start.
@@ -405,32 +475,24 @@ func startNode(ctx context.Context, opts Options, rec *Record, s *NodeSpec) erro
 	nr.AgentPID = cmd.Process.Pid
 	go func() { _ = cmd.Wait() }()
 	// The agent's mount namespace is unshare's once it has exec'd the agent.
-	deadline := time.Now().Add(10 * time.Second)
 	host, _ := mountNS(os.Getpid())
-	for time.Now().Before(deadline) {
-		if ns, err := mountNS(cmd.Process.Pid); err == nil && ns != host {
-			nr.AgentMountNS = ns
-			break
+	err = poll(ctx, 50*time.Millisecond, 10*time.Second, "the agent of "+s.Name+" to enter its mount namespace", func() (bool, error) {
+		ns, err := mountNS(cmd.Process.Pid)
+		if err != nil || ns == host {
+			return false, nil
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return rec.save()
+		nr.AgentMountNS = ns
+		return true, nil
+	})
+	// The record names the agent either way, for `gatehouse mini down`.
+	return errors.Join(err, rec.save())
 }
 
 // waitFile polls for path and returns its content.
-func waitFile(ctx context.Context, path string, timeout time.Duration) ([]byte, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		if data, err := os.ReadFile(path); err == nil && len(data) > 0 {
-			return data, nil
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%s did not appear within %s", path, timeout)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+func waitFile(ctx context.Context, path string, timeout time.Duration) (data []byte, err error) {
+	err = poll(ctx, 200*time.Millisecond, timeout, path, func() (bool, error) {
+		data, err = os.ReadFile(path)
+		return err == nil && len(data) > 0, nil
+	})
+	return data, err
 }
