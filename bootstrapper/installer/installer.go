@@ -22,6 +22,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
+
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/components"
 )
@@ -98,6 +100,11 @@ func (i *Installer) install(ctx context.Context, c *componentsv1.Component) erro
 	}
 	// The download lands next to its destination, so moving it into place
 	// is a rename on one file system.
+	if !c.GetExtract() {
+		return atomicfile.WriteFunc(c.GetInstallPath(), 0o755, func(f *os.File) error {
+			return i.download(ctx, c.GetUrl(), f, want)
+		})
+	}
 	tmp, err := os.CreateTemp(dir, ".gatehouse-download-*")
 	if err != nil {
 		return err
@@ -106,13 +113,23 @@ func (i *Installer) install(ctx context.Context, c *componentsv1.Component) erro
 		_ = tmp.Close()
 		_ = os.Remove(tmp.Name())
 	}()
+	if err := i.download(ctx, c.GetUrl(), tmp, want); err != nil {
+		return err
+	}
+	return extract(tmp, c.GetInstallPath())
+}
+
+// download fetches url into f and checks its digest, retrying transient
+// failures with backoff up to the configured attempts; a digest mismatch
+// is never retried.
+func (i *Installer) download(ctx context.Context, url string, f *os.File, want []byte) error {
 	backoff := i.opts.Backoff
 	for attempt := 1; ; attempt++ {
-		err = i.fetchVerified(ctx, c.GetUrl(), tmp, want)
+		err := i.fetchVerified(ctx, url, f, want)
 		if err == nil || errors.Is(err, ErrHashMismatch) || !transient(err) || attempt == i.opts.Attempts {
-			break
+			return err
 		}
-		i.opts.Log.Warn("Download failed; retrying", "url", c.GetUrl(), "attempt", attempt, "error", err.Error())
+		i.opts.Log.Warn("Download failed; retrying", "url", redact(url), "attempt", attempt, "error", err.Error())
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -120,19 +137,6 @@ func (i *Installer) install(ctx context.Context, c *componentsv1.Component) erro
 		}
 		backoff = min(2*backoff, 30*time.Second)
 	}
-	if err != nil {
-		return err
-	}
-	if c.GetExtract() {
-		return extract(tmp, c.GetInstallPath())
-	}
-	if err := tmp.Chmod(0o755); err != nil {
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), c.GetInstallPath())
 }
 
 // transientError marks a failure worth retrying.

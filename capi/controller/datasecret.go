@@ -29,7 +29,7 @@ func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte) error
 		if err != nil {
 			return err
 		}
-		if err := r.ensureFinalizer(ctx, s.config, false); err != nil {
+		if err := r.ensureFinalizer(ctx, s, false); err != nil {
 			return err
 		}
 		key := objectKey(s.config)

@@ -18,6 +18,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kubeadmtypes "sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/types"
 	"sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/types/upstream"
+	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -214,7 +215,7 @@ func (r *Reconciler) discovery(ctx context.Context, s *scope, join *cabpkv1.Join
 	if bt.Token != "" {
 		return nil, nil
 	}
-	if err := r.ensureFinalizer(ctx, s.config, true); err != nil {
+	if err := r.ensureFinalizer(ctx, s, true); err != nil {
 		return nil, err
 	}
 	wc, err := r.workload.ClientFor(ctx, s.clusterKey())
@@ -352,29 +353,28 @@ func setCertificates(config *bootstrapv1.KubeadmConfig, ok bool, reason, message
 }
 
 // ensureFinalizer adds the cleanup finalizer (and marks a managed token)
-// before anything outside the config's Secret is created: it is written at
-// once, on a copy, so config keeps the resourceVersion the reconcile's
-// patch helper started from (the helper writes the same change again,
-// which changes nothing).
-func (r *Reconciler) ensureFinalizer(ctx context.Context, config *bootstrapv1.KubeadmConfig, managedToken bool) error {
+// before anything outside the config's Secret is created: the patch
+// helper writes it at once, and starts over from what is now written.
+func (r *Reconciler) ensureFinalizer(ctx context.Context, s *scope, managedToken bool) error {
+	config := s.config
 	if controllerutil.ContainsFinalizer(config, Finalizer) && (!managedToken || config.Annotations[annotationManagedToken] == "true") {
 		return nil
 	}
-	mark := func(c *bootstrapv1.KubeadmConfig) {
-		controllerutil.AddFinalizer(c, Finalizer)
-		if managedToken {
-			if c.Annotations == nil {
-				c.Annotations = map[string]string{}
-			}
-			c.Annotations[annotationManagedToken] = "true"
+	controllerutil.AddFinalizer(config, Finalizer)
+	if managedToken {
+		if config.Annotations == nil {
+			config.Annotations = map[string]string{}
 		}
+		config.Annotations[annotationManagedToken] = "true"
 	}
-	marked := config.DeepCopy()
-	mark(marked)
-	if err := r.client.Patch(ctx, marked, client.MergeFrom(config)); err != nil {
+	if err := s.patch.Patch(ctx, config); err != nil {
 		return fmt.Errorf("adding the cleanup finalizer: %w", err)
 	}
-	mark(config)
+	helper, err := patch.NewHelper(config, r.client)
+	if err != nil {
+		return fmt.Errorf("preparing the status patch: %w", err)
+	}
+	s.patch = helper
 	return nil
 }
 

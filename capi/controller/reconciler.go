@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,9 +46,9 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/locking"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
-	"sigs.k8s.io/cluster-api/util/paused"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -221,6 +222,9 @@ type scope struct {
 	config  *bootstrapv1.KubeadmConfig
 	machine *clusterv1.Machine
 	cluster *clusterv1.Cluster
+	// patch writes config's changes at the end of the reconcile (Cluster
+	// API's patch helper); nil when nothing more is to be written.
+	patch *patch.Helper
 }
 
 func (s *scope) clusterKey() client.ObjectKey { return client.ObjectKeyFromObject(s.cluster) }
@@ -259,15 +263,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 	if !config.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, r.reconcileDelete(ctx, config)
 	}
-	helper, err := patch.NewHelper(config, r.client)
-	if err != nil {
+	s := &scope{config: config}
+	if s.patch, err = patch.NewHelper(config, r.client); err != nil {
 		return reconcile.Result{}, fmt.Errorf("preparing the status patch: %w", err)
 	}
 	defer func() {
-		if helper == nil {
-			return // paused: EnsurePausedCondition wrote the status
+		if s.patch == nil {
+			return // deleted, or paused (the Paused condition is written)
 		}
-		if patchErr := r.patchStatus(ctx, helper, config, err == nil); patchErr != nil {
+		if patchErr := r.patchStatus(ctx, s, err == nil); patchErr != nil {
 			err = errors.Join(err, patchErr)
 		}
 	}()
@@ -279,7 +283,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 	if gone {
 		// The Machine is deleted; the garbage collector deletes the config
 		// too, but do not wait for it to clean up tokens and objects.
-		helper = nil
+		s.patch = nil
 		return reconcile.Result{}, client.IgnoreNotFound(r.client.Delete(ctx, config, client.Preconditions{UID: &config.UID}))
 	}
 	if machine == nil {
@@ -290,18 +294,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 	if err := r.client.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: machine.Spec.ClusterName}, cluster); err != nil {
 		return reconcile.Result{}, fmt.Errorf("reading Cluster %s: %w", machine.Spec.ClusterName, err)
 	}
+	s.machine, s.cluster = machine, cluster
 	log = log.WithValues("Machine", klog.KObj(machine), "Cluster", klog.KObj(cluster))
 	ctx = ctrl.LoggerInto(ctx, log)
-	// EnsurePausedCondition writes the Paused condition itself.
-	isPaused, _, err := paused.EnsurePausedCondition(ctx, r.client, cluster, config)
-	if err != nil || isPaused {
-		helper = nil
-		return reconcile.Result{}, err
+	if annotations.IsPaused(cluster, config) {
+		// Only the Paused condition changes while paused.
+		setPaused(config, cluster)
+		err := s.patch.Patch(ctx, config, patch.WithOwnedConditions{Conditions: []string{clusterv1.PausedCondition}})
+		s.patch = nil
+		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if helper, err = patch.NewHelper(config, r.client); err != nil {
-		return reconcile.Result{}, fmt.Errorf("preparing the status patch: %w", err)
-	}
-	s := &scope{config: config, machine: machine, cluster: cluster}
 	if config.Status.DataSecretName != nil {
 		return r.reconcileToken(ctx, s)
 	}
@@ -539,6 +541,26 @@ func readyReason(issues, unknown, _ []conditions.ConditionWithOwnerInfo) string 
 	return ReasonDataSecretAvailable
 }
 
+// setPaused sets Cluster API's Paused condition (its reasons and
+// messages, as util/paused): True while the Cluster's spec.paused or the
+// config's cluster.x-k8s.io/paused annotation is set. It is written with
+// the reconcile's other status changes, not by a patch of its own.
+func setPaused(config *bootstrapv1.KubeadmConfig, cluster *clusterv1.Cluster) {
+	var why []string
+	if ptr.Deref(cluster.Spec.Paused, false) {
+		why = append(why, "Cluster spec.paused is set to true")
+	}
+	if annotations.HasPaused(config) {
+		why = append(why, "KubeadmConfig has the cluster.x-k8s.io/paused annotation")
+	}
+	c := metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionFalse, Reason: clusterv1.NotPausedReason}
+	if len(why) > 0 {
+		c.Status, c.Reason, c.Message = metav1.ConditionTrue, clusterv1.PausedReason, strings.Join(why, ", ")
+	}
+	c.ObservedGeneration = config.Generation
+	conditions.Set(config, c)
+}
+
 // setReady sets Ready as the summary of the other conditions.
 func setReady(config *bootstrapv1.KubeadmConfig) error {
 	if meta.FindStatusCondition(config.Status.Conditions, ConditionDataSecretAvailable) == nil {
@@ -557,7 +579,11 @@ func setReady(config *bootstrapv1.KubeadmConfig) error {
 // patchStatus sets the summary Ready condition from every other condition
 // and, after a successful reconcile, status.observedGeneration, and writes
 // the config's changes with the patch helper (owning our conditions).
-func (r *Reconciler) patchStatus(ctx context.Context, helper *patch.Helper, config *bootstrapv1.KubeadmConfig, succeeded bool) error {
+func (r *Reconciler) patchStatus(ctx context.Context, s *scope, succeeded bool) error {
+	config := s.config
+	if s.cluster != nil {
+		setPaused(config, s.cluster)
+	}
 	if err := setReady(config); err != nil {
 		return err
 	}
@@ -567,7 +593,7 @@ func (r *Reconciler) patchStatus(ctx context.Context, helper *patch.Helper, conf
 	if succeeded {
 		config.Status.ObservedGeneration = config.Generation
 	}
-	err := helper.Patch(ctx, config, patch.WithOwnedConditions{Conditions: []string{
+	err := s.patch.Patch(ctx, config, patch.WithOwnedConditions{Conditions: []string{
 		ConditionReady, ConditionDataSecretAvailable, ConditionCertificatesAvailable, clusterv1.PausedCondition,
 	}})
 	return client.IgnoreNotFound(err)
