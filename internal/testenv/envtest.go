@@ -15,7 +15,7 @@ import (
 // files of a kubeadm-style PKI use New.
 func NewEnvtest(t testing.TB, crdDirs ...string) *rest.Config {
 	t.Helper()
-	cfg, stop, err := StartEnvtest(crdDirs...)
+	cfg, stop, err := startEnvtest(crdDirs...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,10 +27,8 @@ func NewEnvtest(t testing.TB, crdDirs ...string) *rest.Config {
 	return cfg
 }
 
-// StartEnvtest is NewEnvtest for a package's TestMain, where one
-// environment serves all of the package's tests (Cluster API's
-// suite_test.go pattern): the caller calls stop after m.Run.
-func StartEnvtest(crdDirs ...string) (cfg *rest.Config, stop func() error, err error) {
+// startEnvtest starts envtest; the caller stops it.
+func startEnvtest(crdDirs ...string) (cfg *rest.Config, stop func() error, err error) {
 	dir, err := BinDir()
 	if err != nil {
 		return nil, nil, err

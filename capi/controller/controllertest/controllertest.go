@@ -24,6 +24,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -50,21 +51,24 @@ type Env struct {
 // ends.
 func NewEnv(t testing.TB) *Env {
 	t.Helper()
-	e, stop, err := Start(t.Context())
+	core, _ := testenv.ClusterAPICRDs(t)
+	crds, err := crdDir()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Errorf("stopping envtest: %v", err)
-		}
-	})
+	e, err := newEnv(testenv.NewEnvtest(t, core, crds))
+	if err != nil {
+		t.Fatal(err)
+	}
 	return e
 }
 
 // Start starts the API server for a package's TestMain, where one serves
 // all of the package's tests, each in namespaces of its own (Cluster API's
-// suite_test.go pattern). The caller calls stop after m.Run.
+// suite_test.go pattern). The caller calls stop after m.Run. It runs on
+// internal/testenv's processes, which die with the test binary even when a
+// test panics and TestMain's stop never runs, with the CRDs installed by
+// envtest.
 func Start(ctx context.Context) (e *Env, stop func() error, err error) {
 	core, _, err := testenv.ClusterAPICRDDirs(ctx)
 	if err != nil {
@@ -74,26 +78,38 @@ func Start(ctx context.Context) (e *Env, stop func() error, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg, stop, err := testenv.StartEnvtest(core, crds)
+	env, err := testenv.Start(ctx, testenv.Options{})
 	if err != nil {
 		return nil, nil, err
 	}
 	defer func() {
 		if err != nil {
-			_ = stop()
+			_ = env.Stop()
 		}
 	}()
+	if _, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{core, crds}, ErrorIfPathMissing: true}); err != nil {
+		return nil, nil, fmt.Errorf("installing CRDs: %w", err)
+	}
+	e, err = newEnv(env.Config)
+	if err != nil {
+		return nil, nil, err
+	}
+	return e, env.Stop, nil
+}
+
+// newEnv is the Env of an API server with the CRDs installed.
+func newEnv(cfg *rest.Config) (*Env, error) {
 	scheme := k8sruntime.NewScheme()
 	for _, add := range []func(*k8sruntime.Scheme) error{clientgoscheme.AddToScheme, clusterv1.AddToScheme, bootstrapv1.AddToScheme} {
 		if err := add(scheme); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return &Env{Config: cfg, Client: c, Scheme: scheme}, stop, nil
+	return &Env{Config: cfg, Client: c, Scheme: scheme}, nil
 }
 
 // crdDir is the repository's config/crd, found from this source file so
