@@ -79,6 +79,17 @@ func (e *env) reconciler(o controller.Config) *controller.Reconciler {
 	return controller.New(o)
 }
 
+// reconcileOnce calls r.Reconcile for cfg and reads cfg back; it returns
+// Reconcile's error.
+func (e *env) reconcileOnce(t *testing.T, r *controller.Reconciler, cfg *bootstrapv1.KubeadmConfig) error {
+	t.Helper()
+	_, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cfg)})
+	if gerr := e.Client.Get(t.Context(), client.ObjectKeyFromObject(cfg), cfg); gerr != nil {
+		t.Fatal(gerr)
+	}
+	return err
+}
+
 func readyReason(c *bootstrapv1.KubeadmConfig) string {
 	if cond := meta.FindStatusCondition(c.Status.Conditions, controller.ConditionReady); cond != nil {
 		return cond.Reason
@@ -251,10 +262,7 @@ func TestNoBaseTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := e.reconciler(controller.Config{})
-	if _, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cfg)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Client.Get(t.Context(), client.ObjectKeyFromObject(cfg), cfg); err != nil {
+	if err := e.reconcileOnce(t, r, cfg); err != nil {
 		t.Fatal(err)
 	}
 	cond := meta.FindStatusCondition(cfg.Status.Conditions, controller.ConditionDataSecretAvailable)

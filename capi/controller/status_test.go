@@ -9,7 +9,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
@@ -40,10 +39,7 @@ func TestReadySummarisesCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := e.reconciler(controller.Config{})
-	if _, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cfg)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Client.Get(t.Context(), client.ObjectKeyFromObject(cfg), cfg); err != nil {
+	if err := e.reconcileOnce(t, r, cfg); err != nil {
 		t.Fatal(err)
 	}
 	certs, ready := condition(cfg, controller.ConditionCertificatesAvailable), condition(cfg, controller.ConditionReady)
@@ -74,16 +70,9 @@ func TestPausedCondition(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := e.reconciler(controller.Config{})
-	reconcile := func() {
-		t.Helper()
-		if _, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cfg)}); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Client.Get(t.Context(), client.ObjectKeyFromObject(cfg), cfg); err != nil {
-			t.Fatal(err)
-		}
+	if err := e.reconcileOnce(t, r, cfg); err != nil {
+		t.Fatal(err)
 	}
-	reconcile()
 	if p := condition(cfg, clusterv1.PausedCondition); p == nil || p.Status != metav1.ConditionTrue {
 		t.Fatalf("Paused = %+v, want True", p)
 	}
@@ -98,7 +87,9 @@ func TestPausedCondition(t *testing.T) {
 	if err := e.Client.Update(t.Context(), cluster); err != nil {
 		t.Fatal(err)
 	}
-	reconcile()
+	if err := e.reconcileOnce(t, r, cfg); err != nil {
+		t.Fatal(err)
+	}
 	if p := condition(cfg, clusterv1.PausedCondition); p == nil || p.Status != metav1.ConditionFalse {
 		t.Fatalf("Paused = %+v after unpausing, want False", p)
 	}
@@ -120,11 +111,8 @@ func TestObservedGenerationOnlyOnSuccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := controller.New(controller.Config{Client: e.Client, APIReader: e.Client, LockClient: e.Client, Workload: brokenWorkload{}})
-	if _, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cfg)}); err == nil {
+	if err := e.reconcileOnce(t, r, cfg); err == nil {
 		t.Fatal("Reconcile with an unreachable workload cluster succeeded")
-	}
-	if err := e.Client.Get(t.Context(), client.ObjectKeyFromObject(cfg), cfg); err != nil {
-		t.Fatal(err)
 	}
 	if cfg.Status.ObservedGeneration != 0 {
 		t.Fatalf("observedGeneration %d after a failed reconcile, want 0", cfg.Status.ObservedGeneration)

@@ -7,14 +7,12 @@
 package initservicev1
 
 import (
+	v1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
+	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
-
-	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
-	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
-
-	v1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 )
 
 const (
