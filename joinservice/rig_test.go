@@ -100,7 +100,7 @@ func serveRig(in io.Reader, out io.Writer) error {
 			return err
 		}
 		cpu := processCPU()
-		results, elapsed := runStorm(context.Background(), joiners, false, nil)
+		results, elapsed := runStorm(context.Background(), joiners, false, nil, nil)
 		report := rigReport{Elapsed: elapsed, CPU: processCPU() - cpu}
 		closeAll()
 		for _, r := range results {

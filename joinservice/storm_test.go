@@ -41,14 +41,14 @@ type stormResult struct {
 
 // joinStorm makes n simulated nodes join concurrently (see runStorm), with
 // this process's simulated TPM.
-func joinStorm(ctx context.Context, t testing.TB, h *harness, n int, retry bool, onTicket func()) ([]stormResult, time.Duration) {
+func joinStorm(ctx context.Context, t testing.TB, h *harness, n int, retry bool, onAttempt func(i int, err error), hold func(ctx context.Context, i int)) ([]stormResult, time.Duration) {
 	t.Helper()
 	joiners, closeAll, err := newJoiners(h.addr, h.caHash, h.node.attester, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeAll()
-	return runStorm(ctx, joiners, retry, onTicket)
+	return runStorm(ctx, joiners, retry, onAttempt, hold)
 }
 
 // joiner is one simulated node, ready to ask for its ticket.
@@ -90,9 +90,11 @@ func newJoiners(addr, caHash string, attester attestation.Attester, n int) ([]jo
 
 // runStorm has all joiners ask for their tickets at once. With retry, a
 // node retries Unavailable errors with exponential backoff and jitter (as
-// the bootstrapper's JoinClient does) until ctx ends. It returns each
-// node's outcome and the wall time until the last finished.
-func runStorm(ctx context.Context, joiners []joiner, retry bool, onTicket func()) ([]stormResult, time.Duration) {
+// the bootstrapper's JoinClient does) until ctx ends. onAttempt, if set,
+// runs after each of node i's requests with its error; hold, if set, runs
+// before node i's first request (it may block). It returns each node's
+// outcome and the wall time until the last finished.
+func runStorm(ctx context.Context, joiners []joiner, retry bool, onAttempt func(i int, err error), hold func(ctx context.Context, i int)) ([]stormResult, time.Duration) {
 	results := make([]stormResult, len(joiners))
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -100,16 +102,19 @@ func runStorm(ctx context.Context, joiners []joiner, retry bool, onTicket func()
 		wg.Go(func() {
 			r := &results[i]
 			r.name = j.name
+			if hold != nil {
+				hold(ctx, i)
+			}
 			backoff := 50 * time.Millisecond
 			for {
 				r.attempts++
 				began := time.Now()
 				r.ticket, r.err = j.client.IssueJoinTicket(ctx, j.req)
 				r.latency = time.Since(began)
+				if onAttempt != nil {
+					onAttempt(i, r.err)
+				}
 				if r.err == nil {
-					if onTicket != nil {
-						onTicket()
-					}
 					return
 				}
 				if !retry || status.Code(r.err) != codes.Unavailable {
@@ -171,26 +176,64 @@ func checkStorm(t testing.TB, h *harness, results []stormResult) {
 // tokens and certificates. Speed is measured by BenchmarkJoinStorm.
 func TestJoinStorm(t *testing.T) {
 	h := newHarness(t, harnessOptions{discardLog: true})
-	results, elapsed := joinStorm(t.Context(), t, h, stormNodes, false, nil)
+	results, elapsed := joinStorm(t.Context(), t, h, stormNodes, false, nil, nil)
 	checkStorm(t, h, results)
 	t.Logf("%d joins in %s (with -race; see BenchmarkJoinStorm for speed)", len(results), elapsed)
 }
 
 // TestJoinStormSurvivesAPIServerRestart restarts the API server while 200
-// nodes join. Nodes retry Unavailable errors; in the end each has exactly one
-// valid ticket and there is no orphaned token Secret.
+// nodes join: on the first ticket the API server is stopped; half the nodes
+// start only once it is down, and it comes back only after each of them
+// has tried once, so they meet it down for certain. Nodes retry
+// Unavailable errors; in the end each has exactly one valid ticket and
+// there is no orphaned token Secret.
 func TestJoinStormSurvivesAPIServerRestart(t *testing.T) {
 	h := newHarness(t, harnessOptions{discardLog: true})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	var once sync.Once
+	held := stormNodes / 2 // nodes [held, stormNodes) wait for the restart
+	var restart sync.Once
+	down := make(chan struct{})
+	tried := make([]sync.Once, stormNodes)
+	var heldTried sync.WaitGroup
+	heldTried.Add(stormNodes - held)
 	restarted := make(chan error, 1)
-	results, _ := joinStorm(ctx, t, h, stormNodes, true, func() {
+	onAttempt := func(i int, err error) {
+		if i >= held {
+			tried[i].Do(heldTried.Done)
+		}
+		if err != nil {
+			return
+		}
 		// The first ticket means the storm is under way: restart now.
-		once.Do(func() { go func() { restarted <- h.env.RestartAPIServer(ctx) }() })
-	})
-	if err := <-restarted; err != nil {
-		t.Fatal(err)
+		restart.Do(func() {
+			go func() {
+				if err := h.env.StopAPIServer(); err != nil {
+					restarted <- err
+					return
+				}
+				close(down)
+				heldTried.Wait()
+				restarted <- h.env.StartAPIServer(ctx)
+			}()
+		})
+	}
+	hold := func(ctx context.Context, i int) {
+		if i >= held {
+			select {
+			case <-down:
+			case <-ctx.Done():
+			}
+		}
+	}
+	results, _ := joinStorm(ctx, t, h, stormNodes, true, onAttempt, hold)
+	select {
+	case err := <-restarted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("no node got a ticket before the deadline, so the API server was never restarted")
 	}
 	checkStorm(t, h, results)
 	retried := slices.IndexFunc(results, func(r stormResult) bool { return r.attempts > 1 })

@@ -346,17 +346,36 @@ func (e *Env) Stop() error {
 }
 
 // RestartAPIServer stops kube-apiserver (SIGTERM, as a rolling restart
-// does) and starts it again on the same port with the same state, returning
-// once it is ready. Clients see connection errors in between. For fault
-// tests.
+// does) and starts it again with the same flags, data and PKI, returning
+// once it is ready again.
 func (e *Env) RestartAPIServer(ctx context.Context) error {
+	if err := e.StopAPIServer(); err != nil {
+		return err
+	}
+	return e.StartAPIServer(ctx)
+}
+
+// StopAPIServer stops kube-apiserver (SIGTERM, then SIGKILL after the
+// grace period) and returns once it is gone; StartAPIServer brings it back.
+func (e *Env) StopAPIServer() error {
+	p, err := e.apiServer()
+	if err != nil {
+		return err
+	}
+	p.stop()
+	return nil
+}
+
+// StartAPIServer starts a stopped kube-apiserver again with the same flags,
+// data and PKI, and returns once its /readyz answers.
+func (e *Env) StartAPIServer(ctx context.Context) error {
 	for i, p := range e.procs {
 		if p.name != "kube-apiserver" {
 			continue
 		}
-		started, err := p.restart()
+		started, err := p.restart() // p is stopped already: this starts it
 		if err != nil {
-			return fmt.Errorf("restarting kube-apiserver: %w", err)
+			return fmt.Errorf("starting kube-apiserver again: %w", err)
 		}
 		e.procs[i] = started
 		client, err := e.Clientset()
@@ -368,7 +387,16 @@ func (e *Env) RestartAPIServer(ctx context.Context) error {
 			return err
 		})
 	}
-	return errors.New("restarting kube-apiserver: the environment has none")
+	return errors.New("starting kube-apiserver: the environment has none")
+}
+
+func (e *Env) apiServer() (*process, error) {
+	for _, p := range e.procs {
+		if p.name == "kube-apiserver" {
+			return p, nil
+		}
+	}
+	return nil, errors.New("the environment has no kube-apiserver")
 }
 
 // PIDs returns the process IDs of the running components, by name.
