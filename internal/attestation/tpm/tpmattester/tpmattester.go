@@ -110,3 +110,41 @@ func (a *Attester) Close() error {
 	a.ak.Close()
 	return nil
 }
+
+// ActivateCredential answers a credential activation challenge
+// (tpm.NewActivationChallenge) made for this attester's AK under the TPM's
+// RSA EK (the TCG default template, client.EndorsementKeyRSA):
+// TPM2_ActivateCredential, with the EK's policy satisfied by
+// PolicySecret(TPM_RH_ENDORSEMENT). It returns the challenge's secret; a
+// TPM that does not hold both keys cannot recover it, and the TPM refuses.
+// credential and encryptedSecret are the challenge's TPM2B encodings.
+func (a *Attester) ActivateCredential(credential, encryptedSecret []byte) ([]byte, error) {
+	if len(credential) < 2 || len(encryptedSecret) < 2 {
+		return nil, errors.New("activating the credential: challenge too short")
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ek, err := client.EndorsementKeyRSA(a.tpm)
+	if err != nil {
+		return nil, fmt.Errorf("loading the endorsement key: %w", err)
+	}
+	defer ek.Close()
+	session, _, err := tpm2.StartAuthSession(a.tpm, tpm2.HandleNull, tpm2.HandleNull, make([]byte, 16), nil,
+		tpm2.SessionPolicy, tpm2.AlgNull, tpm2.AlgSHA256)
+	if err != nil {
+		return nil, fmt.Errorf("starting the EK policy session: %w", err)
+	}
+	defer func() { _ = tpm2.FlushContext(a.tpm, session) }()
+	password := tpm2.AuthCommand{Session: tpm2.HandlePasswordSession, Attributes: tpm2.AttrContinueSession}
+	if _, _, err := tpm2.PolicySecret(a.tpm, tpm2.HandleEndorsement, password, session, nil, nil, nil, 0); err != nil {
+		return nil, fmt.Errorf("satisfying the EK policy: %w", err)
+	}
+	secret, err := tpm2.ActivateCredentialUsingAuth(a.tpm, []tpm2.AuthCommand{
+		password, // the AK: no password
+		{Session: session, Attributes: tpm2.AttrContinueSession}, // the EK: its policy
+	}, a.ak.Handle(), ek.Handle(), credential[2:], encryptedSecret[2:])
+	if err != nil {
+		return nil, fmt.Errorf("activating the credential: %w", err)
+	}
+	return secret, nil
+}
