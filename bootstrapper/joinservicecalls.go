@@ -59,6 +59,12 @@ func (j *joinServiceCalls) call(ctx context.Context, what string, fn func(contex
 					"(e.g. measurement_mismatch). Retrying in case its policy changes.", "endpoint", ep, "request", what, "round", round)
 				continue
 			}
+			if closedAfterHandshake(err) {
+				log.Error("The join service closed the connection right after the attested handshake: it probably refused this "+
+					"node's attestation evidence (its audit log names the reason, e.g. measurement_mismatch). Retrying.",
+					"endpoint", ep, "request", what, "round", round, "error", err.Error())
+				continue
+			}
 			log.Warn("Join service call failed; trying the next endpoint", "endpoint", ep, "request", what, "round", round, "error", err.Error())
 		}
 		if err := j.backoff.wait(ctx, round, j.lock.Taken()); err != nil {
@@ -72,6 +78,16 @@ func (j *joinServiceCalls) call(ctx context.Context, what string, fn func(contex
 // §6.2): the service does not tell a refused client why.
 func rejectedEvidence(err error) bool {
 	return status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "tls: bad certificate")
+}
+
+// closedAfterHandshake reports whether err is the connection closed under
+// the client as it sent its first request. In TLS 1.3 the server checks
+// the client's certificate after the client considers the handshake done,
+// so a refusal's bad_certificate alert can lose the race against the
+// client's first write, which then fails with EPIPE or ECONNRESET instead.
+func closedAfterHandshake(err error) bool {
+	return status.Code(err) == codes.Unavailable &&
+		(strings.Contains(err.Error(), "broken pipe") || strings.Contains(err.Error(), "connection reset by peer"))
 }
 
 func (j *joinServiceCalls) callOne(ctx context.Context, endpoint string, fn func(context.Context, joinservicev1.JoinServiceClient) error) error {
