@@ -131,6 +131,8 @@ type Verified struct {
 	mu       sync.Mutex
 	result   *attestation.Result
 	evidence Evidence
+	// didAttest records that this side attested to its peer in the handshake.
+	didAttest bool
 }
 
 // Evidence is the peer's evidence as verified, with the nonce it was bound
@@ -157,6 +159,18 @@ func (v *Verified) Result() *attestation.Result {
 	return v.result
 }
 
+func (v *Verified) markAttested() {
+	v.mu.Lock()
+	v.didAttest = true
+	v.mu.Unlock()
+}
+
+func (v *Verified) attested() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.didAttest
+}
+
 func (v *Verified) set(r *attestation.Result, e Evidence) {
 	v.mu.Lock()
 	v.result, v.evidence = r, e
@@ -165,7 +179,10 @@ func (v *Verified) set(r *attestation.Result, e Evidence) {
 
 // ClientConfig returns a TLS configuration for one client handshake (a fresh
 // nonce each time: never reuse it) and where the server's verified result
-// will be.
+// will be. The handshake is complete only after the key activation
+// exchange that NewCredentials, ServeEvidence and FetchEvidence run after
+// crypto/tls's handshake; until then a result may carry a KeyActivation
+// that nobody answered.
 func ClientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error) {
 	if err := c.check(); err != nil {
 		return nil, nil, err
@@ -196,6 +213,7 @@ func ClientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 			if err != nil {
 				return nil, err
 			}
+			verified.markAttested()
 			return c.attestedCertificate(ctx, nonce)
 		}
 	} else if c.Certificate != nil {
@@ -208,7 +226,7 @@ func ClientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 
 // ServerConfig returns a TLS configuration for one server handshake (a fresh
 // nonce each time: never reuse it) and where the client's verified result
-// will be.
+// will be. As with ClientConfig, the key activation exchange follows.
 func ServerConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error) {
 	if err := c.check(); err != nil {
 		return nil, nil, err
@@ -232,6 +250,7 @@ func ServerConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 		if err != nil {
 			return nil, err
 		}
+		verified.markAttested()
 		return c.attestedCertificate(ctx, nonce)
 	}
 	if len(c.Verifiers) > 0 {

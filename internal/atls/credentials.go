@@ -48,7 +48,7 @@ func (c *Credentials) ClientHandshake(ctx context.Context, _ string, conn net.Co
 	if err != nil {
 		return nil, nil, err
 	}
-	return handshake(ctx, tls.Client(conn, cfg), verified)
+	return handshake(ctx, tls.Client(conn, cfg), c.cfg.Attester, verified)
 }
 
 // ServerHandshake runs the server side of attested TLS over conn.
@@ -58,11 +58,15 @@ func (c *Credentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.Auth
 	if err != nil {
 		return nil, nil, err
 	}
-	return handshake(ctx, tls.Server(conn, cfg), verified)
+	return handshake(ctx, tls.Server(conn, cfg), c.cfg.Attester, verified)
 }
 
-func handshake(ctx context.Context, conn *tls.Conn, verified *Verified) (net.Conn, credentials.AuthInfo, error) {
+func handshake(ctx context.Context, conn *tls.Conn, attester attestation.Attester, verified *Verified) (net.Conn, credentials.AuthInfo, error) {
 	if err := conn.HandshakeContext(ctx); err != nil {
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)
+	}
+	if err := finish(ctx, conn, attester, verified); err != nil {
 		_ = conn.Close()
 		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)
 	}

@@ -15,9 +15,9 @@ import (
 const handshakeTimeout = 30 * time.Second
 
 // ServeEvidence answers every connection on lis with an attested TLS
-// handshake (fresh evidence for the client's nonce) and closes it: a
-// verifier such as `gatehouse verify` learns what the node runs without any
-// further protocol. It returns when ctx ends or lis fails.
+// handshake (fresh evidence for the client's nonce, and the key activation
+// the evidence may ask for) and closes it: a verifier such as `gatehouse
+// verify` learns what the node runs without any further protocol. It returns when ctx ends or lis fails.
 func ServeEvidence(ctx context.Context, lis net.Listener, attester attestation.Attester) error {
 	if attester == nil {
 		return errors.New("serving evidence: no attester")
@@ -36,11 +36,14 @@ func ServeEvidence(ctx context.Context, lis net.Listener, attester attestation.A
 			defer conn.Close()
 			hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 			defer cancel()
-			cfg, _, err := ServerConfig(hctx, Config{Attester: attester})
+			cfg, verified, err := ServerConfig(hctx, Config{Attester: attester})
 			if err != nil {
 				return
 			}
-			_ = tls.Server(conn, cfg).HandshakeContext(hctx)
+			tconn := tls.Server(conn, cfg)
+			if tconn.HandshakeContext(hctx) == nil {
+				_ = finish(hctx, tconn, attester, verified)
+			}
 		}()
 	}
 }
@@ -62,7 +65,11 @@ func FetchEvidence(ctx context.Context, addr string, verifiers []attestation.Ver
 		return nil, fmt.Errorf("connecting to %s: %w", addr, err)
 	}
 	defer conn.Close()
-	if err := tls.Client(conn, cfg).HandshakeContext(ctx); err != nil {
+	tconn := tls.Client(conn, cfg)
+	if err := tconn.HandshakeContext(ctx); err != nil {
+		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
+	}
+	if err := finish(ctx, tconn, nil, verified); err != nil {
 		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
 	}
 	r := verified.Result()

@@ -57,6 +57,39 @@ type Verifier interface {
 	Verify(ctx context.Context, evidence, nonce []byte) (*Result, error)
 }
 
+// KeyActivation is a proof of key residency that evidence asks for and
+// the verifier has not seen yet: the evidence names its signing key (a TPM
+// AK) together with an endorsed key (the TPM's EK, certified by its
+// manufacturer), and only the attester holding both can answer a
+// challenge made for the pair (TPM 2.0 credential activation, Part 1 §24).
+// A relying party acts on a Result carrying one only after it sent
+// Challenge's challenge over the channel the evidence is bound to and the
+// answer equalled the secret; attested TLS does this inside its handshake
+// (package atls, docs/attestation.md "Endorsed keys").
+type KeyActivation interface {
+	// Challenge returns a fresh challenge for the attester (at most
+	// MaxActivationSize bytes) and the secret a correct answer equals.
+	Challenge() (challenge, secret []byte, err error)
+}
+
+// Activator is an attester whose evidence asks for a KeyActivation: its
+// verifier sends a challenge over the channel the evidence is bound to,
+// and Activate answers it.
+type Activator interface {
+	Attester
+	// RequestsActivation reports whether this attester's evidence asks for
+	// an activation challenge (it carries an endorsed key to activate
+	// against). The verifier's Result then carries a KeyActivation.
+	RequestsActivation() bool
+	// Activate answers challenge, returning its secret, or an error when
+	// this attester cannot (its keys are not the pair the challenge was
+	// made for).
+	Activate(ctx context.Context, challenge []byte) ([]byte, error)
+}
+
+// MaxActivationSize bounds an activation challenge or answer in bytes.
+const MaxActivationSize = 4 << 10
+
 // Result is what verified evidence proves.
 type Result struct {
 	// Variant that produced the evidence.
@@ -79,6 +112,16 @@ type Result struct {
 	// party holding a result from an earlier handshake compares it with the
 	// policy in force to know whether it must appraise the evidence again.
 	AppraisalPolicy string
+	// Endorsement says how the attesting key is trusted, for audit logs:
+	// "pinned", "ak-certificate" or "ek-certificate" (then followed by the
+	// EK certificate's TPM manufacturer, model, issuer and serial number).
+	// "" for variants whose key is always the platform's (sev-snp, tdx).
+	Endorsement string
+	// Activation, when set, is the key activation the evidence asks for:
+	// the result holds only once the attester answered it (see
+	// KeyActivation). Attested TLS completes it before a connection is
+	// used; it is nil in a result a connection hands out.
+	Activation KeyActivation
 }
 
 // Errors a verifier wraps, so callers and tests can tell failures apart with
@@ -97,6 +140,10 @@ var (
 	ErrPolicy = errors.New("evidence violates the appraisal policy")
 	// ErrMeasurement: a measurement differs from its enforced reference value.
 	ErrMeasurement = errors.New("measurements do not match the reference values")
+	// ErrActivation: the attester did not answer the key activation its
+	// evidence asked for (see KeyActivation): its attesting key is not
+	// resident with the endorsed key, or the answer was replayed.
+	ErrActivation = errors.New("key activation failed")
 )
 
 // Variant names an attestation variant.

@@ -42,9 +42,15 @@ type TPMEvidence struct {
 	EventLog []byte `protobuf:"bytes,7,opt,name=event_log,json=eventLog,proto3" json:"event_log,omitempty"`
 	// The user data the quote is bound to: the quote's extraData is
 	// SHA-256(nonce || user_data).
-	UserData      []byte `protobuf:"bytes,8,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UserData []byte `protobuf:"bytes,8,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
+	// Optional certificate of the TPM's RSA endorsement key (EK), DER, as the
+	// manufacturer wrote it into NV index 0x01c00002 (TCG EK Credential
+	// Profile §2.2.1.5). Evidence carrying it asks the verifier for a credential
+	// activation challenge (TPMActivationChallenge) after the handshake, which
+	// proves the attestation key lives in the same TPM as this EK.
+	EndorsementKeyCertificate []byte `protobuf:"bytes,9,opt,name=endorsement_key_certificate,json=endorsementKeyCertificate,proto3" json:"endorsement_key_certificate,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *TPMEvidence) Reset() {
@@ -133,6 +139,72 @@ func (x *TPMEvidence) GetUserData() []byte {
 	return nil
 }
 
+func (x *TPMEvidence) GetEndorsementKeyCertificate() []byte {
+	if x != nil {
+		return x.EndorsementKeyCertificate
+	}
+	return nil
+}
+
+// TPMActivationChallenge is a credential activation challenge
+// (TPM2_MakeCredential's output, TPM 2.0 Library Part 1 §24): a secret only
+// the TPM holding both the EK and the attestation key of the evidence can
+// recover with TPM2_ActivateCredential.
+type TPMActivationChallenge struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// TPM2B_ID_OBJECT: the secret, encrypted under a seed and bound to the
+	// attestation key's name.
+	Credential []byte `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	// TPM2B_ENCRYPTED_SECRET: the seed, encrypted to the EK.
+	EncryptedSecret []byte `protobuf:"bytes,2,opt,name=encrypted_secret,json=encryptedSecret,proto3" json:"encrypted_secret,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TPMActivationChallenge) Reset() {
+	*x = TPMActivationChallenge{}
+	mi := &file_attestation_v1_evidence_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TPMActivationChallenge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TPMActivationChallenge) ProtoMessage() {}
+
+func (x *TPMActivationChallenge) ProtoReflect() protoreflect.Message {
+	mi := &file_attestation_v1_evidence_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TPMActivationChallenge.ProtoReflect.Descriptor instead.
+func (*TPMActivationChallenge) Descriptor() ([]byte, []int) {
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TPMActivationChallenge) GetCredential() []byte {
+	if x != nil {
+		return x.Credential
+	}
+	return nil
+}
+
+func (x *TPMActivationChallenge) GetEncryptedSecret() []byte {
+	if x != nil {
+		return x.EncryptedSecret
+	}
+	return nil
+}
+
 // SNPEvidence is the evidence of the "sev-snp" variant.
 type SNPEvidence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -150,7 +222,7 @@ type SNPEvidence struct {
 
 func (x *SNPEvidence) Reset() {
 	*x = SNPEvidence{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[1]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -162,7 +234,7 @@ func (x *SNPEvidence) String() string {
 func (*SNPEvidence) ProtoMessage() {}
 
 func (x *SNPEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[1]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -175,7 +247,7 @@ func (x *SNPEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SNPEvidence.ProtoReflect.Descriptor instead.
 func (*SNPEvidence) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{1}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SNPEvidence) GetReport() []byte {
@@ -213,7 +285,7 @@ type TDXEvidence struct {
 
 func (x *TDXEvidence) Reset() {
 	*x = TDXEvidence{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[2]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +297,7 @@ func (x *TDXEvidence) String() string {
 func (*TDXEvidence) ProtoMessage() {}
 
 func (x *TDXEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[2]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,7 +310,7 @@ func (x *TDXEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TDXEvidence.ProtoReflect.Descriptor instead.
 func (*TDXEvidence) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{2}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TDXEvidence) GetQuote() []byte {
@@ -267,7 +339,7 @@ type EventLog struct {
 
 func (x *EventLog) Reset() {
 	*x = EventLog{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -279,7 +351,7 @@ func (x *EventLog) String() string {
 func (*EventLog) ProtoMessage() {}
 
 func (x *EventLog) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -292,7 +364,7 @@ func (x *EventLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventLog.ProtoReflect.Descriptor instead.
 func (*EventLog) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{3}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EventLog) GetEvents() []*Event {
@@ -317,7 +389,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +401,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +414,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{4}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Event) GetPcr() uint32 {
@@ -370,7 +442,7 @@ var File_attestation_v1_evidence_proto protoreflect.FileDescriptor
 
 const file_attestation_v1_evidence_proto_rawDesc = "" +
 	"\n" +
-	"\x1dattestation/v1/evidence.proto\x12\x18gatehouse.attestation.v1\"\x92\x03\n" +
+	"\x1dattestation/v1/evidence.proto\x12\x18gatehouse.attestation.v1\"\xd2\x03\n" +
 	"\vTPMEvidence\x12\x14\n" +
 	"\x05quote\x18\x01 \x01(\fR\x05quote\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12,\n" +
@@ -379,10 +451,16 @@ const file_attestation_v1_evidence_proto_rawDesc = "" +
 	"\x0fattestation_key\x18\x05 \x01(\fR\x0eattestationKey\x12@\n" +
 	"\x1cattestation_key_certificates\x18\x06 \x03(\fR\x1aattestationKeyCertificates\x12\x1b\n" +
 	"\tevent_log\x18\a \x01(\fR\beventLog\x12\x1b\n" +
-	"\tuser_data\x18\b \x01(\fR\buserData\x1a7\n" +
+	"\tuser_data\x18\b \x01(\fR\buserData\x12>\n" +
+	"\x1bendorsement_key_certificate\x18\t \x01(\fR\x19endorsementKeyCertificate\x1a7\n" +
 	"\tPcrsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"o\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"c\n" +
+	"\x16TPMActivationChallenge\x12\x1e\n" +
+	"\n" +
+	"credential\x18\x01 \x01(\fR\n" +
+	"credential\x12)\n" +
+	"\x10encrypted_secret\x18\x02 \x01(\fR\x0fencryptedSecret\"o\n" +
 	"\vSNPEvidence\x12\x16\n" +
 	"\x06report\x18\x01 \x01(\fR\x06report\x12+\n" +
 	"\x11certificate_table\x18\x02 \x01(\fR\x10certificateTable\x12\x1b\n" +
@@ -409,18 +487,19 @@ func file_attestation_v1_evidence_proto_rawDescGZIP() []byte {
 	return file_attestation_v1_evidence_proto_rawDescData
 }
 
-var file_attestation_v1_evidence_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_attestation_v1_evidence_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_attestation_v1_evidence_proto_goTypes = []any{
-	(*TPMEvidence)(nil), // 0: gatehouse.attestation.v1.TPMEvidence
-	(*SNPEvidence)(nil), // 1: gatehouse.attestation.v1.SNPEvidence
-	(*TDXEvidence)(nil), // 2: gatehouse.attestation.v1.TDXEvidence
-	(*EventLog)(nil),    // 3: gatehouse.attestation.v1.EventLog
-	(*Event)(nil),       // 4: gatehouse.attestation.v1.Event
-	nil,                 // 5: gatehouse.attestation.v1.TPMEvidence.PcrsEntry
+	(*TPMEvidence)(nil),            // 0: gatehouse.attestation.v1.TPMEvidence
+	(*TPMActivationChallenge)(nil), // 1: gatehouse.attestation.v1.TPMActivationChallenge
+	(*SNPEvidence)(nil),            // 2: gatehouse.attestation.v1.SNPEvidence
+	(*TDXEvidence)(nil),            // 3: gatehouse.attestation.v1.TDXEvidence
+	(*EventLog)(nil),               // 4: gatehouse.attestation.v1.EventLog
+	(*Event)(nil),                  // 5: gatehouse.attestation.v1.Event
+	nil,                            // 6: gatehouse.attestation.v1.TPMEvidence.PcrsEntry
 }
 var file_attestation_v1_evidence_proto_depIdxs = []int32{
-	5, // 0: gatehouse.attestation.v1.TPMEvidence.pcrs:type_name -> gatehouse.attestation.v1.TPMEvidence.PcrsEntry
-	4, // 1: gatehouse.attestation.v1.EventLog.events:type_name -> gatehouse.attestation.v1.Event
+	6, // 0: gatehouse.attestation.v1.TPMEvidence.pcrs:type_name -> gatehouse.attestation.v1.TPMEvidence.PcrsEntry
+	5, // 1: gatehouse.attestation.v1.EventLog.events:type_name -> gatehouse.attestation.v1.Event
 	2, // [2:2] is the sub-list for method output_type
 	2, // [2:2] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
@@ -439,7 +518,7 @@ func file_attestation_v1_evidence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_attestation_v1_evidence_proto_rawDesc), len(file_attestation_v1_evidence_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

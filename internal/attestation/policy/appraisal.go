@@ -117,7 +117,7 @@ func (p Policy) Appraisal(now func() time.Time, lockPCR []byte) (*Appraisal, err
 			roleSummary = append(roleSummary, string(r)+"="+Fingerprint(j))
 		}
 	}
-	a.Summary = fmt.Sprintf("variant=%s pcrs=%v referenceValues=%s roles=[%s]", variant, p.PCRs, Fingerprint(refJSON), strings.Join(roleSummary, " "))
+	a.Summary = fmt.Sprintf("variant=%s pcrs=%v referenceValues=%s roles=[%s] keys=%s", variant, p.PCRs, Fingerprint(refJSON), strings.Join(roleSummary, " "), p.keyTrust())
 	return a, nil
 }
 

@@ -42,10 +42,22 @@ type Policy struct {
 	// ReferenceValues and at least one role's; the roles it satisfies are
 	// the only ones it gets (docs/joinservice.md, "Roles from evidence").
 	Roles map[Role]RolePolicy `json:"roles"`
+	// How attestation keys (AKs) are trusted: set exactly one of AKRoots,
+	// PinnedAKs and EKRoots (docs/attestation.md, "Endorsed keys").
+	//
 	// AKRoots is a PEM bundle of roots for AK certificate chains.
 	AKRoots string `json:"akRoots,omitempty"`
 	// PinnedAKs are PEM public keys of trusted attestation keys.
 	PinnedAKs []string `json:"pinnedAKs,omitempty"`
+	// EKRoots is a PEM bundle of TPM manufacturers' root CAs: a node sends
+	// its EK certificate, which must chain to one of them, and proves by
+	// credential activation that its AK lives in the same TPM. No AK needs
+	// registering beforehand.
+	EKRoots string `json:"ekRoots,omitempty"`
+	// EKIntermediates is a PEM bundle of the manufacturers' issuing CAs that
+	// EK certificates chain through (TPMs store only the EK certificate);
+	// only with EKRoots.
+	EKIntermediates string `json:"ekIntermediates,omitempty"`
 }
 
 // Decode decodes a Policy from YAML (or JSON) strictly: unknown fields
@@ -75,16 +87,32 @@ func (p Policy) Verifier(now func() time.Time, lockPCR []byte) (attestation.Veri
 
 func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 	var e tpm.Endorsement
-	if (strings.TrimSpace(p.AKRoots) == "") == (len(p.PinnedAKs) == 0) {
-		return e, errors.New("set exactly one of akRoots and pinnedAKs")
-	}
-	if p.AKRoots != "" {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM([]byte(p.AKRoots)) {
-			return e, errors.New("akRoots holds no PEM certificate")
+	set := 0
+	for _, s := range []string{p.AKRoots, p.EKRoots, strings.Join(p.PinnedAKs, "")} {
+		if strings.TrimSpace(s) != "" {
+			set++
 		}
-		e.Roots = pool
-		return e, nil
+	}
+	if set != 1 {
+		return e, errors.New("set exactly one of pinnedAKs (registered attestation keys), ekRoots (TPM manufacturers' CAs: " +
+			"no registration) and akRoots (CAs of attestation key certificates)")
+	}
+	if strings.TrimSpace(p.EKIntermediates) != "" && strings.TrimSpace(p.EKRoots) == "" {
+		return e, errors.New("ekIntermediates is set without ekRoots")
+	}
+	var err error
+	switch {
+	case strings.TrimSpace(p.AKRoots) != "":
+		e.Roots, err = certPool("akRoots", p.AKRoots)
+		return e, err
+	case strings.TrimSpace(p.EKRoots) != "":
+		if e.EKRoots, err = certPool("ekRoots", p.EKRoots); err != nil {
+			return e, err
+		}
+		if strings.TrimSpace(p.EKIntermediates) != "" {
+			e.EKIntermediates, err = certPool("ekIntermediates", p.EKIntermediates)
+		}
+		return e, err
 	}
 	for i, s := range p.PinnedAKs {
 		block, _ := pem.Decode([]byte(s))
@@ -98,6 +126,50 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 		e.PinnedKeys = append(e.PinnedKeys, crypto.PublicKey(pub))
 	}
 	return e, nil
+}
+
+// keyTrust describes how the policy trusts attestation keys, for its
+// summary.
+func (p Policy) keyTrust() string {
+	switch {
+	case len(p.PinnedAKs) > 0:
+		return fmt.Sprintf("pinned(%d)", len(p.PinnedAKs))
+	case p.EKRoots != "":
+		return "ekRoots:" + Fingerprint([]byte(p.EKRoots))
+	default:
+		return "akRoots:" + Fingerprint([]byte(p.AKRoots))
+	}
+}
+
+// certPool parses a PEM bundle of CA certificates; errors name field and
+// the block that does not parse.
+func certPool(field, bundle string) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	rest := []byte(bundle)
+	for n := 0; ; n++ {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			if n == 0 {
+				return nil, fmt.Errorf("%s holds no PEM certificate", field)
+			}
+			if strings.TrimSpace(string(rest)) != "" {
+				return nil, fmt.Errorf("%s: text after certificate %d is not PEM", field, n)
+			}
+			return pool, nil
+		}
+		if block.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("%s: block %d is a %q, want CERTIFICATE", field, n+1, block.Type)
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("%s: certificate %d: %w", field, n+1, err)
+		}
+		if !cert.IsCA {
+			return nil, fmt.Errorf("%s: certificate %d (%s) is not a CA certificate", field, n+1, cert.Subject)
+		}
+		pool.AddCert(cert)
+	}
 }
 
 // Fingerprint returns "sha256:" and the first 16 hex digits of data's

@@ -3,11 +3,14 @@ package tpm
 import (
 	"crypto"
 	"crypto/rand"
+	"crypto/rsa"
 	"fmt"
 
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/google/go-tpm/legacy/tpm2/credactivation"
+	"google.golang.org/protobuf/proto"
 
+	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 )
 
@@ -55,4 +58,77 @@ func NewActivationChallenge(ek crypto.PublicKey, akPublic []byte) (*ActivationCh
 		return nil, nil, fmt.Errorf("making the activation challenge: %w", err)
 	}
 	return &ActivationChallenge{Credential: cred, EncryptedSecret: encSecret}, secret, nil
+}
+
+// endorsement returns how the evidence's AK is trusted (Result.Endorsement)
+// and, when the evidence carries an EK certificate, the credential
+// activation it asks for. With EK roots the certificate is required and
+// must chain to them; with another trust anchor a certificate sent along is
+// still activated against (the attester waits for the challenge), but its
+// chain is not what makes the AK trusted.
+func (v *Verifier) endorsement(ev *attestationv1.TPMEvidence) (string, attestation.KeyActivation, error) {
+	mode := v.policy.Endorsement.mode()
+	der := ev.GetEndorsementKeyCertificate()
+	if len(der) == 0 {
+		if mode == "ek-certificate" {
+			return "", nil, fmt.Errorf("%w: the evidence carries no EK certificate, and the policy trusts only attestation keys "+
+				"activated against an EK certificate from its ekRoots (a TPM without one in NV index 0x01c00002 needs a pinned AK)", attestation.ErrUntrustedKey)
+		}
+		return mode, nil, nil
+	}
+	ek, err := ParseEKCertificate(der)
+	if err != nil {
+		return "", nil, err
+	}
+	pub, ok := ek.Certificate.PublicKey.(*rsa.PublicKey)
+	if !ok || pub.N.BitLen() != 2048 {
+		return "", nil, fmt.Errorf("%w: the EK certificate holds a %T key; only RSA 2048 EKs (the TCG default template) can be activated against",
+			attestation.ErrUntrustedKey, ek.Certificate.PublicKey)
+	}
+	if mode != "ek-certificate" {
+		return mode, &activation{ek: pub, akPublic: ev.GetAttestationKey()}, nil
+	}
+	if err := ek.Verify(v.policy.Endorsement.EKRoots, v.policy.Endorsement.EKIntermediates, v.now()); err != nil {
+		return "", nil, err
+	}
+	desc := fmt.Sprintf("ek-certificate manufacturer=%s model=%s issuer=%q serial=%s",
+		ek.Manufacturer, ek.Model, ek.Certificate.Issuer.String(), ek.Certificate.SerialNumber.Text(16))
+	return desc, &activation{ek: pub, akPublic: ev.GetAttestationKey()}, nil
+}
+
+// activation is the credential activation a tpm Result asks for: a
+// challenge for the evidence's AK under its EK.
+type activation struct {
+	ek       *rsa.PublicKey
+	akPublic []byte
+}
+
+// Challenge returns a marshalled TPMActivationChallenge and its secret.
+func (a *activation) Challenge() ([]byte, []byte, error) {
+	c, secret, err := NewActivationChallenge(a.ek, a.akPublic)
+	if err != nil {
+		return nil, nil, err
+	}
+	challenge, err := proto.Marshal(&attestationv1.TPMActivationChallenge{Credential: c.Credential, EncryptedSecret: c.EncryptedSecret})
+	if err != nil {
+		return nil, nil, err
+	}
+	return challenge, secret, nil
+}
+
+// ParseActivationChallenge decodes a marshalled TPMActivationChallenge,
+// refusing more than attestation.MaxActivationSize bytes, unknown fields
+// and empty parts. Errors wrap attestation.ErrMalformed.
+func ParseActivationChallenge(data []byte) (*ActivationChallenge, error) {
+	if len(data) > attestation.MaxActivationSize {
+		return nil, fmt.Errorf("%w: activation challenge of %d bytes exceeds %d", attestation.ErrMalformed, len(data), attestation.MaxActivationSize)
+	}
+	m := &attestationv1.TPMActivationChallenge{}
+	if err := attestation.DecodeEvidence(data, m); err != nil {
+		return nil, err
+	}
+	if len(m.GetCredential()) < 2 || len(m.GetEncryptedSecret()) < 2 {
+		return nil, fmt.Errorf("%w: activation challenge lacks its credential or encrypted secret", attestation.ErrMalformed)
+	}
+	return &ActivationChallenge{Credential: m.GetCredential(), EncryptedSecret: m.GetEncryptedSecret()}, nil
 }

@@ -3,11 +3,13 @@ package tpm_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
 
@@ -68,6 +70,29 @@ func FuzzReplayEventLog(f *testing.F) {
 		}
 		if err := tpm.ReplayEventLog(data, expected); err != nil {
 			t.Fatalf("log does not replay to its own expected values: %v", err)
+		}
+	})
+}
+
+// FuzzParseActivationChallenge: a challenge comes from the network (a
+// verifier, to a node); parsing never panics and a parsed one is complete.
+func FuzzParseActivationChallenge(f *testing.F) {
+	valid, err := proto.Marshal(&attestationv1.TPMActivationChallenge{Credential: []byte{0, 2, 1, 2}, EncryptedSecret: []byte{0, 1, 9}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(valid)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := tpm.ParseActivationChallenge(data)
+		if err != nil {
+			if !errors.Is(err, attestation.ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		if len(c.Credential) < 2 || len(c.EncryptedSecret) < 2 {
+			t.Fatalf("parsed an incomplete challenge %+v", c)
 		}
 	})
 }

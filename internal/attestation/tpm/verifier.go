@@ -44,13 +44,40 @@ const requiredAKAttributes = tpm2.FlagSign | tpm2.FlagRestricted | tpm2.FlagFixe
 	tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin
 
 // Endorsement says which attestation keys the verifier trusts. Set exactly
-// one of PinnedKeys and Roots.
+// one of PinnedKeys, Roots and EKRoots.
 type Endorsement struct {
 	// PinnedKeys are trusted AK public keys.
 	PinnedKeys []crypto.PublicKey
 	// Roots verify an AK certificate chain sent with the evidence; the leaf's
 	// public key must be the AK. Intermediates may come with the evidence.
 	Roots *x509.CertPool
+	// EKRoots are TPM manufacturers' CAs: the evidence's EK certificate
+	// must chain to one of them (through EKIntermediates), and the AK is
+	// trusted once the attester answered a credential activation challenge
+	// made for the AK under that EK (docs/attestation.md, "Endorsed keys").
+	EKRoots *x509.CertPool
+	// EKIntermediates are the manufacturers' issuing CAs, which EK
+	// certificates name but TPMs do not store; nil when none.
+	EKIntermediates *x509.CertPool
+}
+
+// mode names the one trust anchor e sets, or "" when it sets none or more
+// than one.
+func (e Endorsement) mode() string {
+	var modes []string
+	if len(e.PinnedKeys) > 0 {
+		modes = append(modes, "pinned")
+	}
+	if e.Roots != nil {
+		modes = append(modes, "ak-certificate")
+	}
+	if e.EKRoots != nil {
+		modes = append(modes, "ek-certificate")
+	}
+	if len(modes) != 1 {
+		return ""
+	}
+	return modes[0]
 }
 
 // Policy is the appraisal policy of a Verifier.
@@ -80,8 +107,8 @@ func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 			return nil, fmt.Errorf("tpm policy: PCR %d out of range 0-23", pcr)
 		}
 	}
-	if (len(policy.Endorsement.PinnedKeys) == 0) == (policy.Endorsement.Roots == nil) {
-		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys and AK certificate roots")
+	if policy.Endorsement.mode() == "" {
+		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys, AK certificate roots and EK certificate roots")
 	}
 	for index := range policy.ReferenceValues {
 		if !slices.Contains(policy.PCRs, int(index)) {
@@ -103,8 +130,10 @@ func (v *Verifier) Variant() attestation.Variant { return attestation.VariantTPM
 // attestation.Err* value:
 //
 //   - the evidence parses and is at most attestation.MaxEvidenceSize bytes;
-//   - the AK is a restricted, fixedTPM signing key, and is pinned or
-//     certified by a chain to the configured roots;
+//   - the AK is a restricted, fixedTPM signing key, and is pinned,
+//     certified by a chain to the configured roots, or (EK roots) sent with
+//     an EK certificate chaining to a manufacturer's root, then the
+//     result's Activation must be answered;
 //   - the signature uses SHA-256 or stronger and verifies under the AK;
 //   - the quote starts with TPM_GENERATED_VALUE and is of type TPM_ST_ATTEST_QUOTE;
 //   - extraData equals SHA-256(nonce || user data);
@@ -121,6 +150,10 @@ func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestati
 		return nil, err
 	}
 	akPub, identity, err := v.trustedAK(ev)
+	if err != nil {
+		return nil, err
+	}
+	endorsement, activation, err := v.endorsement(ev)
 	if err != nil {
 		return nil, err
 	}
@@ -154,6 +187,8 @@ func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestati
 		UserData:     ev.GetUserData(),
 		Identity:     identity,
 		Measurements: pcrs,
+		Endorsement:  endorsement,
+		Activation:   activation,
 	}
 	for _, w := range warnings {
 		result.Warnings = append(result.Warnings, "PCR "+w.String())
@@ -207,7 +242,11 @@ func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence) (crypto.PublicKey, s
 		return nil, "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
 	}
 
-	if v.policy.Endorsement.Roots == nil {
+	switch v.policy.Endorsement.mode() {
+	case "ek-certificate":
+		// Trusted through the EK: see endorsement.
+		return key, identity, nil
+	case "pinned":
 		for _, pinned := range v.policy.Endorsement.PinnedKeys {
 			if eq, ok := pinned.(interface{ Equal(crypto.PublicKey) bool }); ok && eq.Equal(key) {
 				return key, identity, nil

@@ -32,6 +32,11 @@ type Options struct {
 	EventLog []byte
 	// AKCertificates, when set, is the AK's certificate chain, DER, leaf first.
 	AKCertificates [][]byte
+	// SendEKCertificate sends the certificate of the TPM's RSA EK (from NV
+	// index 0x01c00002, where the manufacturer wrote it) with every evidence,
+	// so a verifier trusting the manufacturer's CA trusts the AK once the
+	// attester answers its credential activation challenge (Activate).
+	SendEKCertificate bool
 }
 
 // Attester produces "tpm" evidence with a TPM. It creates a transient ECC
@@ -39,11 +44,12 @@ type Options struct {
 // AK template; on a given TPM that key is the same every time, so verifiers
 // can pin it. It is safe for concurrent use: TPM commands are serialised.
 type Attester struct {
-	mu   sync.Mutex
-	tpm  io.ReadWriter
-	ak   *client.Key
-	opts Options
-	pub  []byte // the AK's TPMT_PUBLIC
+	mu     sync.Mutex
+	tpm    io.ReadWriter
+	ak     *client.Key
+	opts   Options
+	pub    []byte // the AK's TPMT_PUBLIC
+	ekCert []byte // the EK certificate sent with evidence, DER; nil unless opts.SendEKCertificate
 }
 
 // New creates the attestation key on the TPM at rw. Close flushes it.
@@ -60,8 +66,31 @@ func New(rw io.ReadWriter, opts Options) (*Attester, error) {
 		ak.Close()
 		return nil, fmt.Errorf("encoding attestation key: %w", err)
 	}
+	var ekCert []byte
+	if opts.SendEKCertificate {
+		if ekCert, err = readEKCertificate(rw); err != nil {
+			ak.Close()
+			return nil, err
+		}
+	}
 	opts.PCRs = slices.Clone(opts.PCRs)
-	return &Attester{tpm: rw, ak: ak, opts: opts, pub: pub}, nil
+	return &Attester{tpm: rw, ak: ak, opts: opts, pub: pub, ekCert: ekCert}, nil
+}
+
+// readEKCertificate returns the RSA EK's certificate from the TPM's NV
+// index 0x01c00002, checked to certify that EK.
+func readEKCertificate(rw io.ReadWriter) ([]byte, error) {
+	ek, err := client.EndorsementKeyRSA(rw)
+	if err != nil {
+		return nil, fmt.Errorf("reading the EK certificate: %w", err)
+	}
+	defer ek.Close()
+	der := ek.CertDERBytes()
+	if der == nil {
+		return nil, fmt.Errorf("this TPM has no RSA EK certificate in NV index %#x: its manufacturer did not provision one; "+
+			"pin its attestation key in the policy instead", client.EKCertNVIndexRSA)
+	}
+	return der, nil
 }
 
 // Variant returns attestation.VariantTPM.
@@ -95,6 +124,7 @@ func (a *Attester) Attest(_ context.Context, userData, nonce []byte) ([]byte, er
 		AttestationKeyCertificates: a.opts.AKCertificates,
 		EventLog:                   a.opts.EventLog,
 		UserData:                   userData,
+		EndorsementKeyCertificate:  a.ekCert,
 	}
 	out, err := proto.Marshal(ev)
 	if err != nil {
@@ -109,6 +139,25 @@ func (a *Attester) Close() error {
 	defer a.mu.Unlock()
 	a.ak.Close()
 	return nil
+}
+
+// EKCertificate returns the EK certificate evidence carries, DER; nil
+// unless Options.SendEKCertificate.
+func (a *Attester) EKCertificate() []byte { return a.ekCert }
+
+// RequestsActivation reports whether evidence carries the EK certificate
+// (Options.SendEKCertificate), which asks the verifier for a credential
+// activation challenge (attestation.Activator).
+func (a *Attester) RequestsActivation() bool { return a.ekCert != nil }
+
+// Activate answers a marshalled TPMActivationChallenge (the verifier's
+// attestation.KeyActivation) with ActivateCredential.
+func (a *Attester) Activate(_ context.Context, challenge []byte) ([]byte, error) {
+	c, err := tpm.ParseActivationChallenge(challenge)
+	if err != nil {
+		return nil, err
+	}
+	return a.ActivateCredential(c.Credential, c.EncryptedSecret)
 }
 
 // ActivateCredential answers a credential activation challenge
