@@ -42,6 +42,7 @@ func handshakeReason(err error) string {
 	}{
 		{attestation.ErrMeasurement, "measurement_mismatch"},
 		{attestation.ErrUntrustedKey, "untrusted_key"},
+		{attestation.ErrActivation, "activation_failed"},
 		{attestation.ErrNonce, "evidence_nonce"},
 		{attestation.ErrSignature, "evidence_signature"},
 		{attestation.ErrPolicy, "evidence_policy"},

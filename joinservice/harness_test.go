@@ -189,6 +189,9 @@ type harness struct {
 	salt          []byte
 	// extraAKs are trusted besides the node's (the benchmark's rig process).
 	extraAKs []crypto.PublicKey
+	// ekRoots and ekIntermediates, when set, replace the pinned AKs: the
+	// policy trusts TPMs of that manufacturer (PEM bundles).
+	ekRoots, ekIntermediates string
 }
 
 type harnessOptions struct {
@@ -405,13 +408,18 @@ func (h *harness) joinConfigData(t testing.TB, override map[uint32]string) map[s
 		}
 		pinned = append(pinned, string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki})))
 	}
-	policy, err := yaml.Marshal(map[string]any{
+	doc := map[string]any{
 		"variant":         "tpm",
 		"pcrs":            testPCRs,
 		"referenceValues": values,
 		"roles":           roles,
 		"pinnedAKs":       pinned,
-	})
+	}
+	if h.ekRoots != "" {
+		delete(doc, "pinnedAKs")
+		doc["ekRoots"], doc["ekIntermediates"] = h.ekRoots, h.ekIntermediates
+	}
+	policy, err := yaml.Marshal(doc)
 	if err != nil {
 		t.Fatal(err)
 	}

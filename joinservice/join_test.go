@@ -242,6 +242,7 @@ type auditEntry struct {
 		Variant      string `json:"variant"`
 		Identity     string `json:"identity"`
 		Measurements string `json:"measurements"`
+		Endorsement  string `json:"endorsement"`
 	} `json:"evidence"`
 }
 

@@ -461,7 +461,8 @@ func (s *Server) finish(ctx context.Context, d *decision, start time.Time, err e
 }
 
 // evidenceSummary describes verified evidence for the audit log: variant,
-// identity, a digest of the measurements and the warn-only mismatches.
+// identity, how its key is endorsed, a digest of the measurements and the
+// warn-only mismatches.
 func evidenceSummary(r *attestation.Result) slog.Attr {
 	if r == nil {
 		return slog.Group("evidence")
@@ -469,6 +470,7 @@ func evidenceSummary(r *attestation.Result) slog.Attr {
 	return slog.Group("evidence",
 		slog.String("variant", string(r.Variant)),
 		slog.String("identity", r.Identity),
+		slog.String("endorsement", r.Endorsement),
 		slog.String("measurements", measurementsDigest(r.Measurements)),
 		slog.Any("warnings", r.Warnings),
 	)

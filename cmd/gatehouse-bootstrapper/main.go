@@ -74,6 +74,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		advertise       = flag.String("advertise-address", "", "this node's IP address (required; not loopback)")
 		tpmPath         = flag.String("tpm", "/dev/tpmrm0", "TPM character device or swtpm Unix socket")
 		pcrList         = flag.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
+		ekCert          = flag.String("ek-certificate", string(tpmattester.EKCertificateAuto), ekCertificateUsage)
 		stateDisk       = flag.String("state-disk", "", "block device of the LUKS2 state disk (required)")
 		mapperName      = flag.String("state-disk-mapper-name", "gatehouse-state", "device-mapper name of the opened state disk")
 		initListen      = flag.String("init-listen", ":9000", "attested TLS address of InitService")
@@ -143,11 +144,12 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	rw, attester, closeTPM, err := openAttester(*tpmPath, pcrs)
+	rw, attester, closeTPM, err := openAttester(*tpmPath, pcrs, *ekCert)
 	if err != nil {
 		return err
 	}
 	defer closeTPM()
+	logEndorsement(log, attester)
 	lock, err := nodelock.New(rw)
 	if err != nil {
 		return err
@@ -271,12 +273,23 @@ func splitList(s string) []string {
 	return out
 }
 
+// logEndorsement says how verifiers can trust the node's attestation key.
+func logEndorsement(log *slog.Logger, a *tpmattester.Attester) {
+	identity, _ := a.Identity()
+	if a.RequestsActivation() {
+		log.Info("Evidence carries the TPM's EK certificate: verifiers trusting its manufacturer (ekRoots) need no registered key", "identity", identity)
+		return
+	}
+	log.Info("Evidence carries no EK certificate: verifiers must pin this attestation key (pinnedAKs)", "identity", identity)
+}
+
 // serveEvidence answers every connection with an attested TLS handshake.
 func serveEvidence(log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("serve-evidence", flag.ExitOnError)
 	listen := fs.String("listen", ":9001", "address verifiers connect to")
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "TPM character device or swtpm Unix socket")
 	pcrList := fs.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
+	ekCert := fs.String("ek-certificate", string(tpmattester.EKCertificateAuto), ekCertificateUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -286,7 +299,7 @@ func serveEvidence(log *slog.Logger, args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	_, attester, closeTPM, err := openAttester(*tpmPath, pcrs)
+	_, attester, closeTPM, err := openAttester(*tpmPath, pcrs, *ekCert)
 	if err != nil {
 		return err
 	}
@@ -302,14 +315,22 @@ func serveEvidence(log *slog.Logger, args []string) error {
 	return nil
 }
 
+const ekCertificateUsage = "send the TPM's EK certificate with evidence, for verifiers trusting TPM manufacturers (ekRoots): " +
+	"auto (when the TPM holds one), required, or off"
+
 // openAttester opens the TPM at path (device or swtpm socket) and an
-// attester quoting pcrs; the function returned closes both.
-func openAttester(path string, pcrs []int) (io.ReadWriteCloser, *tpmattester.Attester, func(), error) {
+// attester quoting pcrs, sending the EK certificate per ekMode; the
+// function returned closes both.
+func openAttester(path string, pcrs []int, ekMode string) (io.ReadWriteCloser, *tpmattester.Attester, func(), error) {
+	mode, err := tpmattester.ParseEKCertificateMode(ekMode)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("--ek-certificate: %w", err)
+	}
 	rw, err := tpmutil.OpenTPM(path)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("opening the TPM %s: %w", path, err)
 	}
-	attester, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs})
+	attester, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs, EKCertificate: mode})
 	if err != nil {
 		_ = rw.Close()
 		return nil, nil, nil, fmt.Errorf("creating the attestation key: %w", err)

@@ -216,7 +216,7 @@ func TestManufacturedAttesterRefusesATPMWithoutEKCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rw.Close()
-	_, err = tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs, SendEKCertificate: true})
+	_, err = tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs, EKCertificate: tpmattester.EKCertificateRequired})
 	if err == nil || !strings.Contains(err.Error(), "no RSA EK certificate") || !strings.Contains(err.Error(), "pin its attestation key") {
 		t.Fatalf("got %v, want the missing EK certificate named and the alternative", err)
 	}

@@ -32,11 +32,35 @@ type Options struct {
 	EventLog []byte
 	// AKCertificates, when set, is the AK's certificate chain, DER, leaf first.
 	AKCertificates [][]byte
-	// SendEKCertificate sends the certificate of the TPM's RSA EK (from NV
-	// index 0x01c00002, where the manufacturer wrote it) with every evidence,
-	// so a verifier trusting the manufacturer's CA trusts the AK once the
-	// attester answers its credential activation challenge (Activate).
-	SendEKCertificate bool
+	// EKCertificate says whether evidence carries the certificate of the
+	// TPM's RSA EK (from NV index 0x01c00002, where the manufacturer wrote
+	// it), so a verifier trusting the manufacturer's CA trusts the AK once
+	// the attester answered its credential activation challenge (Activate).
+	// The zero value is EKCertificateOff.
+	EKCertificate EKCertificateMode
+}
+
+// EKCertificateMode says whether evidence carries the TPM's EK certificate.
+type EKCertificateMode string
+
+// The EK certificate modes.
+const (
+	// EKCertificateOff sends none: verifiers must pin the AK or trust an
+	// AK certificate.
+	EKCertificateOff EKCertificateMode = "off"
+	// EKCertificateAuto sends it when the TPM holds one.
+	EKCertificateAuto EKCertificateMode = "auto"
+	// EKCertificateRequired sends it, and New fails when the TPM holds none.
+	EKCertificateRequired EKCertificateMode = "required"
+)
+
+// ParseEKCertificateMode parses "off", "auto" or "required".
+func ParseEKCertificateMode(s string) (EKCertificateMode, error) {
+	switch m := EKCertificateMode(s); m {
+	case EKCertificateOff, EKCertificateAuto, EKCertificateRequired:
+		return m, nil
+	}
+	return "", fmt.Errorf("EK certificate mode %q: use off, auto or required", s)
 }
 
 // Attester produces "tpm" evidence with a TPM. It creates a transient ECC
@@ -49,7 +73,7 @@ type Attester struct {
 	ak     *client.Key
 	opts   Options
 	pub    []byte // the AK's TPMT_PUBLIC
-	ekCert []byte // the EK certificate sent with evidence, DER; nil unless opts.SendEKCertificate
+	ekCert []byte // the EK certificate sent with evidence, DER; nil when opts.EKCertificate sends none
 }
 
 // New creates the attestation key on the TPM at rw. Close flushes it.
@@ -67,11 +91,16 @@ func New(rw io.ReadWriter, opts Options) (*Attester, error) {
 		return nil, fmt.Errorf("encoding attestation key: %w", err)
 	}
 	var ekCert []byte
-	if opts.SendEKCertificate {
-		if ekCert, err = readEKCertificate(rw); err != nil {
+	switch opts.EKCertificate {
+	case "", EKCertificateOff:
+	case EKCertificateAuto, EKCertificateRequired:
+		if ekCert, err = readEKCertificate(rw); err != nil && (opts.EKCertificate == EKCertificateRequired || !errors.Is(err, errNoEKCertificate)) {
 			ak.Close()
 			return nil, err
 		}
+	default:
+		ak.Close()
+		return nil, fmt.Errorf("tpm attester: unknown EK certificate mode %q", opts.EKCertificate)
 	}
 	opts.PCRs = slices.Clone(opts.PCRs)
 	return &Attester{tpm: rw, ak: ak, opts: opts, pub: pub, ekCert: ekCert}, nil
@@ -87,11 +116,13 @@ func readEKCertificate(rw io.ReadWriter) ([]byte, error) {
 	defer ek.Close()
 	der := ek.CertDERBytes()
 	if der == nil {
-		return nil, fmt.Errorf("this TPM has no RSA EK certificate in NV index %#x: its manufacturer did not provision one; "+
-			"pin its attestation key in the policy instead", client.EKCertNVIndexRSA)
+		return nil, fmt.Errorf("%w in NV index %#x: its manufacturer did not provision one; "+
+			"pin its attestation key in the policy instead", errNoEKCertificate, client.EKCertNVIndexRSA)
 	}
 	return der, nil
 }
+
+var errNoEKCertificate = errors.New("this TPM has no RSA EK certificate")
 
 // Variant returns attestation.VariantTPM.
 func (a *Attester) Variant() attestation.Variant { return attestation.VariantTPM }
@@ -141,12 +172,12 @@ func (a *Attester) Close() error {
 	return nil
 }
 
-// EKCertificate returns the EK certificate evidence carries, DER; nil
-// unless Options.SendEKCertificate.
+// EKCertificate returns the EK certificate evidence carries, DER; nil when
+// it carries none (Options.EKCertificate).
 func (a *Attester) EKCertificate() []byte { return a.ekCert }
 
 // RequestsActivation reports whether evidence carries the EK certificate
-// (Options.SendEKCertificate), which asks the verifier for a credential
+// (Options.EKCertificate), which asks the verifier for a credential
 // activation challenge (attestation.Activator).
 func (a *Attester) RequestsActivation() bool { return a.ekCert != nil }
 

@@ -40,7 +40,7 @@ func Pools(t testing.TB, ca swtpm.LocalCA) (roots, intermediates *x509.CertPool)
 // Manufactured is a running manufactured TPM.
 type Manufactured struct {
 	TPM *swtpm.TPM
-	// Attester sends the EK certificate (Options.SendEKCertificate).
+	// Attester sends the EK certificate (Options.EKCertificate).
 	Attester *tpmattester.Attester
 }
 
@@ -68,7 +68,7 @@ func Manufacture(t testing.TB, ca swtpm.LocalCA, pcrs []int, prepare func(*swtpm
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rw.Close() })
-	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs, SendEKCertificate: true})
+	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs, EKCertificate: tpmattester.EKCertificateRequired})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,98 @@
+package policy_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+)
+
+func certPEM(t *testing.T, isCA bool) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: isCA, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+func akPEM(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spki, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki}))
+}
+
+// TestKeyTrust: exactly one way of trusting attestation keys, each
+// checked on load with an error naming the field.
+func TestKeyTrust(t *testing.T) {
+	base := policy.Policy{
+		Variant: "tpm", PCRs: []int{4, 15},
+		Roles: map[policy.Role]policy.RolePolicy{
+			policy.RoleControlPlane: {ReferenceValues: []byte(`{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`)},
+		},
+	}
+	ca, leaf, ak := certPEM(t, true), certPEM(t, false), akPEM(t)
+	tests := []struct {
+		name    string
+		edit    func(*policy.Policy)
+		wantErr string
+		summary string
+	}{
+		{"pinned AKs", func(p *policy.Policy) { p.PinnedAKs = []string{ak} }, "", "keys=pinned(1)"},
+		{"EK roots", func(p *policy.Policy) { p.EKRoots = ca }, "", "keys=ekRoots:sha256:"},
+		{"EK roots and intermediates", func(p *policy.Policy) { p.EKRoots, p.EKIntermediates = ca, ca+ca }, "", "keys=ekRoots:"},
+		{"AK roots", func(p *policy.Policy) { p.AKRoots = ca }, "", "keys=akRoots:"},
+		{"none", func(*policy.Policy) {}, "set exactly one of pinnedAKs", ""},
+		{"two", func(p *policy.Policy) { p.PinnedAKs, p.EKRoots = []string{ak}, ca }, "set exactly one of pinnedAKs", ""},
+		{"intermediates alone", func(p *policy.Policy) { p.PinnedAKs, p.EKIntermediates = []string{ak}, ca }, "ekIntermediates is set without ekRoots", ""},
+		{"EK roots not PEM", func(p *policy.Policy) { p.EKRoots = "not PEM" }, "ekRoots holds no PEM certificate", ""},
+		{"EK root not a CA", func(p *policy.Policy) { p.EKRoots = leaf }, "ekRoots: certificate 1 (CN=test CA) is not a CA certificate", ""},
+		{"EK roots holding a key", func(p *policy.Policy) { p.EKRoots = ca + ak }, `ekRoots: block 2 is a "PUBLIC KEY", want CERTIFICATE`, ""},
+		{"EK roots with trailing text", func(p *policy.Policy) { p.EKRoots = ca + "junk" }, "ekRoots: text after certificate 1 is not PEM", ""},
+		{"EK intermediates not PEM", func(p *policy.Policy) { p.EKRoots, p.EKIntermediates = ca, "x" }, "ekIntermediates holds no PEM certificate", ""},
+		{"pinned AK not a key", func(p *policy.Policy) { p.PinnedAKs = []string{ca} }, "pinnedAKs[0] is not a PEM PUBLIC KEY", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := base
+			tt.edit(&p)
+			a, err := p.Appraisal(time.Now, nil)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("got %v, want an error saying %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(a.Summary, tt.summary) {
+				t.Fatalf("summary %q does not say %q", a.Summary, tt.summary)
+			}
+		})
+	}
+}

@@ -1,0 +1,137 @@
+package joinservice
+
+import (
+	"context"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+)
+
+// trustManufacturer replaces the pinned AKs of the join policy with ca's
+// root and intermediate, and waits until the service applied it.
+func (h *harness) trustManufacturer(t testing.TB, ca swtpm.LocalCA) {
+	t.Helper()
+	root, inter, err := ca.Roots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.ekRoots, h.ekIntermediates = string(root), string(inter)
+	h.applyJoinConfig(t, h.joinConfigData(t, nil))
+}
+
+// manufacturedNode is a node of role on a TPM that ca manufactured, booted
+// as role, sending its EK certificate.
+func manufacturedNode(t testing.TB, ca swtpm.LocalCA, role policy.Role) *tpmattester.Attester {
+	t.Helper()
+	return swtpmtest.Manufacture(t, ca, testPCRs, func(sw *swtpm.TPM) error {
+		rw, err := sw.Open()
+		if err != nil {
+			return err
+		}
+		defer rw.Close()
+		_, err = tpmattester.MeasureBoot(rw, bootArtefacts(role))
+		return err
+	}).Attester
+}
+
+// swappedEK's evidence carries another TPM's EK certificate.
+type swappedEK struct {
+	*tpmattester.Attester
+	ekCert []byte
+}
+
+func (s swappedEK) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+	ev, err := s.Attester.Attest(ctx, userData, nonce)
+	if err != nil {
+		return nil, err
+	}
+	var m attestationv1.TPMEvidence
+	if err := proto.Unmarshal(ev, &m); err != nil {
+		return nil, err
+	}
+	m.EndorsementKeyCertificate = s.ekCert
+	return proto.Marshal(&m)
+}
+
+// replaying answers every activation challenge after its first with the
+// first answer, as an attacker who recorded it would.
+type replaying struct {
+	*tpmattester.Attester
+	mu     sync.Mutex
+	answer []byte
+}
+
+func (r *replaying) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.answer == nil {
+		answer, err := r.Attester.Activate(ctx, challenge)
+		if err != nil {
+			return nil, err
+		}
+		r.answer = answer
+	}
+	return r.answer, nil
+}
+
+// TestEKEndorsedJoin: with a policy naming a TPM manufacturer's CA and no
+// pinned key, a node whose TPM that manufacturer made joins; a TPM of
+// another manufacturer, an AK not resident with the EK it presents, a
+// replayed activation answer and a TPM without an EK certificate are
+// refused in the handshake, with their reasons, and nothing is issued.
+func TestEKEndorsedJoin(t *testing.T) {
+	testenv.RequireRoot(t)
+	h := newHarness(t, harnessOptions{})
+	ca, other := swtpmtest.CA(t), swtpmtest.CA(t)
+	h.trustManufacturer(t, ca)
+	ctx := t.Context()
+
+	worker := manufacturedNode(t, ca, policy.RoleWorker)
+	// The recorder keeps the answer of this join's activation, for the
+	// replay below.
+	recorder := &replaying{Attester: worker}
+	resp, err := h.dial(t, recorder, "").IssueJoinTicket(ctx, joinRequest(t, "worker-ek", net.IPv4(10, 0, 0, 21), false))
+	if err != nil {
+		t.Fatalf("a node of the configured manufacturer, with no registered key: %v", err)
+	}
+	h.checkTicket(t, resp, "worker-ek")
+	h.checkAudit(t, "IssueJoinTicket", "allowed", "allowed")
+	if !slices.ContainsFunc(h.auditEntries(t), func(e auditEntry) bool {
+		return e.Node == "worker-ek" && strings.HasPrefix(e.Evidence.Endorsement, "ek-certificate manufacturer=id:00001014")
+	}) {
+		t.Errorf("the allowed join's audit entry does not name the EK certificate:\n%s", h.logs.String())
+	}
+
+	stranger := manufacturedNode(t, ca, policy.RoleWorker)
+	for _, tt := range []struct {
+		name     string
+		attester attestation.Attester
+		reason   string
+	}{
+		{"TPM of another manufacturer", manufacturedNode(t, other, policy.RoleWorker), "untrusted_key"},
+		{"AK not resident with the EK", swappedEK{Attester: stranger, ekCert: worker.EKCertificate()}, "activation_failed"},
+		{"replayed activation answer", recorder, "activation_failed"},
+		{"TPM without an EK certificate", h.node.attester, "untrusted_key"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before := h.snapshot(t)
+			_, err := h.dial(t, tt.attester, "").IssueJoinTicket(ctx, joinRequest(t, "intruder", net.IPv4(10, 0, 0, 22), false))
+			h.refused(t, err, codes.Unavailable, "handshake", tt.reason)
+			h.assertNothingIssued(t, before)
+		})
+	}
+	h.assertNoSecretsLogged(t, resp)
+}
