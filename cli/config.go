@@ -30,11 +30,11 @@ func newConfigCmd() *cobra.Command {
 
 func newConfigGenerateCmd() *cobra.Command {
 	var (
-		out, name, version, refFile, serviceCIDR, podCIDR string
-		cpRefFile, workerRefFile                          string
-		akFiles                                           []string
-		pcrs                                              []int
-		force                                             bool
+		out, name, version, refFile, serviceCIDR, podCIDR  string
+		cpRefFile, workerRefFile, ekRootsFile, ekInterFile string
+		akFiles                                            []string
+		pcrs                                               []int
+		force                                              bool
 	)
 	cmd := &cobra.Command{
 		Use:   "generate",
@@ -43,15 +43,19 @@ func newConfigGenerateCmd() *cobra.Command {
 			"reference values of what the nodes boot (--reference-values, a JSON or YAML map of\n" +
 			"PCR index to {expected: <hex>, warnOnly: <bool>}), the values that prove each role\n" +
 			"(--control-plane-reference-values, --worker-reference-values; docs/joinservice.md,\n" +
-			"\"Roles from evidence\") and the nodes' trusted attestation keys (--pinned-ak, PEM\n" +
-			"public keys).",
+			"\"Roles from evidence\") and how the nodes' attestation keys are trusted: the CAs of\n" +
+			"their TPMs' manufacturers (--ek-roots, a PEM bundle; any TPM they made joins, with\n" +
+			"no key registered) or registered keys (--pinned-ak, PEM public keys).",
 		Example: "  gatehouse config generate --reference-values refs.yaml \\\n" +
-			"    --control-plane-reference-values cp.yaml --worker-reference-values worker.yaml --pinned-ak ak.pem",
+			"    --control-plane-reference-values cp.yaml --worker-reference-values worker.yaml --ek-roots tpm-vendor-roots.pem",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if refFile == "" || cpRefFile == "" || len(akFiles) == 0 {
-				return errors.New("--reference-values, --control-plane-reference-values and at least one --pinned-ak are required: " +
+			if refFile == "" || cpRefFile == "" || (len(akFiles) == 0) == (ekRootsFile == "") {
+				return errors.New("--reference-values, --control-plane-reference-values and one of --ek-roots and --pinned-ak are required: " +
 					"without them the policy would accept any software, any role or any TPM")
+			}
+			if ekInterFile != "" && ekRootsFile == "" {
+				return errors.New("--ek-intermediates needs --ek-roots")
 			}
 			refJSON, err := readReferenceValues("--reference-values", refFile)
 			if err != nil {
@@ -74,13 +78,21 @@ func newConfigGenerateCmd() *cobra.Command {
 				}
 				aks = append(aks, strings.TrimSpace(string(pem))+"\n")
 			}
+			ekRoots, err := readOptional("--ek-roots", ekRootsFile)
+			if err != nil {
+				return err
+			}
+			ekInter, err := readOptional("--ek-intermediates", ekInterFile)
+			if err != nil {
+				return err
+			}
 			release, err := versions.Resolve(version)
 			if err != nil {
 				return fmt.Errorf("--kubernetes-version: %w", err)
 			}
 			data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
 				Name: name, KubernetesVersion: release.Version, ReferenceValues: refJSON, RoleReferenceValues: roles,
-				PCRs: pcrs, PinnedAKs: aks, ServiceCIDR: serviceCIDR, PodCIDR: podCIDR,
+				PCRs: pcrs, PinnedAKs: aks, EKRoots: ekRoots, EKIntermediates: ekInter, ServiceCIDR: serviceCIDR, PodCIDR: podCIDR,
 			})
 			if err != nil {
 				return err
@@ -99,12 +111,26 @@ func newConfigGenerateCmd() *cobra.Command {
 	f.StringVar(&refFile, "reference-values", "", "file with the PCR values every node shares (JSON or YAML)")
 	f.StringVar(&cpRefFile, "control-plane-reference-values", "", "file with the PCR values that prove the control-plane role (JSON or YAML)")
 	f.StringVar(&workerRefFile, "worker-reference-values", "", "file with the PCR values that prove the worker role (JSON or YAML); without it no node can join as a worker")
-	f.StringArrayVar(&akFiles, "pinned-ak", nil, "PEM public key of a trusted attestation key (repeatable)")
+	f.StringArrayVar(&akFiles, "pinned-ak", nil, "PEM public key of a trusted attestation key (repeatable); or else --ek-roots")
+	f.StringVar(&ekRootsFile, "ek-roots", "", "PEM bundle of the root CAs of the nodes' TPM manufacturers: TPMs whose EK certificate chains to one join with no registered key")
+	f.StringVar(&ekInterFile, "ek-intermediates", "", "PEM bundle of the TPM manufacturers' issuing CAs (with --ek-roots)")
 	f.IntSliceVar(&pcrs, "pcrs", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15}, "SHA-256 PCRs quotes must cover; must include 15")
 	f.StringVar(&serviceCIDR, "service-cidr", "10.96.0.0/12", "Service CIDR")
 	f.StringVar(&podCIDR, "pod-cidr", "10.244.0.0/16", "pod CIDR")
 	f.BoolVar(&force, "force", false, "overwrite an existing file")
 	return cmd
+}
+
+// readOptional reads file, named by flag in errors; "" reads nothing.
+func readOptional(flag, file string) (string, error) {
+	if file == "" {
+		return "", nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	return string(data), nil
 }
 
 // readReferenceValues reads a reference value file (JSON or YAML,

@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -26,6 +28,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -74,10 +78,16 @@ type node struct {
 	// evidence serves the node's evidence (atls.ServeEvidence).
 	evidence string
 	akPEM    string
-	lock     *nodelock.Lock
-	kubeadm  *fakeKubeadm
-	secret   string
+	// ekRoots, when set, is its TPM manufacturer's CA bundle (PEM): the
+	// configuration trusts that instead of pinning akPEM.
+	ekRoots string
+	lock    *nodelock.Lock
+	kubeadm *fakeKubeadm
+	secret  string
 }
+
+// testPCRs is what the test nodes quote.
+var testPCRs = []int{0, 4, 8, 15}
 
 func startNode(t *testing.T) *node {
 	t.Helper()
@@ -89,12 +99,19 @@ func startNode(t *testing.T) *node {
 	if _, err := tpmattester.MeasureBoot(sim, bootArtefacts); err != nil {
 		t.Fatal(err)
 	}
-	a, err := tpmattester.New(sim, tpmattester.Options{PCRs: []int{0, 4, 8, 15}})
+	a, err := tpmattester.New(sim, tpmattester.Options{PCRs: testPCRs})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Close() })
-	lock, err := nodelock.New(sim)
+	return startNodeOn(t, sim, a)
+}
+
+// startNodeOn serves InitService and evidence as a node whose TPM is rw,
+// attesting with a.
+func startNodeOn(t *testing.T, rw io.ReadWriter, a *tpmattester.Attester) *node {
+	t.Helper()
+	lock, err := nodelock.New(rw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,12 +202,18 @@ func writeConfigRoles(t *testing.T, dir string, n *node, tamper bool, measuredAs
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(akFile, []byte(n.akPEM), 0o600); err != nil {
+	keys := []string{"--pinned-ak", akFile}
+	if n.ekRoots != "" {
+		keys = []string{"--ek-roots", filepath.Join(dir, "ek-roots.pem")}
+		if err := os.WriteFile(keys[1], []byte(n.ekRoots), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := os.WriteFile(akFile, []byte(n.akPEM), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, clusterconfig.DefaultPath)
-	run(t, "config", "generate", "--output", out, "--reference-values", refFile, "--pinned-ak", akFile, "--pcrs", "0,4,8,15", "--name", "test",
-		"--control-plane-reference-values", roleFiles["control-plane"], "--worker-reference-values", roleFiles["worker"])
+	run(t, append([]string{"config", "generate", "--output", out, "--reference-values", refFile, "--pcrs", "0,4,8,15", "--name", "test",
+		"--control-plane-reference-values", roleFiles["control-plane"], "--worker-reference-values", roleFiles["worker"]}, keys...)...)
 	return out
 }
 
@@ -268,6 +291,66 @@ func TestInit(t *testing.T) {
 
 // TestInitRefusesTamperedNode: a node whose measurements differ from the
 // configuration gets nothing, and init says why without retrying.
+// TestInitAndVerifyEKEndorsedNode: a configuration trusting the node's
+// TPM manufacturer (no key of the node registered) initialises it and
+// verifies it; the CLI checks the credential activation inside the
+// handshake. A configuration naming another manufacturer refuses it
+// before anything is sent.
+func TestInitAndVerifyEKEndorsedNode(t *testing.T) {
+	ca := swtpmtest.CA(t)
+	m := swtpmtest.Manufacture(t, ca, testPCRs, func(sw *swtpm.TPM) error {
+		rw, err := sw.Open()
+		if err != nil {
+			return err
+		}
+		defer rw.Close()
+		_, err = tpmattester.MeasureBoot(rw, bootArtefacts)
+		return err
+	})
+	rw, err := m.TPM.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rw.Close() })
+	n := startNodeOn(t, rw, m.Attester)
+	root, inter, err := ca.Roots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	t.Chdir(dir)
+	if err := os.WriteFile("secret", []byte(n.secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	otherRoot, _, err := swtpmtest.CA(t).Roots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.ekRoots = string(otherRoot)
+	other := writeConfig(t, t.TempDir(), n, false)
+	if out, err := runErr(t, "init", "--config", other, "--node", n.addr, "--init-secret-file", "secret", "--state-file", "other-state.json",
+		"--master-secret-file", "other-master.json", "--kubeconfig-out", "other.kubeconfig"); err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+		t.Fatalf("init trusting another manufacturer: %v\n%s", err, out)
+	}
+	if n.lock.Locked() || len(n.kubeadm.calls) != 0 {
+		t.Fatal("the node was initialised by a CLI that should not trust it")
+	}
+
+	n.ekRoots = string(root) + string(inter)
+	config := writeConfig(t, dir, n, false)
+	if out := run(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret"); !strings.Contains(out, "is initialised") {
+		t.Fatalf("init output:\n%s", out)
+	}
+	out := run(t, "verify", "--config", config, "--node", n.evidence, "--output", "json")
+	var report struct {
+		Endorsement string `json:"endorsement"`
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil || !strings.HasPrefix(report.Endorsement, "ek-certificate manufacturer=id:00001014") {
+		t.Fatalf("verify report %s (%v): want the EK certificate named", out, err)
+	}
+}
+
 func TestInitRefusesTamperedNode(t *testing.T) {
 	n := startNode(t)
 	dir := t.TempDir()
@@ -361,7 +444,7 @@ func TestConfigGenerate(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"config", "generate", "--output", config}, "--reference-values, --control-plane-reference-values and at least one --pinned-ak"},
+		{[]string{"config", "generate", "--output", config}, "--reference-values, --control-plane-reference-values and one of --ek-roots and --pinned-ak"},
 		{[]string{"config", "generate", "--output", filepath.Join(dir, "x.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--kubernetes-version", "1.20"}, "not supported"},
 		{[]string{"config", "generate", "--output", config, "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem")}, "exists"},
 		{[]string{"config", "generate", "--output", filepath.Join(dir, "y.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--pcrs", "0,4,8"}, "must include the node-lock PCR 15"},

@@ -25,6 +25,9 @@ type verifyReport struct {
 	Node     string `json:"node"`
 	Variant  string `json:"variant"`
 	Identity string `json:"identity"`
+	// Endorsement says how the node's attestation key is trusted
+	// (attestation.Result.Endorsement).
+	Endorsement string `json:"endorsement,omitempty"`
 	// ClusterID is the cluster ID PCR 15 was checked against; empty when
 	// the node was expected not to have taken its node lock.
 	ClusterID    string            `json:"clusterID,omitempty"`
@@ -75,6 +78,7 @@ func newVerifyCmd() *cobra.Command {
 				return fmt.Errorf("node %s does not verify: %w", node, err)
 			}
 			report.Variant, report.Identity, report.Warnings = string(result.Variant), result.Identity, result.Warnings
+			report.Endorsement = result.Endorsement
 			report.Roles = appraisal.Roles(result.Measurements)
 			report.Measurements = map[string]string{}
 			for i, v := range result.Measurements {
@@ -99,6 +103,9 @@ func newVerifyCmd() *cobra.Command {
 
 func printVerifyReport(out io.Writer, r verifyReport, result *attestation.Result) error {
 	fmt.Fprintf(out, "Node %s is verified (%s, %s).\n", r.Node, r.Variant, r.Identity)
+	if r.Endorsement != "" {
+		fmt.Fprintf(out, "Its attestation key is trusted by: %s.\n", r.Endorsement)
+	}
 	fmt.Fprintf(out, "Its evidence proves the roles: %v.\n", r.Roles)
 	if r.ClusterID != "" {
 		fmt.Fprintf(out, "PCR %d holds cluster ID %s.\n", keys.NodeLockPCR, r.ClusterID)

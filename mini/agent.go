@@ -3,8 +3,6 @@ package mini
 import (
 	"bufio"
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -72,6 +70,9 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	if err := mountPrivateDirs(spec); err != nil {
 		return fmt.Errorf("private directories: %w", err)
 	}
+	if err := manufactureTPM(ctx, spec, log); err != nil {
+		return err
+	}
 	log.Info("Starting the node's TPM and measuring its boot")
 	tpmDev, err := swtpm.Start(ctx, filepath.Dir(spec.tpmSocket()))
 	if err != nil {
@@ -79,9 +80,6 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	}
 	defer tpmDev.Stop()
 	if err := measureBoot(spec, tpmDev); err != nil {
-		return err
-	}
-	if err := writeAK(spec, tpmDev); err != nil {
 		return err
 	}
 	if err := writeCNIConfig(spec); err != nil {
@@ -172,25 +170,20 @@ func measureBoot(spec *NodeSpec, t *swtpm.TPM) error {
 	return err
 }
 
-// writeAK records the public key of the attestation key the node's
-// attesters use (the same key each time: it derives from the TPM's
-// endorsement seed).
-func writeAK(spec *NodeSpec, t *swtpm.TPM) error {
-	rw, err := t.Open()
-	if err != nil {
-		return err
+// manufactureTPM makes the node's TPM on its first boot, as its vendor
+// would: EKs with certificates from the cluster's local TPM manufacturer
+// CA, which the join policy trusts (ekRoots), so no key of the node needs
+// registering. A TPM made before (its state file exists) is kept.
+func manufactureTPM(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
+	dir := filepath.Dir(spec.tpmSocket())
+	if _, err := os.Stat(filepath.Join(dir, swtpm.StateFile)); err == nil {
+		return nil
 	}
-	defer rw.Close()
-	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: PCRs})
-	if err != nil {
-		return err
+	log.Info("Manufacturing the node's TPM (EK certificate from the local TPM CA)")
+	if err := swtpm.Manufacture(ctx, dir, swtpm.LocalCA{Dir: spec.TPMCA}); err != nil {
+		return fmt.Errorf("manufacturing the node's TPM: %w", err)
 	}
-	defer a.Close()
-	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(spec.akFile(), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki}), 0o644) //nolint:gosec // a public key
+	return nil
 }
 
 // writeCNIConfig gives the node a bridge network for its pods.

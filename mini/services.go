@@ -34,6 +34,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/helm"
@@ -44,8 +45,8 @@ func randRead(b []byte) (int, error) { return rand.Read(b) }
 
 // writeClusterConfig writes the cluster configuration: reference values
 // of what an untampered node measures (PCR 4) and of each role (RolePCR),
-// and the nodes' attestation keys.
-func writeClusterConfig(path string, opts Options, manifest []byte, aks [][]byte) error {
+// and the TPM manufacturer CA whose TPMs are trusted.
+func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.LocalCA) error {
 	bin := filepath.Join(opts.BinDir, "gatehouse-bootstrapper")
 	var common string
 	roles := map[policy.Role]string{}
@@ -61,13 +62,13 @@ func writeClusterConfig(path string, opts Options, manifest []byte, aks [][]byte
 			return err
 		}
 	}
-	var pinned []string
-	for _, ak := range aks {
-		pinned = append(pinned, string(ak))
+	root, intermediate, err := tpmCA.Roots()
+	if err != nil {
+		return err
 	}
 	data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
 		Name: "mini", KubernetesVersion: opts.KubernetesVersion, ReferenceValues: common, RoleReferenceValues: roles,
-		PCRs: PCRs, PinnedAKs: pinned, ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
+		PCRs: PCRs, EKRoots: string(root), EKIntermediates: string(intermediate), ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
 	})
 	if err != nil {
 		return err
@@ -103,7 +104,7 @@ type services struct {
 // deployServices installs the key service and the join service from the
 // embedded Helm charts with the locally built images (imported into every
 // node, never pulled), their TLS Secrets, and a join config trusting the
-// control plane's attestation key so far. Both run on the control plane's
+// local TPM manufacturer's CA. Both run on the control plane's
 // host network: the local cluster has no kube-proxy, so the join service
 // reaches the key service on 127.0.0.1 and the API server at the node's
 // address.
@@ -230,30 +231,6 @@ func (s *services) joinConfigValues(configPath string, components []*componentsv
 		"kubernetesVersion":    s.version,
 		"kubernetesComponents": string(comps),
 	}, nil
-}
-
-// publishPolicy upgrades the join service release with the join config of
-// the current cluster configuration (the workers' keys added); the service
-// reloads the ConfigMap without a restart.
-func (s *services) publishPolicy(ctx context.Context, configPath string, components []*componentsv1.Component) error {
-	joinConfig, err := s.joinConfigValues(configPath, components)
-	if err != nil {
-		return err
-	}
-	cfg, err := helm.Config(s.kubeconfig, charts.Namespace)
-	if err != nil {
-		return err
-	}
-	c, err := charts.Load("gatehouse-joinservice")
-	if err != nil {
-		return err
-	}
-	up := action.NewUpgrade(cfg)
-	up.Namespace, up.ReuseValues, up.Timeout = charts.Namespace, true, 2*time.Minute
-	if _, err := up.RunWithContext(ctx, "gatehouse-joinservice", c, map[string]any{"joinConfig": joinConfig}); err != nil {
-		return fmt.Errorf("updating the join policy: %w", err)
-	}
-	return nil
 }
 
 // waitReady waits until the control plane and workers are Ready.

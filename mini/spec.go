@@ -50,6 +50,9 @@ type NodeSpec struct {
 	CACertHash    string   `json:"caCertHash,omitempty"`
 	// InitSecretHashFile holds the bcrypt hash of the init secret.
 	InitSecretHashFile string `json:"initSecretHashFile"`
+	// TPMCA is the directory of the local TPM manufacturer's CA
+	// (swtpm.LocalCA) that issues the node TPM's EK certificate.
+	TPMCA string `json:"tpmCA"`
 }
 
 // ImageRepository is where the local images are named (never pulled).
@@ -99,7 +102,3 @@ func (s *NodeSpec) logDir() string { return filepath.Join(s.Dir, "logs") }
 
 // tpmSocket is the node's swtpm socket.
 func (s *NodeSpec) tpmSocket() string { return filepath.Join(s.Dir, "tpm", "tpm.sock") }
-
-// akFile is where the agent writes the public key of the node's
-// attestation key (PEM), for the cluster configuration's pinned AKs.
-func (s *NodeSpec) akFile() string { return filepath.Join(s.Dir, "ak.pem") }

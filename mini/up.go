@@ -19,6 +19,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 	"github.com/gatehouse-dev/gatehouse/mini/images"
@@ -84,6 +85,7 @@ func Up(ctx context.Context, opts Options) (err error) {
 	}()
 	for _, phase := range []func(context.Context) error{
 		u.buildImages, // the node images, from the pinned binaries
+		u.createTPMCA, // the manufacturer of the nodes' TPMs
 		u.createNetwork,
 		u.initControlPlane,
 		u.installServices, // key service and join service
@@ -110,7 +112,7 @@ type up struct {
 	initSecret     string // file of the init secret the CLI sends
 	hashFile       string // file of its bcrypt hash, given to the control plane
 	cp             *NodeSpec
-	aks            [][]byte // attestation keys, control plane first
+	tpmCA          swtpm.LocalCA // issues the nodes' EK certificates; the policy trusts it
 	components     []*componentsv1.Component
 	config         string // the cluster configuration file
 	svc            *services
@@ -161,6 +163,15 @@ func (u *up) buildImages(ctx context.Context) error {
 	return nil
 }
 
+// createTPMCA creates the local TPM manufacturer's CA, which issues every
+// node TPM's EK certificate and which the join policy trusts (ekRoots):
+// nodes join with no key registered beforehand.
+func (u *up) createTPMCA(ctx context.Context) error {
+	u.p.step("Creating the local TPM manufacturer CA (the nodes' EK certificates chain to it)")
+	u.tpmCA = swtpm.LocalCA{Dir: filepath.Join(u.opts.Dir, "tpm-ca")}
+	return u.tpmCA.Init(ctx)
+}
+
 // createNetwork creates the cluster bridge, the host's address on it, and
 // the init secret files.
 func (u *up) createNetwork(ctx context.Context) error {
@@ -195,13 +206,13 @@ func (u *up) newSpec(i int, name string) *NodeSpec {
 		Dir: filepath.Join(u.opts.Dir, "nodes", name), NetNS: "gh-" + name,
 		BinDir: u.opts.BinDir, KubeBinDir: u.opts.KubeBinDir, Images: u.archive, PauseImage: u.pause,
 		PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), CgroupRoot: "/gh-" + name,
-		BootManifest: manifest, InitSecretHashFile: u.hashFile,
+		BootManifest: manifest, InitSecretHashFile: u.hashFile, TPMCA: u.tpmCA.Dir,
 	}
 }
 
-// initControlPlane starts the control plane, pins its attestation key in
-// the cluster configuration and initialises the cluster through it as
-// `gatehouse init` does (Options.Init).
+// initControlPlane writes the cluster configuration, starts the control
+// plane and initialises the cluster through it as `gatehouse init` does
+// (Options.Init).
 func (u *up) initControlPlane(ctx context.Context) error {
 	u.cp = u.newSpec(0, "cp-0")
 	u.cp.ControlPlane, u.cp.Init = true, true
@@ -209,16 +220,12 @@ func (u *up) initControlPlane(ctx context.Context) error {
 	if err := startNode(ctx, u.opts, u.rec, u.cp); err != nil {
 		return err
 	}
-	cpAK, err := waitFile(ctx, u.cp.akFile(), time.Minute)
-	if err != nil {
-		return fmt.Errorf("node %s: %w (see %s)", u.cp.Name, err, filepath.Join(u.cp.logDir(), "agent.log"))
-	}
-	u.aks = [][]byte{cpAK}
+	var err error
 	if u.components, err = miniComponents(u.opts.KubernetesVersion, u.opts.KubeBinDir); err != nil {
 		return err
 	}
 	u.config = filepath.Join(u.opts.Dir, "gatehouse-config.yaml")
-	if err := writeClusterConfig(u.config, u.opts, u.manifest, u.aks); err != nil {
+	if err := writeClusterConfig(u.config, u.opts, u.manifest, u.tpmCA); err != nil {
 		return err
 	}
 	u.p.step("Initialising the cluster on %s (attested init, real kubeadm init)", u.cp.Name)
@@ -237,8 +244,8 @@ func (u *up) installServices(ctx context.Context) error {
 	return err
 }
 
-// startWorkers starts the workers, pointed at the join service, and
-// trusts their attestation keys in the join policy.
+// startWorkers starts the workers, pointed at the join service. Their
+// TPMs come from the CA the policy trusts: nothing of theirs is registered.
 func (u *up) startWorkers(ctx context.Context) error {
 	for i := 1; i <= u.opts.Workers; i++ {
 		w := u.newSpec(i, fmt.Sprintf("worker-%d", i))
@@ -250,18 +257,7 @@ func (u *up) startWorkers(ctx context.Context) error {
 		}
 		u.workers = append(u.workers, w)
 	}
-	for _, w := range u.workers {
-		ak, err := waitFile(ctx, w.akFile(), time.Minute)
-		if err != nil {
-			return fmt.Errorf("node %s: %w", w.Name, err)
-		}
-		u.aks = append(u.aks, ak)
-	}
-	u.p.step("Trusting the workers' attestation keys in the join policy")
-	if err := writeClusterConfig(u.config, u.opts, u.manifest, u.aks); err != nil {
-		return err
-	}
-	return u.svc.publishPolicy(ctx, u.config, u.components)
+	return nil
 }
 
 // waitReady waits for every node that measures the cluster's reference

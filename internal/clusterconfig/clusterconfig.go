@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 	"text/template"
 	"time"
 
@@ -142,9 +143,12 @@ type TemplateValues struct {
 	RoleReferenceValues map[policy.Role]string
 	// PCRs is the quoted selection; it must include 15.
 	PCRs []int
-	// PinnedAKs are PEM public keys of trusted attestation keys.
-	PinnedAKs            []string
-	ServiceCIDR, PodCIDR string
+	// PinnedAKs are PEM public keys of trusted attestation keys; or else
+	// EKRoots (and EKIntermediates) are PEM bundles of the TPM manufacturers'
+	// CAs whose TPMs are trusted (docs/attestation.md, "Endorsed keys").
+	PinnedAKs                []string
+	EKRoots, EKIntermediates string
+	ServiceCIDR, PodCIDR     string
 }
 
 var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap{
@@ -153,6 +157,10 @@ var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap
 		return string(b), err
 	},
 	"supported": func() string { return fmt.Sprint(versions.Supported()) },
+	"indent": func(n int, s string) string {
+		pad := strings.Repeat(" ", n)
+		return pad + strings.ReplaceAll(strings.TrimSpace(s), "\n", "\n"+pad)
+	},
 }).Parse(`# Gatehouse cluster configuration (docs/quickstart.md).
 # Every field is checked when a command reads this file.
 
@@ -184,12 +192,25 @@ attestation:
     {{$role}}:
       referenceValues: {{$values}}
 {{- end}}
-  # Trusted attestation keys (PEM public keys). Alternatively set akRoots to a
-  # PEM bundle of CA certificates that AK certificates chain to.
+  # How attestation keys are trusted; set exactly one of:
+  #   ekRoots    TPM manufacturers' root CAs (PEM): any TPM they made joins, with
+  #              no key registered; it proves its key by credential activation
+  #              (ekIntermediates: their issuing CAs);
+  #   pinnedAKs  registered attestation keys (PEM public keys);
+  #   akRoots    CAs (PEM) that attestation key certificates chain to.
+{{- if .EKRoots}}
+  ekRoots: |
+{{indent 4 .EKRoots}}
+{{- if .EKIntermediates}}
+  ekIntermediates: |
+{{indent 4 .EKIntermediates}}
+{{- end}}
+{{- else}}
   pinnedAKs:
 {{- range .PinnedAKs}}
     - {{json .}}
 {{- else}} []
+{{- end}}
 {{- end}}
 
 networking:

@@ -114,7 +114,7 @@ func TestParseJoinConfig(t *testing.T) {
 		}), wantErr: "must not set PCR 15"},
 		{name: "short reference value", data: policy(func(s string) string { return strings.Replace(s, strings.Repeat("ab", 32), "abcd", 1) }), wantErr: "index 4: expected value has 2 bytes, want 32"},
 		{name: "unknown field", data: policy(func(s string) string { return s + "extra: 1\n" }), wantErr: "unknown field"},
-		{name: "no endorsement", data: change(KeyAttestation, withoutAKs), wantErr: "exactly one of akRoots and pinnedAKs"},
+		{name: "no endorsement", data: change(KeyAttestation, withoutAKs), wantErr: "set exactly one of pinnedAKs"},
 		{name: "AK not PEM", data: change(KeyAttestation, withoutAKs+"pinnedAKs: [nope]\n"), wantErr: "pinnedAKs[0] is not a PEM PUBLIC KEY"},
 		{name: "AK roots without certificates", data: change(KeyAttestation, withoutAKs+"akRoots: nope\n"), wantErr: "akRoots holds no PEM certificate"},
 	}

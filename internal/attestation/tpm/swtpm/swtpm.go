@@ -27,6 +27,11 @@ type TPM struct {
 	err    error
 }
 
+// StateFile is the file in a state directory that holds a TPM's
+// permanent state (its seeds, NV and persistent objects); it exists once
+// the TPM was manufactured or has run.
+const StateFile = "tpm2-00.permall"
+
 // Start runs swtpm with its state (its seeds, NV and persistent objects) in
 // stateDir, created if missing, and returns once it accepts connections. The
 // TPM starts up by itself (TPM2_Startup(CLEAR)), so PCRs begin at their reset

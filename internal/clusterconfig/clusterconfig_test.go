@@ -1,0 +1,66 @@
+package clusterconfig_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
+)
+
+func caPEM(t *testing.T, name string) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+// TestGenerateKeyTrust: the generated configuration trusts TPM
+// manufacturers when given their CAs, and parses back to the same bundles.
+func TestGenerateKeyTrust(t *testing.T) {
+	root, inter := caPEM(t, "root"), caPEM(t, "intermediate")
+	data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
+		Name: "c", KubernetesVersion: "v1.36.4", ReferenceValues: `{"0": {"expected": "` + strings.Repeat("cd", 32) + `"}}`, PCRs: []int{0, 4, 15},
+		RoleReferenceValues: map[policy.Role]string{policy.RoleControlPlane: `{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`},
+		EKRoots:             root, EKIntermediates: inter, ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clusterconfig.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(cfg.Attestation.EKRoots) != strings.TrimSpace(root) || strings.TrimSpace(cfg.Attestation.EKIntermediates) != strings.TrimSpace(inter) {
+		t.Fatalf("the EK CAs did not survive the round trip:\n%s", data)
+	}
+	if len(cfg.Attestation.PinnedAKs) != 0 || !strings.Contains(string(data), "# How attestation keys are trusted") {
+		t.Fatalf("generated configuration:\n%s", data)
+	}
+	a, err := cfg.Appraisal(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(a.Summary, "keys=ekRoots:") {
+		t.Fatalf("summary %q", a.Summary)
+	}
+}
