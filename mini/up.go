@@ -483,12 +483,3 @@ func startNode(ctx context.Context, opts Options, rec *Record, s *NodeSpec) erro
 	// The record names the agent either way, for `gatehouse mini down`.
 	return errors.Join(err, rec.save())
 }
-
-// waitFile polls for path and returns its content.
-func waitFile(ctx context.Context, path string, timeout time.Duration) (data []byte, err error) {
-	err = poll(ctx, 200*time.Millisecond, timeout, path, func() (bool, error) {
-		data, err = os.ReadFile(path)
-		return err == nil && len(data) > 0, nil
-	})
-	return data, err
-}

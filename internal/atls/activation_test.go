@@ -96,7 +96,12 @@ func TestKeyActivationOverGRPC(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		go func() { done <- ServeEvidence(ctx, lis, serverTPM.Attester) }()
-		defer func() { cancel(); <-done }()
+		defer func() {
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Errorf("ServeEvidence ended with %v, want context.Canceled", err)
+			}
+		}()
 		r, err := FetchEvidence(t.Context(), lis.Addr().String(), verifiers)
 		if err != nil {
 			t.Fatal(err)
