@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/charts"
@@ -33,21 +31,25 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
-	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
 
 // workerAsksForControlPlane boots a fresh machine that measures exactly
-// what a local worker measures, has an administrator trust its key as for
-// any new worker, and asks the running join service for the control-plane
-// role. It must be refused, leaving no token, binding or Lease.
+// what a local worker measures, on a TPM from the manufacturer the policy
+// trusts (as any new worker: nothing of it is registered), and asks the
+// running join service for the control-plane role. It must be refused,
+// leaving no token, binding or Lease.
 func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, client kubernetes.Interface) {
 	t.Helper()
 	spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", "worker-1", "node.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, err := swtpm.Start(ctx, t.TempDir())
+	tpmDir := t.TempDir()
+	if err := swtpm.Manufacture(ctx, tpmDir, swtpm.LocalCA{Dir: filepath.Join(dir, "tpm-ca")}); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := swtpm.Start(ctx, tpmDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,12 +66,11 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 	if _, err := tpmattester.MeasureBoot(rw, artefacts); err != nil {
 		t.Fatal(err)
 	}
-	attester, err := tpmattester.New(rw, tpmattester.Options{PCRs: mini.PCRs})
+	attester, err := tpmattester.New(rw, tpmattester.Options{PCRs: mini.PCRs, EKCertificate: tpmattester.EKCertificateRequired})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = attester.Close() })
-	trustAK(ctx, t, client, attester)
 
 	caPEM, err := os.ReadFile(filepath.Join(dir, "nodes", "cp-0", "root", "etc", "kubernetes", "pki", "ca.crt"))
 	if err != nil {
@@ -89,8 +90,8 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	req := &joinservicev1.IssueJoinTicketRequest{DiskUuid: uuid.NewString(), CertificateRequest: impostorCSR(t), IsControlPlane: true}
-	// Until the join service has applied the trusted key, the handshake
-	// fails (Unavailable); then the request is decided.
+	// The join service may still be settling (Unavailable); then the
+	// request is decided.
 	var callErr error
 	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, callErr = joinservicev1.NewJoinServiceClient(conn).IssueJoinTicket(ctx, req)
@@ -120,34 +121,6 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 	}
 	if log := joinServiceLog(t, dir); !strings.Contains(log, `"reason":"role_not_attested"`) {
 		t.Errorf("the join service did not audit role_not_attested:\n%s", log)
-	}
-}
-
-// trustAK adds a's attestation key to the join config's pinned keys, as an
-// administrator provisioning a new worker would.
-func trustAK(ctx context.Context, t *testing.T, client kubernetes.Interface, a *tpmattester.Attester) {
-	t.Helper()
-	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cms := client.CoreV1().ConfigMaps(charts.Namespace)
-	cm, err := cms.Get(ctx, "gatehouse-join-config", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy, err := policy.Decode([]byte(cm.Data[joinconfig.KeyAttestation]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy.PinnedAKs = append(policy.PinnedAKs, string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki})))
-	data, err := yaml.Marshal(policy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cm.Data[joinconfig.KeyAttestation] = string(data)
-	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
 	}
 }
 
