@@ -43,7 +43,7 @@ type Policy struct {
 	// the only ones it gets (docs/joinservice.md, "Roles from evidence").
 	Roles map[Role]RolePolicy `json:"roles"`
 	// How attestation keys (AKs) are trusted: set exactly one of AKRoots,
-	// PinnedAKs and EKRoots (docs/attestation.md, "Endorsed keys").
+	// PinnedAKs, EKRoots and GCE (docs/attestation.md, "Endorsed keys").
 	//
 	// AKRoots is a PEM bundle of roots for AK certificate chains.
 	AKRoots string `json:"akRoots,omitempty"`
@@ -58,6 +58,18 @@ type Policy struct {
 	// EK certificates chain through (TPMs store only the EK certificate);
 	// only with EKRoots.
 	EKIntermediates string `json:"ekIntermediates,omitempty"`
+	// GCE trusts Compute Engine vTPMs (Shielded and Confidential VMs): the
+	// AK certificate Google's vTPM CA issued the instance chains to Google's
+	// roots, and names an instance in an allowed project and zone.
+	GCE *GCEPolicy `json:"gce,omitempty"`
+}
+
+// GCEPolicy constrains the Compute Engine instances a policy trusts.
+type GCEPolicy struct {
+	// Projects are the allowed project IDs (at least one).
+	Projects []string `json:"projects"`
+	// Zones, when set, are the allowed zones, e.g. us-central1-a.
+	Zones []string `json:"zones,omitempty"`
 }
 
 // Decode decodes a Policy from YAML (or JSON) strictly: unknown fields
@@ -93,15 +105,25 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 			set++
 		}
 	}
+	if p.GCE != nil {
+		set++
+	}
 	if set != 1 {
 		return e, errors.New("set exactly one of pinnedAKs (registered attestation keys), ekRoots (TPM manufacturers' CAs: " +
-			"no registration) and akRoots (CAs of attestation key certificates)")
+			"no registration), gce (Compute Engine vTPMs of allowed projects) and akRoots (CAs of attestation key certificates)")
 	}
 	if strings.TrimSpace(p.EKIntermediates) != "" && strings.TrimSpace(p.EKRoots) == "" {
 		return e, errors.New("ekIntermediates is set without ekRoots")
 	}
 	var err error
 	switch {
+	case p.GCE != nil:
+		if len(p.GCE.Projects) == 0 {
+			return e, errors.New("gce.projects is empty: name the projects whose instances may join; " +
+				"otherwise every Compute Engine VM of every Google customer would be trusted")
+		}
+		e.GCE = &tpm.GCEEndorsement{Projects: p.GCE.Projects, Zones: p.GCE.Zones}
+		return e, nil
 	case strings.TrimSpace(p.AKRoots) != "":
 		e.Roots, err = certPool("akRoots", p.AKRoots)
 		return e, err
@@ -136,6 +158,8 @@ func (p Policy) keyTrust() string {
 		return fmt.Sprintf("pinned(%d)", len(p.PinnedAKs))
 	case p.EKRoots != "":
 		return "ekRoots:" + Fingerprint([]byte(p.EKRoots))
+	case p.GCE != nil:
+		return fmt.Sprintf("gce(projects=%v zones=%v)", p.GCE.Projects, p.GCE.Zones)
 	default:
 		return "akRoots:" + Fingerprint([]byte(p.AKRoots))
 	}

@@ -76,6 +76,26 @@ func ParseEKCertificate(der []byte) (*EKCertificate, error) {
 	return ek, nil
 }
 
+// handleTPMSubjectAltName marks cert's critical subjectAltName handled when
+// it is the TCG profiles' directoryName naming a TPM (as in EK and vTPM AK
+// certificates, which crypto/x509 leaves unhandled); any other unhandled
+// critical extension stays, so verification refuses it.
+func handleTPMSubjectAltName(cert *x509.Certificate) error {
+	for _, ext := range cert.Extensions {
+		if !ext.Id.Equal(oidSubjectAltName) || !ext.Critical {
+			continue
+		}
+		var tpm EKCertificate
+		if err := tpm.parseSubjectAltName(ext.Value); err != nil {
+			return err
+		}
+		if tpm.Manufacturer != "" {
+			cert.UnhandledCriticalExtensions = slices.DeleteFunc(cert.UnhandledCriticalExtensions, oidSubjectAltName.Equal)
+		}
+	}
+	return nil
+}
+
 // parseSubjectAltName reads the TPM's attributes from the directoryName
 // of a subjectAltName (GeneralNames, RFC 5280 §4.2.1.6).
 func (ek *EKCertificate) parseSubjectAltName(value []byte) error {

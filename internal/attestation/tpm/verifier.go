@@ -44,7 +44,7 @@ const requiredAKAttributes = tpm2.FlagSign | tpm2.FlagRestricted | tpm2.FlagFixe
 	tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin
 
 // Endorsement says which attestation keys the verifier trusts. Set exactly
-// one of PinnedKeys, Roots and EKRoots.
+// one of PinnedKeys, Roots, EKRoots and GCE.
 type Endorsement struct {
 	// PinnedKeys are trusted AK public keys.
 	PinnedKeys []crypto.PublicKey
@@ -59,6 +59,9 @@ type Endorsement struct {
 	// EKIntermediates are the manufacturers' issuing CAs, which EK
 	// certificates name but TPMs do not store; nil when none.
 	EKIntermediates *x509.CertPool
+	// GCE trusts Compute Engine vTPMs by the AK certificate Google's vTPM
+	// CA issued the instance, in allowed projects and zones.
+	GCE *GCEEndorsement
 }
 
 // mode names the one trust anchor e sets, or "" when it sets none or more
@@ -73,6 +76,9 @@ func (e Endorsement) mode() string {
 	}
 	if e.EKRoots != nil {
 		modes = append(modes, "ek-certificate")
+	}
+	if e.GCE != nil {
+		modes = append(modes, "gce")
 	}
 	if len(modes) != 1 {
 		return ""
@@ -108,7 +114,21 @@ func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 		}
 	}
 	if policy.Endorsement.mode() == "" {
-		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys, AK certificate roots and EK certificate roots")
+		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys, AK certificate roots, EK certificate roots and GCE")
+	}
+	if g := policy.Endorsement.GCE; g != nil {
+		if len(g.Projects) == 0 {
+			return nil, errors.New("tpm policy: GCE needs at least one allowed project, or every Compute Engine VM of every Google customer would be trusted")
+		}
+		if g.Roots == nil {
+			roots, intermediates, err := GCERoots()
+			if err != nil {
+				return nil, err
+			}
+			gce := *g
+			gce.Roots, gce.Intermediates = roots, intermediates
+			policy.Endorsement.GCE = &gce
+		}
 	}
 	for index := range policy.ReferenceValues {
 		if !slices.Contains(policy.PCRs, int(index)) {
@@ -149,13 +169,35 @@ func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestati
 	if err != nil {
 		return nil, err
 	}
-	akPub, identity, err := v.trustedAK(ev)
+	return v.verify(ev, attestation.Binding256(nonce, ev.GetUserData()))
+}
+
+// VerifyExtraData runs Verify's checks on evidence whose quote's extraData
+// must equal extraData itself, rather than SHA-256(nonce || user data): the
+// form of quotes other attesters record (go-tpm-tools' client.Attest puts
+// the relying party's nonce there). It lets recorded real evidence, such
+// as a Compute Engine vTPM's, run through the same checks; Gatehouse's
+// relying parties use Verify.
+func (v *Verifier) VerifyExtraData(_ context.Context, evidence, extraData []byte) (*attestation.Result, error) {
+	ev, err := ParseEvidence(evidence)
+	if err != nil {
+		return nil, err
+	}
+	return v.verify(ev, extraData)
+}
+
+// verify checks parsed evidence whose quote must carry extraData.
+func (v *Verifier) verify(ev *attestationv1.TPMEvidence, extraData []byte) (*attestation.Result, error) {
+	akPub, identity, keyEndorsement, err := v.trustedAK(ev)
 	if err != nil {
 		return nil, err
 	}
 	endorsement, activation, err := v.endorsement(ev)
 	if err != nil {
 		return nil, err
+	}
+	if keyEndorsement != "" {
+		endorsement = keyEndorsement
 	}
 	sigHash, err := verifySignature(ev.GetQuote(), ev.GetSignature(), akPub)
 	if err != nil {
@@ -165,8 +207,7 @@ func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestati
 	if err != nil {
 		return nil, err
 	}
-	want := attestation.Binding256(nonce, ev.GetUserData())
-	if subtle.ConstantTimeCompare(quote.ExtraData, want) != 1 {
+	if subtle.ConstantTimeCompare(quote.ExtraData, extraData) != 1 {
 		return nil, fmt.Errorf("%w: quote extraData is not SHA-256(nonce || user data)", attestation.ErrNonce)
 	}
 	pcrs, err := v.checkPCRs(ev, quote, sigHash)
@@ -224,70 +265,91 @@ func ParseEvidence(evidence []byte) (*attestationv1.TPMEvidence, error) {
 
 // trustedAK decodes the AK, checks its attributes and its endorsement, and
 // returns its public key and identity.
-func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence) (crypto.PublicKey, string, error) {
+func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence) (crypto.PublicKey, string, string, error) {
 	pub, err := tpm2.DecodePublic(ev.GetAttestationKey())
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: decoding attestation key: %w", attestation.ErrMalformed, err)
+		return nil, "", "", fmt.Errorf("%w: decoding attestation key: %w", attestation.ErrMalformed, err)
 	}
 	if pub.Attributes&requiredAKAttributes != requiredAKAttributes {
-		return nil, "", fmt.Errorf("%w: attestation key is not a restricted, TPM-resident signing key (attributes %#x)",
+		return nil, "", "", fmt.Errorf("%w: attestation key is not a restricted, TPM-resident signing key (attributes %#x)",
 			attestation.ErrUntrustedKey, uint32(pub.Attributes))
 	}
 	key, err := pub.Key()
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
+		return nil, "", "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
 	}
 	identity, err := Identity(key)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
+		return nil, "", "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
 	}
 
 	switch v.policy.Endorsement.mode() {
 	case "ek-certificate":
 		// Trusted through the EK: see endorsement.
-		return key, identity, nil
+		return key, identity, "", nil
+	case "gce":
+		desc, err := v.policy.Endorsement.GCE.verify(ev.GetAttestationKeyCertificates(), key, v)
+		if err != nil {
+			return nil, "", "", err
+		}
+		return key, identity, desc, nil
 	case "pinned":
 		for _, pinned := range v.policy.Endorsement.PinnedKeys {
 			if eq, ok := pinned.(interface{ Equal(crypto.PublicKey) bool }); ok && eq.Equal(key) {
-				return key, identity, nil
+				return key, identity, "", nil
 			}
 		}
-		return nil, "", fmt.Errorf("%w: attestation key %s is not pinned", attestation.ErrUntrustedKey, identity)
+		return nil, "", "", fmt.Errorf("%w: attestation key %s is not pinned", attestation.ErrUntrustedKey, identity)
 	}
 	if err := v.verifyAKCertificate(ev.GetAttestationKeyCertificates(), key); err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
-	return key, identity, nil
+	return key, identity, "", nil
 }
 
 func (v *Verifier) verifyAKCertificate(chain [][]byte, key crypto.PublicKey) error {
+	_, err := v.verifyChain(chain, key, v.policy.Endorsement.Roots, nil)
+	return err
+}
+
+// verifyChain checks an AK certificate chain (DER, leaf first) sent with
+// the evidence: the leaf certifies key and chains, at v's time, to roots
+// through the chain's other certificates and intermediates (may be nil).
+// It returns the leaf.
+func (v *Verifier) verifyChain(chain [][]byte, key crypto.PublicKey, roots, intermediates *x509.CertPool) (*x509.Certificate, error) {
 	if len(chain) == 0 {
-		return fmt.Errorf("%w: no AK certificate, and the policy trusts only certified AKs", attestation.ErrUntrustedKey)
+		return nil, fmt.Errorf("%w: no AK certificate, and the policy trusts only certified AKs", attestation.ErrUntrustedKey)
 	}
 	leaf, err := x509.ParseCertificate(chain[0])
 	if err != nil {
-		return fmt.Errorf("%w: parsing AK certificate: %w", attestation.ErrMalformed, err)
+		return nil, fmt.Errorf("%w: parsing AK certificate: %w", attestation.ErrMalformed, err)
 	}
-	intermediates := x509.NewCertPool()
+	pool := x509.NewCertPool()
+	if intermediates != nil {
+		pool = intermediates.Clone()
+	}
 	for i, der := range chain[1:] {
 		cert, err := x509.ParseCertificate(der)
 		if err != nil {
-			return fmt.Errorf("%w: parsing AK intermediate certificate %d: %w", attestation.ErrMalformed, i+1, err)
+			return nil, fmt.Errorf("%w: parsing AK intermediate certificate %d: %w", attestation.ErrMalformed, i+1, err)
 		}
-		intermediates.AddCert(cert)
+		pool.AddCert(cert)
 	}
 	if eq, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !eq.Equal(key) {
-		return fmt.Errorf("%w: AK certificate is for another key", attestation.ErrUntrustedKey)
+		return nil, fmt.Errorf("%w: AK certificate is for another key", attestation.ErrUntrustedKey)
+	}
+	if err := handleTPMSubjectAltName(leaf); err != nil {
+		return nil, err
 	}
 	if _, err := leaf.Verify(x509.VerifyOptions{
-		Roots:         v.policy.Endorsement.Roots,
-		Intermediates: intermediates,
+		Roots:         roots,
+		Intermediates: pool,
 		CurrentTime:   v.now(),
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
 	}); err != nil {
-		return fmt.Errorf("%w: AK certificate: %w", attestation.ErrUntrustedKey, err)
+		return nil, fmt.Errorf("%w: AK certificate: %w", attestation.ErrUntrustedKey, err)
 	}
-	return nil
+	return leaf, nil
 }
 
 // verifySignature checks the TPMT_SIGNATURE over quote under key and returns
