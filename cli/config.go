@@ -32,7 +32,7 @@ func newConfigGenerateCmd() *cobra.Command {
 	var (
 		out, name, version, refFile, serviceCIDR, podCIDR  string
 		cpRefFile, workerRefFile, ekRootsFile, ekInterFile string
-		akFiles                                            []string
+		akFiles, gceProjects, gceZones                     []string
 		pcrs                                               []int
 		force                                              bool
 	)
@@ -45,14 +45,24 @@ func newConfigGenerateCmd() *cobra.Command {
 			"(--control-plane-reference-values, --worker-reference-values; docs/joinservice.md,\n" +
 			"\"Roles from evidence\") and how the nodes' attestation keys are trusted: the CAs of\n" +
 			"their TPMs' manufacturers (--ek-roots, a PEM bundle; any TPM they made joins, with\n" +
-			"no key registered) or registered keys (--pinned-ak, PEM public keys).",
+			"no key registered), Compute Engine vTPMs of named projects (--gce-project), or\n" +
+			"registered keys (--pinned-ak, PEM public keys).",
 		Example: "  gatehouse config generate --reference-values refs.yaml \\\n" +
 			"    --control-plane-reference-values cp.yaml --worker-reference-values worker.yaml --ek-roots tpm-vendor-roots.pem",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if refFile == "" || cpRefFile == "" || (len(akFiles) == 0) == (ekRootsFile == "") {
-				return errors.New("--reference-values, --control-plane-reference-values and one of --ek-roots and --pinned-ak are required: " +
+			trust := 0
+			for _, set := range []bool{len(akFiles) > 0, ekRootsFile != "", len(gceProjects) > 0} {
+				if set {
+					trust++
+				}
+			}
+			if refFile == "" || cpRefFile == "" || trust != 1 {
+				return errors.New("--reference-values, --control-plane-reference-values and one of --ek-roots, --gce-project and --pinned-ak are required: " +
 					"without them the policy would accept any software, any role or any TPM")
+			}
+			if len(gceZones) > 0 && len(gceProjects) == 0 {
+				return errors.New("--gce-zone needs --gce-project")
 			}
 			if ekInterFile != "" && ekRootsFile == "" {
 				return errors.New("--ek-intermediates needs --ek-roots")
@@ -92,7 +102,8 @@ func newConfigGenerateCmd() *cobra.Command {
 			}
 			data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
 				Name: name, KubernetesVersion: release.Version, ReferenceValues: refJSON, RoleReferenceValues: roles,
-				PCRs: pcrs, PinnedAKs: aks, EKRoots: ekRoots, EKIntermediates: ekInter, ServiceCIDR: serviceCIDR, PodCIDR: podCIDR,
+				PCRs: pcrs, PinnedAKs: aks, EKRoots: ekRoots, EKIntermediates: ekInter,
+				GCEProjects: gceProjects, GCEZones: gceZones, ServiceCIDR: serviceCIDR, PodCIDR: podCIDR,
 			})
 			if err != nil {
 				return err
@@ -114,6 +125,8 @@ func newConfigGenerateCmd() *cobra.Command {
 	f.StringArrayVar(&akFiles, "pinned-ak", nil, "PEM public key of a trusted attestation key (repeatable); or else --ek-roots")
 	f.StringVar(&ekRootsFile, "ek-roots", "", "PEM bundle of the root CAs of the nodes' TPM manufacturers: TPMs whose EK certificate chains to one join with no registered key")
 	f.StringVar(&ekInterFile, "ek-intermediates", "", "PEM bundle of the TPM manufacturers' issuing CAs (with --ek-roots)")
+	f.StringArrayVar(&gceProjects, "gce-project", nil, "trust the Compute Engine vTPMs of this project (repeatable), by the AK certificates Google's vTPM CA issues")
+	f.StringArrayVar(&gceZones, "gce-zone", nil, "with --gce-project: only instances in this zone (repeatable)")
 	f.IntSliceVar(&pcrs, "pcrs", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15}, "SHA-256 PCRs quotes must cover; must include 15")
 	f.StringVar(&serviceCIDR, "service-cidr", "10.96.0.0/12", "Service CIDR")
 	f.StringVar(&podCIDR, "pod-cidr", "10.244.0.0/16", "pod CIDR")

@@ -444,7 +444,7 @@ func TestConfigGenerate(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"config", "generate", "--output", config}, "--reference-values, --control-plane-reference-values and one of --ek-roots and --pinned-ak"},
+		{[]string{"config", "generate", "--output", config}, "--reference-values, --control-plane-reference-values and one of --ek-roots, --gce-project and --pinned-ak"},
 		{[]string{"config", "generate", "--output", filepath.Join(dir, "x.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--kubernetes-version", "1.20"}, "not supported"},
 		{[]string{"config", "generate", "--output", config, "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem")}, "exists"},
 		{[]string{"config", "generate", "--output", filepath.Join(dir, "y.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--pcrs", "0,4,8"}, "must include the node-lock PCR 15"},

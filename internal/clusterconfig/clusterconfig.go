@@ -148,7 +148,10 @@ type TemplateValues struct {
 	// CAs whose TPMs are trusted (docs/attestation.md, "Endorsed keys").
 	PinnedAKs                []string
 	EKRoots, EKIntermediates string
-	ServiceCIDR, PodCIDR     string
+	// GCEProjects (and GCEZones), when set, trust the Compute Engine vTPMs
+	// of those projects instead (docs/attestation.md, "Cloud vTPMs").
+	GCEProjects, GCEZones []string
+	ServiceCIDR, PodCIDR  string
 }
 
 var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap{
@@ -197,8 +200,16 @@ attestation:
   #              no key registered; it proves its key by credential activation
   #              (ekIntermediates: their issuing CAs);
   #   pinnedAKs  registered attestation keys (PEM public keys);
+  #   gce        Compute Engine vTPMs of the listed projects (and zones): their AK
+  #              certificates from Google's vTPM CA name the instance;
   #   akRoots    CAs (PEM) that attestation key certificates chain to.
-{{- if .EKRoots}}
+{{- if .GCEProjects}}
+  gce:
+    projects: {{json .GCEProjects}}
+{{- if .GCEZones}}
+    zones: {{json .GCEZones}}
+{{- end}}
+{{- else if .EKRoots}}
   ekRoots: |
 {{indent 4 .EKRoots}}
 {{- if .EKIntermediates}}

@@ -64,3 +64,23 @@ func TestGenerateKeyTrust(t *testing.T) {
 		t.Fatalf("summary %q", a.Summary)
 	}
 }
+
+// TestGenerateGCE: a configuration trusting Compute Engine vTPMs names the
+// projects and zones.
+func TestGenerateGCE(t *testing.T) {
+	data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
+		Name: "c", KubernetesVersion: "v1.36.4", ReferenceValues: `{"0": {"expected": "` + strings.Repeat("cd", 32) + `"}}`, PCRs: []int{0, 4, 15},
+		RoleReferenceValues: map[policy.Role]string{policy.RoleControlPlane: `{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`},
+		GCEProjects:         []string{"my-project"}, GCEZones: []string{"europe-west3-a"}, ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clusterconfig.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := cfg.Attestation.GCE; g == nil || g.Projects[0] != "my-project" || g.Zones[0] != "europe-west3-a" {
+		t.Fatalf("gce policy %+v from:\n%s", g, data)
+	}
+}

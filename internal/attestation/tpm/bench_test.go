@@ -3,14 +3,20 @@ package tpm_test
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/ecdsa"
+	"crypto/rsa"
 	"crypto/sha256"
+	"crypto/x509"
 	"testing"
+	"time"
 
 	"github.com/google/go-tpm/legacy/tpm2"
 	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 )
 
 // BenchmarkVerification compares, in one run, a full verification of
@@ -61,6 +67,140 @@ func BenchmarkAttest(b *testing.B) {
 	for b.Loop() {
 		if _, err := f.attester.Attest(context.Background(), []byte("key hash"), nonce); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkVerificationEK compares, in one run, the verifier's work for an
+// EK-endorsed AK (full verification with the EK certificate's profile and
+// chain, plus making the credential activation challenge) with the raw
+// signature checks inside it: the quote's ECDSA signature and the EK
+// chain's two certificate signatures. The TPM's answer (ActivateCredential
+// on swtpm) is the attester's cost and is not measured here.
+func BenchmarkVerificationEK(b *testing.B) {
+	ca := swtpmtest.CA(b)
+	node := swtpmtest.Manufacture(b, ca, testPCRs, nil)
+	roots, inter := swtpmtest.Pools(b, ca)
+	v, err := tpm.NewVerifier(tpm.Policy{PCRs: testPCRs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	nonce := newNonce(b)
+	evidence, err := node.Attester.Attest(context.Background(), []byte("key hash"), nonce)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("verify-evidence", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			r, err := v.Verify(context.Background(), evidence, nonce)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, _, err := r.Activation.Challenge(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	ek, err := tpm.ParseEKCertificate(node.Attester.EKCertificate())
+	if err != nil {
+		b.Fatal(err)
+	}
+	chains, err := ek.Certificate.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	chain := chains[0]
+	quoteSignature := rawSignatureCheck(b, evidence, node.Attester.AttestationKey())
+	b.Run("raw-signatures", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			quoteSignature()
+			for i := 0; i+1 < len(chain); i++ {
+				if err := chain[i].CheckSignatureFrom(chain[i+1]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+}
+
+// BenchmarkVerificationGCE compares the verification of recorded Compute
+// Engine evidence (RSA AK, AK certificate chain to Google's roots, instance
+// identity; testdata/README.md) with its raw signature checks: the quote's
+// RSA signature and the AK certificate's chain.
+func BenchmarkVerificationGCE(b *testing.B) {
+	evidence, extraData, pcrs := recordedGCE(b)
+	v, err := tpm.NewVerifier(tpm.Policy{PCRs: pcrs, Endorsement: tpm.Endorsement{GCE: &tpm.GCEEndorsement{Projects: []string{"google.com:wuale-gcp-testing"}}}}, time.Now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("verify-evidence", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := v.VerifyExtraData(context.Background(), evidence, extraData); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	ev := &attestationv1.TPMEvidence{}
+	if err := proto.Unmarshal(evidence, ev); err != nil {
+		b.Fatal(err)
+	}
+	akCert, err := x509.ParseCertificate(ev.GetAttestationKeyCertificates()[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	roots, inter, err := tpm.GCERoots()
+	if err != nil {
+		b.Fatal(err)
+	}
+	akCert.UnhandledCriticalExtensions = nil // the TPM subjectAltName, which the verifier parses
+	chains, err := akCert.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	chain := chains[0]
+	quoteSignature := rawSignatureCheck(b, evidence, akCert.PublicKey)
+	b.Run("raw-signatures", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			quoteSignature()
+			for i := 0; i+1 < len(chain); i++ {
+				if err := chain[i].CheckSignatureFrom(chain[i+1]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+}
+
+// rawSignatureCheck returns a check of the quote's signature in evidence
+// under key (ECDSA or RSA PKCS#1 v1.5, SHA-256) that fails b if it does
+// not verify.
+func rawSignatureCheck(b *testing.B, evidence []byte, key crypto.PublicKey) func() {
+	b.Helper()
+	ev := &attestationv1.TPMEvidence{}
+	if err := proto.Unmarshal(evidence, ev); err != nil {
+		b.Fatal(err)
+	}
+	sig, err := tpm2.DecodeSignature(bytes.NewBuffer(ev.GetSignature()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		digest := sha256.Sum256(ev.GetQuote())
+		switch pub := key.(type) {
+		case *ecdsa.PublicKey:
+			if !ecdsa.Verify(pub, digest[:], sig.ECC.R, sig.ECC.S) {
+				b.Fatal("quote signature does not verify")
+			}
+		case *rsa.PublicKey:
+			if rsa.VerifyPKCS1v15(pub, crypto.SHA256, digest[:], sig.RSA.Signature) != nil {
+				b.Fatal("quote signature does not verify")
+			}
+		default:
+			b.Fatalf("key %T", key)
 		}
 	}
 }

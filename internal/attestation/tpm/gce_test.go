@@ -18,7 +18,7 @@ import (
 // recordedGCE returns the recorded Compute Engine attestation
 // (testdata/README.md) as TPMEvidence of its SHA-256 quote, and the quote's
 // extraData.
-func recordedGCE(t *testing.T) (evidence []byte, extraData []byte, pcrs []int) {
+func recordedGCE(t testing.TB) (evidence []byte, extraData []byte, pcrs []int) {
 	t.Helper()
 	var att attestpb.Attestation
 	if err := proto.Unmarshal(readTestdata(t, "gce-cos-85-nonce9009.pb"), &att); err != nil {
