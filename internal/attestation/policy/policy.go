@@ -97,6 +97,28 @@ func (p Policy) Verifier(now func() time.Time, lockPCR []byte) (attestation.Veri
 	return a, a.Summary, nil
 }
 
+// KeyVerifier returns a verifier of p's variant that checks everything
+// about evidence except its measurements: the attestation key's trust
+// (p's pinnedAKs, ekRoots, gce or akRoots, with the key activation), the
+// signature, the nonce and the PCR selection p.PCRs. Only p's variant,
+// PCRs and key trust are read. It serves to capture reference values from
+// a golden node (`gatehouse reference-values capture`), whose
+// measurements are what is not known yet; never to admit a node.
+func (p Policy) KeyVerifier(now func() time.Time) (attestation.Verifier, error) {
+	variant, err := attestation.ParseVariant(p.Variant)
+	if err != nil {
+		return nil, err
+	}
+	if variant != attestation.VariantTPM {
+		return nil, fmt.Errorf("variant %q has no policy format yet; use tpm", variant)
+	}
+	endorsement, err := parseEndorsement(p)
+	if err != nil {
+		return nil, err
+	}
+	return tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, Endorsement: endorsement}, now)
+}
+
 func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 	var e tpm.Endorsement
 	set := 0

@@ -100,6 +100,25 @@ func extend(old, digest []byte) []byte {
 	return h.Sum(nil)
 }
 
+// ReplayedPCRs replays a marshalled EventLog from all-zero PCRs and returns
+// the SHA-256 value each PCR it touches ends at (32 bytes each). Errors
+// wrap attestation.ErrMalformed.
+func ReplayedPCRs(data []byte) (map[uint32][]byte, error) {
+	log, err := ParseEventLog(data)
+	if err != nil {
+		return nil, err
+	}
+	replayed := map[uint32][]byte{}
+	for _, e := range log.GetEvents() {
+		old, ok := replayed[e.GetPcr()]
+		if !ok {
+			old = make([]byte, sha256.Size)
+		}
+		replayed[e.GetPcr()] = extend(old, e.GetDigest())
+	}
+	return replayed, nil
+}
+
 // ParseEventLog decodes a marshalled EventLog, checking every event.
 func ParseEventLog(data []byte) (*attestationv1.EventLog, error) {
 	if len(data) > attestation.MaxEvidenceSize {
@@ -123,17 +142,9 @@ func ParseEventLog(data []byte) (*attestationv1.EventLog, error) {
 // ReplayEventLog replays a marshalled EventLog from all-zero PCRs and checks
 // that every PCR it touches and pcrs reports ends at the reported value.
 func ReplayEventLog(data []byte, pcrs map[uint32][]byte) error {
-	log, err := ParseEventLog(data)
+	replayed, err := ReplayedPCRs(data)
 	if err != nil {
 		return err
-	}
-	replayed := map[uint32][]byte{}
-	for _, e := range log.GetEvents() {
-		old, ok := replayed[e.GetPcr()]
-		if !ok {
-			old = make([]byte, sha256.Size)
-		}
-		replayed[e.GetPcr()] = extend(old, e.GetDigest())
 	}
 	for pcr, value := range replayed {
 		if got, ok := pcrs[pcr]; ok && !bytes.Equal(got, value) {

@@ -1,0 +1,264 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
+)
+
+func newReferenceValuesCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "reference-values",
+		Short: "Get the reference values a policy expects, from golden nodes or boot event logs",
+	}
+	cmd.AddCommand(newReferenceValuesCaptureCmd())
+	return cmd
+}
+
+// captured is one role's measurements and where they came from.
+type captured struct {
+	role       policy.Role
+	values     map[uint32][]byte
+	provenance string
+}
+
+func newReferenceValuesCaptureCmd() *cobra.Command {
+	var (
+		cpNode, workerNode, cpLog, workerLog, outDir string
+		trust                                        policy.Policy
+		ekRootsFile, ekInterFile                     string
+		akFiles                                      []string
+		gceZones                                     []string
+		force                                        bool
+	)
+	cmd := &cobra.Command{
+		Use:   "capture",
+		Short: "Capture reference values from a golden control plane and worker",
+		Long: "Read the measurements of a golden node of each role, either as fresh evidence over\n" +
+			"attested TLS from the node's evidence endpoint (its attestation key checked as a join\n" +
+			"policy would: --ek-roots, --gce-project or --pinned-ak) or by replaying its boot event\n" +
+			"log offline, and write the files `gatehouse config generate` takes: PCRs equal on both\n" +
+			"roles go to reference-values.yaml, the others prove each role (control-plane.yaml,\n" +
+			"worker.yaml). Each file says where its values came from. PCR 15 (the node lock) is\n" +
+			"never captured. Capture from machines you trust to run exactly the software you mean\n" +
+			"to admit (docs/attestation.md, \"Reference values\").",
+		Example: "  gatehouse reference-values capture --control-plane 192.0.2.10:9001 --worker 192.0.2.11:9001 --ek-roots tpm-vendor-roots.pem\n" +
+			"  gatehouse config generate --reference-values reference-values.yaml \\\n" +
+			"    --control-plane-reference-values control-plane.yaml --worker-reference-values worker.yaml --ek-roots tpm-vendor-roots.pem",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if (cpNode == "") == (cpLog == "") {
+				return errors.New("give the golden control plane as exactly one of --control-plane (its evidence address) and --control-plane-event-log")
+			}
+			if workerNode != "" && workerLog != "" {
+				return errors.New("give the golden worker as one of --worker and --worker-event-log, not both")
+			}
+			trust.Variant = string(attestation.VariantTPM)
+			var err error
+			if trust.EKRoots, err = readOptional("--ek-roots", ekRootsFile); err != nil {
+				return err
+			}
+			if trust.EKIntermediates, err = readOptional("--ek-intermediates", ekInterFile); err != nil {
+				return err
+			}
+			for _, f := range akFiles {
+				pem, err := readOptional("--pinned-ak", f)
+				if err != nil {
+					return err
+				}
+				trust.PinnedAKs = append(trust.PinnedAKs, pem)
+			}
+			if trust.GCE != nil {
+				trust.GCE.Zones = gceZones
+			}
+			var roles []captured
+			for _, src := range []struct {
+				role      policy.Role
+				node, log string
+			}{{policy.RoleControlPlane, cpNode, cpLog}, {policy.RoleWorker, workerNode, workerLog}} {
+				var c captured
+				switch {
+				case src.node != "":
+					c, err = captureNode(cmd.Context(), trust, src.node)
+				case src.log != "":
+					c, err = captureEventLog(trust.PCRs, src.log)
+				default:
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("%s: %w", src.role, err)
+				}
+				c.role = src.role
+				roles = append(roles, c)
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", src.role, c.provenance)
+			}
+			files, err := referenceValueFiles(roles, time.Now().UTC())
+			if err != nil {
+				return err
+			}
+			for _, name := range slices.Sorted(maps.Keys(files)) {
+				path := filepath.Join(outDir, name)
+				if err := writeNew(path, files[name], 0o644, force); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "Wrote %s\n", path)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cpNode, "control-plane", "", "evidence address (host:port) of a golden control plane")
+	f.StringVar(&workerNode, "worker", "", "evidence address (host:port) of a golden worker")
+	f.StringVar(&cpLog, "control-plane-event-log", "", "boot event log of a golden control plane, replayed offline (Gatehouse's measured-boot log format)")
+	f.StringVar(&workerLog, "worker-event-log", "", "boot event log of a golden worker, replayed offline")
+	f.IntSliceVar(&trust.PCRs, "pcrs", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15}, "SHA-256 PCRs to capture (as the policy will select them)")
+	f.StringVar(&ekRootsFile, "ek-roots", "", "trust the golden nodes' TPMs by their manufacturers' root CAs (PEM bundle)")
+	f.StringVar(&ekInterFile, "ek-intermediates", "", "the manufacturers' issuing CAs (PEM bundle, with --ek-roots)")
+	f.StringArrayVar(&akFiles, "pinned-ak", nil, "trust a golden node's attestation key (PEM public key; repeatable)")
+	f.Var(gceProjectsFlag{&trust}, "gce-project", "trust Compute Engine vTPMs of this project (repeatable)")
+	f.StringArrayVar(&gceZones, "gce-zone", nil, "with --gce-project: only instances in this zone (repeatable)")
+	f.StringVarP(&outDir, "output-dir", "o", ".", "directory to write reference-values.yaml, control-plane.yaml and worker.yaml into")
+	f.BoolVar(&force, "force", false, "overwrite existing files")
+	return cmd
+}
+
+// gceProjectsFlag collects --gce-project into the policy's gce section.
+type gceProjectsFlag struct{ p *policy.Policy }
+
+func (g gceProjectsFlag) String() string {
+	if g.p == nil || g.p.GCE == nil {
+		return ""
+	}
+	return strings.Join(g.p.GCE.Projects, ",")
+}
+
+func (g gceProjectsFlag) Set(v string) error {
+	if g.p.GCE == nil {
+		g.p.GCE = &policy.GCEPolicy{}
+	}
+	g.p.GCE.Projects = append(g.p.GCE.Projects, v)
+	return nil
+}
+
+func (gceProjectsFlag) Type() string { return "project" }
+
+// captureNode reads fresh measurements from the node's evidence endpoint,
+// trusting its attestation key as trust says.
+func captureNode(ctx context.Context, trust policy.Policy, addr string) (captured, error) {
+	v, err := trust.KeyVerifier(time.Now)
+	if err != nil {
+		return captured{}, fmt.Errorf("the golden node's key trust: %w", err)
+	}
+	result, err := atls.FetchEvidence(ctx, addr, []attestation.Verifier{v})
+	if err != nil {
+		return captured{}, err
+	}
+	endorsement := result.Endorsement
+	if endorsement == "" {
+		endorsement = "unknown"
+	}
+	return captured{
+		values: result.Measurements,
+		provenance: fmt.Sprintf("fresh evidence from %s over attested TLS at %s (identity %s, key trusted by %s)",
+			addr, time.Now().UTC().Format(time.RFC3339), result.Identity, endorsement),
+	}, nil
+}
+
+// captureEventLog replays a boot event log; PCRs of pcrs it does not
+// touch are zero, as on a TPM after that boot.
+func captureEventLog(pcrs []int, path string) (captured, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return captured{}, err
+	}
+	replayed, err := tpm.ReplayedPCRs(data)
+	if err != nil {
+		return captured{}, fmt.Errorf("%s: %w", path, err)
+	}
+	values := map[uint32][]byte{}
+	for _, pcr := range pcrs {
+		v, ok := replayed[uint32(pcr)]
+		if !ok {
+			v = make([]byte, sha256.Size)
+		}
+		values[uint32(pcr)] = v
+	}
+	sum := sha256.Sum256(data)
+	return captured{values: values, provenance: fmt.Sprintf("replayed offline from the event log %s (sha256:%s)", path, hex.EncodeToString(sum[:]))}, nil
+}
+
+// referenceValueFiles splits captured roles into the common reference
+// values (PCRs equal on every role) and each role's (the rest), as files
+// with a header saying where they came from. With one role, every value is
+// both common and the role's.
+func referenceValueFiles(roles []captured, at time.Time) (map[string][]byte, error) {
+	common, perRole := measurements.M{}, map[policy.Role]measurements.M{}
+	for _, r := range roles {
+		perRole[r.role] = measurements.M{}
+	}
+	for index, value := range roles[0].values {
+		if index == keys.NodeLockPCR {
+			continue
+		}
+		same := true
+		for _, r := range roles[1:] {
+			same = same && bytes.Equal(r.values[index], value)
+		}
+		if same {
+			common[index] = measurements.Measurement{Expected: value}
+		}
+		for _, r := range roles {
+			if !same || len(roles) == 1 {
+				perRole[r.role][index] = measurements.Measurement{Expected: r.values[index]}
+			}
+		}
+	}
+	var header strings.Builder
+	fmt.Fprintf(&header, "# Captured by `gatehouse reference-values capture` at %s from:\n", at.Format(time.RFC3339))
+	for _, r := range roles {
+		fmt.Fprintf(&header, "#   %s: %s\n", r.role, r.provenance)
+	}
+	files := map[string][]byte{}
+	add := func(name, what string, m measurements.M) error {
+		body, err := m.Marshal()
+		if err != nil {
+			return err
+		}
+		files[name] = append([]byte(header.String()+"# "+what+"\n"), body...)
+		return nil
+	}
+	if len(common) > 0 {
+		if err := add("reference-values.yaml", "PCRs every captured role measures alike (config generate --reference-values).", common); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range roles {
+		if len(perRole[r.role]) == 0 {
+			return nil, errors.New("no PCR tells the roles apart: the golden control plane and worker measure the same values, " +
+				"so a worker's evidence would satisfy the control-plane role (docs/joinservice.md, \"Roles from evidence\")")
+		}
+		name := map[policy.Role]string{policy.RoleControlPlane: "control-plane.yaml", policy.RoleWorker: "worker.yaml"}[r.role]
+		if err := add(name, fmt.Sprintf("PCRs that prove the %s role (config generate --%s-reference-values).", r.role, strings.TrimSuffix(name, ".yaml")), perRole[r.role]); err != nil {
+			return nil, err
+		}
+	}
+	return files, nil
+}
