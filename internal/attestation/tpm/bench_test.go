@@ -204,3 +204,35 @@ func rawSignatureCheck(b *testing.B, evidence []byte, key crypto.PublicKey) func
 		}
 	}
 }
+
+// BenchmarkActivate measures the attester's side of a credential
+// activation on a manufactured swtpm (TPM2_ActivateCredential under the EK
+// policy, over its Unix socket): the rig's cost per EK-endorsed handshake.
+func BenchmarkActivate(b *testing.B) {
+	ca := swtpmtest.CA(b)
+	node := swtpmtest.Manufacture(b, ca, testPCRs, nil)
+	roots, inter := swtpmtest.Pools(b, ca)
+	v, err := tpm.NewVerifier(tpm.Policy{PCRs: testPCRs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	nonce := newNonce(b)
+	evidence, err := node.Attester.Attest(context.Background(), nil, nonce)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := v.Verify(context.Background(), evidence, nonce)
+	if err != nil {
+		b.Fatal(err)
+	}
+	challenge, secret, err := r.Activation.Challenge()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		answer, err := node.Attester.Activate(context.Background(), challenge)
+		if err != nil || !bytes.Equal(answer, secret) {
+			b.Fatalf("activation: %v", err)
+		}
+	}
+}
