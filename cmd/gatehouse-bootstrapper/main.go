@@ -75,6 +75,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		tpmPath         = flag.String("tpm", "/dev/tpmrm0", "TPM character device or swtpm Unix socket")
 		pcrList         = flag.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
 		ekCert          = flag.String("ek-certificate", string(tpmattester.EKCertificateAuto), ekCertificateUsage)
+		akSource        = flag.String("attestation-key", string(tpmattester.AKOwner), attestationKeyUsage)
 		stateDisk       = flag.String("state-disk", "", "block device of the LUKS2 state disk (required)")
 		mapperName      = flag.String("state-disk-mapper-name", "gatehouse-state", "device-mapper name of the opened state disk")
 		initListen      = flag.String("init-listen", ":9000", "attested TLS address of InitService")
@@ -144,7 +145,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	rw, attester, closeTPM, err := openAttester(*tpmPath, pcrs, *ekCert)
+	rw, attester, closeTPM, err := openAttester(*tpmPath, pcrs, *ekCert, *akSource)
 	if err != nil {
 		return err
 	}
@@ -290,6 +291,7 @@ func serveEvidence(log *slog.Logger, args []string) error {
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "TPM character device or swtpm Unix socket")
 	pcrList := fs.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
 	ekCert := fs.String("ek-certificate", string(tpmattester.EKCertificateAuto), ekCertificateUsage)
+	akSource := fs.String("attestation-key", string(tpmattester.AKOwner), attestationKeyUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -299,7 +301,7 @@ func serveEvidence(log *slog.Logger, args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	_, attester, closeTPM, err := openAttester(*tpmPath, pcrs, *ekCert)
+	_, attester, closeTPM, err := openAttester(*tpmPath, pcrs, *ekCert, *akSource)
 	if err != nil {
 		return err
 	}
@@ -318,10 +320,13 @@ func serveEvidence(log *slog.Logger, args []string) error {
 const ekCertificateUsage = "send the TPM's EK certificate with evidence, for verifiers trusting TPM manufacturers (ekRoots): " +
 	"auto (when the TPM holds one), required, or off"
 
+const attestationKeyUsage = "attestation key: owner (the same key on every boot; verifiers pin it or trust the TPM's EK certificate), " +
+	"or gce (a Compute Engine vTPM's AK with the certificate Google issued the instance; policy gce)"
+
 // openAttester opens the TPM at path (device or swtpm socket) and an
-// attester quoting pcrs, sending the EK certificate per ekMode; the
-// function returned closes both.
-func openAttester(path string, pcrs []int, ekMode string) (io.ReadWriteCloser, *tpmattester.Attester, func(), error) {
+// attester quoting pcrs with the AK from akSource, sending the EK
+// certificate per ekMode; the function returned closes both.
+func openAttester(path string, pcrs []int, ekMode, akSource string) (io.ReadWriteCloser, *tpmattester.Attester, func(), error) {
 	mode, err := tpmattester.ParseEKCertificateMode(ekMode)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--ek-certificate: %w", err)
@@ -330,7 +335,7 @@ func openAttester(path string, pcrs []int, ekMode string) (io.ReadWriteCloser, *
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("opening the TPM %s: %w", path, err)
 	}
-	attester, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs, EKCertificate: mode})
+	attester, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs, EKCertificate: mode, AttestationKey: tpmattester.AKSource(akSource)})
 	if err != nil {
 		_ = rw.Close()
 		return nil, nil, nil, fmt.Errorf("creating the attestation key: %w", err)

@@ -1,10 +1,21 @@
 package tpm_test
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
 	"errors"
+	"io"
+	"math/big"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-tpm-tools/client"
+	"github.com/google/go-tpm/tpmutil"
 
 	attestpb "github.com/google/go-tpm-tools/proto/attest"
 	"github.com/google/go-tpm/legacy/tpm2"
@@ -13,6 +24,7 @@ import (
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 )
 
 // recordedGCE returns the recorded Compute Engine attestation
@@ -105,5 +117,130 @@ func TestGCERecordedEvidence(t *testing.T) {
 	if _, err := tpm.NewVerifier(tpm.Policy{PCRs: pcrs, Endorsement: tpm.Endorsement{GCE: &tpm.GCEEndorsement{}}}, time.Now); err == nil ||
 		!strings.Contains(err.Error(), "at least one allowed project") {
 		t.Fatalf("a GCE policy without projects: %v, want refused", err)
+	}
+}
+
+// gceInstanceInfo is the instance-identity extension Compute Engine's vTPM
+// CA puts in AK certificates (as go-tpm-tools' server package parses it).
+type gceInstanceInfo struct {
+	Zone               string `asn1:"utf8"`
+	ProjectNumber      int64
+	ProjectID          string `asn1:"utf8"`
+	InstanceID         int64
+	InstanceName       string `asn1:"utf8"`
+	SecurityProperties struct {
+		SecurityVersion int64 `asn1:"explicit,tag:0,optional"`
+		IsProduction    bool  `asn1:"explicit,tag:1,optional"`
+	} `asn1:"explicit,optional"`
+}
+
+// nvWrite defines an owner-readable NV index holding data.
+func nvWrite(t *testing.T, rw io.ReadWriter, index uint32, data []byte) {
+	t.Helper()
+	attrs := tpm2.AttrOwnerWrite | tpm2.AttrOwnerRead | tpm2.AttrAuthRead | tpm2.AttrAuthWrite
+	if err := tpm2.NVDefineSpace(rw, tpm2.HandleOwner, tpmutil.Handle(index), "", "", nil, attrs, uint16(len(data))); err != nil {
+		t.Fatalf("defining NV index %#x: %v", index, err)
+	}
+	for off := 0; off < len(data); off += 512 {
+		end := min(off+512, len(data))
+		if err := tpm2.NVWrite(rw, tpm2.HandleOwner, tpmutil.Handle(index), "", data[off:end], uint16(off)); err != nil {
+			t.Fatalf("writing NV index %#x: %v", index, err)
+		}
+	}
+}
+
+// TestGCEAttester: on a TPM provisioned as Compute Engine provisions a
+// vTPM (the AK template in NV 0x01c10003, the AK certificate with the
+// instance identity in NV 0x01c10002, issued here by a test CA standing in
+// for Google's), the attester sends the certificate and the gce policy
+// trusts the instance; another project is refused; a TPM without the
+// provisioning cannot be used for gce, with an error saying so.
+func TestGCEAttester(t *testing.T) {
+	rw := newSimulator(t)
+	if _, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs, AttestationKey: tpmattester.AKGCE}); err == nil ||
+		!strings.Contains(err.Error(), "Shielded or Confidential VM") {
+		t.Fatalf("a TPM without the Compute Engine AK template: %v", err)
+	}
+	template, err := client.AKTemplateECC().Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nvWrite(t, rw, client.GceAKTemplateNVIndexECC, template)
+	ak, err := client.KeyFromNvIndex(rw, tpm2.HandleEndorsement, client.GceAKTemplateNVIndexECC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	akPub := ak.PublicKey()
+	ak.Close()
+	if _, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs, AttestationKey: tpmattester.AKGCE}); err == nil ||
+		!strings.Contains(err.Error(), "no AK certificate") {
+		t.Fatalf("a vTPM without its AK certificate: %v", err)
+	}
+
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test vTPM CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := gceInstanceInfo{Zone: "europe-west3-a", ProjectNumber: 42, ProjectID: "my-project", InstanceID: 7, InstanceName: "node-1"}
+	info.SecurityProperties.IsProduction = true
+	infoDER, err := asn1.Marshal(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "7"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtraExtensions: []pkix.Extension{{Id: asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 11129, 2, 1, 21}, Value: infoDER}}}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, akPub, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nvWrite(t, rw, client.GceAKCertNVIndexECC, leafDER)
+
+	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs, AttestationKey: tpmattester.AKGCE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	roots := x509.NewCertPool()
+	roots.AddCert(caCert)
+	nonce := newNonce(t)
+	evidence, err := a.Attest(t.Context(), []byte("tls key"), nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name     string
+		projects []string
+		ok       bool
+	}{{"allowed project", []string{"my-project"}, true}, {"another project", []string{"their-project"}, false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			v, err := tpm.NewVerifier(tpm.Policy{PCRs: testPCRs, Endorsement: tpm.Endorsement{GCE: &tpm.GCEEndorsement{Projects: tt.projects, Roots: roots}}}, time.Now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			result, err := v.Verify(t.Context(), evidence, nonce)
+			if !tt.ok {
+				if !errors.Is(err, attestation.ErrPolicy) {
+					t.Fatalf("got %v, want ErrPolicy", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(result.Endorsement, "gce-instance project=my-project zone=europe-west3-a instance=node-1 id=7") {
+				t.Fatalf("endorsement %q", result.Endorsement)
+			}
+		})
 	}
 }

@@ -38,7 +38,25 @@ type Options struct {
 	// the attester answered its credential activation challenge (Activate).
 	// The zero value is EKCertificateOff.
 	EKCertificate EKCertificateMode
+	// AttestationKey chooses the AK; the zero value is AKOwner.
+	AttestationKey AKSource
 }
+
+// AKSource names where the attester's AK comes from.
+type AKSource string
+
+// The AK sources.
+const (
+	// AKOwner is go-tpm-tools' ECC P-256 AK template in the owner
+	// hierarchy: the same key on every boot of a TPM, to pin or to activate
+	// against the EK.
+	AKOwner AKSource = "owner"
+	// AKGCE is a Compute Engine vTPM's ECC AK: created in the endorsement
+	// hierarchy from the template Google wrote into NV index 0x01c10003,
+	// with the certificate Google's vTPM CA issued the instance, from NV
+	// index 0x01c10002, sent with every evidence (policy gce).
+	AKGCE AKSource = "gce"
+)
 
 // EKCertificateMode says whether evidence carries the TPM's EK certificate.
 type EKCertificateMode string
@@ -81,7 +99,19 @@ func New(rw io.ReadWriter, opts Options) (*Attester, error) {
 	if len(opts.PCRs) == 0 {
 		return nil, errors.New("tpm attester: no PCRs selected")
 	}
-	ak, err := client.NewKey(rw, tpm2.HandleOwner, client.AKTemplateECC())
+	var ak *client.Key
+	var err error
+	switch opts.AttestationKey {
+	case "", AKOwner:
+		ak, err = client.NewKey(rw, tpm2.HandleOwner, client.AKTemplateECC())
+	case AKGCE:
+		ak, err = gceAK(rw)
+		if err == nil {
+			opts.AKCertificates = [][]byte{ak.CertDERBytes()}
+		}
+	default:
+		return nil, fmt.Errorf("tpm attester: unknown attestation key source %q: use owner or gce", opts.AttestationKey)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("creating attestation key: %w", err)
 	}
@@ -104,6 +134,20 @@ func New(rw io.ReadWriter, opts Options) (*Attester, error) {
 	}
 	opts.PCRs = slices.Clone(opts.PCRs)
 	return &Attester{tpm: rw, ak: ak, opts: opts, pub: pub, ekCert: ekCert}, nil
+}
+
+// gceAK loads a Compute Engine vTPM's ECC AK with its certificate.
+func gceAK(rw io.ReadWriter) (*client.Key, error) {
+	ak, err := client.GceAttestationKeyECC(rw)
+	if err != nil {
+		return nil, fmt.Errorf("loading the Compute Engine AK from its template in NV index %#x (is this a Shielded or Confidential VM?): %w",
+			client.GceAKTemplateNVIndexECC, err)
+	}
+	if ak.CertDERBytes() == nil {
+		ak.Close()
+		return nil, fmt.Errorf("the vTPM holds no AK certificate in NV index %#x: Compute Engine issues one to Shielded VMs", client.GceAKCertNVIndexECC)
+	}
+	return ak, nil
 }
 
 // readEKCertificate returns the RSA EK's certificate from the TPM's NV
