@@ -1,17 +1,13 @@
 package joinservice
 
 import (
-	"context"
 	"net"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/proto"
 
-	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
@@ -47,46 +43,6 @@ func manufacturedNode(t testing.TB, ca swtpm.LocalCA, role policy.Role) *tpmatte
 	}).Attester
 }
 
-// swappedEK's evidence carries another TPM's EK certificate.
-type swappedEK struct {
-	*tpmattester.Attester
-	ekCert []byte
-}
-
-func (s swappedEK) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
-	ev, err := s.Attester.Attest(ctx, userData, nonce)
-	if err != nil {
-		return nil, err
-	}
-	var m attestationv1.TPMEvidence
-	if err := proto.Unmarshal(ev, &m); err != nil {
-		return nil, err
-	}
-	m.EndorsementKeyCertificate = s.ekCert
-	return proto.Marshal(&m)
-}
-
-// replaying answers every activation challenge after its first with the
-// first answer, as an attacker who recorded it would.
-type replaying struct {
-	*tpmattester.Attester
-	mu     sync.Mutex
-	answer []byte
-}
-
-func (r *replaying) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.answer == nil {
-		answer, err := r.Attester.Activate(ctx, challenge)
-		if err != nil {
-			return nil, err
-		}
-		r.answer = answer
-	}
-	return r.answer, nil
-}
-
 // TestEKEndorsedJoin: with a policy naming a TPM manufacturer's CA and no
 // pinned key, a node whose TPM that manufacturer made joins; a TPM of
 // another manufacturer, an AK not resident with the EK it presents, a
@@ -102,7 +58,7 @@ func TestEKEndorsedJoin(t *testing.T) {
 	worker := manufacturedNode(t, ca, policy.RoleWorker)
 	// The recorder keeps the answer of this join's activation, for the
 	// replay below.
-	recorder := &replaying{Attester: worker}
+	recorder := &swtpmtest.Replaying{Attester: worker}
 	resp, err := h.dial(t, recorder, "").IssueJoinTicket(ctx, joinRequest(t, "worker-ek", net.IPv4(10, 0, 0, 21), false))
 	if err != nil {
 		t.Fatalf("a node of the configured manufacturer, with no registered key: %v", err)
@@ -122,7 +78,7 @@ func TestEKEndorsedJoin(t *testing.T) {
 		reason   string
 	}{
 		{"TPM of another manufacturer", manufacturedNode(t, other, policy.RoleWorker), "untrusted_key"},
-		{"AK not resident with the EK", swappedEK{Attester: stranger, ekCert: worker.EKCertificate()}, "activation_failed"},
+		{"AK not resident with the EK", swtpmtest.SwappedEK{Attester: stranger, EKCertificate: worker.EKCertificate()}, "activation_failed"},
 		{"replayed activation answer", recorder, "activation_failed"},
 		{"TPM without an EK certificate", h.node.attester, "untrusted_key"},
 	} {

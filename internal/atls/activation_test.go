@@ -5,20 +5,16 @@ import (
 	"errors"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/protobuf/proto"
 
-	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 )
 
 // TestKeyActivationOverGRPC: in every mode, a TPM endorsed only by its EK
@@ -112,45 +108,6 @@ func TestKeyActivationOverGRPC(t *testing.T) {
 	})
 }
 
-// swappedEK is an attester whose evidence carries another TPM's EK
-// certificate: its AK is not resident with that EK.
-type swappedEK struct {
-	*tpmattester.Attester
-	ekCert []byte
-}
-
-func (s swappedEK) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
-	ev, err := s.Attester.Attest(ctx, userData, nonce)
-	if err != nil {
-		return nil, err
-	}
-	var m attestationv1.TPMEvidence
-	if err := proto.Unmarshal(ev, &m); err != nil {
-		return nil, err
-	}
-	m.EndorsementKeyCertificate = s.ekCert
-	return proto.Marshal(&m)
-}
-
-// replaying answers its first challenge with its TPM and every later one
-// with that first answer, as an attacker replaying a recorded answer would.
-type replaying struct {
-	*tpmattester.Attester
-	mu     sync.Mutex
-	answer []byte
-}
-
-func (r *replaying) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.answer != nil {
-		return r.answer, nil
-	}
-	answer, err := r.Attester.Activate(ctx, challenge)
-	r.answer = answer
-	return answer, err
-}
-
 // clientAttests runs one handshake on loopback TCP in which the client
 // attests with attester to a server verifying with verifier, and returns
 // both sides' errors.
@@ -209,7 +166,7 @@ func TestKeyActivationRefusals(t *testing.T) {
 	}
 
 	t.Run("AK not resident with the EK", func(t *testing.T) {
-		serverErr, clientErr := clientAttests(t, swappedEK{Attester: stranger.Attester, ekCert: node.Attester.EKCertificate()}, verifier)
+		serverErr, clientErr := clientAttests(t, swtpmtest.SwappedEK{Attester: stranger.Attester, EKCertificate: node.Attester.EKCertificate()}, verifier)
 		if !errors.Is(serverErr, attestation.ErrActivation) || !strings.Contains(serverErr.Error(), "not resident in the TPM") {
 			t.Errorf("server: %v, want ErrActivation naming the AK not resident with the EK", serverErr)
 		}
@@ -219,7 +176,7 @@ func TestKeyActivationRefusals(t *testing.T) {
 	})
 
 	t.Run("replayed answer", func(t *testing.T) {
-		r := &replaying{Attester: node.Attester}
+		r := &swtpmtest.Replaying{Attester: node.Attester}
 		if serverErr, clientErr := clientAttests(t, r, verifier); serverErr != nil || clientErr != nil {
 			t.Fatalf("first handshake: server %v, client %v; want success", serverErr, clientErr)
 		}

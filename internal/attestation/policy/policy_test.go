@@ -5,32 +5,24 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
-	"math/big"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
+// certPEM returns a CA certificate, or with isCA false a leaf it issued, PEM.
 func certPEM(t *testing.T, isCA bool) string {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
+	ca := testkit.NewCA(t, "test CA")
+	if isCA {
+		return string(ca.PEM)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: isCA, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	leaf := ca.Issue(t, "leaf", false)
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]}))
 }
 
 func akPEM(t *testing.T) string {
@@ -73,7 +65,7 @@ func TestKeyTrust(t *testing.T) {
 		{"two", func(p *policy.Policy) { p.PinnedAKs, p.EKRoots = []string{ak}, ca }, "set exactly one of pinnedAKs", ""},
 		{"intermediates alone", func(p *policy.Policy) { p.PinnedAKs, p.EKIntermediates = []string{ak}, ca }, "ekIntermediates is set without ekRoots", ""},
 		{"EK roots not PEM", func(p *policy.Policy) { p.EKRoots = "not PEM" }, "ekRoots holds no PEM certificate", ""},
-		{"EK root not a CA", func(p *policy.Policy) { p.EKRoots = leaf }, "ekRoots: certificate 1 (CN=test CA) is not a CA certificate", ""},
+		{"EK root not a CA", func(p *policy.Policy) { p.EKRoots = leaf }, "ekRoots: certificate 1 (CN=leaf) is not a CA certificate", ""},
 		{"EK roots holding a key", func(p *policy.Policy) { p.EKRoots = ca + ak }, `ekRoots: block 2 is a "PUBLIC KEY", want CERTIFICATE`, ""},
 		{"EK roots with trailing text", func(p *policy.Policy) { p.EKRoots = ca + "junk" }, "ekRoots: text after certificate 1 is not PEM", ""},
 		{"EK intermediates not PEM", func(p *policy.Policy) { p.EKRoots, p.EKIntermediates = ca, "x" }, "ekIntermediates holds no PEM certificate", ""},

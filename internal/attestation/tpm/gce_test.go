@@ -1,8 +1,6 @@
 package tpm_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -25,6 +23,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 // recordedGCE returns the recorded Compute Engine attestation
@@ -177,20 +176,7 @@ func TestGCEAttester(t *testing.T) {
 		t.Fatalf("a vTPM without its AK certificate: %v", err)
 	}
 
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test vTPM CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := testkit.NewCA(t, "test vTPM CA")
 	info := gceInstanceInfo{Zone: "europe-west3-a", ProjectNumber: 42, ProjectID: "my-project", InstanceID: 7, InstanceName: "node-1"}
 	info.SecurityProperties.IsProduction = true
 	infoDER, err := asn1.Marshal(info)
@@ -200,7 +186,7 @@ func TestGCEAttester(t *testing.T) {
 	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "7"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtraExtensions: []pkix.Extension{{Id: asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 11129, 2, 1, 21}, Value: infoDER}}}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, akPub, caKey)
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca.Cert, akPub, ca.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +198,7 @@ func TestGCEAttester(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = a.Close() })
 	roots := x509.NewCertPool()
-	roots.AddCert(caCert)
+	roots.AddCert(ca.Cert)
 	nonce := newNonce(t)
 	evidence, err := a.Attest(t.Context(), []byte("tls key"), nonce)
 	if err != nil {

@@ -1,13 +1,19 @@
 // Package swtpmtest gives tests manufactured software TPMs: swtpm TPMs
 // whose EK certificates a local CA issued (swtpm.Manufacture), with
-// attesters sending those certificates.
+// attesters sending those certificates, and the attackers' attesters that
+// key activation must refuse.
 package swtpmtest
 
 import (
+	"context"
 	"crypto/x509"
 	"path/filepath"
+	"sync"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
+	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 )
@@ -74,4 +80,50 @@ func Manufacture(t testing.TB, ca swtpm.LocalCA, pcrs []int, prepare func(*swtpm
 	}
 	t.Cleanup(func() { _ = a.Close() })
 	return &Manufactured{TPM: sw, Attester: a}
+}
+
+// SwappedEK is an attacker's attester: its evidence, from its own TPM,
+// carries another TPM's EK certificate, so its AK is not resident with
+// that EK and it cannot answer the activation challenge.
+type SwappedEK struct {
+	*tpmattester.Attester
+	// EKCertificate is the other TPM's EK certificate, DER.
+	EKCertificate []byte
+}
+
+// Attest returns the attester's evidence with the EK certificate swapped.
+func (s SwappedEK) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+	ev, err := s.Attester.Attest(ctx, userData, nonce)
+	if err != nil {
+		return nil, err
+	}
+	var m attestationv1.TPMEvidence
+	if err := proto.Unmarshal(ev, &m); err != nil {
+		return nil, err
+	}
+	m.EndorsementKeyCertificate = s.EKCertificate
+	return proto.Marshal(&m)
+}
+
+// Replaying is an attacker's attester that answers its first activation
+// challenge with its TPM and every later one with that first answer, as a
+// replayed recording would.
+type Replaying struct {
+	*tpmattester.Attester
+	mu     sync.Mutex
+	answer []byte
+}
+
+// Activate answers the first challenge truly and replays that answer.
+func (r *Replaying) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.answer == nil {
+		answer, err := r.Attester.Activate(ctx, challenge)
+		if err != nil {
+			return nil, err
+		}
+		r.answer = answer
+	}
+	return r.answer, nil
 }
