@@ -3,11 +3,8 @@ package tpm_test
 import (
 	"bytes"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/asn1"
 	"errors"
 	"math/big"
@@ -21,6 +18,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 // manufactured is a TPM made by swtpm_setup --create-ek-cert with a local
@@ -48,23 +46,7 @@ func manufacture(t *testing.T, ca swtpm.LocalCA) *manufactured {
 // without the EK extended key usage; it returns the DER and the CA's pool.
 func forgedEKCertificate(t *testing.T, cert *x509.Certificate, notBefore, notAfter time.Time, ekUsage bool) ([]byte, *x509.CertPool) {
 	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test TPM manufacturer"},
-		NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(48 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := testkit.NewCA(t, "test TPM manufacturer")
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), NotBefore: notBefore, NotAfter: notAfter, KeyUsage: x509.KeyUsageKeyEncipherment}
 	if ekUsage {
 		tmpl.UnknownExtKeyUsage = []asn1.ObjectIdentifier{{2, 23, 133, 8, 1}}
@@ -74,12 +56,12 @@ func forgedEKCertificate(t *testing.T, cert *x509.Certificate, notBefore, notAft
 			tmpl.ExtraExtensions = append(tmpl.ExtraExtensions, ext)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, cert.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, cert.PublicKey, ca.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(caCert)
+	pool.AddCert(ca.Cert)
 	return der, pool
 }
 
