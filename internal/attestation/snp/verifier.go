@@ -47,6 +47,15 @@ type Policy struct {
 	// TrustedRoots are the AMD root certificates by product line ("Milan",
 	// "Genoa", "Turin"); nil means the AMD roots embedded in go-sev-guest.
 	TrustedRoots map[string][]*trust.AMDRootCerts
+	// Collateral, when set, fetches what the evidence lacks from AMD's Key
+	// Distribution Service (a missing VCEK, the product's CRL), typically
+	// through a collateral.Cache so verification works offline once cached.
+	// Nil: only the certificates the evidence carries are used.
+	Collateral trust.HTTPSGetter
+	// CheckRevocations checks the product's CRL, signed by the ARK, through
+	// Collateral: a revoked ASK/ASVK is refused, and so is a CRL that cannot
+	// be had fresh.
+	CheckRevocations bool
 }
 
 // Verifier verifies "sev-snp" evidence. Debug guests are always refused.
@@ -64,6 +73,9 @@ func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 	}
 	if len(ref.Expected) != MeasurementSize {
 		return nil, fmt.Errorf("sev-snp policy: launch measurement has %d bytes, want %d", len(ref.Expected), MeasurementSize)
+	}
+	if policy.CheckRevocations && policy.Collateral == nil {
+		return nil, errors.New("sev-snp policy: checking revocations needs a collateral source (AMD KDS through a cache)")
 	}
 	return &Verifier{policy: policy, now: now}, nil
 }
@@ -89,7 +101,9 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 		return nil, err
 	}
 	if err := verify.SnpAttestationContext(ctx, att, &verify.Options{
-		DisableCertFetching: true,
+		DisableCertFetching: v.policy.Collateral == nil,
+		Getter:              v.policy.Collateral,
+		CheckRevocations:    v.policy.CheckRevocations,
 		TrustedRoots:        v.policy.TrustedRoots,
 		Now:                 v.now(),
 	}); err != nil {
