@@ -1,10 +1,13 @@
 package joinservice
 
 import (
+	"context"
+	"errors"
 	"net"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -90,4 +93,44 @@ func TestEKEndorsedJoin(t *testing.T) {
 		})
 	}
 	h.assertNoSecretsLogged(t, resp)
+}
+
+// stalling never answers its activation challenge.
+type stalling struct {
+	*tpmattester.Attester
+	release chan struct{}
+}
+
+func (s stalling) Activate(ctx context.Context, _ []byte) ([]byte, error) {
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.release:
+		return nil, errors.New("released")
+	}
+}
+
+// TestHandshakeTimeoutCoversKeyActivation: a node that never answers its
+// activation challenge holds the connection only for the handshake
+// timeout, which the activation does not extend (the refusal is audited
+// within waitAudit's 10 s, long before the client would give up);
+// nothing is issued.
+func TestHandshakeTimeoutCoversKeyActivation(t *testing.T) {
+	testenv.RequireRoot(t)
+	h := newHarness(t, harnessOptions{limits: ConnectionLimits{HandshakeTimeout: 500 * time.Millisecond}})
+	ca := swtpmtest.CA(t)
+	h.trustManufacturer(t, ca)
+	s := stalling{Attester: manufacturedNode(t, ca, policy.RoleWorker), release: make(chan struct{})}
+	before := h.snapshot(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.dial(t, s, "").IssueJoinTicket(t.Context(), joinRequest(t, "staller", net.IPv4(10, 0, 0, 23), false))
+		done <- err
+	}()
+	h.waitAudit(t, "handshake", "refused", "handshake_timeout")
+	close(s.release) // the client stops stalling and sees the closed connection
+	if err := <-done; err == nil {
+		t.Fatal("a node that never answered its challenge got a ticket")
+	}
+	h.assertNothingIssued(t, before)
 }

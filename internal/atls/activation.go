@@ -13,10 +13,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 )
 
-// activationTimeout bounds the key activation exchange after a handshake
-// when the context has no earlier deadline.
-const activationTimeout = 30 * time.Second
-
 // finish completes a handshake on conn with the key activation exchange
 // (attestation.KeyActivation), when either side's evidence asks for one
 // (docs/attestation.md, "Endorsed keys"). Frames are a 4-byte big-endian
@@ -44,12 +40,15 @@ func finish(ctx context.Context, conn net.Conn, attester attestation.Attester, v
 	if !verifying && !attesting {
 		return nil
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok || time.Until(deadline) > activationTimeout {
-		deadline = time.Now().Add(activationTimeout)
-	}
-	if err := conn.SetDeadline(deadline); err != nil {
-		return err
+	// The exchange ends with ctx; without a deadline in ctx (a gRPC
+	// server's handshake) the deadline the server set on the connection
+	// for the whole handshake (grpc.ConnectionTimeout, the join service's
+	// --handshake-timeout) bounds it, and is not extended here.
+	if deadline, ok := ctx.Deadline(); ok {
+		if err := conn.SetDeadline(deadline); err != nil {
+			return err
+		}
+		defer func() { _ = conn.SetDeadline(time.Time{}) }()
 	}
 	var secret []byte
 	if verifying {
@@ -97,7 +96,7 @@ func finish(ctx context.Context, conn net.Conn, attester attestation.Attester, v
 			return fmt.Errorf("%w: the verifier refused this attester's answer: %s", attestation.ErrActivation, verdict)
 		}
 	}
-	return conn.SetDeadline(time.Time{})
+	return nil
 }
 
 // checkAnswer reads the attester's answer, compares it with secret and
@@ -105,7 +104,8 @@ func finish(ctx context.Context, conn net.Conn, attester attestation.Attester, v
 func checkAnswer(conn net.Conn, secret []byte) error {
 	answer, err := readFrame(conn)
 	if err != nil {
-		return fmt.Errorf("%w: the attester sent no answer to its key activation challenge: %w", attestation.ErrActivation, err)
+		// A timeout or a closed connection, reported as such.
+		return fmt.Errorf("atls: reading the attester's key activation answer: %w", err)
 	}
 	var refusal string
 	switch {
