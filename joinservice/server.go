@@ -343,6 +343,10 @@ func (s *Server) admit(ctx context.Context, d *decision) (*admission, error) {
 // longer satisfies the policy gets nothing more.
 func (s *Server) reappraise(ctx context.Context, join *joinconfig.JoinConfig, d *decision) error {
 	if d.peer.AppraisalPolicy != join.Appraisal.ID {
+		// A key activation the result asks for again was answered in this
+		// connection's handshake, for these very evidence bytes (the same
+		// AK and EK certificate); only the policy's roots are new, and
+		// Verify checks the EK certificate against them.
 		result, err := join.Appraisal.Verify(ctx, d.evidence.Data, d.evidence.Nonce)
 		if err == nil && (result.Identity != d.peer.Identity || !bytes.Equal(result.UserData, d.peer.UserData)) {
 			err = fmt.Errorf("%w: the evidence appraised again differs from the handshake's", attestation.ErrPolicy)
