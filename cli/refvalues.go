@@ -45,8 +45,7 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 		cpNode, workerNode, cpLog, workerLog, outDir string
 		trust                                        policy.Policy
 		ekRootsFile, ekInterFile                     string
-		akFiles                                      []string
-		gceZones                                     []string
+		akFiles, gceProjects, gceZones               []string
 		force                                        bool
 	)
 	cmd := &cobra.Command{
@@ -86,8 +85,8 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 				}
 				trust.PinnedAKs = append(trust.PinnedAKs, pem)
 			}
-			if trust.GCE != nil {
-				trust.GCE.Zones = gceZones
+			if len(gceProjects) > 0 || len(gceZones) > 0 {
+				trust.GCE = &policy.GCEPolicy{Projects: gceProjects, Zones: gceZones}
 			}
 			var roles []captured
 			for _, src := range []struct {
@@ -133,32 +132,12 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 	f.StringVar(&ekRootsFile, "ek-roots", "", "trust the golden nodes' TPMs by their manufacturers' root CAs (PEM bundle)")
 	f.StringVar(&ekInterFile, "ek-intermediates", "", "the manufacturers' issuing CAs (PEM bundle, with --ek-roots)")
 	f.StringArrayVar(&akFiles, "pinned-ak", nil, "trust a golden node's attestation key (PEM public key; repeatable)")
-	f.Var(gceProjectsFlag{&trust}, "gce-project", "trust Compute Engine vTPMs of this project (repeatable)")
+	f.StringArrayVar(&gceProjects, "gce-project", nil, "trust Compute Engine vTPMs of this project (repeatable)")
 	f.StringArrayVar(&gceZones, "gce-zone", nil, "with --gce-project: only instances in this zone (repeatable)")
 	f.StringVarP(&outDir, "output-dir", "o", ".", "directory to write reference-values.yaml, control-plane.yaml and worker.yaml into")
 	f.BoolVar(&force, "force", false, "overwrite existing files")
 	return cmd
 }
-
-// gceProjectsFlag collects --gce-project into the policy's gce section.
-type gceProjectsFlag struct{ p *policy.Policy }
-
-func (g gceProjectsFlag) String() string {
-	if g.p == nil || g.p.GCE == nil {
-		return ""
-	}
-	return strings.Join(g.p.GCE.Projects, ",")
-}
-
-func (g gceProjectsFlag) Set(v string) error {
-	if g.p.GCE == nil {
-		g.p.GCE = &policy.GCEPolicy{}
-	}
-	g.p.GCE.Projects = append(g.p.GCE.Projects, v)
-	return nil
-}
-
-func (gceProjectsFlag) Type() string { return "project" }
 
 // captureNode reads fresh measurements from the node's evidence endpoint,
 // trusting its attestation key as trust says.

@@ -1,6 +1,7 @@
 package joinservice
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -17,17 +18,19 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 // trustManufacturer replaces the pinned AKs of the join policy with ca's
-// root and intermediate, and waits until the service applied it.
-func (h *harness) trustManufacturer(t testing.TB, ca swtpm.LocalCA) {
+// root and intermediate (and extraRoots, PEM), and waits until the service
+// applied it.
+func (h *harness) trustManufacturer(t testing.TB, ca swtpm.LocalCA, extraRoots ...[]byte) {
 	t.Helper()
 	root, inter, err := ca.Roots()
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.ekRoots, h.ekIntermediates = string(root), string(inter)
+	h.ekRoots, h.ekIntermediates = string(bytes.Join(append([][]byte{root}, extraRoots...), nil)), string(inter)
 	h.applyJoinConfig(t, h.joinConfigData(t, nil))
 }
 
@@ -55,7 +58,10 @@ func TestEKEndorsedJoin(t *testing.T) {
 	testenv.RequireRoot(t)
 	h := newHarness(t, harnessOptions{})
 	ca, other := swtpmtest.CA(t), swtpmtest.CA(t)
-	h.trustManufacturer(t, ca)
+	// A second trusted manufacturer, whose certificates for a genuine EK
+	// are expired or lack the EK usage.
+	testCA := testkit.NewCA(t, "test TPM manufacturer")
+	h.trustManufacturer(t, ca, testCA.PEM)
 	ctx := t.Context()
 
 	worker := manufacturedNode(t, ca, policy.RoleWorker)
@@ -84,6 +90,10 @@ func TestEKEndorsedJoin(t *testing.T) {
 		{"AK not resident with the EK", swtpmtest.SwappedEK{Attester: stranger, EKCertificate: worker.EKCertificate()}, "activation_failed"},
 		{"replayed activation answer", recorder, "activation_failed"},
 		{"TPM without an EK certificate", h.node.attester, "untrusted_key"},
+		{"expired EK certificate", swtpmtest.SwappedEK{Attester: worker, EKCertificate: swtpmtest.ReissueEK(t, worker.EKCertificate(), testCA,
+			time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour), true)}, "untrusted_key"},
+		{"not an EK certificate", swtpmtest.SwappedEK{Attester: worker, EKCertificate: swtpmtest.ReissueEK(t, worker.EKCertificate(), testCA,
+			time.Now().Add(-time.Hour), time.Now().Add(time.Hour), false)}, "untrusted_key"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := h.snapshot(t)

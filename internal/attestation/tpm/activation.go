@@ -67,7 +67,7 @@ func NewActivationChallenge(ek crypto.PublicKey, akPublic []byte) (*ActivationCh
 // still activated against (the attester waits for the challenge), but its
 // chain is not what makes the AK trusted.
 func (v *Verifier) endorsement(ev *attestationv1.TPMEvidence) (string, attestation.KeyActivation, error) {
-	mode := v.policy.Endorsement.mode()
+	mode := v.mode
 	der := ev.GetEndorsementKeyCertificate()
 	if len(der) == 0 {
 		if mode == "ek-certificate" {

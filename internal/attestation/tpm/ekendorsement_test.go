@@ -3,11 +3,8 @@ package tpm_test
 import (
 	"bytes"
 	"crypto"
-	"crypto/rand"
 	"crypto/x509"
-	"encoding/asn1"
 	"errors"
-	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -39,30 +36,6 @@ func manufacture(t *testing.T, ca swtpm.LocalCA) *manufactured {
 		t.Fatal(err)
 	}
 	return &manufactured{attester: m.Attester, ekCert: cert}
-}
-
-// forgedEKCertificate issues a certificate for cert's EK (keeping its TPM
-// subjectAltName) from a fresh CA, valid in [notBefore, notAfter], with or
-// without the EK extended key usage; it returns the DER and the CA's pool.
-func forgedEKCertificate(t *testing.T, cert *x509.Certificate, notBefore, notAfter time.Time, ekUsage bool) ([]byte, *x509.CertPool) {
-	t.Helper()
-	ca := testkit.NewCA(t, "test TPM manufacturer")
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), NotBefore: notBefore, NotAfter: notAfter, KeyUsage: x509.KeyUsageKeyEncipherment}
-	if ekUsage {
-		tmpl.UnknownExtKeyUsage = []asn1.ObjectIdentifier{{2, 23, 133, 8, 1}}
-	}
-	for _, ext := range cert.Extensions {
-		if ext.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 17}) {
-			tmpl.ExtraExtensions = append(tmpl.ExtraExtensions, ext)
-		}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, cert.PublicKey, ca.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	return der, pool
 }
 
 // TestEKEndorsement: with EK roots, a TPM's AK is trusted without any
@@ -144,8 +117,11 @@ func TestEKEndorsement(t *testing.T) {
 		}
 	})
 
-	expired, expiredRoots := forgedEKCertificate(t, node.ekCert, time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour), true)
-	notEK, notEKRoots := forgedEKCertificate(t, node.ekCert, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), false)
+	testCA := testkit.NewCA(t, "test TPM manufacturer")
+	testRoots := x509.NewCertPool()
+	testRoots.AddCert(testCA.Cert)
+	expired := swtpmtest.ReissueEK(t, node.ekCert.Raw, testCA, time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour), true)
+	notEK := swtpmtest.ReissueEK(t, node.ekCert.Raw, testCA, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), false)
 	for _, tt := range []struct {
 		name     string
 		a        *tpmattester.Attester
@@ -155,8 +131,8 @@ func TestEKEndorsement(t *testing.T) {
 		wantKind error
 	}{
 		{"EK from another manufacturer", foreign.attester, nil, roots, "certificate signed by unknown authority", attestation.ErrUntrustedKey},
-		{"expired EK certificate", node.attester, func(e *attestationv1.TPMEvidence) { e.EndorsementKeyCertificate = expired }, expiredRoots, "expired", attestation.ErrUntrustedKey},
-		{"not an EK certificate", node.attester, func(e *attestationv1.TPMEvidence) { e.EndorsementKeyCertificate = notEK }, notEKRoots, "not an EK certificate", attestation.ErrUntrustedKey},
+		{"expired EK certificate", node.attester, func(e *attestationv1.TPMEvidence) { e.EndorsementKeyCertificate = expired }, testRoots, "expired", attestation.ErrUntrustedKey},
+		{"not an EK certificate", node.attester, func(e *attestationv1.TPMEvidence) { e.EndorsementKeyCertificate = notEK }, testRoots, "not an EK certificate", attestation.ErrUntrustedKey},
 		{"no EK certificate", node.attester, func(e *attestationv1.TPMEvidence) { e.EndorsementKeyCertificate = nil }, roots, "carries no EK certificate", attestation.ErrUntrustedKey},
 		{"garbage EK certificate", node.attester, func(e *attestationv1.TPMEvidence) { e.EndorsementKeyCertificate = []byte("junk") }, roots, "EK certificate", attestation.ErrMalformed},
 	} {

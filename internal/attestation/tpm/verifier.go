@@ -99,6 +99,7 @@ type Policy struct {
 // Verifier verifies "tpm" evidence. It is safe for concurrent use.
 type Verifier struct {
 	policy Policy
+	mode   string // policy.Endorsement.mode(), fixed at construction
 	now    func() time.Time
 }
 
@@ -113,7 +114,8 @@ func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 			return nil, fmt.Errorf("tpm policy: PCR %d out of range 0-23", pcr)
 		}
 	}
-	if policy.Endorsement.mode() == "" {
+	mode := policy.Endorsement.mode()
+	if mode == "" {
 		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys, AK certificate roots, EK certificate roots and GCE")
 	}
 	if g := policy.Endorsement.GCE; g != nil {
@@ -139,7 +141,7 @@ func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 	p.PCRs = slices.Clone(policy.PCRs)
 	slices.Sort(p.PCRs)
 	p.PCRs = slices.Compact(p.PCRs)
-	return &Verifier{policy: p, now: now}, nil
+	return &Verifier{policy: p, mode: mode, now: now}, nil
 }
 
 // Variant returns attestation.VariantTPM.
@@ -283,7 +285,7 @@ func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence) (crypto.PublicKey, s
 		return nil, "", "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
 	}
 
-	switch v.policy.Endorsement.mode() {
+	switch v.mode {
 	case "ek-certificate":
 		// Trusted through the EK: see endorsement.
 		return key, identity, "", nil

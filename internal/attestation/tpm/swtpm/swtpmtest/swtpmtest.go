@@ -6,16 +6,21 @@ package swtpmtest
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/x509"
+	"encoding/asn1"
+	"math/big"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 // CA returns an initialised local CA in a temporary directory.
@@ -126,4 +131,30 @@ func (r *Replaying) Activate(ctx context.Context, challenge []byte) ([]byte, err
 		r.answer = answer
 	}
 	return r.answer, nil
+}
+
+// ReissueEK issues, from ca, a new certificate for the EK that ekCert
+// (DER) certifies, keeping its TPM subjectAltName, valid in [notBefore,
+// notAfter], with the EK extended key usage or without it: an expired or
+// non-EK certificate for a genuine EK, from a CA a test may trust.
+func ReissueEK(t testing.TB, ekCert []byte, ca *testkit.CA, notBefore, notAfter time.Time, ekUsage bool) []byte {
+	t.Helper()
+	cert, err := x509.ParseCertificate(ekCert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), NotBefore: notBefore, NotAfter: notAfter, KeyUsage: x509.KeyUsageKeyEncipherment}
+	if ekUsage {
+		tmpl.UnknownExtKeyUsage = []asn1.ObjectIdentifier{{2, 23, 133, 8, 1}}
+	}
+	for _, ext := range cert.Extensions {
+		if ext.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 17}) {
+			tmpl.ExtraExtensions = append(tmpl.ExtraExtensions, ext)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, cert.PublicKey, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der
 }
