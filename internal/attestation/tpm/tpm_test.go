@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"errors"
 	"io"
 	"math/big"
@@ -28,6 +29,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 var testPCRs = []int{0, 4, 15, 16}
@@ -517,5 +519,62 @@ func TestAttesterSerialisesConcurrentQuotes(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestAKCertificateCriticalExtensions: an AK certificate may carry the TCG
+// profiles' critical subjectAltName naming a TPM (as Compute Engine's do),
+// which crypto/x509 leaves unhandled; any other unhandled critical
+// extension is still refused.
+func TestAKCertificateCriticalExtensions(t *testing.T) {
+	f := newFixture(t)
+	ek, err := x509.ParseCertificate(readTestdata(t, "swtpm-ek-rsa.der"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tpmSAN pkix.Extension
+	for _, ext := range ek.Extensions {
+		if ext.Id.Equal(asn1.ObjectIdentifier{2, 5, 29, 17}) {
+			tpmSAN = ext
+		}
+	}
+	if !tpmSAN.Critical {
+		t.Fatal("the testdata EK certificate lacks its critical TPM subjectAltName")
+	}
+	ca := testkit.NewCA(t, "test AK CA")
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	f.policy.Endorsement = tpm.Endorsement{Roots: pool}
+	for _, tt := range []struct {
+		name string
+		ext  pkix.Extension
+		says string
+	}{
+		{"TPM subjectAltName", tpmSAN, ""},
+		{"unknown critical extension", pkix.Extension{Id: asn1.ObjectIdentifier{1, 2, 3, 4}, Critical: true, Value: []byte{5, 0}}, "unhandled critical extension"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+				KeyUsage: x509.KeyUsageDigitalSignature, ExtraExtensions: []pkix.Extension{tt.ext}}
+			der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, f.attester.AttestationKey(), ca.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nonce := newNonce(t)
+			evidence, err := f.certified(t, [][]byte{der}).Attest(context.Background(), nil, nonce)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = f.verifier(t).Verify(context.Background(), evidence, nonce)
+			if tt.says == "" {
+				if err != nil {
+					t.Fatalf("AK certificate with the TPM subjectAltName: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, attestation.ErrUntrustedKey) || !strings.Contains(err.Error(), tt.says) {
+				t.Fatalf("got %v, want ErrUntrustedKey saying %q", err, tt.says)
+			}
+		})
 	}
 }
