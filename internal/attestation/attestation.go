@@ -96,10 +96,12 @@ type Result struct {
 	Variant Variant
 	// UserData the evidence is bound to.
 	UserData []byte
-	// Identity names the attesting key or chip, stable across reboots: for
-	// tpm "tpm-ak:sha256:<hex of the AK's SubjectPublicKeyInfo digest>", for
-	// sev-snp "sev-snp-chip:<hex CHIP_ID>", for tdx "tdx-ppid:<hex PPID of the
-	// PCK certificate>". It is what deny lists match.
+	// Identity names the attesting key, stable across reboots: for every
+	// variant the (v)TPM's AK, "tpm-ak:sha256:<hex of the AK's
+	// SubjectPublicKeyInfo digest>". A hardware report's own result
+	// (Hardware) names the host instead: "sev-snp-chip:<hex CHIP_ID>",
+	// "tdx-ppid:<hex PPID of the PCK certificate>". It is what deny lists
+	// match.
 	Identity string
 	// Measurements are the verified measurements by index (see package
 	// measurements for what an index means per variant).
@@ -115,8 +117,15 @@ type Result struct {
 	// Endorsement says how the attesting key is trusted, for audit logs:
 	// "pinned", "ak-certificate" or "ek-certificate" (then followed by the
 	// EK certificate's TPM manufacturer, model, issuer and serial number).
-	// "" for variants whose key is always the platform's (sev-snp, tdx).
+	// For sev-snp and tdx it names the hardware that bound the vTPM key and
+	// what it measured.
 	Endorsement string
+	// Hardware is, for the confidential VM variants (sev-snp, tdx), the
+	// result of the hardware report: its Measurements are the launch
+	// measurement (sev-snp index 0) or MRTD and RTMR0-3 (tdx 0-4), its
+	// Identity the chip or platform (shared by every VM on that host).
+	// Nil for tpm.
+	Hardware *Result
 	// Activation, when set, is the key activation the evidence asks for:
 	// the result holds only once the attester answered it (see
 	// KeyActivation). Attested TLS completes it before a connection is

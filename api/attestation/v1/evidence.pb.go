@@ -205,7 +205,69 @@ func (x *TPMActivationChallenge) GetEncryptedSecret() []byte {
 	return nil
 }
 
-// SNPEvidence is the evidence of the "sev-snp" variant.
+// ConfidentialVMEvidence is the evidence of the "sev-snp" and "tdx"
+// variants: a quote from the confidential VM's vTPM (PCRs, the node lock,
+// the vTPM attestation key as the VM's identity) and the hardware's report
+// (an SNPEvidence or a TDXEvidence) whose user data is that attestation
+// key's TPMT_PUBLIC, so the hardware vouches for the key and the key for the
+// quote. Both are bound to the same nonce (docs/attestation.md,
+// "Confidential VMs").
+type ConfidentialVMEvidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A marshalled TPMEvidence from the vTPM; carries no EK certificate.
+	Vtpm []byte `protobuf:"bytes,1,opt,name=vtpm,proto3" json:"vtpm,omitempty"`
+	// A marshalled SNPEvidence (variant sev-snp) or TDXEvidence (variant
+	// tdx) whose user_data is the vTPM attestation key's TPMT_PUBLIC.
+	Hardware      []byte `protobuf:"bytes,2,opt,name=hardware,proto3" json:"hardware,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfidentialVMEvidence) Reset() {
+	*x = ConfidentialVMEvidence{}
+	mi := &file_attestation_v1_evidence_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfidentialVMEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfidentialVMEvidence) ProtoMessage() {}
+
+func (x *ConfidentialVMEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_attestation_v1_evidence_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfidentialVMEvidence.ProtoReflect.Descriptor instead.
+func (*ConfidentialVMEvidence) Descriptor() ([]byte, []int) {
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ConfidentialVMEvidence) GetVtpm() []byte {
+	if x != nil {
+		return x.Vtpm
+	}
+	return nil
+}
+
+func (x *ConfidentialVMEvidence) GetHardware() []byte {
+	if x != nil {
+		return x.Hardware
+	}
+	return nil
+}
+
+// SNPEvidence is the SEV-SNP report of "sev-snp" evidence.
 type SNPEvidence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The SEV-SNP attestation report (SEV-SNP ABI spec, table 22), 1184 bytes.
@@ -222,7 +284,7 @@ type SNPEvidence struct {
 
 func (x *SNPEvidence) Reset() {
 	*x = SNPEvidence{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[2]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -234,7 +296,7 @@ func (x *SNPEvidence) String() string {
 func (*SNPEvidence) ProtoMessage() {}
 
 func (x *SNPEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[2]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -247,7 +309,7 @@ func (x *SNPEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SNPEvidence.ProtoReflect.Descriptor instead.
 func (*SNPEvidence) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{2}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SNPEvidence) GetReport() []byte {
@@ -271,7 +333,7 @@ func (x *SNPEvidence) GetUserData() []byte {
 	return nil
 }
 
-// TDXEvidence is the evidence of the "tdx" variant.
+// TDXEvidence is the TDX quote of "tdx" evidence.
 type TDXEvidence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The TDX quote, version 4 (Intel TDX DCAP Quote Generation Library and
@@ -285,7 +347,7 @@ type TDXEvidence struct {
 
 func (x *TDXEvidence) Reset() {
 	*x = TDXEvidence{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +359,7 @@ func (x *TDXEvidence) String() string {
 func (*TDXEvidence) ProtoMessage() {}
 
 func (x *TDXEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +372,7 @@ func (x *TDXEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TDXEvidence.ProtoReflect.Descriptor instead.
 func (*TDXEvidence) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{3}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TDXEvidence) GetQuote() []byte {
@@ -339,7 +401,7 @@ type EventLog struct {
 
 func (x *EventLog) Reset() {
 	*x = EventLog{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +413,7 @@ func (x *EventLog) String() string {
 func (*EventLog) ProtoMessage() {}
 
 func (x *EventLog) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +426,7 @@ func (x *EventLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventLog.ProtoReflect.Descriptor instead.
 func (*EventLog) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{4}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EventLog) GetEvents() []*Event {
@@ -389,7 +451,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[5]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +463,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[5]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +476,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{5}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Event) GetPcr() uint32 {
@@ -460,7 +522,10 @@ const file_attestation_v1_evidence_proto_rawDesc = "" +
 	"\n" +
 	"credential\x18\x01 \x01(\fR\n" +
 	"credential\x12)\n" +
-	"\x10encrypted_secret\x18\x02 \x01(\fR\x0fencryptedSecret\"o\n" +
+	"\x10encrypted_secret\x18\x02 \x01(\fR\x0fencryptedSecret\"H\n" +
+	"\x16ConfidentialVMEvidence\x12\x12\n" +
+	"\x04vtpm\x18\x01 \x01(\fR\x04vtpm\x12\x1a\n" +
+	"\bhardware\x18\x02 \x01(\fR\bhardware\"o\n" +
 	"\vSNPEvidence\x12\x16\n" +
 	"\x06report\x18\x01 \x01(\fR\x06report\x12+\n" +
 	"\x11certificate_table\x18\x02 \x01(\fR\x10certificateTable\x12\x1b\n" +
@@ -487,19 +552,20 @@ func file_attestation_v1_evidence_proto_rawDescGZIP() []byte {
 	return file_attestation_v1_evidence_proto_rawDescData
 }
 
-var file_attestation_v1_evidence_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_attestation_v1_evidence_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_attestation_v1_evidence_proto_goTypes = []any{
 	(*TPMEvidence)(nil),            // 0: gatehouse.attestation.v1.TPMEvidence
 	(*TPMActivationChallenge)(nil), // 1: gatehouse.attestation.v1.TPMActivationChallenge
-	(*SNPEvidence)(nil),            // 2: gatehouse.attestation.v1.SNPEvidence
-	(*TDXEvidence)(nil),            // 3: gatehouse.attestation.v1.TDXEvidence
-	(*EventLog)(nil),               // 4: gatehouse.attestation.v1.EventLog
-	(*Event)(nil),                  // 5: gatehouse.attestation.v1.Event
-	nil,                            // 6: gatehouse.attestation.v1.TPMEvidence.PcrsEntry
+	(*ConfidentialVMEvidence)(nil), // 2: gatehouse.attestation.v1.ConfidentialVMEvidence
+	(*SNPEvidence)(nil),            // 3: gatehouse.attestation.v1.SNPEvidence
+	(*TDXEvidence)(nil),            // 4: gatehouse.attestation.v1.TDXEvidence
+	(*EventLog)(nil),               // 5: gatehouse.attestation.v1.EventLog
+	(*Event)(nil),                  // 6: gatehouse.attestation.v1.Event
+	nil,                            // 7: gatehouse.attestation.v1.TPMEvidence.PcrsEntry
 }
 var file_attestation_v1_evidence_proto_depIdxs = []int32{
-	6, // 0: gatehouse.attestation.v1.TPMEvidence.pcrs:type_name -> gatehouse.attestation.v1.TPMEvidence.PcrsEntry
-	5, // 1: gatehouse.attestation.v1.EventLog.events:type_name -> gatehouse.attestation.v1.Event
+	7, // 0: gatehouse.attestation.v1.TPMEvidence.pcrs:type_name -> gatehouse.attestation.v1.TPMEvidence.PcrsEntry
+	6, // 1: gatehouse.attestation.v1.EventLog.events:type_name -> gatehouse.attestation.v1.Event
 	2, // [2:2] is the sub-list for method output_type
 	2, // [2:2] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
@@ -518,7 +584,7 @@ func file_attestation_v1_evidence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_attestation_v1_evidence_proto_rawDesc), len(file_attestation_v1_evidence_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

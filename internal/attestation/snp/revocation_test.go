@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-sev-guest/verify/trust"
-
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/collateral"
 )
@@ -42,19 +40,11 @@ func (f *fakeAMD) crl(t *testing.T, revoked ...*big.Int) []byte {
 	for _, serial := range revoked {
 		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries, x509.RevocationListEntry{SerialNumber: serial, RevocationTime: time.Now()})
 	}
-	der, err := x509.CreateRevocationList(rand.Reader, tmpl, f.signer.Ark, f.signer.Keys.Ark)
+	der, err := x509.CreateRevocationList(rand.Reader, tmpl, f.Signer.Ark, f.Signer.Keys.Ark)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return der
-}
-
-// freshRoots returns the fake roots anew: go-sev-guest memoises a fetched
-// CRL in them, and each case must fetch its own.
-func (f *fakeAMD) freshRoots() map[string][]*trust.AMDRootCerts {
-	return map[string][]*trust.AMDRootCerts{"Milan": {{
-		ProductLine: "Milan", ProductCerts: &trust.ProductCerts{Ark: f.signer.Ark, Ask: f.signer.Ask, Asvk: f.signer.Asvk},
-	}}}
 }
 
 // TestRevocationsThroughCollateral: with revocation checks, the product's
@@ -64,14 +54,14 @@ func (f *fakeAMD) freshRoots() map[string][]*trust.AMDRootCerts {
 // fails and says why.
 func TestRevocationsThroughCollateral(t *testing.T) {
 	f := newFakeAMD(t)
-	crlURL := f.signer.Ask.CRLDistributionPoints[0]
+	crlURL := f.Signer.Ask.CRLDistributionPoints[0]
 	good := &fakeKDS{docs: map[string][]byte{crlURL: f.crl(t)}}
 	nonce := make([]byte, attestation.NonceSize)
 	evidence := f.evidence(t, reportSpec{reportData: attestation.Binding512(nonce, []byte("ud")), tcb: testTCB, measurement: testMeasurement}, []byte("ud"), nil)
 	verify := func(t *testing.T, cache *collateral.Cache) error {
 		t.Helper()
 		v := f.verifier(t, func(p *Policy) {
-			p.TrustedRoots, p.Collateral, p.CheckRevocations = f.freshRoots(), cache, true
+			p.TrustedRoots, p.Collateral, p.CheckRevocations = f.Roots() /* anew: go-sev-guest memoises a fetched CRL in them, and each case must fetch its own */, cache, true
 		})
 		_, err := v.Verify(t.Context(), evidence, nonce)
 		return err
@@ -87,7 +77,7 @@ func TestRevocationsThroughCollateral(t *testing.T) {
 		t.Fatalf("offline with the CRL cached: %v", err)
 	}
 
-	revoked := &fakeKDS{docs: map[string][]byte{crlURL: f.crl(t, f.signer.Ask.SerialNumber)}}
+	revoked := &fakeKDS{docs: map[string][]byte{crlURL: f.crl(t, f.Signer.Ask.SerialNumber)}}
 	if err := verify(t, &collateral.Cache{Dir: t.TempDir(), Upstream: revoked.fetch}); !errors.Is(err, attestation.ErrSignature) || !strings.Contains(err.Error(), "ASK was revoked") {
 		t.Fatalf("revoked ASK: %v, want refused", err)
 	}
@@ -99,7 +89,7 @@ func TestRevocationsThroughCollateral(t *testing.T) {
 	if err := verify(t, &collateral.Cache{Dir: dir, Now: later}); err == nil || !strings.Contains(err.Error(), "past its next update") {
 		t.Fatalf("offline with a stale CRL: %v", err)
 	}
-	if _, err := NewVerifier(Policy{ReferenceValues: f.verifier(t, nil).policy.ReferenceValues, CheckRevocations: true}, time.Now); err == nil {
+	if _, err := NewVerifier(Policy{LaunchMeasurements: [][]byte{testMeasurement}, CheckRevocations: true}, time.Now); err == nil {
 		t.Fatal("revocation checks without a collateral source were accepted")
 	}
 	if entries, _ := os.ReadDir(empty); len(entries) != 0 {

@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/go-sev-guest/abi"
@@ -27,7 +28,6 @@ import (
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 )
 
 // MeasurementSize is the size of the launch MEASUREMENT in bytes.
@@ -35,12 +35,24 @@ const MeasurementSize = 48
 
 // Policy is the appraisal policy of a Verifier.
 type Policy struct {
-	// ReferenceValues holds index 0, the expected launch MEASUREMENT (48 bytes).
-	ReferenceValues measurements.M
+	// LaunchMeasurements are the accepted launch MEASUREMENTs (48 bytes
+	// each, at least one): one per image version a cluster runs.
+	LaunchMeasurements [][]byte
 	// MinimumTCB is the lowest acceptable REPORTED_TCB, per component.
 	MinimumTCB kds.TCBParts
 	// MinimumLaunchTCB is the lowest acceptable LAUNCH_TCB, per component.
 	MinimumLaunchTCB kds.TCBParts
+	// GuestPolicy is the most the guest policy may allow (SMT, migration
+	// agent, CXL, single socket off, minimum ABI version; SNP ABI spec §4.3);
+	// nil allows everything but debugging. Debugging is always refused.
+	GuestPolicy *abi.SnpPolicy
+	// IDKeyDigests, when set, are the SHA-384 digests of the ID keys that
+	// may sign the guest's ID block (the launch digest's author, e.g. the
+	// image vendor); the report must carry one of them.
+	IDKeyDigests [][]byte
+	// AuthorKeyDigests, when set, are the accepted digests of the key that
+	// signed the ID key; the report must carry one of them.
+	AuthorKeyDigests [][]byte
 	// VMPL, when set, is the VM privilege level the report must come from
 	// (0 for a guest without an SVSM).
 	VMPL *int
@@ -67,12 +79,21 @@ type Verifier struct {
 // NewVerifier returns a verifier for policy; now is the time certificates
 // are checked at (time.Now in production).
 func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
-	ref, ok := policy.ReferenceValues[0]
-	if !ok || len(policy.ReferenceValues) != 1 {
-		return nil, errors.New("sev-snp policy: reference values must hold exactly index 0, the launch measurement")
+	if len(policy.LaunchMeasurements) == 0 {
+		return nil, errors.New("sev-snp policy: no launch measurement; name at least one")
 	}
-	if len(ref.Expected) != MeasurementSize {
-		return nil, fmt.Errorf("sev-snp policy: launch measurement has %d bytes, want %d", len(ref.Expected), MeasurementSize)
+	for i, m := range policy.LaunchMeasurements {
+		if len(m) != MeasurementSize {
+			return nil, fmt.Errorf("sev-snp policy: launch measurement %d has %d bytes, want %d", i, len(m), MeasurementSize)
+		}
+	}
+	if policy.GuestPolicy != nil && policy.GuestPolicy.Debug {
+		return nil, errors.New("sev-snp policy: the guest policy may not allow debugging: a debuggable guest's memory is readable by the host")
+	}
+	for i, d := range slices.Concat(policy.IDKeyDigests, policy.AuthorKeyDigests) {
+		if len(d) != abi.IDKeyDigestSize {
+			return nil, fmt.Errorf("sev-snp policy: key digest %d has %d bytes, want %d (SHA-384)", i, len(d), abi.IDKeyDigestSize)
+		}
 	}
 	if policy.CheckRevocations && policy.Collateral == nil {
 		return nil, errors.New("sev-snp policy: checking revocations needs a collateral source (AMD KDS through a cache)")
@@ -120,28 +141,35 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 	if policy.Debug {
 		return nil, fmt.Errorf("%w: guest policy allows debugging", attestation.ErrPolicy)
 	}
+	// Debugging is refused above; by default everything else the guest
+	// policy may allow.
+	guestPolicy := abi.SnpPolicy{SMT: true, MigrateMA: true, CXLAllowed: true}
+	if v.policy.GuestPolicy != nil {
+		guestPolicy = *v.policy.GuestPolicy
+	}
 	if err := validate.SnpAttestation(att, &validate.Options{
-		// Debugging is refused above; everything else the guest policy may allow.
-		GuestPolicy:      abi.SnpPolicy{Debug: false, SMT: true, MigrateMA: true, CXLAllowed: true, ABIMajor: 0, ABIMinor: 0},
-		MinimumTCB:       v.policy.MinimumTCB,
-		MinimumLaunchTCB: v.policy.MinimumLaunchTCB,
-		VMPL:             v.policy.VMPL,
+		GuestPolicy:            guestPolicy,
+		MinimumTCB:             v.policy.MinimumTCB,
+		MinimumLaunchTCB:       v.policy.MinimumLaunchTCB,
+		VMPL:                   v.policy.VMPL,
+		TrustedIDKeyHashes:     v.policy.IDKeyDigests,
+		TrustedAuthorKeyHashes: v.policy.AuthorKeyDigests,
+		RequireIDBlock:         len(v.policy.IDKeyDigests) > 0,
+		RequireAuthorKey:       len(v.policy.AuthorKeyDigests) > 0,
 	}); err != nil {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrPolicy, err)
 	}
-	got := map[uint32][]byte{0: report.GetMeasurement()}
-	warnings, err := v.policy.ReferenceValues.Compare(got)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurement, err)
+	if !slices.ContainsFunc(v.policy.LaunchMeasurements, func(m []byte) bool { return bytes.Equal(m, report.GetMeasurement()) }) {
+		return nil, fmt.Errorf("%w: launch measurement %x is none of the policy's %d", attestation.ErrMeasurement, report.GetMeasurement(), len(v.policy.LaunchMeasurements))
 	}
+	got := map[uint32][]byte{0: report.GetMeasurement()}
 	result := &attestation.Result{
 		Variant:      attestation.VariantSNP,
 		UserData:     ev.GetUserData(),
 		Identity:     "sev-snp-chip:" + hex.EncodeToString(report.GetChipId()),
 		Measurements: got,
-	}
-	for _, w := range warnings {
-		result.Warnings = append(result.Warnings, "launch measurement "+w.String())
+		Endorsement: fmt.Sprintf("sev-snp chip=%x measurement=%x reportedTCB=%#x vmpl=%d",
+			report.GetChipId(), report.GetMeasurement(), report.GetReportedTcb(), report.GetVmpl()),
 	}
 	return result, nil
 }

@@ -11,11 +11,9 @@ import (
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/kds"
 	spb "github.com/google/go-sev-guest/proto/sevsnp"
-	test "github.com/google/go-sev-guest/testing"
-	"github.com/google/go-sev-guest/verify/trust"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snptest"
 )
 
 var (
@@ -25,27 +23,10 @@ var (
 
 // fakeAMD is go-sev-guest's test-only AMD key hierarchy (ARK → ASK → VCEK),
 // certifying testTCB.
-type fakeAMD struct {
-	signer *test.AmdSigner
-	roots  map[string][]*trust.AMDRootCerts
-}
+type fakeAMD struct{ *snptest.AMD }
 
 func newFakeAMD(t testing.TB) *fakeAMD {
-	t.Helper()
-	created := time.Now().Add(-time.Hour)
-	product := kds.ProductName(abi.DefaultSevProduct())
-	signer, err := (&test.AmdSignerBuilder{
-		Keys: test.DefaultAmdKeys(), ProductName: product, CSPID: "gatehouse-test",
-		ArkCreationTime: created, AskCreationTime: created, AsvkCreationTime: created,
-		VcekCreationTime: created, VlekCreationTime: created,
-		VcekCustom: test.CertOverride{Extensions: test.CustomExtensions(testTCB, make([]byte, abi.ChipIDSize), "", product)},
-	}).TestOnlyCertChain()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &fakeAMD{signer: signer, roots: map[string][]*trust.AMDRootCerts{"Milan": {{
-		ProductLine: "Milan", ProductCerts: &trust.ProductCerts{Ark: signer.Ark, Ask: signer.Ask, Asvk: signer.Asvk},
-	}}}}
+	return &fakeAMD{snptest.NewAMD(t, snptest.Options{TCB: testTCB})}
 }
 
 // reportSpec describes a report to sign.
@@ -60,32 +41,15 @@ type reportSpec struct {
 // evidence signs a report for spec and wraps it with the certificate table.
 func (f *fakeAMD) evidence(t testing.TB, spec reportSpec, userData []byte, mutate func(raw []byte, chain *spb.CertificateChain)) []byte {
 	t.Helper()
-	tcb, err := kds.ComposeTCBParts(spec.tcb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep := &spb.Report{
-		Version: 2, Policy: abi.SnpPolicyToBytes(abi.SnpPolicy{Debug: spec.debug}), SignatureAlgo: abi.SignEcdsaP384Sha384,
-		Vmpl: spec.vmpl, ReportData: spec.reportData, Measurement: spec.measurement,
-		FamilyId: make([]byte, abi.FamilyIDSize), ImageId: make([]byte, abi.ImageIDSize),
-		HostData: make([]byte, abi.HostDataSize), IdKeyDigest: make([]byte, abi.IDKeyDigestSize),
-		AuthorKeyDigest: make([]byte, abi.AuthorKeyDigestSize), ReportId: make([]byte, abi.ReportIDSize),
-		ReportIdMa: make([]byte, abi.ReportIDMASize), ChipId: make([]byte, abi.ChipIDSize),
-		CurrentTcb: uint64(tcb), ReportedTcb: uint64(tcb), CommittedTcb: uint64(tcb), LaunchTcb: uint64(tcb),
-		Signature: make([]byte, abi.SignatureSize),
-	}
-	raw, err := abi.ReportToAbiBytes(rep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, s, err := f.signer.Sign(abi.SignedComponent(raw))
+	raw := f.Unsigned(t, snptest.Report{Measurement: spec.measurement, Debug: spec.debug, TCB: &spec.tcb, VMPL: spec.vmpl}, spec.reportData)
+	r, s, err := f.Signer.Sign(abi.SignedComponent(raw))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := abi.SetSignature(r, s, raw); err != nil {
 		t.Fatal(err)
 	}
-	chain := &spb.CertificateChain{ArkCert: f.signer.Ark.Raw, AskCert: f.signer.Ask.Raw, VcekCert: f.signer.Vcek.Raw}
+	chain := &spb.CertificateChain{ArkCert: f.Signer.Ark.Raw, AskCert: f.Signer.Ask.Raw, VcekCert: f.Signer.Vcek.Raw}
 	if mutate != nil {
 		mutate(raw, chain)
 	}
@@ -99,10 +63,10 @@ func (f *fakeAMD) evidence(t testing.TB, spec reportSpec, userData []byte, mutat
 func (f *fakeAMD) verifier(t testing.TB, change func(*Policy)) *Verifier {
 	t.Helper()
 	p := Policy{
-		ReferenceValues:  measurements.M{0: {Expected: testMeasurement}},
-		MinimumTCB:       testTCB,
-		MinimumLaunchTCB: testTCB,
-		TrustedRoots:     f.roots,
+		LaunchMeasurements: [][]byte{testMeasurement},
+		MinimumTCB:         testTCB,
+		MinimumLaunchTCB:   testTCB,
+		TrustedRoots:       f.Roots(),
 	}
 	if change != nil {
 		change(&p)
@@ -163,11 +127,16 @@ func TestVerify(t *testing.T) {
 		},
 		{
 			name: "wrong launch measurement", spec: func() reportSpec { s := good; s.measurement = bytes.Repeat([]byte{0xbb}, MeasurementSize); return s }(),
-			wantErr: attestation.ErrMeasurement, wantText: "index 0: expected aaaa",
+			wantErr: attestation.ErrMeasurement, wantText: "launch measurement bbbb",
 		},
 		{
 			name: "wrong VMPL", spec: good, policy: func(p *Policy) { p.VMPL = &vmpl1 },
 			wantErr: attestation.ErrPolicy, wantText: "VMPL 0 is not 1",
+		},
+		{
+			name: "ID block required, none signed the launch", spec: good,
+			policy:  func(p *Policy) { p.IDKeyDigests = [][]byte{bytes.Repeat([]byte{1}, abi.IDKeyDigestSize)} },
+			wantErr: attestation.ErrPolicy,
 		},
 		{
 			name: "tampered report", spec: good,
@@ -204,6 +173,18 @@ func TestVerify(t *testing.T) {
 	}
 }
 
+// TestExpiredVCEK: a VCEK past its NotAfter is refused, although the rest
+// of its chain is valid.
+func TestExpiredVCEK(t *testing.T) {
+	f := &fakeAMD{snptest.NewAMD(t, snptest.Options{TCB: testTCB, VCEKCreated: time.Now().AddDate(-8, 0, 0)})}
+	nonce := bytes.Repeat([]byte{7}, attestation.NonceSize)
+	ev := f.evidence(t, reportSpec{reportData: attestation.Binding512(nonce, nil), tcb: testTCB, measurement: testMeasurement}, nil, nil)
+	_, err := f.verifier(t, nil).Verify(context.Background(), ev, nonce)
+	if !errors.Is(err, attestation.ErrSignature) || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("error = %v, want an expired VCEK refused", err)
+	}
+}
+
 func TestVerifyMalformed(t *testing.T) {
 	f := newFakeAMD(t)
 	nonce := make([]byte, attestation.NonceSize)
@@ -222,8 +203,8 @@ func TestVerifyMalformed(t *testing.T) {
 }
 
 func TestNewVerifierNeedsTheLaunchMeasurement(t *testing.T) {
-	for _, m := range []measurements.M{nil, {1: {Expected: testMeasurement}}, {0: {Expected: []byte{1}}}} {
-		if _, err := NewVerifier(Policy{ReferenceValues: m}, time.Now); err == nil {
+	for _, m := range [][][]byte{nil, {testMeasurement, {1}}} {
+		if _, err := NewVerifier(Policy{LaunchMeasurements: m}, time.Now); err == nil {
 			t.Errorf("reference values %v accepted", m)
 		}
 	}

@@ -134,6 +134,7 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 		UserData:     ev.GetUserData(),
 		Identity:     identity,
 		Measurements: got,
+		Endorsement:  fmt.Sprintf("tdx %s mrtd=%x teeTcbSvn=%x", identity, body.GetMrTd(), body.GetTeeTcbSvn()),
 	}
 	for _, w := range warnings {
 		result.Warnings = append(result.Warnings, w.String())

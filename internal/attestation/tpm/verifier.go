@@ -118,6 +118,25 @@ func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 	if mode == "" {
 		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys, AK certificate roots, EK certificate roots and GCE")
 	}
+	return newVerifier(policy, mode, now)
+}
+
+// NewBoundVerifier returns a verifier for quotes from a confidential VM's
+// vTPM, whose AK no TPM endorsement vouches for: a hardware report (SEV-SNP,
+// TDX) binds it instead, and the caller passes the AK that report binds to
+// VerifyBound (package cvm). policy.Endorsement must be empty. Verify
+// always fails on such a verifier, so it cannot admit an unendorsed key.
+func NewBoundVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
+	if e := policy.Endorsement; len(e.PinnedKeys) > 0 || e.Roots != nil || e.EKRoots != nil || e.EKIntermediates != nil || e.GCE != nil {
+		return nil, errors.New("tpm policy: a vTPM whose key a hardware report binds takes no other key endorsement")
+	}
+	return newVerifier(policy, modeBound, now)
+}
+
+// modeBound is the key trust of NewBoundVerifier's verifiers.
+const modeBound = "bound"
+
+func newVerifier(policy Policy, mode string, now func() time.Time) (*Verifier, error) {
 	if g := policy.Endorsement.GCE; g != nil {
 		if len(g.Projects) == 0 {
 			return nil, errors.New("tpm policy: GCE needs at least one allowed project, or every Compute Engine VM of every Google customer would be trusted")
@@ -164,6 +183,9 @@ func (v *Verifier) Variant() attestation.Variant { return attestation.VariantTPM
 //   - the event log, when present, replays to the reported PCR values;
 //   - the PCR values match the reference values.
 func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestation.Result, error) {
+	if v.mode == modeBound {
+		return nil, fmt.Errorf("%w: this verifier trusts only an attestation key a hardware report binds (VerifyBound)", attestation.ErrUntrustedKey)
+	}
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}
@@ -171,7 +193,26 @@ func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestati
 	if err != nil {
 		return nil, err
 	}
-	return v.verify(ev, attestation.Binding256(nonce, ev.GetUserData()))
+	return v.verify(ev, attestation.Binding256(nonce, ev.GetUserData()), nil)
+}
+
+// VerifyBound runs Verify's checks on a verifier from NewBoundVerifier,
+// trusting the attestation key only if its TPMT_PUBLIC equals boundAK, the
+// key a verified hardware report binds (package cvm); the result's
+// Endorsement is then "bound". Errors as Verify's; on any other verifier
+// it fails.
+func (v *Verifier) VerifyBound(_ context.Context, evidence, nonce, boundAK []byte) (*attestation.Result, error) {
+	if v.mode != modeBound || len(boundAK) == 0 {
+		return nil, fmt.Errorf("%w: VerifyBound needs a verifier from NewBoundVerifier and a bound key", attestation.ErrUntrustedKey)
+	}
+	if err := attestation.CheckNonce(nonce); err != nil {
+		return nil, err
+	}
+	ev, err := ParseEvidence(evidence)
+	if err != nil {
+		return nil, err
+	}
+	return v.verify(ev, attestation.Binding256(nonce, ev.GetUserData()), boundAK)
 }
 
 // VerifyExtraData runs Verify's checks on evidence whose quote's extraData
@@ -185,12 +226,16 @@ func (v *Verifier) VerifyExtraData(_ context.Context, evidence, extraData []byte
 	if err != nil {
 		return nil, err
 	}
-	return v.verify(ev, extraData)
+	if v.mode == modeBound {
+		return nil, fmt.Errorf("%w: this verifier trusts only an attestation key a hardware report binds (VerifyBound)", attestation.ErrUntrustedKey)
+	}
+	return v.verify(ev, extraData, nil)
 }
 
-// verify checks parsed evidence whose quote must carry extraData.
-func (v *Verifier) verify(ev *attestationv1.TPMEvidence, extraData []byte) (*attestation.Result, error) {
-	akPub, identity, keyEndorsement, err := v.trustedAK(ev)
+// verify checks parsed evidence whose quote must carry extraData; boundAK
+// is the AK a hardware report binds, for a verifier in modeBound.
+func (v *Verifier) verify(ev *attestationv1.TPMEvidence, extraData, boundAK []byte) (*attestation.Result, error) {
+	akPub, identity, keyEndorsement, err := v.trustedAK(ev, boundAK)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +312,7 @@ func ParseEvidence(evidence []byte) (*attestationv1.TPMEvidence, error) {
 
 // trustedAK decodes the AK, checks its attributes and its endorsement, and
 // returns its public key and identity.
-func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence) (crypto.PublicKey, string, string, error) {
+func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte) (crypto.PublicKey, string, string, error) {
 	pub, err := tpm2.DecodePublic(ev.GetAttestationKey())
 	if err != nil {
 		return nil, "", "", fmt.Errorf("%w: decoding attestation key: %w", attestation.ErrMalformed, err)
@@ -286,6 +331,11 @@ func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence) (crypto.PublicKey, s
 	}
 
 	switch v.mode {
+	case modeBound:
+		if subtle.ConstantTimeCompare(ev.GetAttestationKey(), boundAK) != 1 {
+			return nil, "", "", fmt.Errorf("%w: attestation key %s is not the key the hardware report binds", attestation.ErrUntrustedKey, identity)
+		}
+		return key, identity, "", nil
 	case "ek-certificate":
 		// Trusted through the EK: see endorsement.
 		return key, identity, "", nil

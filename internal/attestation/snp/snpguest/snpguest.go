@@ -1,7 +1,8 @@
-// Package snpguest is the "sev-snp" attester: it asks the AMD secure
-// processor, through the guest's /dev/sev-guest or configfs-tsm interface
-// (go-sev-guest), for an attestation report bound to the nonce and user data.
-// It only works inside an SEV-SNP guest; elsewhere New fails.
+// Package snpguest is the SEV-SNP attester: it asks the AMD secure
+// processor, through the guest's configfs-tsm interface or the older
+// /dev/sev-guest device (go-sev-guest), for an attestation report bound to
+// the nonce and user data (in Gatehouse the vTPM attestation key, see
+// package cvm). It only works inside an SEV-SNP guest; elsewhere New fails.
 package snpguest
 
 import (
@@ -16,19 +17,63 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp"
 )
 
-// Attester produces "sev-snp" evidence.
+// Interface names the guest interface reports come through.
+type Interface string
+
+// The guest interfaces.
+const (
+	// Auto uses configfs-tsm where the kernel has it (Linux 6.7+), else
+	// /dev/sev-guest.
+	Auto Interface = "auto"
+	// ConfigFSTSM is /sys/kernel/config/tsm/report.
+	ConfigFSTSM Interface = "configfs-tsm"
+	// SEVGuest is the /dev/sev-guest ioctl interface.
+	SEVGuest Interface = "sev-guest"
+)
+
+// ParseInterface parses "auto", "configfs-tsm" or "sev-guest".
+func ParseInterface(s string) (Interface, error) {
+	switch i := Interface(s); i {
+	case Auto, ConfigFSTSM, SEVGuest:
+		return i, nil
+	}
+	return "", fmt.Errorf("unknown SEV-SNP guest interface %q: use %s, %s or %s", s, Auto, ConfigFSTSM, SEVGuest)
+}
+
+// Attester produces SEV-SNP reports as SNPEvidence.
 type Attester struct {
 	provider client.QuoteProvider
 }
 
-// New opens the SEV-SNP guest interface, or fails outside an SEV-SNP guest.
-func New() (*Attester, error) {
-	provider, err := client.GetQuoteProvider()
-	if err != nil {
-		return nil, fmt.Errorf("opening the SEV-SNP guest interface: %w", err)
+// New opens the SEV-SNP guest interface iface, or fails outside an
+// SEV-SNP guest, saying which interface it tried.
+func New(iface Interface) (*Attester, error) {
+	var provider client.QuoteProvider
+	switch iface {
+	case Auto:
+		p, err := client.GetQuoteProvider()
+		if err != nil {
+			return nil, fmt.Errorf("opening the SEV-SNP guest interface (configfs-tsm, then /dev/sev-guest): %w", err)
+		}
+		provider = p
+	case ConfigFSTSM:
+		provider = &client.LinuxConfigFsQuoteProvider{}
+	case SEVGuest:
+		provider = &client.LinuxIoctlQuoteProvider{}
+	default:
+		return nil, fmt.Errorf("unknown SEV-SNP guest interface %q", iface)
 	}
 	if !provider.IsSupported() {
-		return nil, errors.New("SEV-SNP guest interface not available: not an SEV-SNP guest")
+		return nil, fmt.Errorf("SEV-SNP guest interface %s not available: not an SEV-SNP guest, or the kernel lacks it", iface)
+	}
+	return NewWithProvider(provider)
+}
+
+// NewWithProvider returns an attester using provider, e.g. go-sev-guest's
+// test quote provider (package snptest).
+func NewWithProvider(provider client.QuoteProvider) (*Attester, error) {
+	if provider == nil || !provider.IsSupported() {
+		return nil, errors.New("SEV-SNP quote provider not available")
 	}
 	return &Attester{provider: provider}, nil
 }

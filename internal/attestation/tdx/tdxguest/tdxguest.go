@@ -1,6 +1,7 @@
-// Package tdxguest is the "tdx" attester: it asks the TDX module, through
+// Package tdxguest is the TDX attester: it asks the TDX module, through
 // the guest's configfs-tsm interface (go-tdx-guest), for a quote bound to the
-// nonce and user data. It only works inside a TDX guest; elsewhere New fails.
+// nonce and user data (in Gatehouse the vTPM attestation key, see package
+// cvm). It only works inside a TDX guest; elsewhere New fails.
 package tdxguest
 
 import (
@@ -26,6 +27,18 @@ func New() (*Attester, error) {
 	}
 	if err := provider.IsSupported(); err != nil {
 		return nil, fmt.Errorf("TDX guest interface not available (not a TDX guest?): %w", err)
+	}
+	return NewWithProvider(provider)
+}
+
+// NewWithProvider returns an attester using provider, e.g. a test quote
+// provider (package tdxtest).
+func NewWithProvider(provider client.QuoteProvider) (*Attester, error) {
+	if provider == nil {
+		return nil, fmt.Errorf("no TDX quote provider")
+	}
+	if err := provider.IsSupported(); err != nil {
+		return nil, fmt.Errorf("TDX quote provider not available: %w", err)
 	}
 	return &Attester{provider: provider}, nil
 }
