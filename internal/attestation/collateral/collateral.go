@@ -1,8 +1,9 @@
 // Package collateral fetches attestation collateral (AMD KDS certificates
-// and CRLs; later Intel PCS TCB info and QE identity) through an on-disk
-// cache, so a verifier works offline once what it needs was fetched, and
-// never trusts a stale revocation list. It is a go-sev-guest
-// trust.HTTPSGetter (and ContextHTTPSGetter).
+// and CRLs; Intel PCS TCB info, QE identity and CRLs with their issuer
+// chain headers) through an on-disk cache, so a verifier works offline once
+// what it needs was fetched, and never trusts a stale revocation list or
+// TCB info. A Cache is a go-sev-guest trust.HTTPSGetter (and
+// ContextHTTPSGetter); Cache.TDX is its go-tdx-guest form.
 package collateral
 
 import (
@@ -10,6 +11,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -17,7 +19,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
+
+	tdxtrust "github.com/google/go-tdx-guest/verify/trust"
 
 	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
 )
@@ -26,15 +31,18 @@ import (
 // certificate chains are a few kilobytes.
 const MaxSize = 1 << 20
 
-// Fetcher gets a URL's body; Cache.Upstream in production is HTTP.
-type Fetcher func(ctx context.Context, url string) ([]byte, error)
+// Fetcher gets a URL's headers and body; Cache.Upstream in production is
+// HTTP. Only issuer chain headers are kept (see HTTP).
+type Fetcher func(ctx context.Context, url string) (http.Header, []byte, error)
 
 // Cache serves collateral from Dir, fetching through Upstream what is
-// missing or stale. Freshness: a CRL until its NextUpdate; a certificate
-// or certificate bundle until the earliest NotAfter in it; anything else
-// for MaxAge. A stale entry is fetched again; if that fails, a stale CRL is
-// an error (its revocations may be out of date), a stale certificate is
-// served (certificates do not change). Safe for concurrent use.
+// missing or stale. Freshness: a CRL until its NextUpdate; Intel's TCB
+// info and QE identity (JSON) until their nextUpdate; a certificate or
+// certificate bundle until the earliest NotAfter in it; anything else for
+// MaxAge. A stale entry is fetched again; if that fails, a stale CRL or
+// TCB info is an error (revocations or TCB levels may be out of date), a
+// stale certificate is served (certificates do not change). Safe for
+// concurrent use.
 type Cache struct {
 	// Dir holds one file per URL (named by the URL's SHA-256).
 	Dir string
@@ -48,33 +56,50 @@ type Cache struct {
 }
 
 // HTTP returns a Fetcher using client (nil: a client with a 30 s timeout),
-// refusing non-2xx answers and bodies over MaxSize.
+// refusing non-2xx answers and bodies over MaxSize. Of the headers it keeps
+// only the issuer chains Intel PCS sends its signing certificates in
+// ("TCB-Info-Issuer-Chain", "SGX-Enclave-Identity-Issuer-Chain",
+// "SGX-PCK-CRL-Issuer-Chain").
 func HTTP(client *http.Client) Fetcher {
 	if client == nil {
 		client = &http.Client{Timeout: 30 * time.Second}
 	}
-	return func(ctx context.Context, url string) ([]byte, error) {
+	return func(ctx context.Context, url string) (http.Header, []byte, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		resp, err := client.Do(req)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode/100 != 2 {
-			return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+			return nil, nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 		}
 		body, err := io.ReadAll(io.LimitReader(resp.Body, MaxSize+1))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if len(body) > MaxSize {
-			return nil, fmt.Errorf("GET %s: body exceeds %d bytes", url, MaxSize)
+			return nil, nil, fmt.Errorf("GET %s: body exceeds %d bytes", url, MaxSize)
 		}
-		return body, nil
+		return issuerChains(resp.Header), body, nil
 	}
+}
+
+// issuerChains returns the issuer chain headers of h, or nil.
+func issuerChains(h http.Header) http.Header {
+	var out http.Header
+	for name, values := range h {
+		if strings.HasSuffix(http.CanonicalHeaderKey(name), "-Issuer-Chain") {
+			if out == nil {
+				out = http.Header{}
+			}
+			out[http.CanonicalHeaderKey(name)] = values
+		}
+	}
+	return out
 }
 
 // Get returns url's collateral (go-sev-guest trust.HTTPSGetter).
@@ -84,56 +109,121 @@ func (c *Cache) Get(url string) ([]byte, error) { return c.GetContext(context.Ba
 // fetched (and cached) through Upstream. Errors name the URL and, offline,
 // say that the cache lacks it.
 func (c *Cache) GetContext(ctx context.Context, url string) ([]byte, error) {
+	_, body, err := c.get(ctx, url)
+	return body, err
+}
+
+// TDX returns c as a go-tdx-guest trust.HTTPSGetter, which also needs
+// the issuer chain headers.
+func (c *Cache) TDX() tdxtrust.HTTPSGetter { return tdxGetter{c} }
+
+type tdxGetter struct{ c *Cache }
+
+func (g tdxGetter) Get(url string) (map[string][]string, []byte, error) {
+	return g.GetContext(context.Background(), url)
+}
+
+func (g tdxGetter) GetContext(ctx context.Context, url string) (map[string][]string, []byte, error) {
+	return g.c.get(ctx, url)
+}
+
+// get returns url's headers and body; see GetContext.
+func (c *Cache) get(ctx context.Context, url string) (http.Header, []byte, error) {
 	now := time.Now
 	if c.Now != nil {
 		now = c.Now
 	}
 	path := filepath.Join(c.Dir, cacheName(url))
-	cached, err := os.ReadFile(path)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("reading cached collateral for %s: %w", url, err)
+	cached, header, err := readEntry(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading cached collateral for %s: %w", url, err)
 	}
 	var staleErr error
 	if cached != nil {
-		fresh, isCRL := c.fresh(cached, path, now())
+		fresh, expires := c.fresh(cached, path, now())
 		if fresh {
-			return cached, nil
+			return header, cached, nil
 		}
-		if isCRL {
-			staleErr = fmt.Errorf("the cached revocation list from %s is past its next update", url)
+		if expires {
+			staleErr = fmt.Errorf("the cached revocation list or TCB information from %s is past its next update", url)
 		}
 	}
 	if c.Upstream == nil {
 		switch {
 		case staleErr != nil:
-			return nil, fmt.Errorf("%w, and the verifier is offline: fetch it again online", staleErr)
+			return nil, nil, fmt.Errorf("%w, and the verifier is offline: fetch it again online", staleErr)
 		case cached != nil:
-			return cached, nil // a certificate: still the same certificate
+			return header, cached, nil // a certificate: still the same certificate
 		default:
-			return nil, fmt.Errorf("collateral %s is not cached, and the verifier is offline: run it online once to fill %s", url, c.Dir)
+			return nil, nil, fmt.Errorf("collateral %s is not cached, and the verifier is offline: run it online once to fill %s", url, c.Dir)
 		}
 	}
-	body, err := c.Upstream(ctx, url)
+	header, body, err := c.Upstream(ctx, url)
 	if err != nil {
 		if cached != nil && staleErr == nil {
-			return cached, nil
+			return header, cached, nil
 		}
-		return nil, fmt.Errorf("fetching collateral %s: %w", url, err)
+		return nil, nil, fmt.Errorf("fetching collateral %s: %w", url, err)
 	}
-	if err := os.MkdirAll(c.Dir, 0o750); err != nil {
-		return nil, err
+	if err := writeEntry(c.Dir, path, header, body); err != nil {
+		return nil, nil, fmt.Errorf("caching collateral %s: %w", url, err)
 	}
-	if err := atomicfile.Write(path, body, 0o644); err != nil {
-		return nil, fmt.Errorf("caching collateral %s: %w", url, err)
+	return header, body, nil
+}
+
+// readEntry reads a cached body and its headers; a missing entry is nil
+// and no error.
+func readEntry(path string) ([]byte, http.Header, error) {
+	body, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, nil
 	}
-	return body, nil
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, err := os.ReadFile(path + ".header")
+	if errors.Is(err, os.ErrNotExist) {
+		return body, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var header http.Header
+	if err := json.Unmarshal(raw, &header); err != nil {
+		return nil, nil, fmt.Errorf("%s.header: %w", path, err)
+	}
+	return body, header, nil
+}
+
+// writeEntry caches body and header, the header first: a body is never
+// served without the headers fetched with it.
+func writeEntry(dir, path string, header http.Header, body []byte) error {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	if len(header) > 0 {
+		raw, err := json.Marshal(header)
+		if err != nil {
+			return err
+		}
+		if err := atomicfile.Write(path+".header", raw, 0o644); err != nil {
+			return err
+		}
+	} else if err := os.Remove(path + ".header"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return atomicfile.Write(path, body, 0o644)
 }
 
 // fresh reports whether a cached body is still fresh at now, and whether
-// it is a CRL.
-func (c *Cache) fresh(body []byte, path string, now time.Time) (fresh, isCRL bool) {
+// it expires (a CRL or Intel TCB info / QE identity, which must not be
+// served stale).
+func (c *Cache) fresh(body []byte, path string, now time.Time) (fresh, expires bool) {
 	if crl, err := x509.ParseRevocationList(body); err == nil {
 		return now.Before(crl.NextUpdate), true
+	}
+	if next, ok := pcsNextUpdate(body); ok {
+		return now.Before(next), true
 	}
 	if notAfter, ok := earliestNotAfter(body); ok {
 		return now.Before(notAfter), false
@@ -147,6 +237,24 @@ func (c *Cache) fresh(body []byte, path string, now time.Time) (fresh, isCRL boo
 		maxAge = time.Hour
 	}
 	return now.Sub(fi.ModTime()) < maxAge, false
+}
+
+// pcsNextUpdate returns the nextUpdate of an Intel PCS TCB info or QE
+// identity document ({"tcbInfo": {..., "nextUpdate": ...}, "signature": ...}).
+func pcsNextUpdate(body []byte) (time.Time, bool) {
+	var doc map[string]json.RawMessage
+	if json.Unmarshal(body, &doc) != nil {
+		return time.Time{}, false
+	}
+	for _, name := range []string{"tcbInfo", "enclaveIdentity"} {
+		var inner struct {
+			NextUpdate time.Time `json:"nextUpdate"`
+		}
+		if raw, ok := doc[name]; ok && json.Unmarshal(raw, &inner) == nil && !inner.NextUpdate.IsZero() {
+			return inner.NextUpdate, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // earliestNotAfter returns the earliest NotAfter of the certificates in

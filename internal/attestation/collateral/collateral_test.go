@@ -20,15 +20,15 @@ func TestCache(t *testing.T) {
 	cert := testkit.NewCA(t, "kds").Cert.Raw // valid for an hour
 	calls := 0
 	var fail bool
-	upstream := func(_ context.Context, url string) ([]byte, error) {
+	upstream := func(_ context.Context, url string) (http.Header, []byte, error) {
 		calls++
 		if fail {
-			return nil, errors.New("KDS unreachable")
+			return nil, nil, errors.New("KDS unreachable")
 		}
 		if url == "https://kds/cert" {
-			return cert, nil
+			return nil, cert, nil
 		}
-		return []byte("tcb info"), nil
+		return nil, []byte("tcb info"), nil
 	}
 	now := time.Now()
 	clock := func() time.Time { return now }
@@ -59,6 +59,12 @@ func TestCache(t *testing.T) {
 	}
 
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tcb" {
+			w.Header().Set("TCB-Info-Issuer-Chain", "chain")
+			w.Header().Set("Set-Cookie", "not collateral")
+			_, _ = w.Write([]byte("{}"))
+			return
+		}
 		if r.URL.Path == "/big" {
 			_, _ = w.Write(make([]byte, collateral.MaxSize+1))
 			return
@@ -67,11 +73,36 @@ func TestCache(t *testing.T) {
 	}))
 	defer srv.Close()
 	fetch := collateral.HTTP(srv.Client())
-	if _, err := fetch(t.Context(), srv.URL+"/missing"); err == nil || !strings.Contains(err.Error(), "404") {
+	if _, _, err := fetch(t.Context(), srv.URL+"/missing"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Fatalf("404: %v", err)
 	}
-	if _, err := fetch(t.Context(), srv.URL+"/big"); err == nil || !strings.Contains(err.Error(), "exceeds") {
+	if header, _, err := fetch(t.Context(), srv.URL+"/tcb"); err != nil || len(header) != 1 || header.Get("Tcb-Info-Issuer-Chain") != "chain" {
+		t.Fatalf("headers kept: %v, %v; want only the issuer chain", header, err)
+	}
+	if _, _, err := fetch(t.Context(), srv.URL+"/big"); err == nil || !strings.Contains(err.Error(), "exceeds") {
 		t.Fatalf("oversized body: %v", err)
+	}
+}
+
+// TestTDXCollateral: Intel's TCB info is served with its issuer chain
+// header, offline too, until its nextUpdate; then offline it is refused.
+func TestTDXCollateral(t *testing.T) {
+	next := time.Now().Add(time.Hour)
+	tcbInfo := []byte(`{"tcbInfo":{"id":"TDX","nextUpdate":"` + next.UTC().Format(time.RFC3339) + `"},"signature":"00"}`)
+	header := http.Header{"Tcb-Info-Issuer-Chain": {"pem chain"}}
+	dir := t.TempDir()
+	online := &collateral.Cache{Dir: dir, Upstream: func(context.Context, string) (http.Header, []byte, error) { return header, tcbInfo, nil }}
+	if h, body, err := online.TDX().Get("https://pcs/tcb"); err != nil || string(body) != string(tcbInfo) || h["Tcb-Info-Issuer-Chain"][0] != "pem chain" {
+		t.Fatalf("online: %v %q %v", h, body, err)
+	}
+	now := time.Now()
+	offline := &collateral.Cache{Dir: dir, Now: func() time.Time { return now }}
+	if h, _, err := offline.TDX().Get("https://pcs/tcb"); err != nil || h["Tcb-Info-Issuer-Chain"][0] != "pem chain" {
+		t.Fatalf("offline before nextUpdate: %v %v", h, err)
+	}
+	now = next.Add(time.Minute)
+	if _, _, err := offline.TDX().Get("https://pcs/tcb"); err == nil || !strings.Contains(err.Error(), "past its next update") {
+		t.Fatalf("offline after nextUpdate: %v, want refused", err)
 	}
 }
 
@@ -80,8 +111,9 @@ func TestCache(t *testing.T) {
 func FuzzCache(f *testing.F) {
 	f.Add([]byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"))
 	f.Add([]byte{0x30, 0x82, 0x01, 0x00})
+	f.Add([]byte(`{"tcbInfo":{"nextUpdate":"2099-01-01T00:00:00Z"}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		c := &collateral.Cache{Dir: t.TempDir(), Upstream: func(context.Context, string) ([]byte, error) { return body, nil }}
+		c := &collateral.Cache{Dir: t.TempDir(), Upstream: func(context.Context, string) (http.Header, []byte, error) { return nil, body, nil }}
 		for i := 0; i < 2; i++ {
 			got, err := c.Get("https://kds/doc")
 			if err != nil || string(got) != string(body) {

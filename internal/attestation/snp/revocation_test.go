@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"math/big"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -23,14 +24,14 @@ type fakeKDS struct {
 	calls int
 }
 
-func (k *fakeKDS) fetch(_ context.Context, url string) ([]byte, error) {
+func (k *fakeKDS) fetch(_ context.Context, url string) (http.Header, []byte, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls++
 	if d, ok := k.docs[url]; ok {
-		return d, nil
+		return nil, d, nil
 	}
-	return nil, errors.New("404 " + url)
+	return nil, nil, errors.New("404 " + url)
 }
 
 // crl returns a CRL of the fake ARK, valid for an hour, revoking serials.

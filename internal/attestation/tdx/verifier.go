@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	pb "github.com/google/go-tdx-guest/proto/tdx"
 	"github.com/google/go-tdx-guest/validate"
 	"github.com/google/go-tdx-guest/verify"
+	"github.com/google/go-tdx-guest/verify/trust"
 	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
@@ -43,9 +45,33 @@ type Policy struct {
 	// MinimumTeeTcbSvn is the lowest acceptable TEE_TCB_SVN, compared per
 	// byte (16 bytes); nil accepts any.
 	MinimumTeeTcbSvn []byte
+	// MrSeam, when set, is the expected measurement of the TDX module
+	// (48 bytes); MrSignerSeam the expected signer of the module (48 bytes,
+	// all zero for Intel's own modules).
+	MrSeam, MrSignerSeam []byte
+	// TdAttributes and Xfam, when set, are the exact TD_ATTRIBUTES and
+	// XFAM (8 bytes each) the TD must have been launched with.
+	TdAttributes, Xfam []byte
+	// MinimumQeSvn and MinimumPceSvn are the lowest acceptable security
+	// versions of the quoting enclave and the provisioning certification
+	// enclave (quote header).
+	MinimumQeSvn, MinimumPceSvn uint16
+	// QeVendorID, when set, is the quoting enclave vendor (16 bytes;
+	// Intel's is 939a7233f79c4ca9940a0db3957f0607).
+	QeVendorID []byte
 	// TrustedRoots verify the PCK chain; nil means the Intel SGX Root CA
 	// embedded in go-tdx-guest.
 	TrustedRoots *x509.CertPool
+	// Collateral, when set, fetches Intel PCS collateral: the TCB info for
+	// the platform's FMSPC (the TCB level of the platform and the TDX
+	// module must be UpToDate), the QE identity (the quoting enclave must
+	// be Intel's, at an UpToDate level), typically through a
+	// collateral.Cache (its TDX form) so verification works offline once
+	// cached. Nil: no collateral, only the quote's own chain.
+	Collateral trust.HTTPSGetter
+	// CheckRevocations checks the PCK CRL and the root CA CRL through
+	// Collateral: a revoked PCK or intermediate certificate is refused.
+	CheckRevocations bool
 }
 
 // Verifier verifies "tdx" evidence. Debuggable TDs are always refused.
@@ -68,8 +94,24 @@ func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 			return nil, fmt.Errorf("tdx policy: reference value index %d has %d bytes, want %d", index, len(m.Expected), MeasurementSize)
 		}
 	}
-	if policy.MinimumTeeTcbSvn != nil && len(policy.MinimumTeeTcbSvn) != 16 {
-		return nil, fmt.Errorf("tdx policy: minimum TEE_TCB_SVN has %d bytes, want 16", len(policy.MinimumTeeTcbSvn))
+	for _, f := range []struct {
+		name  string
+		value []byte
+		size  int
+	}{
+		{"minimum TEE_TCB_SVN", policy.MinimumTeeTcbSvn, 16}, {"MRSEAM", policy.MrSeam, MeasurementSize},
+		{"MRSIGNERSEAM", policy.MrSignerSeam, MeasurementSize}, {"TD_ATTRIBUTES", policy.TdAttributes, 8},
+		{"XFAM", policy.Xfam, 8}, {"QE vendor ID", policy.QeVendorID, 16},
+	} {
+		if f.value != nil && len(f.value) != f.size {
+			return nil, fmt.Errorf("tdx policy: %s has %d bytes, want %d", f.name, len(f.value), f.size)
+		}
+	}
+	if len(policy.TdAttributes) == 8 && policy.TdAttributes[0]&tdAttributesDebug != 0 {
+		return nil, errors.New("tdx policy: TD_ATTRIBUTES may not have DEBUG set: a debuggable TD's memory is readable by the host")
+	}
+	if policy.CheckRevocations && policy.Collateral == nil {
+		return nil, errors.New("tdx policy: checking revocations needs a collateral source (Intel PCS through a cache)")
 	}
 	return &Verifier{policy: policy, now: now}, nil
 }
@@ -100,8 +142,11 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 	}
 	now := v.now()
 	if err := verify.TdxQuoteContext(ctx, quote, &verify.Options{
-		TrustedRoots: v.policy.TrustedRoots,
-		Now:          &verify.TimeSet{PckCertChain: now, TcbInfo: now, QeIdentity: now, PckCrl: now, RootCaCrl: now},
+		TrustedRoots:     v.policy.TrustedRoots,
+		GetCollateral:    v.policy.Collateral != nil,
+		Getter:           v.policy.Collateral,
+		CheckRevocations: v.policy.CheckRevocations,
+		Now:              &verify.TimeSet{PckCertChain: now, TcbInfo: now, QeIdentity: now, PckCrl: now, RootCaCrl: now},
 	}); err != nil {
 		return nil, fmt.Errorf("%w: TDX quote signature or PCK chain: %w", attestation.ErrSignature, err)
 	}
@@ -113,9 +158,18 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 		return nil, fmt.Errorf("%w: TD is debuggable (TD_ATTRIBUTES.DEBUG set)", attestation.ErrPolicy)
 	}
 	if err := validate.TdxQuote(quote, &validate.Options{
-		TdQuoteBodyOptions: validate.TdQuoteBodyOptions{MinimumTeeTcbSvn: v.policy.MinimumTeeTcbSvn},
+		HeaderOptions: validate.HeaderOptions{
+			MinimumQeSvn: v.policy.MinimumQeSvn, MinimumPceSvn: v.policy.MinimumPceSvn, QeVendorID: v.policy.QeVendorID,
+		},
+		TdQuoteBodyOptions: validate.TdQuoteBodyOptions{
+			MinimumTeeTcbSvn: v.policy.MinimumTeeTcbSvn, MrSeam: v.policy.MrSeam,
+			TdAttributes: v.policy.TdAttributes, Xfam: v.policy.Xfam,
+		},
 	}); err != nil {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrPolicy, err)
+	}
+	if v.policy.MrSignerSeam != nil && !bytes.Equal(body.GetMrSignerSeam(), v.policy.MrSignerSeam) {
+		return nil, fmt.Errorf("%w: MRSIGNERSEAM %x is not the policy's %x", attestation.ErrPolicy, body.GetMrSignerSeam(), v.policy.MrSignerSeam)
 	}
 	got := map[uint32][]byte{0: body.GetMrTd()}
 	for i, rtmr := range body.GetRtmrs() {

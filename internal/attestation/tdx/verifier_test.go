@@ -5,14 +5,17 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	pb "github.com/google/go-tdx-guest/proto/tdx"
+	tdxtesting "github.com/google/go-tdx-guest/testing"
 	"github.com/google/go-tdx-guest/testing/testdata"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/collateral"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx/tdxtest"
 )
@@ -143,6 +146,70 @@ func TestRealIntelQuote(t *testing.T) {
 	_, err = v.Verify(context.Background(), ev, make([]byte, attestation.NonceSize))
 	if !errors.Is(err, attestation.ErrNonce) {
 		t.Fatalf("error = %v, want only the nonce binding to fail", err)
+	}
+}
+
+// TestRealIntelQuoteWithPCSCollateral runs go-tdx-guest's real quote with
+// its recorded Intel PCS answers (TCB info and QE identity for the
+// platform's FMSPC, PCK CRL and root CA CRL, with their issuer chain
+// headers; go-tdx-guest testing.TestGetter, testing/testdata) through the
+// production path: collateral.Cache online, then offline from the cache,
+// at a time all of them were valid. The collateral verifies (its issuer
+// chains to the Intel SGX root, its signatures, the PCK and root CRLs),
+// and then the quote is refused as it is on the real path: its platform's
+// TCB level is none of the recorded TCB info's levels (the sample comes
+// from a pre-production Sapphire Rapids E4 part), a check that runs only
+// once everything before it passed. Once the TCB info is past its
+// nextUpdate the offline cache refuses it; an empty one says to fetch.
+func TestRealIntelQuoteWithPCSCollateral(t *testing.T) {
+	ev, err := Evidence(testdata.RawQuote, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := func(_ context.Context, url string) (http.Header, []byte, error) {
+		h, body, err := tdxtesting.TestGetter.Get(url)
+		return h, body, err
+	}
+	dir := t.TempDir()
+	verify := func(cache *collateral.Cache, at time.Time) error {
+		cache.Now = func() time.Time { return at }
+		v, err := NewVerifier(Policy{
+			ReferenceValues: measurements.M{0: {Expected: mustHex(t, sampleMRTD)}},
+			Collateral:      cache.TDX(), CheckRevocations: true,
+		}, func() time.Time { return at })
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = v.Verify(context.Background(), ev, make([]byte, attestation.NonceSize))
+		return err
+	}
+	const tcbLevelMissing = "failed TCB status check: no matching TCB level found"
+	if err := verify(&collateral.Cache{Dir: dir, Upstream: recorded}, sampleTime); !errors.Is(err, attestation.ErrSignature) || !strings.Contains(err.Error(), tcbLevelMissing) {
+		t.Fatalf("online: error = %v, want the collateral verified and the TCB level refused", err)
+	}
+	if err := verify(&collateral.Cache{Dir: dir}, sampleTime); !errors.Is(err, attestation.ErrSignature) || !strings.Contains(err.Error(), tcbLevelMissing) {
+		t.Fatalf("offline from the cache: error = %v, want the collateral verified and the TCB level refused", err)
+	}
+	forged := func(ctx context.Context, url string) (http.Header, []byte, error) {
+		h, body, err := recorded(ctx, url)
+		if i := bytes.Index(body, []byte(`"signature":"`)); i >= 0 && strings.Contains(url, "/tcb?") {
+			body = bytes.Clone(body)
+			if j := i + len(`"signature":"`); body[j] == '0' {
+				body[j] = '1'
+			} else {
+				body[j] = '0' // still hex: a wrong signature, not a malformed one
+			}
+		}
+		return h, body, err
+	}
+	if err := verify(&collateral.Cache{Dir: t.TempDir(), Upstream: forged}, sampleTime); !errors.Is(err, attestation.ErrSignature) || strings.Contains(err.Error(), tcbLevelMissing) {
+		t.Fatalf("forged TCB info signature: error = %v, want refused before the TCB level", err)
+	}
+	if err := verify(&collateral.Cache{Dir: dir}, sampleTime.AddDate(0, 1, 0)); !errors.Is(err, attestation.ErrSignature) || !strings.Contains(err.Error(), "past its next update") {
+		t.Fatalf("offline with stale TCB info: error = %v, want refused", err)
+	}
+	if err := verify(&collateral.Cache{Dir: t.TempDir()}, sampleTime); !errors.Is(err, attestation.ErrSignature) || !strings.Contains(err.Error(), "not cached") {
+		t.Fatalf("offline with an empty cache: error = %v, want refused", err)
 	}
 }
 
