@@ -14,6 +14,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -192,6 +193,9 @@ type harness struct {
 	// ekRoots and ekIntermediates, when set, replace the pinned AKs: the
 	// policy trusts TPMs of that manufacturer (PEM bundles).
 	ekRoots, ekIntermediates string
+	// variant and hardware: see harnessOptions.
+	variant  attestation.Variant
+	hardware map[string]any
 }
 
 type harnessOptions struct {
@@ -201,6 +205,10 @@ type harnessOptions struct {
 	// listen limits new connections; zero is generous (the storm connects
 	// 200 nodes from distinct sources at once).
 	listen connlimit.Limits
+	// variant is the join policy's; "" is tpm. sev-snp and tdx take their
+	// hardware section (the policy's sevSnp or tdx) from hardware.
+	variant  attestation.Variant
+	hardware map[string]any
 }
 
 func newHarness(t testing.TB, opts harnessOptions) *harness {
@@ -220,8 +228,11 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if opts.variant == "" {
+		opts.variant = attestation.VariantTPM
+	}
 	h := &harness{
-		env: env, client: client, node: newNode(t),
+		env: env, client: client, node: newNode(t), variant: opts.variant, hardware: opts.hardware,
 		logs:    &testkit.LogBuffer{Discard: opts.discardLog},
 		reg:     prometheus.NewRegistry(),
 		keysReg: prometheus.NewRegistry(),
@@ -232,7 +243,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	h.putConfigMap(t, testJoinConfig, h.joinConfigData(t, nil))
 
 	log := slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	policy, err := NewPolicy(attestation.VariantTPM, time.Now, log, h.reg)
+	policy, err := NewPolicy(opts.variant, time.Now, log, h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,6 +429,11 @@ func (h *harness) joinConfigData(t testing.TB, override map[uint32]string) map[s
 	if h.ekRoots != "" {
 		delete(doc, "pinnedAKs")
 		doc["ekRoots"], doc["ekIntermediates"] = h.ekRoots, h.ekIntermediates
+	}
+	if h.variant != attestation.VariantTPM {
+		delete(doc, "pinnedAKs")
+		doc["variant"] = string(h.variant)
+		maps.Copy(doc, h.hardware)
 	}
 	policy, err := yaml.Marshal(doc)
 	if err != nil {

@@ -33,6 +33,10 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/cvm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snpguest"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx/tdxguest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
@@ -73,6 +77,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		nodeName        = flag.String("node-name", strings.ToLower(hostname), "Kubernetes node name")
 		advertise       = flag.String("advertise-address", "", "this node's IP address (required; not loopback)")
 		tpmPath         = flag.String("tpm", "/dev/tpmrm0", "TPM character device or swtpm Unix socket")
+		variant         = flag.String("attestation", string(attestation.VariantTPM), attestationUsage)
+		snpInterface    = flag.String("sev-snp-interface", string(snpguest.Auto), snpInterfaceUsage)
 		pcrList         = flag.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
 		ekCert          = flag.String("ek-certificate", string(tpmattester.EKCertificateAuto), ekCertificateUsage)
 		akSource        = flag.String("attestation-key", string(tpmattester.AKOwner), attestationKeyUsage)
@@ -145,12 +151,14 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	rw, attester, closeTPM, err := openAttester(*tpmPath, pcrs, *ekCert, *akSource)
+	rw, tpmAttester, attester, closeTPM, err := openAttester(*tpmPath, pcrs, attesterOptions{
+		variant: *variant, ekMode: *ekCert, akSource: *akSource, snpInterface: *snpInterface,
+	})
 	if err != nil {
 		return err
 	}
 	defer closeTPM()
-	logEndorsement(log, attester)
+	logEndorsement(log, tpmAttester, attester)
 	lock, err := nodelock.New(rw)
 	if err != nil {
 		return err
@@ -175,7 +183,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		Log:         log,
 		KubeletLogs: bootstrapper.JournalKubeletLogs,
 	}
-	identity, err := attester.Identity()
+	identity, err := tpmAttester.Identity()
 	if err != nil {
 		return err
 	}
@@ -275,8 +283,12 @@ func splitList(s string) []string {
 }
 
 // logEndorsement says how verifiers can trust the node's attestation key.
-func logEndorsement(log *slog.Logger, a *tpmattester.Attester) {
+func logEndorsement(log *slog.Logger, a *tpmattester.Attester, node attestation.Attester) {
 	identity, _ := a.Identity()
+	if v := node.Variant(); v != attestation.VariantTPM {
+		log.Info("Evidence is the vTPM's quote with the hardware report binding its key", "variant", v, "identity", identity)
+		return
+	}
 	if a.RequestsActivation() {
 		log.Info("Evidence carries the TPM's EK certificate: verifiers trusting its manufacturer (ekRoots) need no registered key", "identity", identity)
 		return
@@ -289,6 +301,8 @@ func serveEvidence(log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("serve-evidence", flag.ExitOnError)
 	listen := fs.String("listen", ":9001", "address verifiers connect to")
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "TPM character device or swtpm Unix socket")
+	variant := fs.String("attestation", string(attestation.VariantTPM), attestationUsage)
+	snpInterface := fs.String("sev-snp-interface", string(snpguest.Auto), snpInterfaceUsage)
 	pcrList := fs.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
 	ekCert := fs.String("ek-certificate", string(tpmattester.EKCertificateAuto), ekCertificateUsage)
 	akSource := fs.String("attestation-key", string(tpmattester.AKOwner), attestationKeyUsage)
@@ -301,7 +315,9 @@ func serveEvidence(log *slog.Logger, args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	_, attester, closeTPM, err := openAttester(*tpmPath, pcrs, *ekCert, *akSource)
+	_, _, attester, closeTPM, err := openAttester(*tpmPath, pcrs, attesterOptions{
+		variant: *variant, ekMode: *ekCert, akSource: *akSource, snpInterface: *snpInterface,
+	})
 	if err != nil {
 		return err
 	}
@@ -323,22 +339,67 @@ const ekCertificateUsage = "send the TPM's EK certificate with evidence, for ver
 const attestationKeyUsage = "attestation key: owner (the same key on every boot; verifiers pin it or trust the TPM's EK certificate), " +
 	"or gce (a Compute Engine vTPM's AK with the certificate Google issued the instance; policy gce)"
 
-// openAttester opens the TPM at path (device or swtpm socket) and an
-// attester quoting pcrs with the AK from akSource, sending the EK
-// certificate per ekMode; the function returned closes both.
-func openAttester(path string, pcrs []int, ekMode, akSource string) (io.ReadWriteCloser, *tpmattester.Attester, func(), error) {
-	mode, err := tpmattester.ParseEKCertificateMode(ekMode)
+const attestationUsage = "attestation variant: tpm (the TPM's quote), sev-snp or tdx (a confidential VM: " +
+	"its vTPM's quote with the AMD SEV-SNP report or Intel TDX quote binding the vTPM's key)"
+
+const snpInterfaceUsage = "with --attestation sev-snp: the guest interface reports come through: " +
+	"auto (configfs-tsm where the kernel has it, else /dev/sev-guest), configfs-tsm or sev-guest"
+
+// attesterOptions are the flags that shape the node's attester.
+type attesterOptions struct {
+	variant, ekMode, akSource, snpInterface string
+}
+
+// openAttester opens the TPM at path (device or swtpm socket; a
+// confidential VM's vTPM) and an attester quoting pcrs with the AK from
+// akSource, sending the EK certificate per ekMode; for the confidential VM
+// variants the node's attester adds the hardware report binding that AK.
+// It returns the TPM, its attester, the node's attester and a function
+// closing them.
+func openAttester(path string, pcrs []int, opts attesterOptions) (io.ReadWriteCloser, *tpmattester.Attester, attestation.Attester, func(), error) {
+	variant, err := attestation.ParseVariant(opts.variant)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("--ek-certificate: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("--attestation: %w", err)
+	}
+	mode, err := tpmattester.ParseEKCertificateMode(opts.ekMode)
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("--ek-certificate: %w", err)
+	}
+	var hardware attestation.Attester
+	switch variant {
+	case attestation.VariantSNP:
+		iface, err := snpguest.ParseInterface(opts.snpInterface)
+		if err != nil {
+			return nil, nil, nil, nil, fmt.Errorf("--sev-snp-interface: %w", err)
+		}
+		if hardware, err = snpguest.New(iface); err != nil {
+			return nil, nil, nil, nil, err
+		}
+	case attestation.VariantTDX:
+		if hardware, err = tdxguest.New(); err != nil {
+			return nil, nil, nil, nil, err
+		}
+	}
+	if hardware != nil {
+		// The hardware report vouches for the vTPM's key: no EK to activate.
+		mode = tpmattester.EKCertificateOff
 	}
 	rw, err := tpmutil.OpenTPM(path)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("opening the TPM %s: %w", path, err)
+		return nil, nil, nil, nil, fmt.Errorf("opening the TPM %s: %w", path, err)
 	}
-	attester, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs, EKCertificate: mode, AttestationKey: tpmattester.AKSource(akSource)})
+	tpmAttester, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs, EKCertificate: mode, AttestationKey: tpmattester.AKSource(opts.akSource)})
 	if err != nil {
 		_ = rw.Close()
-		return nil, nil, nil, fmt.Errorf("creating the attestation key: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("creating the attestation key: %w", err)
 	}
-	return rw, attester, func() { _ = attester.Close(); _ = rw.Close() }, nil
+	closeAll := func() { _ = tpmAttester.Close(); _ = rw.Close() }
+	var node attestation.Attester = tpmAttester
+	if hardware != nil {
+		if node, err = cvm.NewAttester(hardware, tpmAttester); err != nil {
+			closeAll()
+			return nil, nil, nil, nil, err
+		}
+	}
+	return rw, tpmAttester, node, closeAll, nil
 }

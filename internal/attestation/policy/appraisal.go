@@ -14,7 +14,6 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
@@ -71,9 +70,6 @@ func (p Policy) Appraisal(now func() time.Time, lockPCR []byte) (*Appraisal, err
 	if err != nil {
 		return nil, err
 	}
-	if variant != attestation.VariantTPM {
-		return nil, fmt.Errorf("variant %q has no policy format yet; use tpm", variant)
-	}
 	if !slices.Contains(p.PCRs, keys.NodeLockPCR) {
 		return nil, fmt.Errorf("pcrs must include the node-lock PCR %d", keys.NodeLockPCR)
 	}
@@ -89,11 +85,7 @@ func (p Policy) Appraisal(now func() time.Time, lockPCR []byte) (*Appraisal, err
 		lockPCR = make([]byte, 32)
 	}
 	ref[keys.NodeLockPCR] = measurements.Measurement{Expected: lockPCR}
-	endorsement, err := parseEndorsement(p)
-	if err != nil {
-		return nil, err
-	}
-	v, err := tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, ReferenceValues: ref, Endorsement: endorsement}, now)
+	v, err := p.commonVerifier(variant, ref, now)
 	if err != nil {
 		return nil, err
 	}

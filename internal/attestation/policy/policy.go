@@ -21,6 +21,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/cvm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
 
@@ -28,10 +30,14 @@ import (
 // attestation.yaml and the cluster configuration's attestation section
 // (docs/joinservice.md, "Join config").
 type Policy struct {
-	// Variant must be the variant the service was started for ("tpm").
+	// Variant is how nodes attest: "tpm" (a TPM's quote; set one of the
+	// key trust fields below), "sev-snp" or "tdx" (a confidential VM: its
+	// vTPM's quote and the hardware report binding the vTPM's key; set the
+	// sevSnp or tdx section, no key trust field). docs/attestation.md,
+	// "Variants", has the table.
 	Variant string `json:"variant"`
-	// PCRs is the SHA-256 PCR selection every quote must cover; it must
-	// include keys.NodeLockPCR.
+	// PCRs is the SHA-256 PCR selection every (v)TPM quote must cover; it
+	// must include keys.NodeLockPCR.
 	PCRs []int `json:"pcrs"`
 	// ReferenceValues are the expected PCR values every node shares, whatever
 	// its role (package measurements' format). keys.NodeLockPCR must not appear:
@@ -62,6 +68,10 @@ type Policy struct {
 	// AK certificate Google's vTPM CA issued the instance chains to Google's
 	// roots, and names an instance in an allowed project and zone.
 	GCE *GCEPolicy `json:"gce,omitempty"`
+	// SEVSNP is variant sev-snp's hardware section.
+	SEVSNP *SEVSNPPolicy `json:"sevSnp,omitempty"`
+	// TDX is variant tdx's hardware section.
+	TDX *TDXPolicy `json:"tdx,omitempty"`
 }
 
 // GCEPolicy constrains the Compute Engine instances a policy trusts.
@@ -110,13 +120,48 @@ func (p Policy) KeyVerifier(now func() time.Time) (attestation.Verifier, error) 
 		return nil, err
 	}
 	if variant != attestation.VariantTPM {
-		return nil, fmt.Errorf("variant %q has no policy format yet; use tpm", variant)
+		return nil, fmt.Errorf("capturing reference values from variant %s is not supported yet: read the launch measurement / MRTD "+
+			"from the image build (docs/attestation.md, \"Getting reference values\")", variant)
 	}
 	endorsement, err := parseEndorsement(p)
 	if err != nil {
 		return nil, err
 	}
 	return tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, Endorsement: endorsement}, now)
+}
+
+// commonVerifier compiles what every node of p must show: for tpm the
+// quote under p's key trust; for sev-snp and tdx the hardware report and
+// the vTPM quote whose key it binds. ref are the common PCR reference
+// values (node lock included).
+func (p Policy) commonVerifier(variant attestation.Variant, ref measurements.M, now func() time.Time) (attestation.Verifier, error) {
+	if variant == attestation.VariantTPM {
+		if p.SEVSNP != nil || p.TDX != nil {
+			return nil, errors.New("variant tpm takes no sevSnp or tdx section")
+		}
+		endorsement, err := parseEndorsement(p)
+		if err != nil {
+			return nil, err
+		}
+		return tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, ReferenceValues: ref, Endorsement: endorsement}, now)
+	}
+	if p.keyTrustSet() {
+		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates and gce", variant)
+	}
+	hardware, err := p.hardwareVerifier(variant, now)
+	if err != nil {
+		return nil, err
+	}
+	vtpm, err := tpm.NewBoundVerifier(tpm.Policy{PCRs: p.PCRs, ReferenceValues: ref}, now)
+	if err != nil {
+		return nil, err
+	}
+	return cvm.NewVerifier(variant, hardware, vtpm)
+}
+
+// keyTrustSet reports whether any TPM key trust field is set.
+func (p Policy) keyTrustSet() bool {
+	return strings.TrimSpace(p.AKRoots+p.EKRoots+p.EKIntermediates+strings.Join(p.PinnedAKs, "")) != "" || p.GCE != nil
 }
 
 func parseEndorsement(p Policy) (tpm.Endorsement, error) {
@@ -176,6 +221,10 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 // summary.
 func (p Policy) keyTrust() string {
 	switch {
+	case p.SEVSNP != nil:
+		return fmt.Sprintf("sev-snp-report(launchMeasurements=%d)", len(p.SEVSNP.LaunchMeasurements))
+	case p.TDX != nil:
+		return "tdx-quote(mrtd=" + p.TDX.MRTD + ")"
 	case len(p.PinnedAKs) > 0:
 		return fmt.Sprintf("pinned(%d)", len(p.PinnedAKs))
 	case p.EKRoots != "":
