@@ -35,6 +35,8 @@ func newConfigGenerateCmd() *cobra.Command {
 		akFiles, gceProjects, gceZones                     []string
 		pcrs                                               []int
 		force                                              bool
+		variant, mrtd, minimumTCB, collateralCache         string
+		launchMeasurements                                 []string
 	)
 	cmd := &cobra.Command{
 		Use:   "generate",
@@ -46,9 +48,15 @@ func newConfigGenerateCmd() *cobra.Command {
 			"\"Roles from evidence\") and how the nodes' attestation keys are trusted: the CAs of\n" +
 			"their TPMs' manufacturers (--ek-roots, a PEM bundle; any TPM they made joins, with\n" +
 			"no key registered), Compute Engine vTPMs of named projects (--gce-project), or\n" +
-			"registered keys (--pinned-ak, PEM public keys).",
+			"registered keys (--pinned-ak, PEM public keys).\n\n" +
+			"--attestation chooses the variant: tpm (the default), gcp-vtpm (tpm with\n" +
+			"--gce-project), sev-snp (confidential VMs whose SEV-SNP report binds their vTPM's\n" +
+			"key: --launch-measurement, --snp-minimum-tcb) or tdx (--mrtd). The file comments\n" +
+			"every field of the variant's section.",
 		Example: "  gatehouse config generate --reference-values refs.yaml \\\n" +
-			"    --control-plane-reference-values cp.yaml --worker-reference-values worker.yaml --ek-roots tpm-vendor-roots.pem",
+			"    --control-plane-reference-values cp.yaml --worker-reference-values worker.yaml --ek-roots tpm-vendor-roots.pem\n" +
+			"  gatehouse config generate --attestation sev-snp --launch-measurement <hex> --snp-minimum-tcb 3.0.8.115 \\\n" +
+			"    --reference-values refs.yaml --control-plane-reference-values cp.yaml --worker-reference-values worker.yaml",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			trust := 0
@@ -57,8 +65,12 @@ func newConfigGenerateCmd() *cobra.Command {
 					trust++
 				}
 			}
-			if refFile == "" || cpRefFile == "" || trust != 1 {
-				return errors.New("--reference-values, --control-plane-reference-values and one of --ek-roots, --gce-project and --pinned-ak are required: " +
+			hw, err := hardwareValues(variant, launchMeasurements, minimumTCB, mrtd, trust, len(gceProjects) > 0)
+			if err != nil {
+				return err
+			}
+			if refFile == "" || cpRefFile == "" || (hw.Variant == "tpm" && trust != 1) {
+				return errors.New("--reference-values, --control-plane-reference-values and (for tpm) one of --ek-roots, --gce-project and --pinned-ak are required: " +
 					"without them the policy would accept any software, any role or any TPM")
 			}
 			if len(gceZones) > 0 && len(gceProjects) == 0 {
@@ -104,6 +116,8 @@ func newConfigGenerateCmd() *cobra.Command {
 				Name: name, KubernetesVersion: release.Version, ReferenceValues: refJSON, RoleReferenceValues: roles,
 				PCRs: pcrs, PinnedAKs: aks, EKRoots: ekRoots, EKIntermediates: ekInter,
 				GCEProjects: gceProjects, GCEZones: gceZones, ServiceCIDR: serviceCIDR, PodCIDR: podCIDR,
+				Variant: hw.Variant, LaunchMeasurements: hw.LaunchMeasurements, MinimumTCB: hw.MinimumTCB, MRTD: hw.MRTD,
+				CollateralCache: collateralCache,
 			})
 			if err != nil {
 				return err
@@ -127,11 +141,59 @@ func newConfigGenerateCmd() *cobra.Command {
 	f.StringVar(&ekInterFile, "ek-intermediates", "", "PEM bundle of the TPM manufacturers' issuing CAs (with --ek-roots)")
 	f.StringArrayVar(&gceProjects, "gce-project", nil, "trust the Compute Engine vTPMs of this project (repeatable), by the AK certificates Google's vTPM CA issues")
 	f.StringArrayVar(&gceZones, "gce-zone", nil, "with --gce-project: only instances in this zone (repeatable)")
+	f.StringVar(&variant, "attestation", "tpm", "attestation variant: tpm, gcp-vtpm, sev-snp or tdx")
+	f.StringArrayVar(&launchMeasurements, "launch-measurement", nil, "sev-snp: an accepted launch measurement, hex (repeatable)")
+	f.StringVar(&minimumTCB, "snp-minimum-tcb", "", "sev-snp: lowest acceptable TCB, BOOTLOADER.TEE.SNP.MICROCODE, e.g. 3.0.8.115")
+	f.StringVar(&mrtd, "mrtd", "", "tdx: the TD's MRTD, hex")
+	f.StringVar(&collateralCache, "collateral-cache", "/var/lib/gatehouse/collateral", "sev-snp and tdx: directory caching AMD KDS or Intel PCS collateral")
 	f.IntSliceVar(&pcrs, "pcrs", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15}, "SHA-256 PCRs quotes must cover; must include 15")
 	f.StringVar(&serviceCIDR, "service-cidr", "10.96.0.0/12", "Service CIDR")
 	f.StringVar(&podCIDR, "pod-cidr", "10.244.0.0/16", "pod CIDR")
 	f.BoolVar(&force, "force", false, "overwrite an existing file")
 	return cmd
+}
+
+// hardwareValues checks the flags of variant (tpm, gcp-vtpm, sev-snp or
+// tdx) and returns the template's variant fields; keyTrust counts the TPM
+// key trust flags set.
+func hardwareValues(variant string, launch []string, minimumTCB, mrtd string, keyTrust int, gce bool) (clusterconfig.TemplateValues, error) {
+	var v clusterconfig.TemplateValues
+	switch variant {
+	case "tpm":
+	case "gcp-vtpm":
+		if !gce {
+			return v, errors.New("--attestation gcp-vtpm needs --gce-project: the projects whose Compute Engine vTPMs may join")
+		}
+		variant = "tpm"
+	case "sev-snp", "tdx":
+		if keyTrust > 0 {
+			return v, fmt.Errorf("--attestation %s trusts the vTPM key the hardware report binds: drop --ek-roots, --gce-project and --pinned-ak", variant)
+		}
+	default:
+		return v, fmt.Errorf("--attestation %q: use tpm, gcp-vtpm, sev-snp or tdx", variant)
+	}
+	v.Variant = variant
+	if variant == "sev-snp" {
+		if len(launch) == 0 || minimumTCB == "" {
+			return v, errors.New("--attestation sev-snp needs --launch-measurement (hex, repeatable) and --snp-minimum-tcb " +
+				"(BOOTLOADER.TEE.SNP.MICROCODE): without them any VM image or firmware would be accepted")
+		}
+		if _, err := fmt.Sscanf(minimumTCB, "%d.%d.%d.%d", &v.MinimumTCB.Bootloader, &v.MinimumTCB.TEE, &v.MinimumTCB.SNP, &v.MinimumTCB.Microcode); err != nil {
+			return v, fmt.Errorf("--snp-minimum-tcb %q: want BOOTLOADER.TEE.SNP.MICROCODE, e.g. 3.0.8.115", minimumTCB)
+		}
+		v.LaunchMeasurements = launch
+	} else if len(launch) > 0 || minimumTCB != "" {
+		return v, errors.New("--launch-measurement and --snp-minimum-tcb are for --attestation sev-snp")
+	}
+	if variant == "tdx" {
+		if mrtd == "" {
+			return v, errors.New("--attestation tdx needs --mrtd (hex): without it any TD image would be accepted")
+		}
+		v.MRTD = mrtd
+	} else if mrtd != "" {
+		return v, errors.New("--mrtd is for --attestation tdx")
+	}
+	return v, nil
 }
 
 // readOptional reads file, named by flag in errors; "" reads nothing.

@@ -444,13 +444,73 @@ func TestConfigGenerate(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"config", "generate", "--output", config}, "--reference-values, --control-plane-reference-values and one of --ek-roots, --gce-project and --pinned-ak"},
+		{[]string{"config", "generate", "--output", config}, "--reference-values, --control-plane-reference-values and (for tpm) one of --ek-roots, --gce-project and --pinned-ak"},
 		{[]string{"config", "generate", "--output", filepath.Join(dir, "x.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--kubernetes-version", "1.20"}, "not supported"},
 		{[]string{"config", "generate", "--output", config, "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem")}, "exists"},
 		{[]string{"config", "generate", "--output", filepath.Join(dir, "y.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--pcrs", "0,4,8"}, "must include the node-lock PCR 15"},
 		{[]string{"config", "generate", "--output", filepath.Join(dir, "z.yaml"), "--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json"), "--pinned-ak", filepath.Join(dir, "ak.pem"), "--pod-cidr", "10.96.0.0/16"}, "overlap"},
 	} {
 		if out, err := runErr(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v (%s), want an error containing %q", tc.args, err, out, tc.want)
+		}
+	}
+}
+
+// TestConfigGenerateVariants: --attestation writes each variant's
+// commented section, which loads and compiles; wrong flag combinations
+// are errors naming what is missing.
+func TestConfigGenerateVariants(t *testing.T) {
+	n := startNode(t)
+	dir := t.TempDir()
+	writeConfig(t, dir, n, false) // writes refs.json and control-plane.json
+	refs := []string{"--reference-values", filepath.Join(dir, "refs.json"), "--control-plane-reference-values", filepath.Join(dir, "control-plane.json")}
+	m48 := strings.Repeat("ab", 48)
+	for _, tc := range []struct {
+		variant string
+		args    []string
+		want    []string
+	}{
+		{"sev-snp", []string{"--launch-measurement", m48, "--snp-minimum-tcb", "3.0.8.115"}, []string{"variant: sev-snp", "sevSnp:", "# guestPolicy:", "# idKeyDigests:", "checkRevocations: true"}},
+		{"tdx", []string{"--mrtd", m48}, []string{"variant: tdx", "tdx:", "# rtmrs:", "# mrSeam:", "# minimumTeeTcbSvn:"}},
+		{"gcp-vtpm", []string{"--gce-project", "my-project"}, []string{"variant: tpm", "gce:", "projects: [\"my-project\"]"}},
+	} {
+		t.Run(tc.variant, func(t *testing.T) {
+			out := filepath.Join(dir, tc.variant+".yaml")
+			run(t, append(append([]string{"config", "generate", "--output", out, "--attestation", tc.variant}, refs...), tc.args...)...)
+			cfg, err := clusterconfig.Load(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := cfg.Appraisal(nil)
+			if err != nil {
+				t.Fatalf("the generated %s policy does not compile: %v", tc.variant, err)
+			}
+			data, _ := os.ReadFile(out)
+			for _, w := range tc.want {
+				if !strings.Contains(string(data), w) {
+					t.Errorf("the generated configuration lacks %q:\n%s", w, data)
+				}
+			}
+			if wantVariant := strings.TrimPrefix(tc.want[0], "variant: "); string(a.Variant()) != wantVariant {
+				t.Errorf("variant %s, want %s", a.Variant(), wantVariant)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--attestation", "sev-snp"}, "--attestation sev-snp needs --launch-measurement"},
+		{[]string{"--attestation", "sev-snp", "--launch-measurement", m48, "--snp-minimum-tcb", "new"}, "--snp-minimum-tcb \"new\": want BOOTLOADER.TEE.SNP.MICROCODE"},
+		{[]string{"--attestation", "sev-snp", "--launch-measurement", m48, "--snp-minimum-tcb", "1.0.1.1", "--gce-project", "p"}, "trusts the vTPM key the hardware report binds"},
+		{[]string{"--attestation", "tdx"}, "--attestation tdx needs --mrtd"},
+		{[]string{"--attestation", "tpm", "--mrtd", m48, "--gce-project", "p"}, "--mrtd is for --attestation tdx"},
+		{[]string{"--attestation", "gcp-vtpm"}, "--attestation gcp-vtpm needs --gce-project"},
+		{[]string{"--attestation", "nitro"}, "use tpm, gcp-vtpm, sev-snp or tdx"},
+		{[]string{"--attestation", "sev-snp", "--launch-measurement", "abcd", "--snp-minimum-tcb", "1.0.1.1"}, "launchMeasurements[0] has 2 bytes, want 48"},
+	} {
+		args := append(append([]string{"config", "generate", "--output", filepath.Join(dir, "bad.yaml")}, refs...), tc.args...)
+		if out, err := runErr(t, args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v (%s), want an error containing %q", tc.args, err, out, tc.want)
 		}
 	}

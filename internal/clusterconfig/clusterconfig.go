@@ -151,7 +151,17 @@ type TemplateValues struct {
 	// GCEProjects (and GCEZones), when set, trust the Compute Engine vTPMs
 	// of those projects instead (docs/attestation.md, "Cloud vTPMs").
 	GCEProjects, GCEZones []string
-	ServiceCIDR, PodCIDR  string
+	// Variant is the attestation variant: "" or tpm, sev-snp or tdx.
+	Variant string
+	// LaunchMeasurements (hex) and MinimumTCB fill sev-snp's section.
+	LaunchMeasurements []string
+	MinimumTCB         policy.SNPTCB
+	// MRTD (hex) fills tdx's section.
+	MRTD string
+	// CollateralCache is where sev-snp and tdx verifiers cache AMD KDS or
+	// Intel PCS collateral.
+	CollateralCache      string
+	ServiceCIDR, PodCIDR string
 }
 
 var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap{
@@ -176,11 +186,16 @@ kubernetesVersion: {{.KubernetesVersion}}
 
 # How nodes prove what they run (remote attestation, IETF RATS terms).
 attestation:
-  # Attestation variant: tpm (TPM 2.0 quotes). sev-snp and tdx verifiers exist;
-  # their policy format here is still to come.
-  variant: tpm
-  # SHA-256 PCRs every quote must cover. 15 is the node lock: it must be zero
-  # when a node asks for keys, and holds the cluster ID afterwards.
+  # Attestation variant (docs/attestation.md, "Variants"):
+  #   tpm      a TPM 2.0 quote; its attestation key is trusted as set below
+  #            (TPM manufacturers, Compute Engine vTPMs, or registered keys);
+  #   sev-snp  an AMD SEV-SNP confidential VM: its vTPM's quote, and the SEV-SNP
+  #            report binding the vTPM's key (section sevSnp);
+  #   tdx      an Intel TDX confidential VM: its vTPM's quote, and the TDX quote
+  #            binding the vTPM's key (section tdx).
+  variant: {{.Variant}}
+  # SHA-256 PCRs every (v)TPM quote must cover. 15 is the node lock: it must be
+  # zero when a node asks for keys, and holds the cluster ID afterwards.
   pcrs: {{json .PCRs}}
   # Reference values every node shares: per PCR the expected value (hex) and
   # whether a mismatch only warns. Never list PCR 15 here.
@@ -195,6 +210,42 @@ attestation:
     {{$role}}:
       referenceValues: {{$values}}
 {{- end}}
+{{- if eq .Variant "sev-snp"}}
+  # What every node's SEV-SNP report must show. The report binds the vTPM's key,
+  # so no key is registered and no key trust field is set.
+  sevSnp:
+    # Accepted launch measurements (hex, 48 bytes), one per image version
+    # (gatehouse reference-values capture, or the image build's output).
+    launchMeasurements: {{json .LaunchMeasurements}}
+    # Lowest acceptable TCB (AMD security bulletins name the fixed versions).
+    minimumTCB: {bootloader: {{.MinimumTCB.Bootloader}}, tee: {{.MinimumTCB.TEE}}, snp: {{.MinimumTCB.SNP}}, microcode: {{.MinimumTCB.Microcode}}}
+    # Debugging is always refused. Optional, with their meaning:
+    # minimumLaunchTCB: {...}       # lowest LAUNCH_TCB (default: minimumTCB)
+    # guestPolicy: {smt: true, migrationAgent: false, minimumABI: "1.55"}
+    # vmpl: 0                       # the VM privilege level reports come from
+    # idKeyDigests: [<hex SHA-384>] # require an ID block signed by these keys
+    # authorKeyDigests: [<hex>]
+    # roots: [<PEM>]                # only for test or air-gapped copies of AMD's roots
+    # VCEKs and CRLs from AMD's Key Distribution Service, cached here; with
+    # offline: true only the cache serves (fill it online once).
+    collateral: {cacheDir: {{json .CollateralCache}}, checkRevocations: true}
+{{- else if eq .Variant "tdx"}}
+  # What every node's TDX quote must show. The quote binds the vTPM's key, so
+  # no key is registered and no key trust field is set.
+  tdx:
+    # The TD's initial measurement (hex, 48 bytes).
+    mrtd: {{json .MRTD}}
+    # A debuggable TD is always refused. Optional, with their meaning:
+    # rtmrs: {0: <hex>, ...}        # runtime measurement registers 0-3
+    # mrSeam: <hex>                 # the TDX module; mrSignerSeam: its signer
+    # tdAttributes: <hex, 8 bytes>  # exact TD_ATTRIBUTES; xfam: exact XFAM
+    # minimumTeeTcbSvn: <hex, 16 bytes>
+    # minimumQeSvn: 8, minimumPceSvn: 13, qeVendorID: 939a7233f79c4ca9940a0db3957f0607
+    # roots: <PEM>                  # only for test hierarchies
+    # TCB info, QE identity and CRLs from Intel's Provisioning Certification
+    # Service, cached here; with offline: true only the cache serves.
+    collateral: {cacheDir: {{json .CollateralCache}}, checkRevocations: true}
+{{- else}}
   # How attestation keys are trusted; set exactly one of:
   #   ekRoots    TPM manufacturers' root CAs (PEM): any TPM they made joins, with
   #              no key registered; it proves its key by credential activation
@@ -223,6 +274,7 @@ attestation:
 {{- else}} []
 {{- end}}
 {{- end}}
+{{- end}}
 
 networking:
   # Cluster IPs of Services.
@@ -237,6 +289,9 @@ apiServerCertSANs: []
 // Generate renders a commented configuration from v and checks that it
 // parses and validates.
 func Generate(v TemplateValues) ([]byte, error) {
+	if v.Variant == "" {
+		v.Variant = "tpm"
+	}
 	var buf bytes.Buffer
 	if err := configTemplate.Execute(&buf, v); err != nil {
 		return nil, err

@@ -91,3 +91,87 @@ func TestKeyTrust(t *testing.T) {
 		})
 	}
 }
+
+// TestConfidentialVMVariants: sev-snp and tdx policies load from their
+// hardware sections; each mistake is an error naming the field and what
+// is expected, and a key trust field or the other variant's section is
+// refused.
+func TestConfidentialVMVariants(t *testing.T) {
+	m48 := strings.Repeat("ab", 48)
+	roles := map[policy.Role]policy.RolePolicy{
+		policy.RoleControlPlane: {ReferenceValues: []byte(`{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`)},
+	}
+	snp := func(edit func(*policy.SEVSNPPolicy)) func(*policy.Policy) {
+		return func(p *policy.Policy) {
+			p.Variant = "sev-snp"
+			p.SEVSNP = &policy.SEVSNPPolicy{LaunchMeasurements: []string{m48}, MinimumTCB: policy.SNPTCB{Bootloader: 3, SNP: 8, Microcode: 115}}
+			if edit != nil {
+				edit(p.SEVSNP)
+			}
+		}
+	}
+	tdx := func(edit func(*policy.TDXPolicy)) func(*policy.Policy) {
+		return func(p *policy.Policy) {
+			p.Variant = "tdx"
+			p.TDX = &policy.TDXPolicy{MRTD: m48}
+			if edit != nil {
+				edit(p.TDX)
+			}
+		}
+	}
+	vmpl := 5
+	tests := []struct {
+		name    string
+		edit    func(*policy.Policy)
+		wantErr string
+	}{
+		{"sev-snp", snp(nil), ""},
+		{"sev-snp with everything", snp(func(s *policy.SEVSNPPolicy) {
+			s.GuestPolicy = &policy.SNPGuestPolicy{MinimumABI: "1.55"}
+			s.IDKeyDigests = []string{m48}
+			s.Collateral = &policy.CollateralPolicy{CacheDir: t.TempDir(), Offline: true, CheckRevocations: true}
+		}), ""},
+		{"tdx", tdx(nil), ""},
+		{"tdx with everything", tdx(func(d *policy.TDXPolicy) {
+			d.RTMRs = map[int]string{0: m48}
+			d.MrSeam, d.TdAttributes, d.Xfam = m48, "0000001000000000", "e702060000000000"
+			d.MinimumTeeTcbSvn, d.QeVendorID = strings.Repeat("00", 16), "939a7233f79c4ca9940a0db3957f0607"
+			d.Collateral = &policy.CollateralPolicy{CacheDir: t.TempDir(), CheckRevocations: true}
+		}), ""},
+		{"sev-snp without its section", func(p *policy.Policy) { p.Variant = "sev-snp" }, "variant sev-snp needs a sevSnp section"},
+		{"sev-snp with a tdx section", func(p *policy.Policy) { snp(nil)(p); p.TDX = &policy.TDXPolicy{} }, "variant sev-snp takes a sevSnp section, not tdx"},
+		{"sev-snp with pinned AKs", func(p *policy.Policy) { snp(nil)(p); p.PinnedAKs = []string{akPEM(t)} }, "trusts the vTPM key its hardware report binds"},
+		{"tpm with a sevSnp section", func(p *policy.Policy) { snp(nil)(p); p.Variant = "tpm" }, "variant tpm takes no sevSnp or tdx section"},
+		{"no launch measurement", snp(func(s *policy.SEVSNPPolicy) { s.LaunchMeasurements = nil }), "sevSnp.launchMeasurements is empty"},
+		{"short launch measurement", snp(func(s *policy.SEVSNPPolicy) { s.LaunchMeasurements = []string{"abcd"} }), "sevSnp.launchMeasurements[0] has 2 bytes, want 48"},
+		{"launch measurement not hex", snp(func(s *policy.SEVSNPPolicy) { s.LaunchMeasurements = []string{"xyz"} }), "sevSnp.launchMeasurements[0] is not hex"},
+		{"bad ABI", snp(func(s *policy.SEVSNPPolicy) { s.GuestPolicy = &policy.SNPGuestPolicy{MinimumABI: "new"} }), "sevSnp.guestPolicy.minimumABI \"new\": want MAJOR.MINOR"},
+		{"bad VMPL", snp(func(s *policy.SEVSNPPolicy) { s.VMPL = &vmpl }), "sevSnp.vmpl 5: want 0-3"},
+		{"roots not a cert chain", snp(func(s *policy.SEVSNPPolicy) { s.Roots = []string{"x"} }), "sevSnp.roots[0]: not an AMD KDS cert_chain"},
+		{"collateral without a directory", snp(func(s *policy.SEVSNPPolicy) { s.Collateral = &policy.CollateralPolicy{} }), "sevSnp.collateral.cacheDir is empty"},
+		{"no MRTD", tdx(func(d *policy.TDXPolicy) { d.MRTD = "" }), "tdx.mrtd is empty"},
+		{"RTMR out of range", tdx(func(d *policy.TDXPolicy) { d.RTMRs = map[int]string{4: m48} }), "tdx.rtmrs.4: want an index 0-3"},
+		{"debuggable TD attributes", tdx(func(d *policy.TDXPolicy) { d.TdAttributes = "0100000000000000" }), "TD_ATTRIBUTES may not have DEBUG set"},
+		{"short XFAM", tdx(func(d *policy.TDXPolicy) { d.Xfam = "00" }), "tdx.xfam has 1 bytes, want 8"},
+		{"tdx roots not PEM", tdx(func(d *policy.TDXPolicy) { d.Roots = "x" }), "roots holds no PEM certificate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := policy.Policy{Variant: "tpm", PCRs: []int{4, 15}, Roles: roles}
+			tt.edit(&p)
+			a, err := p.Appraisal(time.Now, nil)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("got %v, want an error saying %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(a.Variant()) != p.Variant || !strings.Contains(a.Summary, "variant="+p.Variant) {
+				t.Fatalf("variant %s, summary %q", a.Variant(), a.Summary)
+			}
+		})
+	}
+}
