@@ -49,6 +49,14 @@ func (b keyBindingAttester) Attest(ctx context.Context, _, nonce []byte) ([]byte
 	return b.hardware.Attest(ctx, []byte("the TPMT_PUBLIC of another VM's vTPM key"), nonce)
 }
 
+// refusal is a confidential VM the join service must refuse: its hardware
+// attester (nil: a report binding another vTPM's key) and the audit reason.
+type refusal struct {
+	name     string
+	hardware func(t *testing.T) attestation.Attester
+	reason   string
+}
+
 // TestConfidentialVMJoin: with a sev-snp or tdx join policy, a node whose
 // vTPM quote comes with a hardware report from go-sev-guest's test device
 // (or the test TDX hierarchy) binding its vTPM key joins over attested TLS
@@ -90,11 +98,7 @@ func TestConfidentialVMJoin(t *testing.T) {
 		variant  attestation.Variant
 		hardware map[string]any
 		genuine  func(t *testing.T) attestation.Attester
-		refused  []struct {
-			name     string
-			hardware func(t *testing.T) attestation.Attester
-			reason   string
-		}
+		refused  []refusal
 	}{{
 		variant: attestation.VariantSNP,
 		hardware: map[string]any{"sevSnp": map[string]any{
@@ -103,11 +107,7 @@ func TestConfidentialVMJoin(t *testing.T) {
 			"roots":              []string{amd.CertChainPEM()},
 		}},
 		genuine: func(t *testing.T) attestation.Attester { return snpNode(t, snptest.Report{Measurement: launch}) },
-		refused: []struct {
-			name     string
-			hardware func(t *testing.T) attestation.Attester
-			reason   string
-		}{
+		refused: []refusal{
 			{"debuggable guest", func(t *testing.T) attestation.Attester {
 				return snpNode(t, snptest.Report{Measurement: launch, Debug: true})
 			}, "evidence_policy"},
@@ -127,11 +127,7 @@ func TestConfidentialVMJoin(t *testing.T) {
 			"roots": intel.RootPEM(),
 		}},
 		genuine: func(t *testing.T) attestation.Attester { return tdxNode(t, launch, false) },
-		refused: []struct {
-			name     string
-			hardware func(t *testing.T) attestation.Attester
-			reason   string
-		}{
+		refused: []refusal{
 			{"debuggable TD", func(t *testing.T) attestation.Attester { return tdxNode(t, launch, true) }, "evidence_policy"},
 			{"other MRTD", func(t *testing.T) attestation.Attester { return tdxNode(t, other, false) }, "measurement_mismatch"},
 		},
@@ -153,12 +149,7 @@ func TestConfidentialVMJoin(t *testing.T) {
 			}) {
 				t.Errorf("the allowed join's audit entry does not name the hardware:\n%s", h.logs.String())
 			}
-			refusals := append(tt.refused, struct {
-				name     string
-				hardware func(t *testing.T) attestation.Attester
-				reason   string
-			}{"report binds another vTPM's key", nil, "untrusted_key"})
-			for _, r := range refusals {
+			for _, r := range append(slices.Clone(tt.refused), refusal{"report binds another vTPM's key", nil, "untrusted_key"}) {
 				t.Run(r.name, func(t *testing.T) {
 					var attester attestation.Attester
 					if r.hardware == nil {

@@ -218,8 +218,11 @@ func (s *SEVSNPPolicy) compile(now func() time.Time) (snp.Policy, error) {
 		out.TrustedRoots = map[string][]*trust.AMDRootCerts{}
 		for i, chain := range s.Roots {
 			certs := &trust.ProductCerts{}
-			if err := certs.FromKDSCertBytes([]byte(chain)); err != nil || certs.Ark == nil {
-				return out, fmt.Errorf("roots[%d]: not an AMD KDS cert_chain (PEM ASK or ASVK, then ARK): %v", i, err)
+			if err := certs.FromKDSCertBytes([]byte(chain)); err != nil {
+				return out, fmt.Errorf("roots[%d]: not an AMD KDS cert_chain (PEM ASK or ASVK, then ARK): %w", i, err)
+			}
+			if certs.Ark == nil {
+				return out, fmt.Errorf("roots[%d]: not an AMD KDS cert_chain (PEM ASK or ASVK, then ARK): no ARK", i)
 			}
 			line, ok := strings.CutPrefix(certs.Ark.Subject.CommonName, "ARK-")
 			if !ok {
