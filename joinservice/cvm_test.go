@@ -49,9 +49,9 @@ func (b keyBindingAttester) Attest(ctx context.Context, _, nonce []byte) ([]byte
 	return b.hardware.Attest(ctx, []byte("the TPMT_PUBLIC of another VM's vTPM key"), nonce)
 }
 
-// refusal is a confidential VM the join service must refuse: its hardware
+// cvmRefusal is a confidential VM the join service must refuse: its hardware
 // attester (nil: a report binding another vTPM's key) and the audit reason.
-type refusal struct {
+type cvmRefusal struct {
 	name     string
 	hardware func(t *testing.T) attestation.Attester
 	reason   string
@@ -98,7 +98,7 @@ func TestConfidentialVMJoin(t *testing.T) {
 		variant  attestation.Variant
 		hardware map[string]any
 		genuine  func(t *testing.T) attestation.Attester
-		refused  []refusal
+		refused  []cvmRefusal
 	}{{
 		variant: attestation.VariantSNP,
 		hardware: map[string]any{"sevSnp": map[string]any{
@@ -107,7 +107,7 @@ func TestConfidentialVMJoin(t *testing.T) {
 			"roots":              []string{amd.CertChainPEM()},
 		}},
 		genuine: func(t *testing.T) attestation.Attester { return snpNode(t, snptest.Report{Measurement: launch}) },
-		refused: []refusal{
+		refused: []cvmRefusal{
 			{"debuggable guest", func(t *testing.T) attestation.Attester {
 				return snpNode(t, snptest.Report{Measurement: launch, Debug: true})
 			}, "evidence_policy"},
@@ -127,7 +127,7 @@ func TestConfidentialVMJoin(t *testing.T) {
 			"roots": intel.RootPEM(),
 		}},
 		genuine: func(t *testing.T) attestation.Attester { return tdxNode(t, launch, false) },
-		refused: []refusal{
+		refused: []cvmRefusal{
 			{"debuggable TD", func(t *testing.T) attestation.Attester { return tdxNode(t, launch, true) }, "evidence_policy"},
 			{"other MRTD", func(t *testing.T) attestation.Attester { return tdxNode(t, other, false) }, "measurement_mismatch"},
 		},
@@ -149,7 +149,7 @@ func TestConfidentialVMJoin(t *testing.T) {
 			}) {
 				t.Errorf("the allowed join's audit entry does not name the hardware:\n%s", h.logs.String())
 			}
-			for _, r := range append(slices.Clone(tt.refused), refusal{"report binds another vTPM's key", nil, "untrusted_key"}) {
+			for _, r := range append(slices.Clone(tt.refused), cvmRefusal{"report binds another vTPM's key", nil, "untrusted_key"}) {
 				t.Run(r.name, func(t *testing.T) {
 					var attester attestation.Attester
 					if r.hardware == nil {
