@@ -117,7 +117,7 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 	if err := attestation.DecodeEvidence(evidence, ev); err != nil {
 		return nil, err
 	}
-	att, err := parse(ev)
+	att, err := parse(ev, v.policy.Collateral != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +175,9 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 }
 
 // parse decodes the report and certificate table into go-sev-guest's form.
-func parse(ev *attestationv1.SNPEvidence) (*spb.Attestation, error) {
+// Without fetch, the table must hold the VCEK or VLEK; with it, a missing
+// VCEK is fetched from AMD KDS by the report's chip ID and TCB.
+func parse(ev *attestationv1.SNPEvidence, fetch bool) (*spb.Attestation, error) {
 	if len(ev.GetReport()) != abi.ReportSize {
 		return nil, fmt.Errorf("%w: report has %d bytes, want %d", attestation.ErrMalformed, len(ev.GetReport()), abi.ReportSize)
 	}
@@ -184,12 +186,14 @@ func parse(ev *attestationv1.SNPEvidence) (*spb.Attestation, error) {
 		return nil, fmt.Errorf("%w: decoding SEV-SNP report: %w", attestation.ErrMalformed, err)
 	}
 	table := &abi.CertTable{}
-	if err := table.Unmarshal(ev.GetCertificateTable()); err != nil {
-		return nil, fmt.Errorf("%w: decoding certificate table: %w", attestation.ErrMalformed, err)
+	if len(ev.GetCertificateTable()) > 0 || !fetch {
+		if err := table.Unmarshal(ev.GetCertificateTable()); err != nil {
+			return nil, fmt.Errorf("%w: decoding certificate table: %w", attestation.ErrMalformed, err)
+		}
 	}
 	chain := table.Proto()
-	if len(chain.GetVcekCert()) == 0 && len(chain.GetVlekCert()) == 0 {
-		return nil, fmt.Errorf("%w: certificate table holds neither VCEK nor VLEK", attestation.ErrUntrustedKey)
+	if len(chain.GetVcekCert()) == 0 && len(chain.GetVlekCert()) == 0 && !fetch {
+		return nil, fmt.Errorf("%w: certificate table holds neither VCEK nor VLEK, and no collateral source is configured to fetch the VCEK from AMD KDS", attestation.ErrUntrustedKey)
 	}
 	return &spb.Attestation{Report: report, CertificateChain: chain}, nil
 }
