@@ -27,6 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
@@ -81,6 +82,10 @@ type node struct {
 	// ekRoots, when set, is its TPM manufacturer's CA bundle (PEM): the
 	// configuration trusts that instead of pinning akPEM.
 	ekRoots string
+	// hardware, when set, are config generate's variant flags (sev-snp,
+	// tdx) instead of a key trust flag, and patch edits the generated file.
+	hardware []string
+	patch    func(config string) string
 	lock    *nodelock.Lock
 	kubeadm *fakeKubeadm
 	secret  string
@@ -111,6 +116,13 @@ func startNode(t *testing.T) *node {
 // attesting with a.
 func startNodeOn(t *testing.T, rw io.ReadWriter, a *tpmattester.Attester) *node {
 	t.Helper()
+	return startNodeAs(t, rw, a, a)
+}
+
+// startNodeAs is startNodeOn with evidence from attester (a confidential
+// VM's, whose vTPM is a).
+func startNodeAs(t *testing.T, rw io.ReadWriter, a *tpmattester.Attester, attester attestation.Attester) *node {
+	t.Helper()
 	lock, err := nodelock.New(rw)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +144,7 @@ func startNodeOn(t *testing.T, rw io.ReadWriter, a *tpmattester.Attester) *node 
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds, err := atls.NewCredentials(atls.Config{Attester: a})
+	creds, err := atls.NewCredentials(atls.Config{Attester: attester})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +161,7 @@ func startNodeOn(t *testing.T, rw io.ReadWriter, a *tpmattester.Attester) *node 
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = atls.ServeEvidence(t.Context(), elis, a) }()
+	go func() { _ = atls.ServeEvidence(t.Context(), elis, attester) }()
 	n.evidence = elis.Addr().String()
 	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
 	if err != nil {
@@ -211,9 +223,21 @@ func writeConfigRoles(t *testing.T, dir string, n *node, tamper bool, measuredAs
 	} else if err := os.WriteFile(akFile, []byte(n.akPEM), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if n.hardware != nil {
+		keys = n.hardware
+	}
 	out := filepath.Join(dir, clusterconfig.DefaultPath)
 	run(t, append([]string{"config", "generate", "--output", out, "--reference-values", refFile, "--pcrs", "0,4,8,15", "--name", "test",
 		"--control-plane-reference-values", roleFiles["control-plane"], "--worker-reference-values", roleFiles["worker"]}, keys...)...)
+	if n.patch != nil {
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(out, []byte(n.patch(string(data))), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return out
 }
 

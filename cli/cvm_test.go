@@ -1,0 +1,145 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/google/go-sev-guest/kds"
+	pb "github.com/google/go-tdx-guest/proto/tdx"
+	"github.com/google/go-tpm-tools/simulator"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/cvm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snpguest"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snptest"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx/tdxguest"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx/tdxtest"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+)
+
+// collateralLine is the generated configuration's collateral setting,
+// which tests replace by their hierarchy's roots (it has no KDS or PCS).
+var collateralLine = regexp.MustCompile(`(?m)^    collateral: \{.*\}$`)
+
+// confidentialVM is a test confidential VM platform: the hardware
+// attester of a VM that launched launch, and how a configuration trusts
+// the platform's test roots.
+type confidentialVM struct {
+	variant  attestation.Variant
+	hardware func(t *testing.T, launch []byte) attestation.Attester
+	flags    func(launch []byte) []string
+	roots    string // the YAML value of the section's roots
+}
+
+func confidentialVMs(t *testing.T) []confidentialVM {
+	tcb := kds.TCBParts{BlSpl: 3, SnpSpl: 8, UcodeSpl: 115}
+	amd := snptest.NewAMD(t, snptest.Options{TCB: tcb})
+	intel := tdxtest.NewIntel(t)
+	quoted := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	return []confidentialVM{{
+		variant: attestation.VariantSNP,
+		hardware: func(t *testing.T, launch []byte) attestation.Attester {
+			a, err := snpguest.NewWithProvider(amd.Device(t, snptest.Report{Measurement: launch}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
+		},
+		flags: func(launch []byte) []string {
+			return []string{"--attestation", "sev-snp", "--launch-measurement", hex.EncodeToString(launch), "--snp-minimum-tcb", "3.0.8.115"}
+		},
+		roots: "[" + quoted(amd.CertChainPEM()) + "]",
+	}, {
+		variant: attestation.VariantTDX,
+		hardware: func(t *testing.T, launch []byte) attestation.Attester {
+			a, err := tdxguest.NewWithProvider(intel.Device(t, func(b *pb.TDQuoteBody) { b.MrTd = launch }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
+		},
+		flags: func(launch []byte) []string { return []string{"--attestation", "tdx", "--mrtd", hex.EncodeToString(launch)} },
+		roots: quoted(intel.RootPEM()),
+	}}
+}
+
+// startConfidentialVM serves a node whose evidence is the simulator vTPM's
+// quote with hw's report binding its key; config trusts p's test roots.
+func startConfidentialVM(t *testing.T, p confidentialVM, hw attestation.Attester, launch []byte) *node {
+	t.Helper()
+	sim, err := simulator.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	if _, err := tpmattester.MeasureBoot(sim, bootArtefacts); err != nil {
+		t.Fatal(err)
+	}
+	vtpm, err := tpmattester.New(sim, tpmattester.Options{PCRs: testPCRs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = vtpm.Close() })
+	node, err := cvm.NewAttester(hw, vtpm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startNodeAs(t, sim, vtpm, node)
+	n.hardware = p.flags(launch)
+	n.patch = func(config string) string { return collateralLine.ReplaceAllString(config, "    roots: "+p.roots) }
+	return n
+}
+
+// TestInitAndVerifyConfidentialVM: for sev-snp and tdx, init verifies a
+// confidential VM against the configuration's hardware section and vTPM
+// PCRs and initialises it, and verify reports the hardware; a VM that
+// launched another image is refused by init before anything is sent.
+func TestInitAndVerifyConfidentialVM(t *testing.T) {
+	launch, other := bytes.Repeat([]byte{0xaa}, 48), bytes.Repeat([]byte{0xcc}, 48)
+	for _, p := range confidentialVMs(t) {
+		// Each node takes the process's one simulator, so each runs in
+		// its own subtest, whose cleanup frees it.
+		t.Run(string(p.variant)+"/another image", func(t *testing.T) {
+			dir := t.TempDir()
+			t.Chdir(dir)
+			n := startConfidentialVM(t, p, p.hardware(t, other), launch)
+			config := writeConfig(t, dir, n, false)
+			if err := os.WriteFile("secret", []byte(n.secret+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := runErr(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret")
+			if err == nil || !strings.Contains(err.Error(), "did not prove it runs what the configuration expects") {
+				t.Fatalf("init of a VM that launched another image: %v\n%s", err, out)
+			}
+			if n.lock.Locked() || len(n.kubeadm.calls) != 0 {
+				t.Fatal("a VM that launched another image was initialised")
+			}
+		})
+		t.Run(string(p.variant)+"/genuine", func(t *testing.T) {
+			dir := t.TempDir()
+			t.Chdir(dir)
+			n := startConfidentialVM(t, p, p.hardware(t, launch), launch)
+			config := writeConfig(t, dir, n, false)
+			if err := os.WriteFile("secret", []byte(n.secret+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if out := run(t, "init", "--config", config, "--node", n.addr, "--init-secret-file", "secret"); !strings.Contains(out, "is initialised") {
+				t.Fatalf("init output:\n%s", out)
+			}
+			out := run(t, "verify", "--config", config, "--node", n.evidence, "--output", "json")
+			var report struct {
+				Variant     string `json:"variant"`
+				Endorsement string `json:"endorsement"`
+			}
+			if err := json.Unmarshal([]byte(out), &report); err != nil || report.Variant != string(p.variant) || !strings.HasPrefix(report.Endorsement, string(p.variant)+" ") ||
+				!strings.Contains(report.Endorsement, hex.EncodeToString(launch)) {
+				t.Fatalf("verify report %s (%v): want the %s hardware and its measurement named", out, err, p.variant)
+			}
+		})
+	}
+}
