@@ -63,7 +63,9 @@ func confidentialVMs(t *testing.T) []confidentialVM {
 			}
 			return a
 		},
-		flags: func(launch []byte) []string { return []string{"--attestation", "tdx", "--mrtd", hex.EncodeToString(launch)} },
+		flags: func(launch []byte) []string {
+			return []string{"--attestation", "tdx", "--mrtd", hex.EncodeToString(launch)}
+		},
 		roots: quoted(intel.RootPEM()),
 	}}
 }

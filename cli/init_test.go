@@ -86,9 +86,9 @@ type node struct {
 	// tdx) instead of a key trust flag, and patch edits the generated file.
 	hardware []string
 	patch    func(config string) string
-	lock    *nodelock.Lock
-	kubeadm *fakeKubeadm
-	secret  string
+	lock     *nodelock.Lock
+	kubeadm  *fakeKubeadm
+	secret   string
 }
 
 // testPCRs is what the test nodes quote.
