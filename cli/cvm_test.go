@@ -5,9 +5,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-sev-guest/kds"
 	pb "github.com/google/go-tdx-guest/proto/tdx"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/cvm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snpguest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snptest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx/tdxguest"
@@ -143,5 +146,82 @@ func TestInitAndVerifyConfidentialVM(t *testing.T) {
 				t.Fatalf("verify report %s (%v): want the %s hardware and its measurement named", out, err, p.variant)
 			}
 		})
+	}
+}
+
+// TestReferenceValuesCaptureConfidentialVM: from a golden confidential VM
+// of each variant, capture writes the PCR files and the hardware section
+// with the launch measurement or MRTD it measured, which config generate
+// takes; a golden VM whose hardware chains to roots capture was not told
+// to trust is refused and nothing is written.
+func TestReferenceValuesCaptureConfidentialVM(t *testing.T) {
+	launch := bytes.Repeat([]byte{0xab}, 48)
+	for _, p := range confidentialVMs(t) {
+		t.Run(string(p.variant), func(t *testing.T) {
+			dir := t.TempDir()
+			n := startConfidentialVM(t, p, p.hardware(t, launch), launch)
+			roots := filepath.Join(dir, "roots.pem")
+			var pemRoots string
+			if err := json.Unmarshal([]byte(strings.Trim(p.roots, "[]")), &pemRoots); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(roots, []byte(pemRoots), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			untrusted := filepath.Join(dir, "untrusted")
+			if err := os.Mkdir(untrusted, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := runErr(t, "reference-values", "capture", "--attestation", string(p.variant), "--control-plane", n.evidence,
+				"--pcrs", "0,4,8,15", "--output-dir", untrusted); err == nil {
+				t.Fatalf("capture from a VM of a test hierarchy, trusting the vendor's real roots, succeeded:\n%s", out)
+			}
+			if entries, _ := os.ReadDir(untrusted); len(entries) != 0 {
+				t.Fatalf("a refused capture wrote %d files", len(entries))
+			}
+
+			out := run(t, "reference-values", "capture", "--attestation", string(p.variant), "--control-plane", n.evidence,
+				"--hardware-roots", roots, "--pcrs", "0,4,8,15", "--output-dir", dir)
+			section := map[attestation.Variant]string{attestation.VariantSNP: "sev-snp.yaml", attestation.VariantTDX: "tdx.yaml"}[p.variant]
+			data, err := os.ReadFile(filepath.Join(dir, section))
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if !strings.Contains(string(data), hex.EncodeToString(launch)) || !strings.Contains(string(data), "fresh evidence from "+n.evidence) {
+				t.Fatalf("%s does not hold the measured launch value and its source:\n%s", section, data)
+			}
+			flags := p.flags(launch)
+			run(t, append([]string{"config", "generate", "--output", filepath.Join(dir, "config.yaml"), "--pcrs", "0,4,8,15",
+				"--reference-values", filepath.Join(dir, "reference-values.yaml"),
+				"--control-plane-reference-values", filepath.Join(dir, "control-plane.yaml")}, flags...)...)
+		})
+	}
+}
+
+// TestHardwareSection: every distinct SEV-SNP launch measurement is
+// listed with the roles that measured it; TDX roles with different MRTDs
+// are refused (a tdx policy names one MRTD), and RTMRs go in only where
+// every role agrees.
+func TestHardwareSection(t *testing.T) {
+	m := func(b byte) []byte { return bytes.Repeat([]byte{b}, 48) }
+	role := func(r policy.Role, measured map[uint32][]byte) captured {
+		return captured{role: r, provenance: "test", hardware: &attestation.Result{Measurements: measured, Endorsement: "hw"}}
+	}
+	_, data, err := hardwareSection(attestation.VariantSNP, []captured{
+		role(policy.RoleControlPlane, map[uint32][]byte{0: m(1)}), role(policy.RoleWorker, map[uint32][]byte{0: m(2)}),
+	}, time.Now())
+	if err != nil || !strings.Contains(string(data), hex.EncodeToString(m(1))+"\" # controlPlane") || !strings.Contains(string(data), hex.EncodeToString(m(2))+"\" # worker") {
+		t.Fatalf("sev-snp section (%v):\n%s", err, data)
+	}
+	if _, _, err := hardwareSection(attestation.VariantTDX, []captured{
+		role(policy.RoleControlPlane, map[uint32][]byte{0: m(1)}), role(policy.RoleWorker, map[uint32][]byte{0: m(2)}),
+	}, time.Now()); err == nil || !strings.Contains(err.Error(), "MRTDs differ") {
+		t.Fatalf("tdx roles with different MRTDs: %v", err)
+	}
+	_, data, err = hardwareSection(attestation.VariantTDX, []captured{
+		role(policy.RoleControlPlane, map[uint32][]byte{0: m(1), 1: m(3), 2: m(4)}), role(policy.RoleWorker, map[uint32][]byte{0: m(1), 1: m(3), 2: m(5)}),
+	}, time.Now())
+	if err != nil || !strings.Contains(string(data), "0: \""+hex.EncodeToString(m(3))) || strings.Contains(string(data), hex.EncodeToString(m(4))) {
+		t.Fatalf("tdx section (%v):\n%s", err, data)
 	}
 }

@@ -38,13 +38,16 @@ type captured struct {
 	role       policy.Role
 	values     map[uint32][]byte
 	provenance string
+	// hardware is, for sev-snp and tdx, the hardware report's result:
+	// launch measurement (index 0) or MRTD and RTMRs (0-4).
+	hardware *attestation.Result
 }
 
 func newReferenceValuesCaptureCmd() *cobra.Command {
 	var (
 		cpNode, workerNode, cpLog, workerLog, outDir string
 		trust                                        policy.Policy
-		ekRootsFile, ekInterFile                     string
+		ekRootsFile, ekInterFile, variant, hwRoots   string
 		akFiles, gceProjects, gceZones               []string
 		force                                        bool
 	)
@@ -58,7 +61,10 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 			"roles go to reference-values.yaml, the others prove each role (control-plane.yaml,\n" +
 			"worker.yaml). Each file says where its values came from. PCR 15 (the node lock) is\n" +
 			"never captured. Capture from machines you trust to run exactly the software you mean\n" +
-			"to admit (docs/attestation.md, \"Reference values\").",
+			"to admit (docs/attestation.md, \"Reference values\").\n\n" +
+			"With --attestation sev-snp or tdx the golden nodes are confidential VMs: their hardware\n" +
+			"report is checked against AMD's or Intel's roots, and the launch measurement or MRTD\n" +
+			"and RTMRs go to sev-snp.yaml or tdx.yaml, the policy section to paste.",
 		Example: "  gatehouse reference-values capture --control-plane 192.0.2.10:9001 --worker 192.0.2.11:9001 --ek-roots tpm-vendor-roots.pem\n" +
 			"  gatehouse config generate --reference-values reference-values.yaml \\\n" +
 			"    --control-plane-reference-values control-plane.yaml --worker-reference-values worker.yaml --ek-roots tpm-vendor-roots.pem",
@@ -70,8 +76,29 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 			if workerNode != "" && workerLog != "" {
 				return errors.New("give the golden worker as one of --worker and --worker-event-log, not both")
 			}
-			trust.Variant = string(attestation.VariantTPM)
-			var err error
+			v, err := attestation.ParseVariant(variant)
+			if err != nil {
+				return fmt.Errorf("--attestation: %w", err)
+			}
+			trust.Variant = string(v)
+			roots, err := readOptional("--hardware-roots", hwRoots)
+			if err != nil {
+				return err
+			}
+			switch {
+			case v == attestation.VariantSNP:
+				trust.SEVSNP = &policy.SEVSNPPolicy{}
+				if roots != "" {
+					trust.SEVSNP.Roots = []string{roots}
+				}
+			case v == attestation.VariantTDX:
+				trust.TDX = &policy.TDXPolicy{Roots: roots}
+			case roots != "":
+				return errors.New("--hardware-roots is for --attestation sev-snp or tdx")
+			}
+			if v != attestation.VariantTPM && (cpLog != "" || workerLog != "") {
+				return fmt.Errorf("--attestation %s captures from golden nodes (--control-plane, --worker): an event log holds no launch measurement", v)
+			}
 			if trust.EKRoots, err = readOptional("--ek-roots", ekRootsFile); err != nil {
 				return err
 			}
@@ -109,9 +136,17 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 				roles = append(roles, c)
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", src.role, c.provenance)
 			}
-			files, err := referenceValueFiles(roles, time.Now().UTC())
+			at := time.Now().UTC()
+			files, err := referenceValueFiles(roles, at)
 			if err != nil {
 				return err
+			}
+			if v != attestation.VariantTPM {
+				name, section, err := hardwareSection(v, roles, at)
+				if err != nil {
+					return err
+				}
+				files[name] = section
 			}
 			for _, name := range slices.Sorted(maps.Keys(files)) {
 				path := filepath.Join(outDir, name)
@@ -134,6 +169,8 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 	f.StringArrayVar(&akFiles, "pinned-ak", nil, "trust a golden node's attestation key (PEM public key; repeatable)")
 	f.StringArrayVar(&gceProjects, "gce-project", nil, "trust Compute Engine vTPMs of this project (repeatable)")
 	f.StringArrayVar(&gceZones, "gce-zone", nil, "with --gce-project: only instances in this zone (repeatable)")
+	f.StringVar(&variant, "attestation", string(attestation.VariantTPM), "attestation variant of the golden nodes: tpm, sev-snp or tdx")
+	f.StringVar(&hwRoots, "hardware-roots", "", "sev-snp or tdx: roots replacing AMD's or Intel's (an AMD KDS cert_chain, or a PEM root); only for test hierarchies")
 	f.StringVarP(&outDir, "output-dir", "o", ".", "directory to write reference-values.yaml, control-plane.yaml and worker.yaml into")
 	f.BoolVar(&force, "force", false, "overwrite existing files")
 	return cmd
@@ -158,6 +195,7 @@ func captureNode(ctx context.Context, trust policy.Policy, addr string) (capture
 		values: result.Measurements,
 		provenance: fmt.Sprintf("fresh evidence from %s over attested TLS at %s (identity %s, key trusted by %s)",
 			addr, time.Now().UTC().Format(time.RFC3339), result.Identity, endorsement),
+		hardware: result.Hardware,
 	}, nil
 }
 
@@ -240,4 +278,63 @@ func referenceValueFiles(roles []captured, at time.Time) (map[string][]byte, err
 		}
 	}
 	return files, nil
+}
+
+// hardwareSection writes the sev-snp or tdx policy section from the golden
+// nodes' hardware results: every distinct launch measurement (sev-snp), or
+// the one MRTD and the RTMRs all roles share (tdx); comments say which
+// node each came from.
+func hardwareSection(v attestation.Variant, roles []captured, at time.Time) (string, []byte, error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Captured by `gatehouse reference-values capture` at %s from:\n", at.Format(time.RFC3339))
+	for _, r := range roles {
+		if r.hardware == nil {
+			return "", nil, fmt.Errorf("%s: the golden node's evidence has no hardware report", r.role)
+		}
+		fmt.Fprintf(&b, "#   %s: %s, %s\n", r.role, r.provenance, r.hardware.Endorsement)
+	}
+	if v == attestation.VariantSNP {
+		b.WriteString("# The sevSnp section of the attestation policy (next to variant: sev-snp), or\n" +
+			"# config generate --launch-measurement for each value.\nsevSnp:\n  launchMeasurements:\n")
+		var seen []string
+		for _, r := range roles {
+			m := hex.EncodeToString(r.hardware.Measurements[0])
+			if !slices.Contains(seen, m) {
+				seen = append(seen, m)
+				var from []string
+				for _, o := range roles {
+					if hex.EncodeToString(o.hardware.Measurements[0]) == m {
+						from = append(from, string(o.role))
+					}
+				}
+				fmt.Fprintf(&b, "    - %q # %s\n", m, strings.Join(from, ", "))
+			}
+		}
+		b.WriteString("  # minimumTCB: set it from AMD's security bulletins; the golden nodes reported the TCBs above.\n")
+		return "sev-snp.yaml", []byte(b.String()), nil
+	}
+	first := roles[0].hardware.Measurements
+	for _, r := range roles[1:] {
+		if !bytes.Equal(r.hardware.Measurements[0], first[0]) {
+			return "", nil, fmt.Errorf("the golden nodes' MRTDs differ (%s: %x, %s: %x), and a tdx policy names one MRTD: boot every role from one TD image",
+				roles[0].role, first[0], r.role, r.hardware.Measurements[0])
+		}
+	}
+	b.WriteString("# The tdx section of the attestation policy (next to variant: tdx), or\n" +
+		"# config generate --mrtd.\ntdx:\n")
+	fmt.Fprintf(&b, "  mrtd: %q\n", hex.EncodeToString(first[0]))
+	var rtmrs []string
+	for i := uint32(1); i <= 4; i++ {
+		same := true
+		for _, r := range roles[1:] {
+			same = same && bytes.Equal(r.hardware.Measurements[i], first[i])
+		}
+		if same && len(first[i]) > 0 {
+			rtmrs = append(rtmrs, fmt.Sprintf("    %d: %q", i-1, hex.EncodeToString(first[i])))
+		}
+	}
+	if len(rtmrs) > 0 {
+		b.WriteString("  # RTMRs every role measured alike; drop those that change with configuration.\n  rtmrs:\n" + strings.Join(rtmrs, "\n") + "\n")
+	}
+	return "tdx.yaml", []byte(b.String()), nil
 }

@@ -149,7 +149,7 @@ func (p Policy) hardwareVerifier(variant attestation.Variant, now func() time.Ti
 		if p.SEVSNP == nil {
 			return nil, errors.New("variant sev-snp needs a sevSnp section: the launch measurements and minimum TCB its reports must show")
 		}
-		sp, err := p.SEVSNP.compile(now)
+		sp, err := p.SEVSNP.compile(now, false)
 		if err != nil {
 			return nil, fmt.Errorf("sevSnp.%w", err)
 		}
@@ -161,7 +161,7 @@ func (p Policy) hardwareVerifier(variant attestation.Variant, now func() time.Ti
 		if p.TDX == nil {
 			return nil, errors.New("variant tdx needs a tdx section: the MRTD (and RTMRs) its quotes must show")
 		}
-		tp, err := p.TDX.compile(now)
+		tp, err := p.TDX.compile(now, false)
 		if err != nil {
 			return nil, fmt.Errorf("tdx.%w", err)
 		}
@@ -170,9 +170,11 @@ func (p Policy) hardwareVerifier(variant attestation.Variant, now func() time.Ti
 	return nil, fmt.Errorf("variant %q has no hardware section", variant)
 }
 
-func (s *SEVSNPPolicy) compile(now func() time.Time) (snp.Policy, error) {
+// compile turns the section into the report verifier's policy; capture
+// leaves the launch measurements out (see Policy.KeyVerifier).
+func (s *SEVSNPPolicy) compile(now func() time.Time, capture bool) (snp.Policy, error) {
 	var out snp.Policy
-	if len(s.LaunchMeasurements) == 0 {
+	if len(s.LaunchMeasurements) == 0 && !capture {
 		return out, errors.New("launchMeasurements is empty: list the launch measurement of each image nodes may boot (gatehouse reference-values capture)")
 	}
 	for i, m := range s.LaunchMeasurements {
@@ -241,16 +243,22 @@ func (s *SEVSNPPolicy) compile(now func() time.Time) (snp.Policy, error) {
 	return out, nil
 }
 
-func (t *TDXPolicy) compile(now func() time.Time) (tdx.Policy, error) {
+// compile turns the section into the quote verifier's policy; capture
+// leaves MRTD and RTMRs out (see Policy.KeyVerifier).
+func (t *TDXPolicy) compile(now func() time.Time, capture bool) (tdx.Policy, error) {
 	var out tdx.Policy
-	if t.MRTD == "" {
-		return out, errors.New("mrtd is empty: name the MRTD of the image nodes boot (gatehouse reference-values capture)")
+	out.ReferenceValues = measurements.M{}
+	if !capture {
+		if t.MRTD == "" {
+			return out, errors.New("mrtd is empty: name the MRTD of the image nodes boot (gatehouse reference-values capture)")
+		}
+		mrtd, err := hexField("mrtd", t.MRTD, tdx.MeasurementSize)
+		if err != nil {
+			return out, err
+		}
+		out.ReferenceValues[0] = measurements.Measurement{Expected: mrtd}
 	}
-	mrtd, err := hexField("mrtd", t.MRTD, tdx.MeasurementSize)
-	if err != nil {
-		return out, err
-	}
-	out.ReferenceValues = measurements.M{0: {Expected: mrtd}}
+	var err error
 	for index, v := range t.RTMRs {
 		if index < 0 || index > 3 {
 			return out, fmt.Errorf("rtmrs.%d: want an index 0-3", index)

@@ -23,6 +23,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/cvm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
 
@@ -108,26 +110,69 @@ func (p Policy) Verifier(now func() time.Time, lockPCR []byte) (attestation.Veri
 }
 
 // KeyVerifier returns a verifier of p's variant that checks everything
-// about evidence except its measurements: the attestation key's trust
-// (p's pinnedAKs, ekRoots, gce or akRoots, with the key activation), the
-// signature, the nonce and the PCR selection p.PCRs. Only p's variant,
-// PCRs and key trust are read. It serves to capture reference values from
-// a golden node (`gatehouse reference-values capture`), whose
-// measurements are what is not known yet; never to admit a node.
+// about evidence except its measurements: for tpm the attestation key's
+// trust (p's pinnedAKs, ekRoots, gce or akRoots, with the key activation),
+// the signature, the nonce and the PCR selection p.PCRs; for sev-snp and
+// tdx the hardware report (its chain to the vendor's roots or the
+// section's, its collateral, TCB minimums, debug off) and the vTPM quote
+// it binds, with any launch measurement or MRTD. Only p's variant, PCRs
+// and key trust or hardware section are read. It serves to capture
+// reference values from a golden node (`gatehouse reference-values
+// capture`), whose measurements are what is not known yet; never to admit
+// a node.
 func (p Policy) KeyVerifier(now func() time.Time) (attestation.Verifier, error) {
 	variant, err := attestation.ParseVariant(p.Variant)
 	if err != nil {
 		return nil, err
 	}
-	if variant != attestation.VariantTPM {
-		return nil, fmt.Errorf("capturing reference values from variant %s is not supported yet: read the launch measurement / MRTD "+
-			"from the image build (docs/attestation.md, \"Getting reference values\")", variant)
+	if variant == attestation.VariantTPM {
+		endorsement, err := parseEndorsement(p)
+		if err != nil {
+			return nil, err
+		}
+		return tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, Endorsement: endorsement}, now)
 	}
-	endorsement, err := parseEndorsement(p)
+	if p.keyTrustSet() {
+		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates and gce", variant)
+	}
+	var hardware attestation.Verifier
+	switch variant {
+	case attestation.VariantSNP:
+		section := SEVSNPPolicy{}
+		if p.SEVSNP != nil {
+			section = *p.SEVSNP
+		}
+		section.LaunchMeasurements = nil
+		sp, err := section.compile(now, true)
+		if err != nil {
+			return nil, fmt.Errorf("sevSnp.%w", err)
+		}
+		sp.AnyLaunchMeasurement = true
+		hardware, err = snp.NewVerifier(sp, now)
+		if err != nil {
+			return nil, err
+		}
+	default:
+		section := TDXPolicy{}
+		if p.TDX != nil {
+			section = *p.TDX
+		}
+		section.MRTD, section.RTMRs = "", nil
+		tp, err := section.compile(now, true)
+		if err != nil {
+			return nil, fmt.Errorf("tdx.%w", err)
+		}
+		tp.AnyMRTD = true
+		hardware, err = tdx.NewVerifier(tp, now)
+		if err != nil {
+			return nil, err
+		}
+	}
+	vtpm, err := tpm.NewBoundVerifier(tpm.Policy{PCRs: p.PCRs}, now)
 	if err != nil {
 		return nil, err
 	}
-	return tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, Endorsement: endorsement}, now)
+	return cvm.NewVerifier(variant, hardware, vtpm)
 }
 
 // commonVerifier compiles what every node of p must show: for tpm the

@@ -38,6 +38,10 @@ type Policy struct {
 	// LaunchMeasurements are the accepted launch MEASUREMENTs (48 bytes
 	// each, at least one): one per image version a cluster runs.
 	LaunchMeasurements [][]byte
+	// AnyLaunchMeasurement accepts any launch measurement, with
+	// LaunchMeasurements empty: only to capture reference values from a
+	// golden node (policy.Policy.KeyVerifier), never to admit one.
+	AnyLaunchMeasurement bool
 	// MinimumTCB is the lowest acceptable REPORTED_TCB, per component.
 	MinimumTCB kds.TCBParts
 	// MinimumLaunchTCB is the lowest acceptable LAUNCH_TCB, per component.
@@ -79,8 +83,11 @@ type Verifier struct {
 // NewVerifier returns a verifier for policy; now is the time certificates
 // are checked at (time.Now in production).
 func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
-	if len(policy.LaunchMeasurements) == 0 {
+	if len(policy.LaunchMeasurements) == 0 && !policy.AnyLaunchMeasurement {
 		return nil, errors.New("sev-snp policy: no launch measurement; name at least one")
+	}
+	if len(policy.LaunchMeasurements) > 0 && policy.AnyLaunchMeasurement {
+		return nil, errors.New("sev-snp policy: launch measurements are named, and any is accepted; choose one")
 	}
 	for i, m := range policy.LaunchMeasurements {
 		if len(m) != MeasurementSize {
@@ -159,7 +166,7 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 	}); err != nil {
 		return nil, fmt.Errorf("%w: %w", attestation.ErrPolicy, err)
 	}
-	if !slices.ContainsFunc(v.policy.LaunchMeasurements, func(m []byte) bool { return bytes.Equal(m, report.GetMeasurement()) }) {
+	if !v.policy.AnyLaunchMeasurement && !slices.ContainsFunc(v.policy.LaunchMeasurements, func(m []byte) bool { return bytes.Equal(m, report.GetMeasurement()) }) {
 		return nil, fmt.Errorf("%w: launch measurement %x is none of the policy's %d", attestation.ErrMeasurement, report.GetMeasurement(), len(v.policy.LaunchMeasurements))
 	}
 	got := map[uint32][]byte{0: report.GetMeasurement()}

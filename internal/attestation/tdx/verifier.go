@@ -42,6 +42,10 @@ const tdAttributesDebug = 1
 type Policy struct {
 	// ReferenceValues: index 0 is MRTD, 1-4 are RTMR0-RTMR3, 48 bytes each.
 	ReferenceValues measurements.M
+	// AnyMRTD accepts any MRTD, with no reference value for index 0: only
+	// to capture reference values from a golden node
+	// (policy.Policy.KeyVerifier), never to admit one.
+	AnyMRTD bool
 	// MinimumTeeTcbSvn is the lowest acceptable TEE_TCB_SVN, compared per
 	// byte (16 bytes); nil accepts any.
 	MinimumTeeTcbSvn []byte
@@ -83,8 +87,8 @@ type Verifier struct {
 // NewVerifier returns a verifier for policy; now is the time certificates
 // are checked at (time.Now in production).
 func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
-	if len(policy.ReferenceValues) == 0 {
-		return nil, fmt.Errorf("tdx policy: no reference values; expect at least index 0 (MRTD)")
+	if _, ok := policy.ReferenceValues[0]; ok == policy.AnyMRTD {
+		return nil, errors.New("tdx policy: set the MRTD reference value (index 0), or, only to capture reference values, accept any MRTD")
 	}
 	for index, m := range policy.ReferenceValues {
 		if index > 4 {

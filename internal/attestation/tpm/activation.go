@@ -68,6 +68,10 @@ func NewActivationChallenge(ek crypto.PublicKey, akPublic []byte) (*ActivationCh
 // chain is not what makes the AK trusted.
 func (v *Verifier) endorsement(ev *attestationv1.TPMEvidence) (string, attestation.KeyActivation, error) {
 	mode := v.mode
+	if mode == modeBound {
+		// The hardware report vouches for the AK; an EK adds nothing.
+		return mode, nil, nil
+	}
 	der := ev.GetEndorsementKeyCertificate()
 	if len(der) == 0 {
 		if mode == "ek-certificate" {
