@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/go-sev-guest/kds"
 	pb "github.com/google/go-tdx-guest/proto/tdx"
-	"github.com/google/go-tpm-tools/simulator"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/cvm"
@@ -22,7 +21,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snptest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx/tdxguest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx/tdxtest"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 )
 
 // collateralLine is the generated configuration's collateral setting,
@@ -77,19 +75,7 @@ func confidentialVMs(t *testing.T) []confidentialVM {
 // quote with hw's report binding its key; config trusts p's test roots.
 func startConfidentialVM(t *testing.T, p confidentialVM, hw attestation.Attester, launch []byte) *node {
 	t.Helper()
-	sim, err := simulator.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sim.Close() })
-	if _, err := tpmattester.MeasureBoot(sim, bootArtefacts); err != nil {
-		t.Fatal(err)
-	}
-	vtpm, err := tpmattester.New(sim, tpmattester.Options{PCRs: testPCRs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = vtpm.Close() })
+	sim, vtpm := bootSimulator(t)
 	node, err := cvm.NewAttester(hw, vtpm)
 	if err != nil {
 		t.Fatal(err)

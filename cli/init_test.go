@@ -96,6 +96,14 @@ var testPCRs = []int{0, 4, 8, 15}
 
 func startNode(t *testing.T) *node {
 	t.Helper()
+	sim, a := bootSimulator(t)
+	return startNodeOn(t, sim, a)
+}
+
+// bootSimulator measures bootArtefacts into this process's TPM simulator
+// and returns it with an attester quoting testPCRs; both close when t ends.
+func bootSimulator(t *testing.T) (io.ReadWriter, *tpmattester.Attester) {
+	t.Helper()
 	sim, err := simulator.Get()
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +117,7 @@ func startNode(t *testing.T) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Close() })
-	return startNodeOn(t, sim, a)
+	return sim, a
 }
 
 // startNodeOn serves InitService and evidence as a node whose TPM is rw,

@@ -139,17 +139,35 @@ func hexField(field, s string, size int) ([]byte, error) {
 	return b, nil
 }
 
-// hardwareVerifier compiles the hardware section of p's variant.
-func (p Policy) hardwareVerifier(variant attestation.Variant, now func() time.Time) (attestation.Verifier, error) {
+// hexList decodes a list of hex fields of size bytes each.
+func hexList(field string, in []string, size int) ([][]byte, error) {
+	var out [][]byte
+	for i, s := range in {
+		b, err := hexField(fmt.Sprintf("%s[%d]", field, i), s, size)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// hardwareVerifier compiles the hardware section of p's variant. With
+// capture (Policy.KeyVerifier) the section may be absent, and any launch
+// measurement or MRTD is accepted.
+func (p Policy) hardwareVerifier(variant attestation.Variant, now func() time.Time, capture bool) (attestation.Verifier, error) {
 	switch variant {
 	case attestation.VariantSNP:
 		if p.TDX != nil {
 			return nil, errors.New("variant sev-snp takes a sevSnp section, not tdx")
 		}
-		if p.SEVSNP == nil {
+		section := p.SEVSNP
+		if section == nil && !capture {
 			return nil, errors.New("variant sev-snp needs a sevSnp section: the launch measurements and minimum TCB its reports must show")
+		} else if section == nil {
+			section = &SEVSNPPolicy{}
 		}
-		sp, err := p.SEVSNP.compile(now, false)
+		sp, err := section.compile(now, capture)
 		if err != nil {
 			return nil, fmt.Errorf("sevSnp.%w", err)
 		}
@@ -158,10 +176,13 @@ func (p Policy) hardwareVerifier(variant attestation.Variant, now func() time.Ti
 		if p.SEVSNP != nil {
 			return nil, errors.New("variant tdx takes a tdx section, not sevSnp")
 		}
-		if p.TDX == nil {
+		section := p.TDX
+		if section == nil && !capture {
 			return nil, errors.New("variant tdx needs a tdx section: the MRTD (and RTMRs) its quotes must show")
+		} else if section == nil {
+			section = &TDXPolicy{}
 		}
-		tp, err := p.TDX.compile(now, false)
+		tp, err := section.compile(now, capture)
 		if err != nil {
 			return nil, fmt.Errorf("tdx.%w", err)
 		}
@@ -173,16 +194,15 @@ func (p Policy) hardwareVerifier(variant attestation.Variant, now func() time.Ti
 // compile turns the section into the report verifier's policy; capture
 // leaves the launch measurements out (see Policy.KeyVerifier).
 func (s *SEVSNPPolicy) compile(now func() time.Time, capture bool) (snp.Policy, error) {
-	var out snp.Policy
+	out := snp.Policy{AnyLaunchMeasurement: capture}
 	if len(s.LaunchMeasurements) == 0 && !capture {
 		return out, errors.New("launchMeasurements is empty: list the launch measurement of each image nodes may boot (gatehouse reference-values capture)")
 	}
-	for i, m := range s.LaunchMeasurements {
-		b, err := hexField(fmt.Sprintf("launchMeasurements[%d]", i), m, snp.MeasurementSize)
-		if err != nil {
+	if !capture {
+		var err error
+		if out.LaunchMeasurements, err = hexList("launchMeasurements", s.LaunchMeasurements, snp.MeasurementSize); err != nil {
 			return out, err
 		}
-		out.LaunchMeasurements = append(out.LaunchMeasurements, b)
 	}
 	out.MinimumTCB = s.MinimumTCB.parts()
 	out.MinimumLaunchTCB = out.MinimumTCB
@@ -202,19 +222,12 @@ func (s *SEVSNPPolicy) compile(now func() time.Time, capture bool) (snp.Policy, 
 		return out, fmt.Errorf("vmpl %d: want 0-3", *s.VMPL)
 	}
 	out.VMPL = s.VMPL
-	for i, d := range s.IDKeyDigests {
-		b, err := hexField(fmt.Sprintf("idKeyDigests[%d]", i), d, abi.IDKeyDigestSize)
-		if err != nil {
-			return out, err
-		}
-		out.IDKeyDigests = append(out.IDKeyDigests, b)
+	var err error
+	if out.IDKeyDigests, err = hexList("idKeyDigests", s.IDKeyDigests, abi.IDKeyDigestSize); err != nil {
+		return out, err
 	}
-	for i, d := range s.AuthorKeyDigests {
-		b, err := hexField(fmt.Sprintf("authorKeyDigests[%d]", i), d, abi.AuthorKeyDigestSize)
-		if err != nil {
-			return out, err
-		}
-		out.AuthorKeyDigests = append(out.AuthorKeyDigests, b)
+	if out.AuthorKeyDigests, err = hexList("authorKeyDigests", s.AuthorKeyDigests, abi.AuthorKeyDigestSize); err != nil {
+		return out, err
 	}
 	if len(s.Roots) > 0 {
 		out.TrustedRoots = map[string][]*trust.AMDRootCerts{}
@@ -246,8 +259,7 @@ func (s *SEVSNPPolicy) compile(now func() time.Time, capture bool) (snp.Policy, 
 // compile turns the section into the quote verifier's policy; capture
 // leaves MRTD and RTMRs out (see Policy.KeyVerifier).
 func (t *TDXPolicy) compile(now func() time.Time, capture bool) (tdx.Policy, error) {
-	var out tdx.Policy
-	out.ReferenceValues = measurements.M{}
+	out := tdx.Policy{AnyMRTD: capture, ReferenceValues: measurements.M{}}
 	if !capture {
 		if t.MRTD == "" {
 			return out, errors.New("mrtd is empty: name the MRTD of the image nodes boot (gatehouse reference-values capture)")
@@ -260,6 +272,9 @@ func (t *TDXPolicy) compile(now func() time.Time, capture bool) (tdx.Policy, err
 	}
 	var err error
 	for index, v := range t.RTMRs {
+		if capture {
+			break
+		}
 		if index < 0 || index > 3 {
 			return out, fmt.Errorf("rtmrs.%d: want an index 0-3", index)
 		}

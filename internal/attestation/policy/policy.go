@@ -23,8 +23,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/cvm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
 
@@ -132,47 +130,7 @@ func (p Policy) KeyVerifier(now func() time.Time) (attestation.Verifier, error) 
 		}
 		return tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, Endorsement: endorsement}, now)
 	}
-	if p.keyTrustSet() {
-		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates and gce", variant)
-	}
-	var hardware attestation.Verifier
-	switch variant {
-	case attestation.VariantSNP:
-		section := SEVSNPPolicy{}
-		if p.SEVSNP != nil {
-			section = *p.SEVSNP
-		}
-		section.LaunchMeasurements = nil
-		sp, err := section.compile(now, true)
-		if err != nil {
-			return nil, fmt.Errorf("sevSnp.%w", err)
-		}
-		sp.AnyLaunchMeasurement = true
-		hardware, err = snp.NewVerifier(sp, now)
-		if err != nil {
-			return nil, err
-		}
-	default:
-		section := TDXPolicy{}
-		if p.TDX != nil {
-			section = *p.TDX
-		}
-		section.MRTD, section.RTMRs = "", nil
-		tp, err := section.compile(now, true)
-		if err != nil {
-			return nil, fmt.Errorf("tdx.%w", err)
-		}
-		tp.AnyMRTD = true
-		hardware, err = tdx.NewVerifier(tp, now)
-		if err != nil {
-			return nil, err
-		}
-	}
-	vtpm, err := tpm.NewBoundVerifier(tpm.Policy{PCRs: p.PCRs}, now)
-	if err != nil {
-		return nil, err
-	}
-	return cvm.NewVerifier(variant, hardware, vtpm)
+	return p.confidentialVMVerifier(variant, nil, now, true)
 }
 
 // commonVerifier compiles what every node of p must show: for tpm the
@@ -190,10 +148,17 @@ func (p Policy) commonVerifier(variant attestation.Variant, ref measurements.M, 
 		}
 		return tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, ReferenceValues: ref, Endorsement: endorsement}, now)
 	}
+	return p.confidentialVMVerifier(variant, ref, now, false)
+}
+
+// confidentialVMVerifier compiles a sev-snp or tdx policy: its hardware
+// section and the vTPM's PCR selection with ref (see hardwareVerifier for
+// capture).
+func (p Policy) confidentialVMVerifier(variant attestation.Variant, ref measurements.M, now func() time.Time, capture bool) (attestation.Verifier, error) {
 	if p.keyTrustSet() {
 		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates and gce", variant)
 	}
-	hardware, err := p.hardwareVerifier(variant, now)
+	hardware, err := p.hardwareVerifier(variant, now, capture)
 	if err != nil {
 		return nil, err
 	}
