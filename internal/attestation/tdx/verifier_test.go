@@ -54,10 +54,30 @@ func TestVerify(t *testing.T) {
 		tamper   func(raw []byte)
 		policy   Policy
 		nonce    []byte
+		at       time.Time // when verified; zero: now
 		wantErr  error
 		wantText string
 	}{
 		{name: "genuine quote verifies", edit: bind, policy: policy(nil)},
+		{
+			name: "expired PCK certificate", edit: bind, policy: policy(nil), at: time.Now().Add(48 * time.Hour),
+			wantErr: attestation.ErrSignature, wantText: "expired",
+		},
+		{
+			name: "other TDX module (MRSEAM)", edit: bind,
+			policy:  policy(func(p *Policy) { p.MrSeam = bytes.Repeat([]byte{7}, MeasurementSize) }),
+			wantErr: attestation.ErrPolicy, wantText: "MR_SEAM",
+		},
+		{
+			name: "other module signer (MRSIGNERSEAM)", edit: bind,
+			policy:  policy(func(p *Policy) { p.MrSignerSeam = bytes.Repeat([]byte{7}, MeasurementSize) }),
+			wantErr: attestation.ErrPolicy, wantText: "MRSIGNERSEAM",
+		},
+		{
+			name: "other XFAM", edit: bind,
+			policy:  policy(func(p *Policy) { p.Xfam = bytes.Repeat([]byte{0xff}, 8) }),
+			wantErr: attestation.ErrPolicy, wantText: "XFAM",
+		},
 		{
 			name: "wrong MRTD", edit: bind,
 			policy: policy(func(p *Policy) {
@@ -106,7 +126,11 @@ func TestVerify(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			v, err := NewVerifier(tt.policy, time.Now)
+			clock := time.Now
+			if !tt.at.IsZero() {
+				clock = func() time.Time { return tt.at }
+			}
+			v, err := NewVerifier(tt.policy, clock)
 			if err != nil {
 				t.Fatal(err)
 			}
