@@ -436,7 +436,7 @@ func (c *Config) verifyPeer(ctx context.Context, cert *x509.Certificate, nonce [
 	if err != nil {
 		return nil, nil, err
 	}
-	result, err := v.Verify(ctx, evidence, nonce)
+	result, err := verifyRecovering(ctx, v, evidence, nonce)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrEvidenceInvalid, err)
 	}
@@ -445,6 +445,20 @@ func (c *Config) verifyPeer(ctx context.Context, cert *x509.Certificate, nonce [
 		return nil, nil, ErrKeyBinding
 	}
 	return result, evidence, nil
+}
+
+// verifyRecovering runs v on a peer's evidence; a panic in the verifier
+// (a parser bug in it or a library it uses, on bytes the peer chose)
+// becomes an error wrapping attestation.ErrMalformed, so a peer cannot
+// crash the process with its evidence. Verifiers' own fuzz targets call
+// them directly and still see such panics.
+func verifyRecovering(ctx context.Context, v attestation.Verifier, evidence, nonce []byte) (result *attestation.Result, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			result, err = nil, fmt.Errorf("%w: the %s verifier failed on this evidence: %v", attestation.ErrMalformed, v.Variant(), r)
+		}
+	}()
+	return v.Verify(ctx, evidence, nonce)
 }
 
 // findEvidence returns the verifier for the certificate's evidence extension

@@ -372,6 +372,23 @@ func (r relay) Attest(ctx context.Context, _, nonce []byte) ([]byte, error) {
 	return r.Attester.Attest(ctx, r.userData, nonce)
 }
 
+// panicking is a verifier with a parser bug: it panics on any evidence.
+type panicking struct{ attestation.Verifier }
+
+func (panicking) Verify(context.Context, []byte, []byte) (*attestation.Result, error) {
+	panic("slice bounds out of range")
+}
+
+// TestVerifierPanicRefusesThePeer: a verifier that panics on a peer's
+// evidence refuses that peer as malformed evidence; the process lives on.
+func TestVerifierPanicRefusesThePeer(t *testing.T) {
+	pair := newTPMPair(t)
+	_, _, clientErr := handshakePair(t, Config{Attester: pair.attester}, Config{Verifiers: []attestation.Verifier{panicking{pair.verifier}}}, nil)
+	if !errors.Is(clientErr, attestation.ErrMalformed) || !strings.Contains(clientErr.Error(), "verifier failed on this evidence") {
+		t.Fatalf("client error = %v, want malformed evidence", clientErr)
+	}
+}
+
 func TestModeMismatches(t *testing.T) {
 	pair := newTPMPair(t)
 	tests := []struct {

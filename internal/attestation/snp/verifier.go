@@ -194,6 +194,9 @@ func parse(ev *attestationv1.SNPEvidence, fetch bool) (*spb.Attestation, error) 
 	}
 	table := &abi.CertTable{}
 	if len(ev.GetCertificateTable()) > 0 || !fetch {
+		if err := checkCertTable(ev.GetCertificateTable()); err != nil {
+			return nil, fmt.Errorf("%w: decoding certificate table: %w", attestation.ErrMalformed, err)
+		}
 		if err := table.Unmarshal(ev.GetCertificateTable()); err != nil {
 			return nil, fmt.Errorf("%w: decoding certificate table: %w", attestation.ErrMalformed, err)
 		}
@@ -203,6 +206,24 @@ func parse(ev *attestationv1.SNPEvidence, fetch bool) (*spb.Attestation, error) 
 		return nil, fmt.Errorf("%w: certificate table holds neither VCEK nor VLEK, and no collateral source is configured to fetch the VCEK from AMD KDS", attestation.ErrUntrustedKey)
 	}
 	return &spb.Attestation{Report: report, CertificateChain: chain}, nil
+}
+
+// checkCertTable checks that every entry of a certificate table lies
+// within it. go-sev-guest v0.15.0's CertTable.Unmarshal adds an entry's
+// offset and length in uint32, so a peer's entry whose sum wraps around
+// passes its bound check and panics the slice (found by cvm.FuzzVerify,
+// testdata/fuzz); the sum is checked here without overflow first.
+func checkCertTable(table []byte) error {
+	entries, err := abi.ParseSnpCertTableHeader(table)
+	if err != nil {
+		return err
+	}
+	for i, e := range entries {
+		if uint64(e.Offset)+uint64(e.Length) > uint64(len(table)) {
+			return fmt.Errorf("entry %d (offset %d, length %d) lies outside the %d-byte table", i, e.Offset, e.Length, len(table))
+		}
+	}
+	return nil
 }
 
 // Evidence assembles SNPEvidence from a raw report and certificate table, as

@@ -3,6 +3,7 @@ package snp
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/kds"
 	spb "github.com/google/go-sev-guest/proto/sevsnp"
+	"github.com/google/uuid"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snptest"
@@ -189,7 +191,16 @@ func TestVerifyMalformed(t *testing.T) {
 	f := newFakeAMD(t)
 	nonce := make([]byte, attestation.NonceSize)
 	short, _ := Evidence(make([]byte, abi.ReportSize), nil, nil)
+	// A certificate table whose one entry's offset + length wraps around
+	// uint32 to within the table (the panic cvm.FuzzVerify found).
+	table := make([]byte, 3*24+32)
+	vcekGUID := uuid.MustParse(abi.VcekGUID)
+	copy(table, vcekGUID[:])
+	binary.LittleEndian.PutUint32(table[16:], 72)
+	binary.LittleEndian.PutUint32(table[20:], 0xffffffe0) // 72 + that = 40 mod 2^32
+	wrapping, _ := Evidence(f.Unsigned(t, snptest.Report{}, make([]byte, 64)), table, nil)
 	for name, ev := range map[string][]byte{
+		"certificate table entry wrapping around": wrapping,
 		"garbage":         []byte("\xff\xffgarbage"),
 		"oversized":       make([]byte, attestation.MaxEvidenceSize+1),
 		"unsigned report": short,
