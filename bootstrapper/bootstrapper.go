@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
+	recoveryservicev1 "github.com/gatehouse-dev/gatehouse/api/recoveryservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 )
@@ -20,6 +21,7 @@ type bootDisk interface {
 	State(ctx context.Context) (statedisk.State, error)
 	FormatRandom(ctx context.Context) ([]byte, error)
 	MeasurementSalt(ctx context.Context) ([]byte, error)
+	TestKey(ctx context.Context, key []byte) (bool, error)
 }
 
 // diskOpener maps the unlocked state disk (needs device-mapper).
@@ -82,7 +84,10 @@ type Config struct {
 //
 //   - Lock already taken (the bootstrapper restarted within this boot): only
 //     (re)start the kubelet, unless this boot's bootstrap failed.
-//   - State disk initialised (a reboot): rejoin through the join service.
+//   - State disk initialised (a reboot): rejoin through the join service,
+//     while serving RecoveryService on the init address for the case that
+//     no join service answers (a full outage; docs/recovery.md). The first
+//     of the two to take the node lock decides.
 //   - Otherwise: format the state disk with a random passphrase and race the
 //     InitServer against the JoinClient for the node lock.
 func Run(ctx context.Context, cfg Config) error {
@@ -119,10 +124,7 @@ func run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if state == statedisk.Initialised {
-		if cfg.Join == nil {
-			return errors.New("the state disk is initialised, but without join service endpoints this node cannot rejoin")
-		}
-		return newRejoin(cfg).run(ctx)
+		return rejoinOrRecover(ctx, cfg)
 	}
 	machine.Log.Info("Formatting the state disk with a random passphrase", "previousState", string(state))
 	if machine.FirstBootKey, err = cfg.Disk.FormatRandom(ctx); err != nil {
@@ -130,6 +132,58 @@ func run(ctx context.Context, cfg Config) error {
 	}
 	machine.recordStatus(PhaseWaiting, nil, cfg.Now())
 	return race(ctx, cfg)
+}
+
+// rejoinOrRecover unlocks an initialised node: through the join service
+// (when it has endpoints), or through RecoveryService served on the init
+// listener, whichever takes the node lock first.
+func rejoinOrRecover(ctx context.Context, cfg Config) error {
+	log := cfg.Machine.Log
+	if cfg.Join == nil && cfg.InitGRPCServer == nil {
+		return errors.New("the state disk is initialised, but this node has neither join service endpoints to rejoin through nor an address to be recovered on")
+	}
+	var recovered chan error // nil without a server
+	if cfg.InitGRPCServer != nil {
+		rs := newRecoveryServer(cfg)
+		recovered = rs.done
+		recoveryservicev1.RegisterRecoveryServiceServer(cfg.InitGRPCServer, rs)
+		go func() { _ = cfg.InitGRPCServer.Serve(cfg.InitListener) }()
+		defer stopGracefully(cfg.InitGRPCServer)
+		log.Info("Serving RecoveryService until the node rejoins or is recovered (gatehouse recover)", "address", cfg.InitListener.Addr().String())
+	}
+	rejoinCtx, stopRejoin := context.WithCancel(ctx)
+	defer stopRejoin()
+	var rejoined chan error // nil without join service endpoints
+	if cfg.Join != nil {
+		rejoined = make(chan error, 1)
+		go func() { rejoined <- newRejoin(cfg).run(rejoinCtx) }()
+	}
+	for {
+		select {
+		case err := <-rejoined:
+			if errors.Is(err, nodelock.ErrLocked) {
+				rejoined = nil // the recovery took the lock; its outcome decides
+				continue
+			}
+			return err
+		case err := <-recovered:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// stopGracefully lets srv finish the calls in flight (the Recover that
+// just unlocked the node must reach its caller), for at most 10 s.
+func stopGracefully(srv *grpc.Server) {
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		srv.Stop()
+	}
 }
 
 // race runs the InitServer and the JoinClient until one of them finishes.

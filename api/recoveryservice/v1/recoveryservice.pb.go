@@ -21,17 +21,100 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-type RecoverRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Where the master secret lives, e.g. "kms://cluster-kms?key=...&salt=...". Secret.
-	KmsUri        string `protobuf:"bytes,1,opt,name=kms_uri,json=kmsUri,proto3" json:"kms_uri,omitempty"`
+type GetRecoveryInfoRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
+func (x *GetRecoveryInfoRequest) Reset() {
+	*x = GetRecoveryInfoRequest{}
+	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRecoveryInfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRecoveryInfoRequest) ProtoMessage() {}
+
+func (x *GetRecoveryInfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRecoveryInfoRequest.ProtoReflect.Descriptor instead.
+func (*GetRecoveryInfoRequest) Descriptor() ([]byte, []int) {
+	return file_recoveryservice_v1_recoveryservice_proto_rawDescGZIP(), []int{0}
+}
+
+type GetRecoveryInfoResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The UUID of the node's LUKS2 state disk (RFC 9562 text form).
+	DiskUuid      string `protobuf:"bytes,1,opt,name=disk_uuid,json=diskUuid,proto3" json:"disk_uuid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRecoveryInfoResponse) Reset() {
+	*x = GetRecoveryInfoResponse{}
+	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRecoveryInfoResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRecoveryInfoResponse) ProtoMessage() {}
+
+func (x *GetRecoveryInfoResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRecoveryInfoResponse.ProtoReflect.Descriptor instead.
+func (*GetRecoveryInfoResponse) Descriptor() ([]byte, []int) {
+	return file_recoveryservice_v1_recoveryservice_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GetRecoveryInfoResponse) GetDiskUuid() string {
+	if x != nil {
+		return x.DiskUuid
+	}
+	return ""
+}
+
+type RecoverRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's state disk key (keys.StateDiskKeySize bytes). Secret.
+	StateDiskKey []byte `protobuf:"bytes,1,opt,name=state_disk_key,json=stateDiskKey,proto3" json:"state_disk_key,omitempty"`
+	// The cluster's measurement secret (keys.MeasurementSecretSize bytes). Secret.
+	MeasurementSecret []byte `protobuf:"bytes,2,opt,name=measurement_secret,json=measurementSecret,proto3" json:"measurement_secret,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
 func (x *RecoverRequest) Reset() {
 	*x = RecoverRequest{}
-	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[0]
+	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -43,7 +126,7 @@ func (x *RecoverRequest) String() string {
 func (*RecoverRequest) ProtoMessage() {}
 
 func (x *RecoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[0]
+	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -56,14 +139,21 @@ func (x *RecoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverRequest.ProtoReflect.Descriptor instead.
 func (*RecoverRequest) Descriptor() ([]byte, []int) {
-	return file_recoveryservice_v1_recoveryservice_proto_rawDescGZIP(), []int{0}
+	return file_recoveryservice_v1_recoveryservice_proto_rawDescGZIP(), []int{2}
 }
 
-func (x *RecoverRequest) GetKmsUri() string {
+func (x *RecoverRequest) GetStateDiskKey() []byte {
 	if x != nil {
-		return x.KmsUri
+		return x.StateDiskKey
 	}
-	return ""
+	return nil
+}
+
+func (x *RecoverRequest) GetMeasurementSecret() []byte {
+	if x != nil {
+		return x.MeasurementSecret
+	}
+	return nil
 }
 
 type RecoverResponse struct {
@@ -74,7 +164,7 @@ type RecoverResponse struct {
 
 func (x *RecoverResponse) Reset() {
 	*x = RecoverResponse{}
-	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[1]
+	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -86,7 +176,7 @@ func (x *RecoverResponse) String() string {
 func (*RecoverResponse) ProtoMessage() {}
 
 func (x *RecoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[1]
+	mi := &file_recoveryservice_v1_recoveryservice_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -99,18 +189,23 @@ func (x *RecoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverResponse.ProtoReflect.Descriptor instead.
 func (*RecoverResponse) Descriptor() ([]byte, []int) {
-	return file_recoveryservice_v1_recoveryservice_proto_rawDescGZIP(), []int{1}
+	return file_recoveryservice_v1_recoveryservice_proto_rawDescGZIP(), []int{3}
 }
 
 var File_recoveryservice_v1_recoveryservice_proto protoreflect.FileDescriptor
 
 const file_recoveryservice_v1_recoveryservice_proto_rawDesc = "" +
 	"\n" +
-	"(recoveryservice/v1/recoveryservice.proto\x12\x1cgatehouse.recoveryservice.v1\")\n" +
-	"\x0eRecoverRequest\x12\x17\n" +
-	"\akms_uri\x18\x01 \x01(\tR\x06kmsUri\"\x11\n" +
-	"\x0fRecoverResponse2y\n" +
-	"\x0fRecoveryService\x12f\n" +
+	"(recoveryservice/v1/recoveryservice.proto\x12\x1cgatehouse.recoveryservice.v1\"\x18\n" +
+	"\x16GetRecoveryInfoRequest\"6\n" +
+	"\x17GetRecoveryInfoResponse\x12\x1b\n" +
+	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\"e\n" +
+	"\x0eRecoverRequest\x12$\n" +
+	"\x0estate_disk_key\x18\x01 \x01(\fR\fstateDiskKey\x12-\n" +
+	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret\"\x11\n" +
+	"\x0fRecoverResponse2\xf9\x01\n" +
+	"\x0fRecoveryService\x12~\n" +
+	"\x0fGetRecoveryInfo\x124.gatehouse.recoveryservice.v1.GetRecoveryInfoRequest\x1a5.gatehouse.recoveryservice.v1.GetRecoveryInfoResponse\x12f\n" +
 	"\aRecover\x12,.gatehouse.recoveryservice.v1.RecoverRequest\x1a-.gatehouse.recoveryservice.v1.RecoverResponseBMZKgithub.com/gatehouse-dev/gatehouse/api/recoveryservice/v1;recoveryservicev1b\x06proto3"
 
 var (
@@ -125,16 +220,20 @@ func file_recoveryservice_v1_recoveryservice_proto_rawDescGZIP() []byte {
 	return file_recoveryservice_v1_recoveryservice_proto_rawDescData
 }
 
-var file_recoveryservice_v1_recoveryservice_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_recoveryservice_v1_recoveryservice_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_recoveryservice_v1_recoveryservice_proto_goTypes = []any{
-	(*RecoverRequest)(nil),  // 0: gatehouse.recoveryservice.v1.RecoverRequest
-	(*RecoverResponse)(nil), // 1: gatehouse.recoveryservice.v1.RecoverResponse
+	(*GetRecoveryInfoRequest)(nil),  // 0: gatehouse.recoveryservice.v1.GetRecoveryInfoRequest
+	(*GetRecoveryInfoResponse)(nil), // 1: gatehouse.recoveryservice.v1.GetRecoveryInfoResponse
+	(*RecoverRequest)(nil),          // 2: gatehouse.recoveryservice.v1.RecoverRequest
+	(*RecoverResponse)(nil),         // 3: gatehouse.recoveryservice.v1.RecoverResponse
 }
 var file_recoveryservice_v1_recoveryservice_proto_depIdxs = []int32{
-	0, // 0: gatehouse.recoveryservice.v1.RecoveryService.Recover:input_type -> gatehouse.recoveryservice.v1.RecoverRequest
-	1, // 1: gatehouse.recoveryservice.v1.RecoveryService.Recover:output_type -> gatehouse.recoveryservice.v1.RecoverResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
+	0, // 0: gatehouse.recoveryservice.v1.RecoveryService.GetRecoveryInfo:input_type -> gatehouse.recoveryservice.v1.GetRecoveryInfoRequest
+	2, // 1: gatehouse.recoveryservice.v1.RecoveryService.Recover:input_type -> gatehouse.recoveryservice.v1.RecoverRequest
+	1, // 2: gatehouse.recoveryservice.v1.RecoveryService.GetRecoveryInfo:output_type -> gatehouse.recoveryservice.v1.GetRecoveryInfoResponse
+	3, // 3: gatehouse.recoveryservice.v1.RecoveryService.Recover:output_type -> gatehouse.recoveryservice.v1.RecoverResponse
+	2, // [2:4] is the sub-list for method output_type
+	0, // [0:2] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -151,7 +250,7 @@ func file_recoveryservice_v1_recoveryservice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_recoveryservice_v1_recoveryservice_proto_rawDesc), len(file_recoveryservice_v1_recoveryservice_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,17 +19,30 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RecoveryService_Recover_FullMethodName = "/gatehouse.recoveryservice.v1.RecoveryService/Recover"
+	RecoveryService_GetRecoveryInfo_FullMethodName = "/gatehouse.recoveryservice.v1.RecoveryService/GetRecoveryInfo"
+	RecoveryService_Recover_FullMethodName         = "/gatehouse.recoveryservice.v1.RecoveryService/Recover"
 )
 
 // RecoveryServiceClient is the client API for RecoveryService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// RecoveryService is served over attested TLS by a rebooted control plane
-// that cannot reach a key service because the whole control plane is down.
+// RecoveryService is served over attested TLS, on the init address, by a
+// rebooted node whose state disk is initialised, while it cannot reach a join
+// service (after a full outage every control plane is down). The caller,
+// `gatehouse recover` holding the master secret, verifies the node's
+// evidence and gives it exactly its own keys: the state disk key derived for
+// the node's attested identity and disk, and the measurement secret that
+// yields the cluster ID. Never the master secret (docs/recovery.md).
 type RecoveryServiceClient interface {
-	// Recover hands the node the master secret so it can unlock its state disk.
+	// GetRecoveryInfo returns what the caller needs to derive the node's
+	// keys besides its attested identity.
+	GetRecoveryInfo(ctx context.Context, in *GetRecoveryInfoRequest, opts ...grpc.CallOption) (*GetRecoveryInfoResponse, error)
+	// Recover unlocks the node: the key must open its state disk; then the
+	// node takes its node lock with the cluster ID, maps the disk and starts
+	// its kubelet. A key that does not open the disk changes nothing
+	// (INVALID_ARGUMENT); a node that rejoined meanwhile answers
+	// FAILED_PRECONDITION.
 	Recover(ctx context.Context, in *RecoverRequest, opts ...grpc.CallOption) (*RecoverResponse, error)
 }
 
@@ -39,6 +52,16 @@ type recoveryServiceClient struct {
 
 func NewRecoveryServiceClient(cc grpc.ClientConnInterface) RecoveryServiceClient {
 	return &recoveryServiceClient{cc}
+}
+
+func (c *recoveryServiceClient) GetRecoveryInfo(ctx context.Context, in *GetRecoveryInfoRequest, opts ...grpc.CallOption) (*GetRecoveryInfoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetRecoveryInfoResponse)
+	err := c.cc.Invoke(ctx, RecoveryService_GetRecoveryInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (c *recoveryServiceClient) Recover(ctx context.Context, in *RecoverRequest, opts ...grpc.CallOption) (*RecoverResponse, error) {
@@ -55,10 +78,22 @@ func (c *recoveryServiceClient) Recover(ctx context.Context, in *RecoverRequest,
 // All implementations must embed UnimplementedRecoveryServiceServer
 // for forward compatibility.
 //
-// RecoveryService is served over attested TLS by a rebooted control plane
-// that cannot reach a key service because the whole control plane is down.
+// RecoveryService is served over attested TLS, on the init address, by a
+// rebooted node whose state disk is initialised, while it cannot reach a join
+// service (after a full outage every control plane is down). The caller,
+// `gatehouse recover` holding the master secret, verifies the node's
+// evidence and gives it exactly its own keys: the state disk key derived for
+// the node's attested identity and disk, and the measurement secret that
+// yields the cluster ID. Never the master secret (docs/recovery.md).
 type RecoveryServiceServer interface {
-	// Recover hands the node the master secret so it can unlock its state disk.
+	// GetRecoveryInfo returns what the caller needs to derive the node's
+	// keys besides its attested identity.
+	GetRecoveryInfo(context.Context, *GetRecoveryInfoRequest) (*GetRecoveryInfoResponse, error)
+	// Recover unlocks the node: the key must open its state disk; then the
+	// node takes its node lock with the cluster ID, maps the disk and starts
+	// its kubelet. A key that does not open the disk changes nothing
+	// (INVALID_ARGUMENT); a node that rejoined meanwhile answers
+	// FAILED_PRECONDITION.
 	Recover(context.Context, *RecoverRequest) (*RecoverResponse, error)
 	mustEmbedUnimplementedRecoveryServiceServer()
 }
@@ -70,6 +105,9 @@ type RecoveryServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedRecoveryServiceServer struct{}
 
+func (UnimplementedRecoveryServiceServer) GetRecoveryInfo(context.Context, *GetRecoveryInfoRequest) (*GetRecoveryInfoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRecoveryInfo not implemented")
+}
 func (UnimplementedRecoveryServiceServer) Recover(context.Context, *RecoverRequest) (*RecoverResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Recover not implemented")
 }
@@ -92,6 +130,24 @@ func RegisterRecoveryServiceServer(s grpc.ServiceRegistrar, srv RecoveryServiceS
 		t.testEmbeddedByValue()
 	}
 	s.RegisterService(&RecoveryService_ServiceDesc, srv)
+}
+
+func _RecoveryService_GetRecoveryInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRecoveryInfoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RecoveryServiceServer).GetRecoveryInfo(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RecoveryService_GetRecoveryInfo_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RecoveryServiceServer).GetRecoveryInfo(ctx, req.(*GetRecoveryInfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
 }
 
 func _RecoveryService_Recover_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
@@ -119,6 +175,10 @@ var RecoveryService_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "gatehouse.recoveryservice.v1.RecoveryService",
 	HandlerType: (*RecoveryServiceServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "GetRecoveryInfo",
+			Handler:    _RecoveryService_GetRecoveryInfo_Handler,
+		},
 		{
 			MethodName: "Recover",
 			Handler:    _RecoveryService_Recover_Handler,

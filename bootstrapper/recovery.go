@@ -1,0 +1,118 @@
+package bootstrapper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	recoveryservicev1 "github.com/gatehouse-dev/gatehouse/api/recoveryservice/v1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
+)
+
+// recoveryServer serves RecoveryService on a rebooted node with an
+// initialised state disk (docs/recovery.md): the caller, who holds the
+// master secret, sends this node's state disk key and the measurement
+// secret. A key that does not open the disk changes nothing; a right one
+// takes the node lock with the cluster ID and unlocks the node as a rejoin
+// does. One attempt runs at a time (each costs a LUKS2 key derivation).
+type recoveryServer struct {
+	recoveryservicev1.UnimplementedRecoveryServiceServer
+	cfg Config
+	mu  sync.Mutex
+	// done receives the outcome once the node lock was taken: nil, or a
+	// *FailedError.
+	done chan error
+}
+
+func newRecoveryServer(cfg Config) *recoveryServer {
+	return &recoveryServer{cfg: cfg, done: make(chan error, 1)}
+}
+
+// GetRecoveryInfo returns the state disk's UUID.
+func (s *recoveryServer) GetRecoveryInfo(ctx context.Context, _ *recoveryservicev1.GetRecoveryInfoRequest) (*recoveryservicev1.GetRecoveryInfoResponse, error) {
+	uuid, err := s.cfg.Machine.Disk.UUID(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "reading the state disk's UUID: %v", err)
+	}
+	return &recoveryservicev1.GetRecoveryInfoResponse{DiskUuid: uuid}, nil
+}
+
+// Recover checks the key against the state disk and unlocks the node.
+// Errors never contain the keys.
+func (s *recoveryServer) Recover(ctx context.Context, req *recoveryservicev1.RecoverRequest) (*recoveryservicev1.RecoverResponse, error) {
+	if len(req.GetStateDiskKey()) != keys.StateDiskKeySize || len(req.GetMeasurementSecret()) != keys.MeasurementSecretSize {
+		return nil, status.Errorf(codes.InvalidArgument, "state disk key and measurement secret must have %d and %d bytes",
+			keys.StateDiskKeySize, keys.MeasurementSecretSize)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cfg := s.cfg
+	log := cfg.Machine.Log
+	source := "unknown"
+	if p, ok := peer.FromContext(ctx); ok {
+		source = p.Addr.String()
+	}
+	if cfg.Lock.Locked() {
+		return nil, status.Error(codes.FailedPrecondition, "this node already holds its node lock (it rejoined or was recovered in this boot)")
+	}
+	ok, err := cfg.Disk.TestKey(ctx, req.GetStateDiskKey())
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "testing the key against the state disk: %v", err)
+	}
+	if !ok {
+		log.Warn("Recovery refused: the key does not open the state disk", "source", source)
+		return nil, status.Error(codes.InvalidArgument, "the key does not open this node's state disk: it must be derived for this node's "+
+			"attested identity and disk UUID from the cluster's master secret (gatehouse recover does)")
+	}
+	salt, err := cfg.Disk.MeasurementSalt(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "reading the measurement salt: %v", err)
+	}
+	id, err := keys.DeriveClusterID(req.GetMeasurementSecret(), salt)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := cfg.Lock.TryLock("recover", id); err != nil {
+		if errors.Is(err, nodelock.ErrLocked) {
+			return nil, status.Error(codes.FailedPrecondition, "this node rejoined meanwhile")
+		}
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	outcome := s.unlock(ctx, req.GetStateDiskKey())
+	s.done <- outcome
+	if outcome != nil {
+		return nil, status.Errorf(codes.Internal, "%v", outcome)
+	}
+	log.Info("Recovered: the state disk is unlocked and the kubelet runs", "source", source)
+	return &recoveryservicev1.RecoverResponse{}, nil
+}
+
+// unlock maps the state disk and restarts the kubelet, past the node
+// lock: failures are recorded as *FailedError. Unlike a failed join, the
+// disk is not marked for reset: it holds what the recovery is for (a
+// control plane's etcd data), and the next boot can be recovered again.
+func (s *recoveryServer) unlock(ctx context.Context, key []byte) error {
+	cfg := s.cfg
+	fail := func(err error) error {
+		failed := &FailedError{Err: err}
+		cfg.Machine.Log.Error("Recovery failed after the node lock; reboot the node to try again", "error", err.Error())
+		cfg.Machine.recordStatus(PhaseFailed, failed, cfg.Now())
+		return failed
+	}
+	if cfg.Opener != nil {
+		if err := cfg.Opener.Open(ctx, cfg.MapperName, key); err != nil {
+			return fail(fmt.Errorf("opening the state disk: %w", err))
+		}
+	}
+	if err := cfg.Kubelet.Restart(ctx); err != nil {
+		return fail(fmt.Errorf("restarting the kubelet: %w", err))
+	}
+	cfg.Machine.recordStatus(PhaseDone, nil, cfg.Now())
+	return nil
+}

@@ -1,0 +1,87 @@
+package bootstrapper
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm/legacy/tpm2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	recoveryservicev1 "github.com/gatehouse-dev/gatehouse/api/recoveryservice/v1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
+)
+
+// TestRunRecover: a rebooted node whose join service is down serves
+// RecoveryService over attested TLS. It names its disk; a key that does
+// not open the disk (or is malformed) changes nothing; the right key and
+// measurement secret take the node lock with the cluster ID, restart the
+// kubelet and end Run; a second attempt is refused.
+func TestRunRecover(t *testing.T) {
+	ca, _, _, err := clusterpki.GenerateCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newTestNode(t)
+	n.formatDisk(t)
+	ticket := testTicket(t, n.machine.Root)
+	if err := n.machine.rekeyDisk(t.Context(), ticket.GetStateDiskKey(), ticket.GetMeasurementSalt()); err != nil {
+		t.Fatal(err)
+	}
+	f := newRunFixture(t, n, ca, "127.0.0.1:1") // the join service is down
+	done := f.run(t.Context())
+	client := recoveryservicev1.NewRecoveryServiceClient(dial(t, f.cfg.InitListener.Addr().String(),
+		atls.Config{Verifiers: []attestation.Verifier{verifier(t, n.attester)}}))
+	ctx := t.Context()
+
+	info, err := client.GetRecoveryInfo(ctx, &recoveryservicev1.GetRecoveryInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uuid, _ := n.disk.UUID(ctx); info.GetDiskUuid() != uuid {
+		t.Fatalf("disk UUID %q, want %q", info.GetDiskUuid(), uuid)
+	}
+	for name, req := range map[string]*recoveryservicev1.RecoverRequest{
+		"a key that does not open the disk": {StateDiskKey: random(t, keys.StateDiskKeySize), MeasurementSecret: ticket.GetMeasurementSecret()},
+		"a short key":                       {StateDiskKey: ticket.GetStateDiskKey()[:16], MeasurementSecret: ticket.GetMeasurementSecret()},
+		"no measurement secret":             {StateDiskKey: ticket.GetStateDiskKey()},
+	} {
+		_, err := client.Recover(ctx, req)
+		if status.Code(err) != codes.InvalidArgument || bytes.Contains([]byte(err.Error()), ticket.GetStateDiskKey()) {
+			t.Fatalf("%s: %v, want InvalidArgument", name, err)
+		}
+		if n.lock.Locked() {
+			t.Fatalf("%s: the node lock was taken", name)
+		}
+		if st, _ := n.disk.State(ctx); st != statedisk.Initialised {
+			t.Fatalf("%s: the disk is %s", name, st)
+		}
+	}
+	if _, err := client.Recover(ctx, &recoveryservicev1.RecoverRequest{
+		StateDiskKey: ticket.GetStateDiskKey(), MeasurementSecret: ticket.GetMeasurementSecret(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := awaitRun(t, done); err != nil {
+		t.Fatal(err)
+	}
+	id, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcr, err := tpm2.ReadPCR(n.sim, keys.NodeLockPCR, tpm2.AlgSHA256)
+	if err != nil || !bytes.Equal(pcr, keys.ExpectedNodeLockPCR(id)) || n.lock.Holder() != "recover" {
+		t.Fatalf("holder %q, PCR 15 %x (%v)", n.lock.Holder(), pcr, err)
+	}
+	if f.kubelet.restarts.Load() != 1 || n.runner.subcommands() != "" {
+		t.Fatalf("kubelet restarts %d, kubeadm %q: recovery must only restart the kubelet", f.kubelet.restarts.Load(), n.runner.subcommands())
+	}
+	if st, _ := ReadStatus(n.machine.Root); st.Phase != PhaseDone {
+		t.Fatalf("status %s, want done", st.Phase)
+	}
+}
