@@ -171,12 +171,18 @@ func startNodeAs(t *testing.T, rw io.ReadWriter, a *tpmattester.Attester, attest
 	}
 	go func() { _ = atls.ServeEvidence(t.Context(), elis, attester) }()
 	n.evidence = elis.Addr().String()
+	n.akPEM = akPEM(t, a)
+	return n
+}
+
+// akPEM returns a's attestation key as PEM, as a policy pins it.
+func akPEM(t *testing.T, a *tpmattester.Attester) string {
+	t.Helper()
 	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.akPEM = string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki}))
-	return n
+	return string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki}))
 }
 
 // writeConfig runs `config generate` for n's boot and AK into dir.
