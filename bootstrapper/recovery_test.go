@@ -2,6 +2,7 @@ package bootstrapper
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,5 +84,32 @@ func TestRunRecover(t *testing.T) {
 	}
 	if st, _ := ReadStatus(n.machine.Root); st.Phase != PhaseDone {
 		t.Fatalf("status %s, want done", st.Phase)
+	}
+}
+
+// TestRunRejoinRefusesAKeyThatDoesNotOpenTheDisk: a rejoin ticket whose
+// disk key does not open the state disk (a wrong or impersonated join
+// service) leaves the node as it was: no node lock, no kubelet.
+func TestRunRejoinRefusesAKeyThatDoesNotOpenTheDisk(t *testing.T) {
+	ca, _, _, err := clusterpki.GenerateCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newTestNode(t)
+	n.formatDisk(t)
+	ticket := testTicket(t, n.machine.Root)
+	if err := n.machine.rekeyDisk(t.Context(), ticket.GetStateDiskKey(), ticket.GetMeasurementSalt()); err != nil {
+		t.Fatal(err)
+	}
+	wrong := testTicket(t, n.machine.Root) // another key
+	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: wrong})
+	f := newRunFixture(t, n, ca, addr)
+	f.cfg.InitGRPCServer = nil // rejoin only
+	err = awaitRun(t, f.run(t.Context()))
+	if err == nil || !strings.Contains(err.Error(), "does not open this node's state disk") {
+		t.Fatalf("Run = %v, want the key refused", err)
+	}
+	if n.lock.Locked() || f.kubelet.restarts.Load() != 0 {
+		t.Fatalf("locked %t, kubelet restarts %d: want neither", n.lock.Locked(), f.kubelet.restarts.Load())
 	}
 }

@@ -2,6 +2,8 @@ package bootstrapper
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
@@ -45,6 +47,13 @@ func (r *rejoin) run(ctx context.Context) error {
 	id, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), salt)
 	if err != nil {
 		return err
+	}
+	// The key must open this disk before anything changes (where
+	// device-mapper is missing, this is the only proof of it).
+	if ok, err := cfg.Disk.TestKey(ctx, ticket.GetStateDiskKey()); err != nil {
+		return fmt.Errorf("testing the rejoin ticket's key against the state disk: %w", err)
+	} else if !ok {
+		return errors.New("the join service's state disk key does not open this node's state disk; the node stays locked out")
 	}
 	if err := cfg.Lock.TryLock("rejoin", id); err != nil {
 		return err

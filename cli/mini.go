@@ -23,7 +23,7 @@ func newMiniCmd() *cobra.Command {
 		Use:   "mini",
 		Short: "Run a local attested cluster on this machine (as root)",
 	}
-	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniStatusCmd(), newMiniAgentCmd())
+	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniStatusCmd(), newMiniNodeCmd(), newMiniAgentCmd())
 	return cmd
 }
 
@@ -111,6 +111,32 @@ func newMiniStatusCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster's state")
+	return cmd
+}
+
+func newMiniNodeCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "node", Short: "Work with one node of the local cluster"}
+	var (
+		dir    string
+		tamper bool
+	)
+	reboot := &cobra.Command{
+		Use:   "reboot NAME",
+		Short: "Power-cycle a node: its processes stop, its disks stay, its TPM starts from zero and it rejoins",
+		Long: "Stop every process of the node (its pods too), keep its disks, and boot it again: its TPM\n" +
+			"starts from zero PCRs and measures the boot again, and its bootstrapper finds its state\n" +
+			"disk initialised and rejoins through the join service (attested). Its kubelet starts only\n" +
+			"once that succeeded. A node that measures differently after the reboot stays out.\n" +
+			"Watch it with `gatehouse mini status` or kubectl.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return mini.RebootNode(cmd.Context(), dir, args[0], tamper, cmd.OutOrStdout())
+		},
+	}
+	reboot.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster's state")
+	reboot.Flags().BoolVar(&tamper, "tamper", false, "measure a changed boot manifest this boot (to see a refusal)")
+	_ = reboot.Flags().MarkHidden("tamper")
+	cmd.AddCommand(reboot)
 	return cmd
 }
 

@@ -98,7 +98,24 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	}
 	procs.start(ctx, "evidence", filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), "serve-evidence",
 		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--listen", fmt.Sprintf("%s:%d", spec.IP, EvidencePort))
-	go superviseKubelet(ctx, spec, procs, log)
+	// On a first boot kubeadm needs the kubelet while it runs, and the
+	// kubelet starts once kubeadm wrote its configuration. After a reboot
+	// that configuration is there from the start, but a real node's lives
+	// on its locked state disk: the kubelet starts only once the
+	// bootstrapper unlocked the node (rejoin or recovery).
+	bootstrapped := make(chan struct{})
+	if _, err := os.Stat(kubeletConfig); err == nil {
+		log.Info("A reboot: the kubelet waits for the bootstrapper to unlock the node")
+		go func() {
+			select {
+			case <-bootstrapped:
+				superviseKubelet(ctx, spec, procs, log)
+			case <-ctx.Done():
+			}
+		}()
+	} else {
+		go superviseKubelet(ctx, spec, procs, log)
+	}
 
 	log.Info("Running the bootstrapper")
 	status := "ok"
@@ -106,6 +123,7 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 		status = "failed: " + err.Error()
 		log.Error("The bootstrapper failed", "error", err.Error())
 	} else {
+		close(bootstrapped)
 		log.Info("The bootstrapper finished")
 	}
 	if err := os.WriteFile(filepath.Join(spec.Dir, bootstrapStatusFile), []byte(status+"\n"), 0o644); err != nil { //nolint:gosec // status, not secret
@@ -249,11 +267,14 @@ func startContainerd(ctx context.Context, spec *NodeSpec, procs *processes) erro
 	return errors.New("containerd did not start within a minute; see its log in the node's logs directory")
 }
 
+// kubeletConfig is the kubelet configuration kubeadm writes.
+const kubeletConfig = "/var/lib/kubelet/config.yaml"
+
 // superviseKubelet runs the kubelet the way kubeadm's systemd drop-in
 // does, once kubeadm has written its configuration, and restarts it when
 // it exits (there is no systemd in a node).
 func superviseKubelet(ctx context.Context, spec *NodeSpec, procs *processes, log *slog.Logger) {
-	const config = "/var/lib/kubelet/config.yaml"
+	const config = kubeletConfig
 	for ctx.Err() == nil {
 		if _, err := os.Stat(config); err != nil {
 			select {

@@ -31,23 +31,7 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 	for i := len(rec.Nodes) - 1; i >= 0; i-- {
 		n := rec.Nodes[i]
 		fmt.Fprintf(out, "Removing node %s\n", n.Name)
-		if n.AgentPID > 0 {
-			_ = syscall.Kill(n.AgentPID, syscall.SIGTERM)
-			waitGone(ctx, n.AgentPID, 15*time.Second)
-		}
-		if n.AgentMountNS != "" {
-			killPIDs(pidsInMountNS(n.AgentMountNS))
-		}
-		if n.CgroupRoot != "" {
-			if err := removeCgroup(ctx, n.CgroupRoot); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		if n.AgentMountNS != "" {
-			if err := killMountNS(ctx, n.AgentMountNS, 15*time.Second); err != nil {
-				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
-			}
-		}
+		errs = append(errs, stopNode(ctx, n)...)
 		if n.LoopDevice != "" {
 			if err := run(ctx, "losetup", "--detach", n.LoopDevice); err != nil && !strings.Contains(err.Error(), "No such") {
 				errs = append(errs, err)
@@ -79,6 +63,32 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 		fmt.Fprintf(out, "Removed the local cluster in %s.\n", dir)
 	}
 	return errors.Join(errs...)
+}
+
+// stopNode stops every process of node n, as a power cut would: its agent
+// (which stops its TPM, containerd and kubelet), whatever is left in its
+// mount namespace, and its pods' processes in its cgroups, whose tree it
+// removes. Its network, disks and directories stay.
+func stopNode(ctx context.Context, n NodeRecord) []error {
+	var errs []error
+	if n.AgentPID > 0 {
+		_ = syscall.Kill(n.AgentPID, syscall.SIGTERM)
+		waitGone(ctx, n.AgentPID, 15*time.Second)
+	}
+	if n.AgentMountNS != "" {
+		killPIDs(pidsInMountNS(n.AgentMountNS))
+	}
+	if n.CgroupRoot != "" {
+		if err := removeCgroup(ctx, n.CgroupRoot); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if n.AgentMountNS != "" {
+		if err := killMountNS(ctx, n.AgentMountNS, 15*time.Second); err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+		}
+	}
+	return errs
 }
 
 // killMountNS kills every process in mount namespace ns until none is

@@ -455,6 +455,13 @@ func startNode(ctx context.Context, opts Options, rec *Record, s *NodeSpec) erro
 	if err := s.write(); err != nil {
 		return err
 	}
+	return startAgent(ctx, filepath.Join(opts.BinDir, "gatehouse"), rec, s)
+}
+
+// startAgent starts the node agent of s in its network namespace and a new
+// private mount namespace, and records it.
+func startAgent(ctx context.Context, gatehouse string, rec *Record, s *NodeSpec) error {
+	nr := rec.node(s.Name)
 	logFile, err := os.OpenFile(filepath.Join(s.logDir(), "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) //nolint:gosec // no secrets
 	if err != nil {
 		return err
@@ -462,7 +469,7 @@ func startNode(ctx context.Context, opts Options, rec *Record, s *NodeSpec) erro
 	defer logFile.Close()
 	cmd := exec.Command("nsenter", "--net=/run/netns/"+s.NetNS, "--",
 		"unshare", "--mount", "--propagation", "private", "--",
-		filepath.Join(opts.BinDir, "gatehouse"), "mini", "node-agent", "--spec", filepath.Join(s.Dir, "node.json"))
+		gatehouse, "mini", "node-agent", "--spec", filepath.Join(s.Dir, "node.json"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

@@ -195,6 +195,67 @@ func TestMiniCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("reboot and rejoin", func(t *testing.T) {
+		rejoin := []string{`"method":"IssueRejoinTicket"`, `"verdict":"allowed"`}
+		rejoinsBefore := auditCount(joinServiceLog(t, dir), "10.88.0.11", rejoin...)
+		rebooted := time.Now()
+		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "worker-1"); err != nil {
+			t.Fatalf("mini node reboot: %v\n%s", err, out)
+		}
+		// The node rejoins through the join service after the reboot (its
+		// TPM measured again, PCR 15 zero), its bootstrapper finishes,
+		// its kubelet posts status again and its workload runs again.
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+			status, _ := os.ReadFile(filepath.Join(dir, "nodes", "worker-1", "bootstrap.status"))
+			node, err := client.CoreV1().Nodes().Get(ctx, "worker-1", metav1.GetOptions{})
+			if err != nil || strings.TrimSpace(string(status)) != "ok" {
+				return false, nil
+			}
+			for _, c := range node.Status.Conditions {
+				if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.After(rebooted) {
+					pod, err := client.CoreV1().Pods("default").Get(ctx, "workload", metav1.GetOptions{})
+					return err == nil && pod.Status.Phase == corev1.PodRunning, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			t.Fatalf("worker-1 is not Ready with its workload after the reboot: %v\n%s", err, nodeLogs(dir))
+		}
+		if audit := joinServiceLog(t, dir); auditCount(audit, "10.88.0.11", rejoin...) <= rejoinsBefore {
+			t.Fatalf("the join service did not issue worker-1 a rejoin ticket after its reboot:\n%s", audit)
+		}
+	})
+
+	t.Run("rebooted node measuring otherwise stays out", func(t *testing.T) {
+		refusal := []string{`"verdict":"refused"`, `"reason":"measurement_mismatch"`}
+		audit := joinServiceLog(t, dir)
+		refusalsBefore, allowedBefore := auditCount(audit, "10.88.0.12", refusal...), auditCount(audit, "10.88.0.12", `"verdict":"allowed"`)
+		agentLog := filepath.Join(dir, "nodes", "worker-2", "logs", "agent.log")
+		logBefore, _ := os.ReadFile(agentLog)
+		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "--tamper", "worker-2"); err != nil {
+			t.Fatalf("mini node reboot --tamper: %v\n%s", err, out)
+		}
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
+			audit = joinServiceLog(t, dir)
+			return auditCount(audit, "10.88.0.12", refusal...) > refusalsBefore, nil
+		})
+		if err != nil {
+			t.Fatalf("the join service did not refuse the tampered reboot of worker-2: %v\n%s", err, audit)
+		}
+		if auditCount(audit, "10.88.0.12", `"verdict":"allowed"`) > allowedBefore {
+			t.Fatalf("the join service allowed worker-2 after a tampered reboot:\n%s", audit)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "nodes", "worker-2", "bootstrap.status")); err == nil {
+			t.Fatal("the tampered node's bootstrapper finished")
+		}
+		logAfter, _ := os.ReadFile(agentLog)
+		if since := string(logAfter[min(len(logBefore), len(logAfter)):]); !strings.Contains(since, "the kubelet waits for the bootstrapper") ||
+			strings.Contains(since, "Starting the kubelet") {
+			t.Fatalf("the tampered node's kubelet started, or did not wait:\n%s", since)
+		}
+	})
+
 	var rec *mini.Record
 	if rec, err = mini.ReadRecord(dir); err != nil {
 		t.Fatal(err)
@@ -216,6 +277,26 @@ func clientFor(t *testing.T, kubeconfig string) kubernetes.Interface {
 		t.Fatal(err)
 	}
 	return client
+}
+
+// auditCount counts the lines of the join service's audit log from source
+// that hold every one of fields. The log spans the service's pods (files
+// in no time order), so tests compare counts, not offsets.
+func auditCount(audit, source string, fields ...string) int {
+	n := 0
+	for _, line := range strings.Split(audit, "\n") {
+		if !strings.Contains(line, `"source":"`+source+`"`) {
+			continue
+		}
+		all := true
+		for _, f := range fields {
+			all = all && strings.Contains(line, f)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
 }
 
 func joinServiceLog(t *testing.T, dir string) string {
