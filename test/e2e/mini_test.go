@@ -213,8 +213,14 @@ func TestMiniCluster(t *testing.T) {
 			}
 			for _, c := range node.Status.Conditions {
 				if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.After(rebooted) {
+					// The workload's container was killed with the node and
+					// started again after the reboot.
 					pod, err := client.CoreV1().Pods("default").Get(ctx, "workload", metav1.GetOptions{})
-					return err == nil && pod.Status.Phase == corev1.PodRunning, nil
+					if err != nil || pod.Status.Phase != corev1.PodRunning || len(pod.Status.ContainerStatuses) == 0 {
+						return false, nil
+					}
+					running := pod.Status.ContainerStatuses[0].State.Running
+					return running != nil && running.StartedAt.After(rebooted), nil
 				}
 			}
 			return false, nil
