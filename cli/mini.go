@@ -24,6 +24,7 @@ func newMiniCmd() *cobra.Command {
 		Short: "Run a local attested cluster on this machine (as root)",
 	}
 	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniStatusCmd(), newMiniNodeCmd(), newMiniAgentCmd())
+	cmd.AddCommand(newMiniStopStartCmds()...)
 	return cmd
 }
 
@@ -112,6 +113,30 @@ func newMiniStatusCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster's state")
 	return cmd
+}
+
+func newMiniStopStartCmds() []*cobra.Command {
+	var dir string
+	stop := &cobra.Command{
+		Use:   "stop",
+		Short: "Power off every node: processes stop, disks stay",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return mini.Stop(cmd.Context(), dir, cmd.OutOrStdout())
+		},
+	}
+	start := &cobra.Command{
+		Use:   "start",
+		Short: "Boot every node again after mini stop; the control planes then wait for gatehouse recover",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return mini.Start(cmd.Context(), dir, cmd.OutOrStdout())
+		},
+	}
+	for _, c := range []*cobra.Command{stop, start} {
+		c.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster's state")
+	}
+	return []*cobra.Command{stop, start}
 }
 
 func newMiniNodeCmd() *cobra.Command {

@@ -8,6 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 )
 
 // RebootNode power-cycles node name of the local cluster in dir: every
@@ -60,4 +63,68 @@ func RebootNode(ctx context.Context, dir, name string, tamper bool, out io.Write
 	}
 	fmt.Fprintf(out, "Starting %s: its TPM starts from zero PCRs and its boot is measured again; it rejoins through the join service\n", name)
 	return startAgent(ctx, self, rec, spec)
+}
+
+// Stop powers off every node of the local cluster in dir, as a power cut
+// would: every process stops, disks and directories stay (Start boots
+// them again).
+func Stop(ctx context.Context, dir string, out io.Writer) error {
+	rec, err := ReadRecord(dir)
+	if err != nil {
+		return fmt.Errorf("no local cluster in %s: %w", dir, err)
+	}
+	var errs []error
+	for i := len(rec.Nodes) - 1; i >= 0; i-- {
+		fmt.Fprintf(out, "Stopping %s\n", rec.Nodes[i].Name)
+		errs = append(errs, stopNode(ctx, rec.Nodes[i])...)
+		rec.Nodes[i].AgentPID, rec.Nodes[i].AgentMountNS = 0, ""
+	}
+	errs = append(errs, rec.save())
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "Every node is off. `gatehouse mini start --dir %s` boots them again.\n", dir)
+	return nil
+}
+
+// Start boots every node of the local cluster in dir after Stop. With
+// every control plane down, no join service can unlock them: the control
+// planes wait for `gatehouse recover` (the command is printed), and the
+// workers rejoin by themselves once the join service runs again.
+func Start(ctx context.Context, dir string, out io.Writer) error {
+	rec, err := ReadRecord(dir)
+	if err != nil {
+		return fmt.Errorf("no local cluster in %s: %w", dir, err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var controlPlanes []string
+	for _, n := range slices.Clone(rec.Nodes) {
+		if n.AgentPID > 0 {
+			return fmt.Errorf("node %s runs (agent %d): stop the cluster first (gatehouse mini stop)", n.Name, n.AgentPID)
+		}
+		spec, err := ReadNodeSpec(filepath.Join(n.Dir, "node.json"))
+		if err != nil {
+			return err
+		}
+		if err := createCgroup(spec.CgroupRoot); err != nil {
+			return err
+		}
+		if err := os.Remove(filepath.Join(spec.Dir, bootstrapStatusFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		fmt.Fprintf(out, "Booting %s\n", n.Name)
+		if err := startAgent(ctx, self, rec, spec); err != nil {
+			return err
+		}
+		if spec.ControlPlane || len(spec.JoinEndpoints) == 0 {
+			controlPlanes = append(controlPlanes, fmt.Sprintf("--endpoint %s:%d", spec.IP, InitPort))
+		}
+	}
+	fmt.Fprintf(out, "Every node booted. The control planes wait to be recovered (docs/recovery.md):\n"+
+		"  gatehouse recover --config %s --master-secret-file %s %s\n",
+		filepath.Join(dir, clusterconfig.DefaultPath), filepath.Join(dir, clusterconfig.DefaultMasterSecretFile), strings.Join(controlPlanes, " "))
+	return nil
 }

@@ -211,19 +211,17 @@ func TestMiniCluster(t *testing.T) {
 			if err != nil || strings.TrimSpace(string(status)) != "ok" {
 				return false, nil
 			}
-			for _, c := range node.Status.Conditions {
-				if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.After(rebooted) {
-					// The workload's container was killed with the node and
-					// started again after the reboot.
-					pod, err := client.CoreV1().Pods("default").Get(ctx, "workload", metav1.GetOptions{})
-					if err != nil || pod.Status.Phase != corev1.PodRunning || len(pod.Status.ContainerStatuses) == 0 {
-						return false, nil
-					}
-					running := pod.Status.ContainerStatuses[0].State.Running
-					return running != nil && running.StartedAt.After(rebooted), nil
-				}
+			if !readySince(node, rebooted) {
+				return false, nil
 			}
-			return false, nil
+			// The workload's container was killed with the node and started
+			// again after the reboot.
+			pod, err := client.CoreV1().Pods("default").Get(ctx, "workload", metav1.GetOptions{})
+			if err != nil || pod.Status.Phase != corev1.PodRunning || len(pod.Status.ContainerStatuses) == 0 {
+				return false, nil
+			}
+			running := pod.Status.ContainerStatuses[0].State.Running
+			return running != nil && running.StartedAt.After(rebooted), nil
 		})
 		if err != nil {
 			t.Fatalf("worker-1 is not Ready with its workload after the reboot: %v\n%s", err, nodeLogs(dir))
@@ -262,6 +260,55 @@ func TestMiniCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("full outage and recover", func(t *testing.T) {
+		// Data written before the outage.
+		if _, err := client.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: "before-the-outage"}, Data: map[string]string{"written": "before"},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := gatehouse(t, bin, "mini", "stop", "--dir", dir); err != nil {
+			t.Fatalf("mini stop: %v\n%s", err, out)
+		}
+		started := time.Now()
+		out, err := gatehouse(t, bin, "mini", "start", "--dir", dir)
+		if err != nil || !strings.Contains(out, "gatehouse recover") {
+			t.Fatalf("mini start: %v\n%s", err, out)
+		}
+		// Nothing can unlock the control plane but recover: no API server
+		// answers (a short request timeout, so the poll is not one long wait).
+		short := clientFor(t, filepath.Join(dir, "gatehouse-admin.conf"), 2*time.Second)
+		if _, err := short.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+			t.Fatal("the API server answers before recover")
+		}
+		config := filepath.Join(dir, "gatehouse-config.yaml")
+		out, err = gatehouse(t, bin, "recover", "--config", config, "--master-secret-file", filepath.Join(dir, "gatehouse-master-secret.json"),
+			"--endpoint", "10.88.0.10:9000")
+		if err != nil || !strings.Contains(out, "Recovered 1 control plane") {
+			t.Fatalf("recover: %v\n%s\n%s", err, out, nodeLogs(dir))
+		}
+		// The cluster is back with its data; worker-1 rejoined by itself.
+		err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+			cm, err := short.CoreV1().ConfigMaps("default").Get(ctx, "before-the-outage", metav1.GetOptions{})
+			if err != nil || cm.Data["written"] != "before" {
+				return false, nil
+			}
+			for _, name := range []string{"cp-0", "worker-1"} {
+				node, err := short.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+				if err != nil || !readySince(node, started) {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			t.Fatalf("the cluster is not back after recover: %v\n%s", err, nodeLogs(dir))
+		}
+		if status, _ := os.ReadFile(filepath.Join(dir, "nodes", "cp-0", "bootstrap.status")); strings.TrimSpace(string(status)) != "ok" {
+			t.Fatalf("cp-0's bootstrap status after recover: %q", status)
+		}
+	})
+
 	var rec *mini.Record
 	if rec, err = mini.ReadRecord(dir); err != nil {
 		t.Fatal(err)
@@ -272,11 +319,26 @@ func TestMiniCluster(t *testing.T) {
 	assertNothingLeft(t, rec)
 }
 
-func clientFor(t *testing.T, kubeconfig string) kubernetes.Interface {
+// readySince reports whether node is Ready with a heartbeat after t.
+func readySince(node *corev1.Node, t time.Time) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.After(t)
+		}
+	}
+	return false
+}
+
+// clientFor returns a client of the cluster kubeconfig names; timeout, when
+// given, bounds each request.
+func clientFor(t *testing.T, kubeconfig string, timeout ...time.Duration) kubernetes.Interface {
 	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(timeout) > 0 {
+		cfg.Timeout = timeout[0]
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
