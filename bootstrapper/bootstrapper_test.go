@@ -216,16 +216,7 @@ func TestRunLockedRestartsKubeletOnly(t *testing.T) {
 // gets its disk key through the join service, locks with the same cluster
 // ID as before and restarts the kubelet.
 func TestRunRejoin(t *testing.T) {
-	ca, _, _, err := clusterpki.GenerateCA(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newTestNode(t)
-	n.formatDisk(t)
-	ticket := testTicket(t, n.machine.Root)
-	if err := n.machine.rekeyDisk(t.Context(), ticket.GetStateDiskKey(), ticket.GetMeasurementSalt()); err != nil {
-		t.Fatal(err)
-	}
+	ca, n, ticket := rebootedNode(t)
 	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
 	f := newRunFixture(t, n, ca, addr)
 	if err := awaitRun(t, f.run(t.Context())); err != nil {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	recoveryservicev1 "github.com/gatehouse-dev/gatehouse/api/recoveryservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
@@ -18,12 +19,10 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
-// TestRunRecover: a rebooted node whose join service is down serves
-// RecoveryService over attested TLS. It names its disk; a key that does
-// not open the disk (or is malformed) changes nothing; the right key and
-// measurement secret take the node lock with the cluster ID, restart the
-// kubelet and end Run; a second attempt is refused.
-func TestRunRecover(t *testing.T) {
+// rebootedNode returns a node as after a reboot: its state disk
+// initialised with ticket's key and salt, PCR 15 zero; and a cluster CA.
+func rebootedNode(t *testing.T) (*clusterpki.CA, *testNode, *joinservicev1.IssueJoinTicketResponse) {
+	t.Helper()
 	ca, _, _, err := clusterpki.GenerateCA(time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -34,6 +33,16 @@ func TestRunRecover(t *testing.T) {
 	if err := n.machine.rekeyDisk(t.Context(), ticket.GetStateDiskKey(), ticket.GetMeasurementSalt()); err != nil {
 		t.Fatal(err)
 	}
+	return ca, n, ticket
+}
+
+// TestRunRecover: a rebooted node whose join service is down serves
+// RecoveryService over attested TLS. It names its disk; a key that does
+// not open the disk (or is malformed) changes nothing; the right key and
+// measurement secret take the node lock with the cluster ID, restart the
+// kubelet and end Run; a second attempt is refused.
+func TestRunRecover(t *testing.T) {
+	ca, n, ticket := rebootedNode(t)
 	f := newRunFixture(t, n, ca, "127.0.0.1:1") // the join service is down
 	done := f.run(t.Context())
 	client := recoveryservicev1.NewRecoveryServiceClient(dial(t, f.cfg.InitListener.Addr().String(),
@@ -91,21 +100,12 @@ func TestRunRecover(t *testing.T) {
 // disk key does not open the state disk (a wrong or impersonated join
 // service) leaves the node as it was: no node lock, no kubelet.
 func TestRunRejoinRefusesAKeyThatDoesNotOpenTheDisk(t *testing.T) {
-	ca, _, _, err := clusterpki.GenerateCA(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newTestNode(t)
-	n.formatDisk(t)
-	ticket := testTicket(t, n.machine.Root)
-	if err := n.machine.rekeyDisk(t.Context(), ticket.GetStateDiskKey(), ticket.GetMeasurementSalt()); err != nil {
-		t.Fatal(err)
-	}
+	ca, n, _ := rebootedNode(t)
 	wrong := testTicket(t, n.machine.Root) // another key
 	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: wrong})
 	f := newRunFixture(t, n, ca, addr)
 	f.cfg.InitGRPCServer = nil // rejoin only
-	err = awaitRun(t, f.run(t.Context()))
+	err := awaitRun(t, f.run(t.Context()))
 	if err == nil || !strings.Contains(err.Error(), "does not open this node's state disk") {
 		t.Fatalf("Run = %v, want the key refused", err)
 	}

@@ -150,6 +150,19 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	return nil
 }
 
+// readMasterSecret reads the master secret file init wrote.
+func readMasterSecret(path string) (*masterSecret, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the master secret: %w", err)
+	}
+	var secret masterSecret
+	if err := json.Unmarshal(data, &secret); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &secret, nil
+}
+
 // prepareSecrets creates the master secret file and the state file, or
 // reuses both when the state file records an unfinished init on the same
 // node. An existing master secret file is never overwritten.
@@ -159,15 +172,11 @@ func prepareSecrets(o initOptions, version string) (*masterSecret, *clusterconfi
 	case err == nil && state.Phase == "initialised":
 		return nil, nil, fmt.Errorf("%s says cluster %s is already initialised; use another --state-file for a new cluster", o.stateFile, state.ClusterID)
 	case err == nil && state.Node == o.node:
-		data, err := os.ReadFile(o.masterSecretFile)
+		secret, err := readMasterSecret(o.masterSecretFile)
 		if err != nil {
-			return nil, nil, fmt.Errorf("resuming the init recorded in %s: reading the master secret: %w", o.stateFile, err)
+			return nil, nil, fmt.Errorf("resuming the init recorded in %s: %w", o.stateFile, err)
 		}
-		var secret masterSecret
-		if err := json.Unmarshal(data, &secret); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", o.masterSecretFile, err)
-		}
-		return &secret, state, nil
+		return secret, state, nil
 	case err == nil:
 		return nil, nil, fmt.Errorf("%s records an init of node %s, not %s; use another --state-file", o.stateFile, state.Node, o.node)
 	case !errors.Is(err, fs.ErrNotExist):

@@ -3,12 +3,10 @@ package cli
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"time"
 
@@ -64,13 +62,9 @@ func runRecover(ctx context.Context, out io.Writer, o recoverOptions) error {
 	if err != nil {
 		return err
 	}
-	data, err := os.ReadFile(o.masterSecretFile)
+	secret, err := readMasterSecret(o.masterSecretFile)
 	if err != nil {
-		return fmt.Errorf("reading the master secret: %w", err)
-	}
-	var secret masterSecret
-	if err := json.Unmarshal(data, &secret); err != nil {
-		return fmt.Errorf("%s: %w", o.masterSecretFile, err)
+		return err
 	}
 	clusterKMS, err := kms.NewClusterKMS(secret.Key, secret.Salt)
 	if err != nil {
