@@ -131,8 +131,16 @@ func Status(ctx context.Context, dir string, out io.Writer) error {
 	fmt.Fprintf(out, "Local cluster in %s, created %s.\n", dir, rec.Created.Format(time.RFC3339))
 	for _, n := range rec.Nodes {
 		status, _ := os.ReadFile(filepath.Join(n.Dir, bootstrapStatusFile))
-		alive := syscall.Kill(n.AgentPID, 0) == nil
-		fmt.Fprintf(out, "  %-10s agent running: %-5t bootstrap: %s\n", n.Name, alive, strings.TrimSpace(string(status)))
+		bootstrap := strings.TrimSpace(string(status))
+		// PID 0 would signal our own process group: a stopped node has none.
+		alive := n.AgentPID > 0 && syscall.Kill(n.AgentPID, 0) == nil
+		switch {
+		case !alive:
+			bootstrap = "off"
+		case bootstrap == "":
+			bootstrap = "running (joining, rejoining or waiting to be recovered)"
+		}
+		fmt.Fprintf(out, "  %-10s agent running: %-5t bootstrap: %s\n", n.Name, alive, bootstrap)
 	}
 	if rec.Kubeconfig == "" {
 		return nil
@@ -142,5 +150,10 @@ func Status(ctx context.Context, dir string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(out)
-	return svc.printNodes(ctx, out)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := svc.printNodes(ctx, out); err != nil {
+		fmt.Fprintf(out, "The API server does not answer (%v). After `gatehouse mini start`, the control plane waits for `gatehouse recover` (docs/recovery.md).\n", err)
+	}
+	return nil
 }

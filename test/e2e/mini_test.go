@@ -270,6 +270,9 @@ func TestMiniCluster(t *testing.T) {
 		if out, err := gatehouse(t, bin, "mini", "stop", "--dir", dir); err != nil {
 			t.Fatalf("mini stop: %v\n%s", err, out)
 		}
+		if out, err := gatehouse(t, bin, "mini", "status", "--dir", dir); err != nil || strings.Count(out, "bootstrap: off") != 4 {
+			t.Fatalf("mini status of a stopped cluster (want its 4 nodes off): %v\n%s", err, out)
+		}
 		started := time.Now()
 		out, err := gatehouse(t, bin, "mini", "start", "--dir", dir)
 		if err != nil || !strings.Contains(out, "gatehouse recover") {
@@ -280,6 +283,10 @@ func TestMiniCluster(t *testing.T) {
 		short := clientFor(t, filepath.Join(dir, "gatehouse-admin.conf"), 2*time.Second)
 		if _, err := short.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
 			t.Fatal("the API server answers before recover")
+		}
+		if out, err := gatehouse(t, bin, "mini", "status", "--dir", dir); err != nil || !strings.Contains(out, "waiting to be recovered") ||
+			!strings.Contains(out, "The API server does not answer") {
+			t.Fatalf("mini status before recover: %v\n%s", err, out)
 		}
 		config := filepath.Join(dir, "gatehouse-config.yaml")
 		out, err = gatehouse(t, bin, "recover", "--config", config, "--master-secret-file", filepath.Join(dir, "gatehouse-master-secret.json"),
