@@ -2,6 +2,8 @@ package bootstrapper
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -72,9 +74,12 @@ func TestRunRecover(t *testing.T) {
 			t.Fatalf("%s: the disk is %s", name, st)
 		}
 	}
-	if _, err := client.Recover(ctx, &recoveryservicev1.RecoverRequest{
-		StateDiskKey: ticket.GetStateDiskKey(), MeasurementSecret: ticket.GetMeasurementSecret(),
-	}); err != nil {
+	if logs := n.logs.String(); !strings.Contains(logs, "Recovery refused: the key does not open the state disk") ||
+		strings.Contains(logs, hex.EncodeToString(ticket.GetStateDiskKey())) || strings.Contains(logs, base64.StdEncoding.EncodeToString(ticket.GetStateDiskKey())) {
+		t.Fatalf("the node's log does not record the refusal, or holds a key:\n%s", logs)
+	}
+	right := &recoveryservicev1.RecoverRequest{StateDiskKey: ticket.GetStateDiskKey(), MeasurementSecret: ticket.GetMeasurementSecret()}
+	if _, err := client.Recover(ctx, right); err != nil {
 		t.Fatal(err)
 	}
 	if err := awaitRun(t, done); err != nil {
@@ -93,6 +98,13 @@ func TestRunRecover(t *testing.T) {
 	}
 	if st, _ := ReadStatus(n.machine.Root); st.Phase != PhaseDone {
 		t.Fatalf("status %s, want done", st.Phase)
+	}
+	// A second recovery of a node that holds its lock changes nothing.
+	if _, err := newRecoveryServer(f.cfg).Recover(ctx, right); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("recovering a locked node: %v, want FailedPrecondition", err)
+	}
+	if f.kubelet.restarts.Load() != 1 {
+		t.Fatal("a second recovery restarted the kubelet")
 	}
 }
 

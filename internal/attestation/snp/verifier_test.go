@@ -136,6 +136,16 @@ func TestVerify(t *testing.T) {
 			wantErr: attestation.ErrPolicy, wantText: "VMPL 0 is not 1",
 		},
 		{
+			name: "firmware ABI below the guest policy's minimum", spec: good,
+			policy:  func(p *Policy) { p.GuestPolicy = &abi.SnpPolicy{ABIMajor: 1, ABIMinor: 55} },
+			wantErr: attestation.ErrPolicy,
+		},
+		{
+			name: "author key required, none signed the ID key", spec: good,
+			policy:  func(p *Policy) { p.AuthorKeyDigests = [][]byte{bytes.Repeat([]byte{2}, abi.AuthorKeyDigestSize)} },
+			wantErr: attestation.ErrPolicy,
+		},
+		{
 			name: "ID block required, none signed the launch", spec: good,
 			policy:  func(p *Policy) { p.IDKeyDigests = [][]byte{bytes.Repeat([]byte{1}, abi.IDKeyDigestSize)} },
 			wantErr: attestation.ErrPolicy,

@@ -74,6 +74,21 @@ func TestVerify(t *testing.T) {
 			wantErr: attestation.ErrPolicy, wantText: "MRSIGNERSEAM",
 		},
 		{
+			name: "other TD attributes", edit: bind,
+			policy:  policy(func(p *Policy) { p.TdAttributes = []byte{0, 0, 0, 0x10, 0, 0, 0, 0} }),
+			wantErr: attestation.ErrPolicy, wantText: "TD_ATTRIBUTES",
+		},
+		{
+			name: "quoting enclave of another vendor", edit: bind,
+			policy:  policy(func(p *Policy) { p.QeVendorID = bytes.Repeat([]byte{1}, 16) }),
+			wantErr: attestation.ErrPolicy, wantText: "QE_VENDOR_ID",
+		},
+		{
+			name: "quoting enclave below the minimum SVN", edit: bind,
+			policy:  policy(func(p *Policy) { p.MinimumQeSvn = 0xffff }),
+			wantErr: attestation.ErrPolicy, wantText: "QE security-version",
+		},
+		{
 			name: "other XFAM", edit: bind,
 			policy:  policy(func(p *Policy) { p.Xfam = bytes.Repeat([]byte{0xff}, 8) }),
 			wantErr: attestation.ErrPolicy, wantText: "XFAM",
