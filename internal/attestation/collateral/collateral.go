@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	tdxtrust "github.com/google/go-tdx-guest/verify/trust"
@@ -41,8 +42,9 @@ type Fetcher func(ctx context.Context, url string) (http.Header, []byte, error)
 // certificate bundle until the earliest NotAfter in it; anything else for
 // MaxAge. A stale entry is fetched again; if that fails, a stale CRL or
 // TCB info is an error (revocations or TCB levels may be out of date), a
-// stale certificate is served (certificates do not change). Safe for
-// concurrent use.
+// stale certificate is served (certificates do not change). Documents stay
+// in memory once read, so verifications on the hot path do not read and
+// parse Dir again. Safe for concurrent use; use it by pointer.
 type Cache struct {
 	// Dir holds one file per URL (named by the URL's SHA-256).
 	Dir string
@@ -53,6 +55,9 @@ type Cache struct {
 	MaxAge time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+
+	mu  sync.Mutex
+	mem map[string]entry // by URL: what was read from Dir or fetched
 }
 
 // HTTP returns a Fetcher using client (nil: a client with a 30 s timeout),
@@ -127,6 +132,66 @@ func (g tdxGetter) GetContext(ctx context.Context, url string) (map[string][]str
 	return g.c.get(ctx, url)
 }
 
+// entry is a collateral document in memory with its freshness.
+type entry struct {
+	header http.Header
+	body   []byte
+	// until is when it stops being fresh; expires says it must not be
+	// served past that (a CRL, TCB info, QE identity).
+	until   time.Time
+	expires bool
+}
+
+// newEntry computes the freshness of a document fetched at fetched.
+func (c *Cache) newEntry(header http.Header, body []byte, fetched time.Time) entry {
+	e := entry{header: header, body: body}
+	if crl, err := x509.ParseRevocationList(body); err == nil {
+		e.until, e.expires = crl.NextUpdate, true
+	} else if next, ok := pcsNextUpdate(body); ok {
+		e.until, e.expires = next, true
+	} else if notAfter, ok := earliestNotAfter(body); ok {
+		e.until = notAfter
+	} else {
+		maxAge := c.MaxAge
+		if maxAge == 0 {
+			maxAge = time.Hour
+		}
+		e.until = fetched.Add(maxAge)
+	}
+	return e
+}
+
+// cached returns url's entry from memory, or from Dir (remembered, so a
+// verification on the hot path reads and parses each document once).
+func (c *Cache) cached(url, path string) (entry, bool, error) {
+	c.mu.Lock()
+	e, ok := c.mem[url]
+	c.mu.Unlock()
+	if ok {
+		return e, true, nil
+	}
+	body, header, err := readEntry(path)
+	if err != nil || body == nil {
+		return entry{}, false, err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return entry{}, false, err
+	}
+	e = c.newEntry(header, body, fi.ModTime())
+	c.remember(url, e)
+	return e, true, nil
+}
+
+func (c *Cache) remember(url string, e entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mem == nil {
+		c.mem = map[string]entry{}
+	}
+	c.mem[url] = e
+}
+
 // get returns url's headers and body; see GetContext.
 func (c *Cache) get(ctx context.Context, url string) (http.Header, []byte, error) {
 	now := time.Now
@@ -134,40 +199,38 @@ func (c *Cache) get(ctx context.Context, url string) (http.Header, []byte, error
 		now = c.Now
 	}
 	path := filepath.Join(c.Dir, cacheName(url))
-	cached, header, err := readEntry(path)
+	e, ok, err := c.cached(url, path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading cached collateral for %s: %w", url, err)
 	}
+	if ok && now().Before(e.until) {
+		return e.header, e.body, nil
+	}
 	var staleErr error
-	if cached != nil {
-		fresh, expires := c.fresh(cached, path, now())
-		if fresh {
-			return header, cached, nil
-		}
-		if expires {
-			staleErr = fmt.Errorf("the cached revocation list or TCB information from %s is past its next update", url)
-		}
+	if ok && e.expires {
+		staleErr = fmt.Errorf("the cached revocation list or TCB information from %s is past its next update", url)
 	}
 	if c.Upstream == nil {
 		switch {
 		case staleErr != nil:
 			return nil, nil, fmt.Errorf("%w, and the verifier is offline: fetch it again online", staleErr)
-		case cached != nil:
-			return header, cached, nil // a certificate: still the same certificate
+		case ok:
+			return e.header, e.body, nil // a certificate: still the same certificate
 		default:
 			return nil, nil, fmt.Errorf("collateral %s is not cached, and the verifier is offline: run it online once to fill %s", url, c.Dir)
 		}
 	}
 	header, body, err := c.Upstream(ctx, url)
 	if err != nil {
-		if cached != nil && staleErr == nil {
-			return header, cached, nil
+		if ok && staleErr == nil {
+			return e.header, e.body, nil
 		}
 		return nil, nil, fmt.Errorf("fetching collateral %s: %w", url, err)
 	}
 	if err := writeEntry(c.Dir, path, header, body); err != nil {
 		return nil, nil, fmt.Errorf("caching collateral %s: %w", url, err)
 	}
+	c.remember(url, c.newEntry(header, body, now()))
 	return header, body, nil
 }
 
@@ -213,30 +276,6 @@ func writeEntry(dir, path string, header http.Header, body []byte) error {
 		return err
 	}
 	return atomicfile.Write(path, body, 0o644)
-}
-
-// fresh reports whether a cached body is still fresh at now, and whether
-// it expires (a CRL or Intel TCB info / QE identity, which must not be
-// served stale).
-func (c *Cache) fresh(body []byte, path string, now time.Time) (fresh, expires bool) {
-	if crl, err := x509.ParseRevocationList(body); err == nil {
-		return now.Before(crl.NextUpdate), true
-	}
-	if next, ok := pcsNextUpdate(body); ok {
-		return now.Before(next), true
-	}
-	if notAfter, ok := earliestNotAfter(body); ok {
-		return now.Before(notAfter), false
-	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		return false, false
-	}
-	maxAge := c.MaxAge
-	if maxAge == 0 {
-		maxAge = time.Hour
-	}
-	return now.Sub(fi.ModTime()) < maxAge, false
 }
 
 // pcsNextUpdate returns the nextUpdate of an Intel PCS TCB info or QE

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +96,23 @@ func TestTDXCollateral(t *testing.T) {
 	online := &collateral.Cache{Dir: dir, Upstream: func(context.Context, string) (http.Header, []byte, error) { return header, tcbInfo, nil }}
 	if h, body, err := online.TDX().Get("https://pcs/tcb"); err != nil || string(body) != string(tcbInfo) || h["Tcb-Info-Issuer-Chain"][0] != "pem chain" {
 		t.Fatalf("online: %v %q %v", h, body, err)
+	}
+	// Held in memory: the same cache serves it without reading Dir again.
+	files, _ := filepath.Glob(filepath.Join(dir, "*"))
+	moved := t.TempDir()
+	for _, f := range files {
+		if err := os.Rename(f, filepath.Join(moved, filepath.Base(f))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	online.Upstream = nil
+	if _, body, err := online.TDX().Get("https://pcs/tcb"); err != nil || string(body) != string(tcbInfo) {
+		t.Fatalf("from memory: %q %v", body, err)
+	}
+	for _, f := range files {
+		if err := os.Rename(filepath.Join(moved, filepath.Base(f)), f); err != nil {
+			t.Fatal(err)
+		}
 	}
 	now := time.Now()
 	offline := &collateral.Cache{Dir: dir, Now: func() time.Time { return now }}
