@@ -34,14 +34,16 @@ type confidentialVM struct {
 	variant  attestation.Variant
 	hardware func(t *testing.T, launch []byte) attestation.Attester
 	flags    func(launch []byte) []string
-	roots    string // the YAML value of the section's roots
+	// roots is the PEM of the platform's test roots; rootsList says the
+	// section's roots field is a list (sevSnp) rather than one bundle (tdx).
+	roots     string
+	rootsList bool
 }
 
 func confidentialVMs(t *testing.T) []confidentialVM {
 	tcb := kds.TCBParts{BlSpl: 3, SnpSpl: 8, UcodeSpl: 115}
 	amd := snptest.NewAMD(t, snptest.Options{TCB: tcb})
 	intel := tdxtest.NewIntel(t)
-	quoted := func(s string) string { b, _ := json.Marshal(s); return string(b) }
 	return []confidentialVM{{
 		variant: attestation.VariantSNP,
 		hardware: func(t *testing.T, launch []byte) attestation.Attester {
@@ -54,7 +56,7 @@ func confidentialVMs(t *testing.T) []confidentialVM {
 		flags: func(launch []byte) []string {
 			return []string{"--attestation", "sev-snp", "--launch-measurement", hex.EncodeToString(launch), "--snp-minimum-tcb", "3.0.8.115"}
 		},
-		roots: "[" + quoted(amd.CertChainPEM()) + "]",
+		roots: amd.CertChainPEM(), rootsList: true,
 	}, {
 		variant: attestation.VariantTDX,
 		hardware: func(t *testing.T, launch []byte) attestation.Attester {
@@ -67,7 +69,7 @@ func confidentialVMs(t *testing.T) []confidentialVM {
 		flags: func(launch []byte) []string {
 			return []string{"--attestation", "tdx", "--mrtd", hex.EncodeToString(launch)}
 		},
-		roots: quoted(intel.RootPEM()),
+		roots: intel.RootPEM(),
 	}}
 }
 
@@ -82,7 +84,16 @@ func startConfidentialVM(t *testing.T, p confidentialVM, hw attestation.Attester
 	}
 	n := startNodeAs(t, sim, vtpm, node)
 	n.hardware = p.flags(launch)
-	n.patch = func(config string) string { return collateralLine.ReplaceAllString(config, "    roots: "+p.roots) }
+	value, err := json.Marshal(p.roots) // a JSON string is a YAML string
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.rootsList {
+		value = append(append([]byte{'['}, value...), ']')
+	}
+	n.patch = func(config string) string {
+		return collateralLine.ReplaceAllString(config, "    roots: "+string(value))
+	}
 	return n
 }
 
@@ -147,11 +158,7 @@ func TestReferenceValuesCaptureConfidentialVM(t *testing.T) {
 			dir := t.TempDir()
 			n := startConfidentialVM(t, p, p.hardware(t, launch), launch)
 			roots := filepath.Join(dir, "roots.pem")
-			var pemRoots string
-			if err := json.Unmarshal([]byte(strings.Trim(p.roots, "[]")), &pemRoots); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(roots, []byte(pemRoots), 0o600); err != nil {
+			if err := os.WriteFile(roots, []byte(p.roots), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			untrusted := filepath.Join(dir, "untrusted")

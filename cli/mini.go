@@ -159,7 +159,7 @@ func newMiniNodeCmd() *cobra.Command {
 		},
 	}
 	reboot.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster's state")
-	reboot.Flags().BoolVar(&tamper, "tamper", false, "measure a changed boot manifest this boot (to see a refusal)")
+	reboot.Flags().BoolVar(&tamper, "tamper", false, "measure a changed boot manifest from this boot on (to see a refusal)")
 	_ = reboot.Flags().MarkHidden("tamper")
 	cmd.AddCommand(reboot)
 	return cmd

@@ -20,7 +20,8 @@ import (
 // the node's bootstrapper finds its state disk initialised and rejoins
 // through the join service (attested), and its kubelet starts only once
 // that succeeded. With tamper, the node measures a changed boot manifest
-// this time (to see a rebooted node refused). It returns once the agent
+// from this boot on (recorded in its node.json; to see a rebooted node
+// refused). It returns once the agent
 // runs; the rejoin goes on in the node.
 func RebootNode(ctx context.Context, dir, name string, tamper bool, out io.Writer) error {
 	rec, err := ReadRecord(dir)
