@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -144,15 +143,11 @@ func recoverNode(ctx context.Context, ep string, verifier attestation.Verifier, 
 	if err != nil {
 		return "", err
 	}
-	var recoverPeer peer.Peer
-	// The connection allows one handshake: if the first connection broke,
-	// this call fails instead of sending the keys over a new one.
-	if _, err := client.Recover(ctx, &recoveryservicev1.RecoverRequest{StateDiskKey: diskKey, MeasurementSecret: measurementSecret},
-		grpc.Peer(&recoverPeer)); err != nil {
+	// The connection allows one handshake (oneConnection): if the first
+	// connection broke, this call fails instead of sending the keys over a
+	// new one.
+	if _, err := client.Recover(ctx, &recoveryservicev1.RecoverRequest{StateDiskKey: diskKey, MeasurementSecret: measurementSecret}); err != nil {
 		return "", err
-	}
-	if a, ok := recoverPeer.AuthInfo.(atls.AuthInfo); !ok || !samePeerCertificate(a, auth) {
-		return "", errors.New("the keys went over another connection than the one that proved the node's identity")
 	}
 	return identity, nil
 }
@@ -183,12 +178,4 @@ func (o *oneConnection) ClientHandshake(ctx context.Context, authority string, c
 
 func (o *oneConnection) Clone() credentials.TransportCredentials {
 	return &oneConnection{TransportCredentials: o.TransportCredentials.Clone(), state: o.state}
-}
-
-// samePeerCertificate reports whether two calls were answered over one
-// attested TLS connection: attested TLS makes a fresh key and certificate
-// for every handshake.
-func samePeerCertificate(a, b atls.AuthInfo) bool {
-	ca, cb := a.State.PeerCertificates, b.State.PeerCertificates
-	return len(ca) > 0 && len(cb) > 0 && bytes.Equal(ca[0].Raw, cb[0].Raw)
 }
