@@ -296,16 +296,17 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		return nil, err
 	}
 	params := kubeadm.InitParams{
-		Node:              s.cfg.Machine.Node,
-		Kubelet:           s.cfg.Machine.Kubelet,
-		ClusterName:       req.GetClusterName(),
-		KubernetesVersion: req.GetKubernetesVersion(),
-		CertSANs:          req.GetApiServerCertSans(),
-		ServiceCIDR:       req.GetServiceCidr(),
-		PodCIDR:           req.GetPodCidr(),
-		InitToken:         token,
-		ImageRepository:   s.cfg.ImageRepository,
-		SkipPhases:        s.cfg.SkipPhases,
+		Node:                 s.cfg.Machine.Node,
+		Kubelet:              s.cfg.Machine.Kubelet,
+		ClusterName:          req.GetClusterName(),
+		KubernetesVersion:    req.GetKubernetesVersion(),
+		CertSANs:             req.GetApiServerCertSans(),
+		ControlPlaneEndpoint: req.GetControlPlaneEndpoint(),
+		ServiceCIDR:          req.GetServiceCidr(),
+		PodCIDR:              req.GetPodCidr(),
+		InitToken:            token,
+		ImageRepository:      s.cfg.ImageRepository,
+		SkipPhases:           s.cfg.SkipPhases,
 	}
 	if _, err := params.Render(); err != nil {
 		return nil, err
@@ -473,11 +474,7 @@ func writeKubeletCert(machine *Machine, certDER, keyPEM []byte) error {
 }
 
 func (s *InitServer) writeInitFiles(machine *Machine, p *initPlan, configPath string) error {
-	policy, err := kubeadm.AuditPolicy()
-	if err != nil {
-		return err
-	}
-	if err := machine.writeFile(kubeadm.AuditPolicyPath, policy, 0o600); err != nil {
+	if err := machine.writeAuditPolicy(); err != nil {
 		return err
 	}
 	config, err := p.params.Render()

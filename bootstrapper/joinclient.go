@@ -39,7 +39,12 @@ func (b Backoff) wait(ctx context.Context, attempt int, stop <-chan struct{}) er
 	if d <= 0 || d > b.Max {
 		d = b.Max
 	}
-	d = d/2 + rand.N(d/2+1) //nolint:gosec // jitter, not a secret
+	return waitFor(ctx, d/2+rand.N(d/2+1), stop) //nolint:gosec // jitter, not a secret
+}
+
+// waitFor sleeps for d, until ctx ends (its error) or until stop is
+// closed (nodelock.ErrLocked).
+func waitFor(ctx context.Context, d time.Duration, stop <-chan struct{}) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -212,6 +217,13 @@ func (c *JoinClient) writeJoinFiles(t *joinservicev1.IssueJoinTicketResponse, ku
 	machine := c.cfg.Machine
 	if machine.Kubelet.ServingCert {
 		if err := writeKubeletCert(machine, t.GetKubeletCert(), kubeletKey); err != nil {
+			return err
+		}
+	}
+	if c.cfg.ControlPlane {
+		// The cluster's API server configuration mounts it
+		// (kubeadm.InitParams), on every control plane.
+		if err := machine.writeAuditPolicy(); err != nil {
 			return err
 		}
 	}

@@ -16,10 +16,12 @@ import (
 	"time"
 
 	"github.com/google/go-tpm/legacy/tpm2"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
@@ -42,6 +44,7 @@ type fakeJoinService struct {
 
 	mu          sync.Mutex
 	unavailable int        // answer the first calls Unavailable
+	busy        int        // then the next ones Unavailable with a RetryInfo of 10 ms
 	refuse      codes.Code // if set, refuse every call with it
 	calls       int
 	ticket      *joinservicev1.IssueJoinTicketResponse
@@ -59,6 +62,15 @@ func (s *fakeJoinService) answer() error {
 	if s.unavailable > 0 {
 		s.unavailable--
 		return status.Error(codes.Unavailable, "try again")
+	}
+	if s.busy > 0 {
+		s.busy--
+		st, err := status.New(codes.Unavailable, "another control plane is joining").
+			WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(10 * time.Millisecond)})
+		if err != nil {
+			return err
+		}
+		return st.Err()
 	}
 	return nil
 }
@@ -247,7 +259,8 @@ func joinControlPlane(t *testing.T, files []*joinservicev1.ControlPlaneFile) (*t
 }
 
 // TestJoinControlPlaneFiles: a control plane writes the ticket's PKI
-// files, keys 0600 and certificates 0644.
+// files, keys 0600 and certificates 0644, and the audit policy its API
+// server mounts (without it the API server's static pod never starts).
 func TestJoinControlPlaneFiles(t *testing.T) {
 	n, err := joinControlPlane(t, []*joinservicev1.ControlPlaneFile{
 		{Name: "ca.crt", Data: []byte("ca cert")}, {Name: "ca.key", Data: []byte("ca key")},
@@ -260,6 +273,43 @@ func TestJoinControlPlaneFiles(t *testing.T) {
 		if got := fileMode(t, filepath.Join(n.machine.Root, kubeadm.PKIDir, name)); got != mode {
 			t.Errorf("%s mode %v, want %v", name, got, mode)
 		}
+	}
+	want, err := kubeadm.AuditPolicy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(n.machine.Root, kubeadm.AuditPolicyPath)); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("audit policy on the joined control plane: %v\n%s", err, got)
+	}
+}
+
+// TestJoinWaitsItsTurnAsTold: a control plane told to retry later (another
+// one is joining; google.rpc.RetryInfo) retries after that delay, not
+// after a backoff that grew through the wait: here the backoff is an hour.
+func TestJoinWaitsItsTurnAsTold(t *testing.T) {
+	ca, _, _, err := clusterpki.GenerateCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newTestNode(t)
+	n.formatDisk(t)
+	n.runner.recordOnly = true
+	ticket := testTicket(t, n.machine.Root)
+	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
+	fake := &fakeJoinService{ca: ca, ticket: ticket, busy: 3}
+	addr := startJoinService(t, n, fake)
+	client := newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), true, addr)
+	client.calls.backoff = Backoff{Initial: time.Hour, Max: time.Hour}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := client.Join(ctx); err != nil {
+		t.Fatalf("join after three busy answers: %v\nlogs:\n%s", err, n.logs)
+	}
+	if fake.calls != 4 {
+		t.Errorf("%d calls, want 4 (three busy)", fake.calls)
+	}
+	if !strings.Contains(n.logs.String(), "The join service asks to retry later") {
+		t.Errorf("the wait is not logged:\n%s", n.logs)
 	}
 }
 

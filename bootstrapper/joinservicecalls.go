@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -45,10 +46,18 @@ func (j *joinServiceCalls) call(ctx context.Context, what string, fn func(contex
 		if err != nil {
 			log.Warn("No join service endpoints yet", "error", err.Error())
 		}
+		var retryAfter time.Duration // the shortest RetryInfo of the round
 		for _, ep := range endpoints {
 			err := j.callOne(ctx, ep, fn)
 			if err == nil {
 				return nil
+			}
+			if d, ok := retryDelay(err); ok {
+				if retryAfter == 0 || d < retryAfter {
+					retryAfter = d
+				}
+				log.Info("The join service asks to retry later", "endpoint", ep, "request", what, "after", d.String(), "reason", status.Convert(err).Message())
+				continue
 			}
 			switch status.Code(err) {
 			case codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition:
@@ -67,10 +76,28 @@ func (j *joinServiceCalls) call(ctx context.Context, what string, fn func(contex
 			}
 			log.Warn("Join service call failed; trying the next endpoint", "endpoint", ep, "request", what, "round", round, "error", err.Error())
 		}
-		if err := j.backoff.wait(ctx, round, j.lock.Taken()); err != nil {
+		if retryAfter > 0 {
+			// Waiting its turn is not a failure: the backoff does not grow.
+			err = waitFor(ctx, retryAfter, j.lock.Taken())
+		} else {
+			err = j.backoff.wait(ctx, round, j.lock.Taken())
+		}
+		if err != nil {
 			return err
 		}
 	}
+}
+
+// retryDelay returns the delay of err's google.rpc.RetryInfo detail, if
+// it has one between 0 and a minute.
+func retryDelay(err error) (time.Duration, bool) {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.RetryInfo); ok {
+			delay := info.GetRetryDelay().AsDuration()
+			return delay, delay > 0 && delay <= time.Minute
+		}
+	}
+	return 0, false
 }
 
 // rejectedEvidence reports whether err is the join service refusing this

@@ -84,6 +84,17 @@ func (s *Machine) writeFile(p string, data []byte, mode fs.FileMode) error {
 	return atomicfile.Write(full, data, mode)
 }
 
+// writeAuditPolicy writes the API server's audit policy, which the
+// cluster's kube-apiserver configuration mounts on every control plane
+// (kubeadm.AuditPolicyPath).
+func (s *Machine) writeAuditPolicy() error {
+	policy, err := kubeadm.AuditPolicy()
+	if err != nil {
+		return err
+	}
+	return s.writeFile(kubeadm.AuditPolicyPath, policy, 0o600)
+}
+
 // rekeyDisk replaces the first-boot passphrase with diskKey and records the
 // measurement salt. Re-running it after an interruption is safe.
 func (s *Machine) rekeyDisk(ctx context.Context, diskKey, measurementSalt []byte) error {

@@ -119,6 +119,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 		KubernetesComponents: components,
 		ClusterName:          cfg.Name,
 		ApiServerCertSans:    cfg.APIServerCertSANs,
+		ControlPlaneEndpoint: cfg.ControlPlaneEndpoint,
 		ServiceCidr:          cfg.Networking.ServiceCIDR,
 		PodCidr:              cfg.Networking.PodCIDR,
 	}

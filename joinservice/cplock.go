@@ -22,6 +22,12 @@ const ControlPlaneLeaseName = "gatehouse-control-plane-join"
 // Pods, short enough that a node dying mid-join does not block others long.
 const ControlPlaneJoinTimeout = 10 * time.Minute
 
+// ControlPlaneBusyRetry is the retry delay a control plane refused with
+// ErrControlPlaneBusy is told to wait (a google.rpc.RetryInfo detail): a
+// control-plane join takes a minute or so, and the next one should start
+// soon after, not after a backoff grown through the wait.
+const ControlPlaneBusyRetry = 3 * time.Second
+
 // labelControlPlane is the label kubeadm puts on control-plane Nodes once
 // `kubeadm join --control-plane` has added the etcd member
 // (mark-control-plane phase).

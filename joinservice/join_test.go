@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -202,6 +203,9 @@ func TestJoinTickets(t *testing.T) {
 		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "node cp-2 holds the control-plane join lock") {
 			t.Fatalf("second concurrent control plane: %v, want Unavailable naming cp-2", err)
 		}
+		if retry := retryInfo(err); retry != ControlPlaneBusyRetry {
+			t.Errorf("the busy refusal tells to retry after %v, want %v (a google.rpc.RetryInfo detail)", retry, ControlPlaneBusyRetry)
+		}
 		if got := len(h.tokenSecrets(t)); got != tokensBefore {
 			t.Errorf("a refused control-plane join left a token: %d token Secrets, want %d", got, tokensBefore)
 		}
@@ -226,6 +230,16 @@ func TestJoinTickets(t *testing.T) {
 		t.Errorf("tokens_issued_total = %v, want 5", got)
 	}
 	h.assertNoSecretsLogged(t, resp)
+}
+
+// retryInfo returns the delay of err's google.rpc.RetryInfo detail, or 0.
+func retryInfo(err error) time.Duration {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.RetryInfo); ok {
+			return info.GetRetryDelay().AsDuration()
+		}
+	}
+	return 0
 }
 
 // auditEntry is the part of an audit log line the tests read.

@@ -19,10 +19,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
@@ -121,6 +123,10 @@ type refusal struct {
 	code   codes.Code
 	reason string
 	err    error
+	// retryAfter, when set, is sent as a RetryInfo detail (google.rpc):
+	// how long the caller should wait before retrying a refusal that is a
+	// matter of time, such as another control plane's join.
+	retryAfter time.Duration
 }
 
 func (r *refusal) Error() string { return r.err.Error() }
@@ -231,7 +237,9 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 	if role == policy.RoleControlPlane {
 		if release, err = s.cfg.ControlPlaneLock.Acquire(ctx, kubelet.NodeName, d.peer.Identity); err != nil {
 			if errors.Is(err, ErrControlPlaneBusy) {
-				return nil, refuse(codes.Unavailable, "control_plane_busy", "%w", err)
+				r := refuse(codes.Unavailable, "control_plane_busy", "%w", err)
+				r.retryAfter = ControlPlaneBusyRetry
+				return nil, r
 			}
 			return nil, refuse(codes.Unavailable, "api_error", "%w", err)
 		}
@@ -461,7 +469,13 @@ func (s *Server) finish(ctx context.Context, d *decision, start time.Time, err e
 	if err == nil {
 		return nil
 	}
-	return status.Error(code, err.Error())
+	st := status.New(code, err.Error())
+	if r != nil && r.retryAfter > 0 {
+		if withRetry, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(r.retryAfter)}); derr == nil {
+			st = withRetry
+		}
+	}
+	return st.Err()
 }
 
 // evidenceSummary describes verified evidence for the audit log: variant,

@@ -9,8 +9,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"text/template"
 	"time"
@@ -41,6 +43,12 @@ type Config struct {
 	Networking Networking `json:"networking"`
 	// APIServerCertSANs are extra API server certificate names.
 	APIServerCertSANs []string `json:"apiServerCertSANs,omitempty"`
+	// ControlPlaneEndpoint is the stable host:port of the API servers, a
+	// load balancer in front of every control plane (kubeadm's
+	// controlPlaneEndpoint, docs/quickstart.md "High availability"). Empty
+	// means the first control plane's address: that cluster cannot add
+	// control planes later.
+	ControlPlaneEndpoint string `json:"controlPlaneEndpoint,omitempty"`
 }
 
 // Networking holds the cluster's CIDRs.
@@ -109,7 +117,28 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("apiServerCertSANs: %q is neither an IP address nor a DNS name", san))
 		}
 	}
+	if c.ControlPlaneEndpoint != "" {
+		if err := checkHostPort(c.ControlPlaneEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("controlPlaneEndpoint: %w", err))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// checkHostPort checks that s is host:port with an IP address or DNS name
+// and a port in 1..65535.
+func checkHostPort(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port such as 192.0.2.5:6443", s)
+	}
+	if _, err := netip.ParseAddr(host); err != nil && len(validation.IsDNS1123Subdomain(host)) > 0 {
+		return fmt.Errorf("%q: host %q is neither an IP address nor a DNS name", s, host)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: port %q is not a number in 1..65535", s, port)
+	}
+	return nil
 }
 
 // Verifier returns the verifier of the nodes' evidence, accepting any role
@@ -162,6 +191,8 @@ type TemplateValues struct {
 	// Intel PCS collateral.
 	CollateralCache      string
 	ServiceCIDR, PodCIDR string
+	// ControlPlaneEndpoint, when set, is the load balancer's host:port.
+	ControlPlaneEndpoint string
 }
 
 var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap{
@@ -284,6 +315,11 @@ networking:
 
 # Extra names (DNS names or IPs) for the API server's certificate.
 apiServerCertSANs: []
+
+# host:port of a load balancer in front of every control plane's API server,
+# for more than one control plane. Empty: the first control plane's address,
+# and no control plane can be added later.
+controlPlaneEndpoint: {{json .ControlPlaneEndpoint}}
 `))
 
 // Generate renders a commented configuration from v and checks that it

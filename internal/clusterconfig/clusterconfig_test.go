@@ -59,3 +59,43 @@ func TestGenerateGCE(t *testing.T) {
 		t.Fatalf("gce policy %+v from:\n%s", g, data)
 	}
 }
+
+// TestControlPlaneEndpoint: the generated configuration carries the load
+// balancer's address, and a malformed one is refused naming the field.
+func TestControlPlaneEndpoint(t *testing.T) {
+	values := func(endpoint string) clusterconfig.TemplateValues {
+		return clusterconfig.TemplateValues{
+			Name: "c", KubernetesVersion: "v1.36.4", ReferenceValues: `{"0": {"expected": "` + strings.Repeat("cd", 32) + `"}}`, PCRs: []int{0, 4, 15},
+			RoleReferenceValues: map[policy.Role]string{policy.RoleControlPlane: `{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`},
+			EKRoots:             string(testkit.NewCA(t, "root").PEM), ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
+			ControlPlaneEndpoint: endpoint,
+		}
+	}
+	for _, tc := range []struct {
+		endpoint, err string
+	}{
+		{"", ""},
+		{"10.88.0.2:6443", ""},
+		{"api.example.com:443", ""},
+		{"10.88.0.2", "is not host:port"},
+		{"10.88.0.2:0", "port \"0\" is not a number in 1..65535"},
+		{"10.88.0.2:http", "is not a number"},
+		{"bad_host!:6443", "neither an IP address nor a DNS name"},
+	} {
+		data, err := clusterconfig.Generate(values(tc.endpoint))
+		if tc.err == "" {
+			if err != nil {
+				t.Errorf("%q: %v", tc.endpoint, err)
+				continue
+			}
+			cfg, err := clusterconfig.Parse(data)
+			if err != nil || cfg.ControlPlaneEndpoint != tc.endpoint {
+				t.Errorf("%q: parsed back as %+v, %v", tc.endpoint, cfg, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "controlPlaneEndpoint: ") || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%q: got error %v, want one naming controlPlaneEndpoint and %q", tc.endpoint, err, tc.err)
+		}
+	}
+}

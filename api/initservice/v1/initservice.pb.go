@@ -41,9 +41,13 @@ type InitRequest struct {
 	// Service CIDR, e.g. "10.96.0.0/12".
 	ServiceCidr string `protobuf:"bytes,8,opt,name=service_cidr,json=serviceCidr,proto3" json:"service_cidr,omitempty"`
 	// Pod CIDR, e.g. "10.244.0.0/16".
-	PodCidr       string `protobuf:"bytes,9,opt,name=pod_cidr,json=podCidr,proto3" json:"pod_cidr,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PodCidr string `protobuf:"bytes,9,opt,name=pod_cidr,json=podCidr,proto3" json:"pod_cidr,omitempty"`
+	// Stable host:port of the API servers (a load balancer), kubeadm's
+	// controlPlaneEndpoint; empty means the node's own address, and no
+	// control plane can join later.
+	ControlPlaneEndpoint string `protobuf:"bytes,10,opt,name=control_plane_endpoint,json=controlPlaneEndpoint,proto3" json:"control_plane_endpoint,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *InitRequest) Reset() {
@@ -135,6 +139,13 @@ func (x *InitRequest) GetServiceCidr() string {
 func (x *InitRequest) GetPodCidr() string {
 	if x != nil {
 		return x.PodCidr
+	}
+	return ""
+}
+
+func (x *InitRequest) GetControlPlaneEndpoint() string {
+	if x != nil {
+		return x.ControlPlaneEndpoint
 	}
 	return ""
 }
@@ -406,7 +417,7 @@ var File_initservice_v1_initservice_proto protoreflect.FileDescriptor
 
 const file_initservice_v1_initservice_proto_rawDesc = "" +
 	"\n" +
-	" initservice/v1/initservice.proto\x12\x18gatehouse.initservice.v1\x1a\x1ecomponents/v1/components.proto\"\x8c\x03\n" +
+	" initservice/v1/initservice.proto\x12\x18gatehouse.initservice.v1\x1a\x1ecomponents/v1/components.proto\"\xc2\x03\n" +
 	"\vInitRequest\x12\x1f\n" +
 	"\vinit_secret\x18\x01 \x01(\fR\n" +
 	"initSecret\x12\x17\n" +
@@ -417,7 +428,9 @@ const file_initservice_v1_initservice_proto_rawDesc = "" +
 	"\fcluster_name\x18\x06 \x01(\tR\vclusterName\x12/\n" +
 	"\x14api_server_cert_sans\x18\a \x03(\tR\x11apiServerCertSans\x12!\n" +
 	"\fservice_cidr\x18\b \x01(\tR\vserviceCidr\x12\x19\n" +
-	"\bpod_cidr\x18\t \x01(\tR\apodCidr\"\xe2\x01\n" +
+	"\bpod_cidr\x18\t \x01(\tR\apodCidr\x124\n" +
+	"\x16control_plane_endpoint\x18\n" +
+	" \x01(\tR\x14controlPlaneEndpoint\"\xe2\x01\n" +
 	"\fInitResponse\x12D\n" +
 	"\bprogress\x18\x01 \x01(\v2&.gatehouse.initservice.v1.InitProgressH\x00R\bprogress\x12A\n" +
 	"\asuccess\x18\x02 \x01(\v2%.gatehouse.initservice.v1.InitSuccessH\x00R\asuccess\x12A\n" +
