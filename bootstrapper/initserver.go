@@ -488,13 +488,18 @@ func (s *InitServer) writeInitFiles(machine *Machine, p *initPlan, configPath st
 	return machine.writeFile(kms.URIFile, []byte(p.req.GetKmsUri()), 0o600)
 }
 
-// adminKubeconfig returns a kubeconfig for the named admin.
+// adminKubeconfig returns a kubeconfig for the named admin, pointed at the
+// controlPlaneEndpoint (the load balancer) when there is one, else at this
+// node's API server.
 func (s *InitServer) adminKubeconfig(ca *clusterpki.CA, p *initPlan) ([]byte, error) {
 	certPEM, keyPEM, err := ca.SignAdmin(s.cfg.AdminName, s.cfg.Now())
 	if err != nil {
 		return nil, err
 	}
 	server := "https://" + net.JoinHostPort(p.params.Node.AdvertiseAddress, strconv.Itoa(6443))
+	if p.params.ControlPlaneEndpoint != "" {
+		server = "https://" + p.params.ControlPlaneEndpoint
+	}
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Certificate().Raw})
 	name := p.params.ClusterName
 	user := s.cfg.AdminName + "@" + name

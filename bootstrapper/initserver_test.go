@@ -88,9 +88,10 @@ func newInitFixture(t *testing.T) *initFixture {
 			component(t, root, "kubeadm", "kubeadm v1.36.4"),
 		},
 		ClusterName:       "gatehouse",
-		ApiServerCertSans: []string{"gatehouse.example"},
-		ServiceCidr:       "10.96.0.0/12",
-		PodCidr:           "10.244.0.0/16",
+		ApiServerCertSans:    []string{"gatehouse.example"},
+		ServiceCidr:          "10.96.0.0/12",
+		PodCidr:              "10.244.0.0/16",
+		ControlPlaneEndpoint: "api.gatehouse.example:6443",
 	}
 	return f
 }
@@ -215,6 +216,10 @@ func TestInit(t *testing.T) {
 		t.Errorf("kubeadm subcommands %s, want init then token delete", got)
 	}
 	checkAdminKubeconfig(t, final.GetSuccess().GetKubeconfig(), filepath.Join(root, "etc/kubernetes/pki/ca.crt"))
+	if cfg, err := clientcmd.Load(final.GetSuccess().GetKubeconfig()); err != nil || cfg.Clusters["gatehouse"] == nil ||
+		cfg.Clusters["gatehouse"].Server != "https://api.gatehouse.example:6443" {
+		t.Errorf("the admin kubeconfig does not point at the controlPlaneEndpoint: %v %+v", err, cfg)
+	}
 	if st, _ := ReadStatus(root); st.Phase != PhaseDone {
 		t.Errorf("status %+v", st)
 	}

@@ -73,14 +73,22 @@ func TestRenderAndApply(t *testing.T) {
 		"create", "namespace", Namespace).CombinedOutput(); err != nil {
 		t.Fatalf("creating namespace %s: %v\n%s", Namespace, err, out)
 	}
-	want := map[string][]string{
-		"gatehouse-joinservice": {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"},
+	cases := []struct {
+		name, chart string
+		values      map[string]any
+		want        []string
+	}{
+		{"gatehouse-joinservice", "gatehouse-joinservice", testValues["gatehouse-joinservice"],
+			[]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"}},
 		// No RBAC by default: the master secret is a mounted volume.
-		"gatehouse-keyservice": {"ServiceAccount", "Deployment", "Service"},
+		{"gatehouse-keyservice", "gatehouse-keyservice", testValues["gatehouse-keyservice"], []string{"ServiceAccount", "Deployment", "Service"}},
+		// One per control plane, on the node's network (gatehouse mini up).
+		{"gatehouse-keyservice-daemonset", "gatehouse-keyservice", map[string]any{"kind": "DaemonSet", "hostNetwork": true, "listenHost": "127.0.0.1"},
+			[]string{"ServiceAccount", "DaemonSet", "Service"}},
 	}
-	for _, name := range Names {
-		t.Run(name, func(t *testing.T) {
-			manifest, err := render(t, name, testValues[name])
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			manifest, err := render(t, tc.chart, tc.values)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -96,7 +104,7 @@ func TestRenderAndApply(t *testing.T) {
 					kinds[obj.Kind]++
 				}
 			}
-			for _, k := range want[name] {
+			for _, k := range tc.want {
 				if kinds[k] == 0 {
 					t.Errorf("rendered %v: no %s", kinds, k)
 				}
@@ -119,5 +127,9 @@ func TestRequiredValues(t *testing.T) {
 	_, err = render(t, "gatehouse-keyservice", map[string]any{"kms": map[string]any{"existingSecret": ""}})
 	if err == nil || !strings.Contains(err.Error(), "kms.existingSecret") {
 		t.Fatalf("rendering without the KMS Secret: %v", err)
+	}
+	_, err = render(t, "gatehouse-keyservice", map[string]any{"kind": "StatefulSet"})
+	if err == nil || !strings.Contains(err.Error(), `kind is "StatefulSet": it must be Deployment or DaemonSet`) {
+		t.Fatalf("rendering the key service as a StatefulSet: %v", err)
 	}
 }

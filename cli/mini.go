@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -68,7 +69,8 @@ func newMiniUpCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Dir, "dir", mini.DefaultDir, "directory for the cluster's state")
-	f.IntVar(&opts.Workers, "workers", 2, "number of worker nodes")
+	f.IntVar(&opts.ControlPlanes, "control-planes", 1, fmt.Sprintf("number of control planes (1 to %d; more than one puts haproxy in front of the API servers)", mini.MaxControlPlanes))
+	f.IntVar(&opts.Workers, "workers", 2, fmt.Sprintf("number of worker nodes (0 to %d)", mini.MaxWorkers))
 	f.StringVar(&opts.BinDir, "bin", "", "directory of the gatehouse binaries (default: this binary's)")
 	f.StringVar(&opts.KubeBinDir, "kube-bin", "", "directory of the pinned Kubernetes binaries (default $GATEHOUSE_KUBE_BIN)")
 	f.StringSliceVar(&tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")

@@ -8,7 +8,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # Debian packages the build, the tests and the local cluster use.
-PACKAGES=(ca-certificates git make gcc util-linux mount iproute2 iptables libssl-dev swtpm swtpm-tools softhsm2 cryptsetup-bin containerd runc containernetworking-plugins cloud-init)
+PACKAGES=(ca-certificates git make gcc util-linux mount iproute2 iptables libssl-dev swtpm swtpm-tools softhsm2 cryptsetup-bin containerd runc containernetworking-plugins haproxy cloud-init)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 

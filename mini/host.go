@@ -42,6 +42,7 @@ var prerequisites = []Prerequisite{
 	{"losetup", "losetup", "apt-get install mount"},
 	{"swtpm", "swtpm", "apt-get install swtpm swtpm-tools"},
 	{"cryptsetup", "cryptsetup", "apt-get install cryptsetup-bin"},
+	{"haproxy (the API servers' load balancer of more than one control plane)", "haproxy", "apt-get install haproxy"},
 }
 
 // CheckPrerequisites returns an error naming every missing prerequisite

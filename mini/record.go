@@ -16,11 +16,13 @@ import (
 // namespace, link, loop device, cgroup and file. It is saved after each
 // change (mini.json in the cluster directory).
 type Record struct {
-	Created    time.Time    `json:"created"`
-	Dir        string       `json:"dir"`
-	Bridge     string       `json:"bridge,omitempty"`
-	Kubeconfig string       `json:"kubeconfig,omitempty"`
-	Nodes      []NodeRecord `json:"nodes"`
+	Created    time.Time `json:"created"`
+	Dir        string    `json:"dir"`
+	Bridge     string    `json:"bridge,omitempty"`
+	Kubeconfig string    `json:"kubeconfig,omitempty"`
+	// LoadBalancerPID is the API servers' haproxy (more than one control plane).
+	LoadBalancerPID int          `json:"loadBalancerPID,omitempty"`
+	Nodes           []NodeRecord `json:"nodes"`
 }
 
 // NodeRecord is what one node owns on the host.

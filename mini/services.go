@@ -46,7 +46,7 @@ func randRead(b []byte) (int, error) { return rand.Read(b) }
 // writeClusterConfig writes the cluster configuration: reference values
 // of what an untampered node measures (PCR 4) and of each role (RolePCR),
 // and the TPM manufacturer CA whose TPMs are trusted.
-func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.LocalCA) error {
+func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.LocalCA, controlPlaneEndpoint string) error {
 	bin := filepath.Join(opts.BinDir, "gatehouse-bootstrapper")
 	var common string
 	roles := map[policy.Role]string{}
@@ -69,6 +69,7 @@ func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.
 	data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
 		Name: "mini", KubernetesVersion: opts.KubernetesVersion, ReferenceValues: common, RoleReferenceValues: roles,
 		PCRs: PCRs, EKRoots: string(root), EKIntermediates: string(intermediate), ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
+		ControlPlaneEndpoint: controlPlaneEndpoint,
 	})
 	if err != nil {
 		return err
@@ -91,11 +92,12 @@ func referenceValuesJSON(artefacts []tpm.Artefact, pcr int) (string, error) {
 	return string(refJSON), err
 }
 
-// services is the control plane's Gatehouse services and an admin client.
+// services is the control planes' Gatehouse services and an admin client.
 type services struct {
 	client     kubernetes.Interface
 	kubeconfig string
-	cp         *NodeSpec
+	cp         *NodeSpec // the first control plane
+	apiServer  string    // host:port of the API servers (controlPlaneEndpoint)
 	dir        string
 	caHash     string
 	version    string
@@ -104,11 +106,11 @@ type services struct {
 // deployServices installs the key service and the join service from the
 // embedded Helm charts with the locally built images (imported into every
 // node, never pulled), their TLS Secrets, and a join config trusting the
-// local TPM manufacturer's CA. Both run on the control plane's
-// host network: the local cluster has no kube-proxy, so the join service
-// reaches the key service on 127.0.0.1 and the API server at the node's
-// address.
-func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig, configPath string, components []*componentsv1.Component) (*services, error) {
+// local TPM manufacturer's CA. One of each runs on every control plane's
+// host network (DaemonSets): the join service reaches the key service of
+// its own node on 127.0.0.1, and the API servers at apiServer (the
+// controlPlaneEndpoint), with no Service addresses on the way.
+func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig, configPath, apiServer string, components []*componentsv1.Component) (*services, error) {
 	s, err := servicesFromKubeconfig(kubeconfig)
 	if err != nil {
 		return nil, err
@@ -118,7 +120,11 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 	if err != nil {
 		return nil, err
 	}
-	s.cp, s.dir, s.caHash, s.version, s.kubeconfig = cp, opts.Dir, ca.DiscoveryTokenCACertHash(), opts.KubernetesVersion, kubeconfig
+	s.cp, s.apiServer, s.dir, s.caHash, s.version, s.kubeconfig = cp, apiServer, opts.Dir, ca.DiscoveryTokenCACertHash(), opts.KubernetesVersion, kubeconfig
+	apiHost, apiPort, err := net.SplitHostPort(apiServer)
+	if err != nil {
+		return nil, err
+	}
 	pkiDir := filepath.Join(opts.Dir, "internal-pki")
 	if err := writeInternalPKI(pkiDir); err != nil {
 		return nil, err
@@ -161,14 +167,14 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 		values map[string]any
 	}{
 		{"gatehouse-keyservice", map[string]any{
-			"image":       map[string]any{"pullPolicy": "Never"},
-			"hostNetwork": true, "listenHost": "127.0.0.1",
+			"image": map[string]any{"pullPolicy": "Never"},
+			"kind":  "DaemonSet", "hostNetwork": true, "listenHost": "127.0.0.1",
 			"service": map[string]any{"port": 9100}, "metricsPort": 9101,
 		}},
 		{"gatehouse-joinservice", map[string]any{
 			"image":                 map[string]any{"pullPolicy": "Never"},
 			"keyService":            map[string]any{"endpoint": "127.0.0.1:9100"},
-			"kubernetesServiceHost": cp.IP, "kubernetesServicePort": "6443",
+			"kubernetesServiceHost": apiHost, "kubernetesServicePort": apiPort,
 			"port":       JoinPort,
 			"rateLimit":  map[string]any{"rate": 5, "burst": 20},
 			"joinConfig": joinConfig,
@@ -227,7 +233,7 @@ func (s *services) joinConfigValues(configPath string, components []*componentsv
 	return map[string]any{
 		"attestation":          string(policy),
 		"measurementSalt":      state.MeasurementSalt,
-		"apiServerEndpoint":    net.JoinHostPort(s.cp.IP, "6443"),
+		"apiServerEndpoint":    s.apiServer,
 		"kubernetesVersion":    s.version,
 		"kubernetesComponents": string(comps),
 	}, nil

@@ -32,7 +32,12 @@ const DefaultDir = "/var/lib/gatehouse-mini"
 type Options struct {
 	// Dir is the cluster directory (DefaultDir).
 	Dir string
-	// Workers is the number of worker nodes (2).
+	// ControlPlanes is the number of control planes (1, at most
+	// MaxControlPlanes). With more than one, an haproxy load balancer is
+	// the cluster's controlPlaneEndpoint and control planes 2..N join
+	// through the join service with kubeadm join --control-plane.
+	ControlPlanes int
+	// Workers is the number of worker nodes (2, at most MaxWorkers).
 	Workers int
 	// BinDir holds gatehouse, gatehouse-bootstrapper, gatehouse-joinservice,
 	// gatehouse-keyservice and gatehouse-pause.
@@ -54,10 +59,18 @@ type Options struct {
 	Init func(ctx context.Context, dir, config, node, initSecretFile string, components []*componentsv1.Component) error
 }
 
-// network of the cluster bridge: the host is .1, node i is .10+i.
+// network of the cluster bridge: the host is .1, the load balancer .2,
+// node i is .10+i.
 const (
 	bridgeName = "ghmini0"
 	subnet     = "10.88.0"
+)
+
+// Limits of a local cluster's size: node addresses and pod ranges are
+// numbered in one /24 each.
+const (
+	MaxControlPlanes = 7
+	MaxWorkers       = 20
 )
 
 // bootManifest is what every untampered node measures besides its
@@ -66,11 +79,15 @@ func bootManifest(version, imagesDigest string) []byte {
 	return []byte("gatehouse-mini boot manifest\nkubernetes " + version + "\nimages sha256:" + imagesDigest + "\n")
 }
 
-// Up creates the local cluster: one control plane and opts.Workers workers.
+// Up creates the local cluster: opts.ControlPlanes control planes and
+// opts.Workers workers.
 // It runs the phases below in order and stops at the first failure,
 // saying where the node logs are (`gatehouse mini down` removes what was
 // made; the record in opts.Dir says what that is).
 func Up(ctx context.Context, opts Options) (err error) {
+	if opts.ControlPlanes == 0 {
+		opts.ControlPlanes = 1
+	}
 	u := &up{opts: opts, p: &progress{out: opts.Out, start: time.Now()}}
 	if err := u.preflight(); err != nil {
 		return err
@@ -89,7 +106,7 @@ func Up(ctx context.Context, opts Options) (err error) {
 		u.createNetwork,
 		u.initControlPlane,
 		u.installServices, // key service and join service
-		u.startWorkers,
+		u.startJoiners,    // the other control planes and the workers
 		u.waitReady,
 	} {
 		if err := phase(ctx); err != nil {
@@ -111,17 +128,23 @@ type up struct {
 	manifest       []byte // what every node measures besides its bootstrapper
 	initSecret     string // file of the init secret the CLI sends
 	hashFile       string // file of its bcrypt hash, given to the control plane
-	cp             *NodeSpec
+	cp             *NodeSpec // the first control plane, which init sets up
 	tpmCA          swtpm.LocalCA // issues the nodes' EK certificates; the policy trusts it
 	components     []*componentsv1.Component
 	config         string // the cluster configuration file
 	svc            *services
-	workers        []*NodeSpec
+	joiners        []*NodeSpec // every node but the first
 }
 
 // preflight refuses to start over a running cluster or on a machine that
 // lacks what a local cluster needs.
 func (u *up) preflight() error {
+	if n := u.opts.ControlPlanes; n < 1 || n > MaxControlPlanes {
+		return fmt.Errorf("--control-planes %d: a local cluster has 1 to %d control planes (3 tolerate one failure)", n, MaxControlPlanes)
+	}
+	if n := u.opts.Workers; n < 0 || n > MaxWorkers {
+		return fmt.Errorf("--workers %d: a local cluster has 0 to %d workers", n, MaxWorkers)
+	}
 	if running, err := exists(u.opts.Dir); err != nil {
 		return err
 	} else if running {
@@ -172,8 +195,9 @@ func (u *up) createTPMCA(ctx context.Context) error {
 	return u.tpmCA.Init(ctx)
 }
 
-// createNetwork creates the cluster bridge, the host's address on it, and
-// the init secret files.
+// createNetwork creates the cluster bridge, the host's address on it, the
+// API servers' load balancer when there is more than one control plane,
+// and the init secret files.
 func (u *up) createNetwork(ctx context.Context) error {
 	u.p.step("Creating the cluster network (bridge %s, %s.0/24)", bridgeName, subnet)
 	if err := run(ctx, "ip", "link", "add", bridgeName, "type", "bridge"); err != nil {
@@ -189,6 +213,16 @@ func (u *up) createNetwork(ctx context.Context) error {
 	if err := run(ctx, "ip", "link", "set", bridgeName, "up"); err != nil {
 		return err
 	}
+	if u.opts.ControlPlanes > 1 {
+		var backends []string
+		for i := range u.opts.ControlPlanes {
+			backends = append(backends, nodeIP(i))
+		}
+		u.p.step("Starting the API servers' load balancer (haproxy) at %s for %d control planes", loadBalancerEndpoint(), len(backends))
+		if err := startLoadBalancer(ctx, u.rec, backends); err != nil {
+			return err
+		}
+	}
 	var err error
 	u.initSecret, u.hashFile, err = initSecretFiles(u.opts.Dir)
 	return err
@@ -202,12 +236,25 @@ func (u *up) newSpec(i int, name string) *NodeSpec {
 		manifest = u.opts.BootManifest(name, bytes.Clone(manifest))
 	}
 	return &NodeSpec{
-		Name: name, IP: fmt.Sprintf("%s.%d", subnet, 10+i), Gateway: subnet + ".1",
+		Name: name, IP: nodeIP(i), Gateway: subnet + ".1",
 		Dir: filepath.Join(u.opts.Dir, "nodes", name), NetNS: "gh-" + name,
 		BinDir: u.opts.BinDir, KubeBinDir: u.opts.KubeBinDir, Images: u.archive, PauseImage: u.pause,
 		PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), CgroupRoot: "/gh-" + name,
 		BootManifest: manifest, InitSecretHashFile: u.hashFile, TPMCA: u.tpmCA.Dir,
 	}
+}
+
+// nodeIP is node i's address.
+func nodeIP(i int) string { return fmt.Sprintf("%s.%d", subnet, 10+i) }
+
+// controlPlaneEndpoint is the cluster's controlPlaneEndpoint: the load
+// balancer with more than one control plane, else the first one's API
+// server.
+func (u *up) controlPlaneEndpoint() string {
+	if u.opts.ControlPlanes > 1 {
+		return loadBalancerEndpoint()
+	}
+	return net.JoinHostPort(nodeIP(0), fmt.Sprint(apiServerPort))
 }
 
 // initControlPlane writes the cluster configuration, starts the control
@@ -225,7 +272,11 @@ func (u *up) initControlPlane(ctx context.Context) error {
 		return err
 	}
 	u.config = filepath.Join(u.opts.Dir, "gatehouse-config.yaml")
-	if err := writeClusterConfig(u.config, u.opts, u.manifest, u.tpmCA); err != nil {
+	endpoint := ""
+	if u.opts.ControlPlanes > 1 {
+		endpoint = loadBalancerEndpoint()
+	}
+	if err := writeClusterConfig(u.config, u.opts, u.manifest, u.tpmCA, endpoint); err != nil {
 		return err
 	}
 	u.p.step("Initialising the cluster on %s (attested init, real kubeadm init)", u.cp.Name)
@@ -236,26 +287,43 @@ func (u *up) initControlPlane(ctx context.Context) error {
 	return u.rec.save()
 }
 
-// installServices installs the key service and the join service.
+// installServices installs the key service and the join service, which
+// run on every control plane.
 func (u *up) installServices(ctx context.Context) error {
-	u.p.step("Installing the key service and the join service on %s (Helm charts, local images)", u.cp.Name)
+	u.p.step("Installing the key service and the join service (Helm charts, local images; one of each on every control plane)")
 	var err error
-	u.svc, err = deployServices(ctx, u.opts, u.cp, u.rec.Kubeconfig, u.config, u.components)
+	u.svc, err = deployServices(ctx, u.opts, u.cp, u.rec.Kubeconfig, u.config, u.controlPlaneEndpoint(), u.components)
 	return err
 }
 
-// startWorkers starts the workers, pointed at the join service. Their
-// TPMs come from the CA the policy trusts: nothing of theirs is registered.
-func (u *up) startWorkers(ctx context.Context) error {
-	for i := 1; i <= u.opts.Workers; i++ {
-		w := u.newSpec(i, fmt.Sprintf("worker-%d", i))
-		w.JoinEndpoints = []string{fmt.Sprintf("%s:%d", u.cp.IP, JoinPort)}
-		w.CACertHash = u.svc.caHash
-		u.p.step("Starting node %s (%s)", w.Name, w.IP)
-		if err := startNode(ctx, u.opts, u.rec, w); err != nil {
+// startJoiners starts the other control planes and the workers, pointed
+// at the join services of every control plane (one answers while others
+// are not up yet or down). Their TPMs come from the CA the policy trusts:
+// nothing of theirs is registered. The control planes join one at a time,
+// serialised by the join service's Lease, as they ask for their tickets.
+func (u *up) startJoiners(ctx context.Context) error {
+	var endpoints []string
+	for i := range u.opts.ControlPlanes {
+		endpoints = append(endpoints, net.JoinHostPort(nodeIP(i), fmt.Sprint(JoinPort)))
+	}
+	for i := 1; i < u.opts.ControlPlanes+u.opts.Workers; i++ {
+		var n *NodeSpec
+		if i < u.opts.ControlPlanes {
+			n = u.newSpec(i, fmt.Sprintf("cp-%d", i))
+			n.ControlPlane = true
+		} else {
+			n = u.newSpec(i, fmt.Sprintf("worker-%d", i-u.opts.ControlPlanes+1))
+		}
+		n.JoinEndpoints, n.CACertHash = endpoints, u.svc.caHash
+		what := "worker"
+		if n.ControlPlane {
+			what = "control plane, kubeadm join --control-plane"
+		}
+		u.p.step("Starting node %s (%s; %s)", n.Name, n.IP, what)
+		if err := startNode(ctx, u.opts, u.rec, n); err != nil {
 			return err
 		}
-		u.workers = append(u.workers, w)
+		u.joiners = append(u.joiners, n)
 	}
 	return nil
 }
@@ -264,11 +332,11 @@ func (u *up) startWorkers(ctx context.Context) error {
 // boot manifest to be Ready; one that measures something else fails
 // attestation, as it should, and is not waited for.
 func (u *up) waitReady(ctx context.Context) error {
-	u.p.step("Waiting for the workers to join through the join service and every node to be Ready")
+	u.p.step("Waiting for the nodes to join through the join service and every node to be Ready")
 	var expected []*NodeSpec
-	for _, w := range u.workers {
-		if bytes.Equal(w.BootManifest, u.manifest) {
-			expected = append(expected, w)
+	for _, n := range u.joiners {
+		if bytes.Equal(n.BootManifest, u.manifest) {
+			expected = append(expected, n)
 		}
 	}
 	return u.svc.waitReady(ctx, expected, u.p)

@@ -1,0 +1,125 @@
+package mini
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The API servers' load balancer of a cluster with more than one control
+// plane: Debian's haproxy on the host, at LoadBalancerIP on the cluster
+// bridge, configured as kubeadm's HA guide does ("Options for software
+// load balancing", docs/quickstart.md "High availability"): TCP passed
+// through to every control plane's API server, each health-checked with
+// GET /healthz over TLS. It is the cluster's controlPlaneEndpoint.
+const (
+	LoadBalancerIP = subnet + ".2"
+	apiServerPort  = 6443
+)
+
+// loadBalancerEndpoint is the controlPlaneEndpoint the load balancer serves.
+func loadBalancerEndpoint() string {
+	return net.JoinHostPort(LoadBalancerIP, fmt.Sprint(apiServerPort))
+}
+
+// haproxyConfig is the load balancer's configuration for the API servers
+// at backends (IPs). A server is taken out after two failed checks a
+// second apart and put back after two good ones, so a stopped control
+// plane stops getting connections within about two seconds; connections
+// refused on the way are retried on another server (redispatch).
+func haproxyConfig(backends []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `# Written by gatehouse mini up: the API servers' load balancer.
+global
+    maxconn 4096
+
+defaults
+    mode tcp
+    option redispatch
+    retries 3
+    timeout connect 2s
+    timeout client 20m
+    timeout server 20m
+    timeout check 2s
+
+frontend apiserver
+    bind %s
+    default_backend apiservers
+
+backend apiservers
+    option httpchk
+    http-check connect ssl
+    http-check send meth GET uri /healthz
+    http-check expect status 200
+    balance roundrobin
+    default-server inter 1s fall 2 rise 2
+`, loadBalancerEndpoint())
+	for _, ip := range backends {
+		fmt.Fprintf(&b, "    server %s %s check verify none\n", ip, net.JoinHostPort(ip, fmt.Sprint(apiServerPort)))
+	}
+	return b.String()
+}
+
+// startLoadBalancer gives the host LoadBalancerIP on the bridge and starts
+// haproxy there for the API servers at backends, recorded in rec.
+func startLoadBalancer(ctx context.Context, rec *Record, backends []string) error {
+	if err := run(ctx, "ip", "addr", "add", LoadBalancerIP+"/24", "dev", bridgeName); err != nil {
+		return err
+	}
+	cfg := filepath.Join(rec.Dir, "haproxy.cfg")
+	if err := os.WriteFile(cfg, []byte(haproxyConfig(backends)), 0o644); err != nil { //nolint:gosec // addresses only
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "haproxy", "-c", "-f", cfg).CombinedOutput(); err != nil {
+		return fmt.Errorf("haproxy refuses its configuration %s: %w\n%s", cfg, err, out)
+	}
+	logFile, err := os.OpenFile(filepath.Join(rec.Dir, "haproxy.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) //nolint:gosec // no secrets
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	// -db: stay in the foreground, so the recorded PID is haproxy's.
+	cmd := exec.Command("haproxy", "-db", "-f", cfg)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting haproxy: %w", err)
+	}
+	rec.LoadBalancerPID = cmd.Process.Pid
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	if err := rec.save(); err != nil {
+		return err
+	}
+	return poll(ctx, 50*time.Millisecond, 10*time.Second, "haproxy to listen on "+loadBalancerEndpoint(), func() (bool, error) {
+		select {
+		case err := <-exited:
+			return false, fmt.Errorf("haproxy exited (%v); its log is %s", err, logFile.Name())
+		default:
+		}
+		c, err := net.DialTimeout("tcp", loadBalancerEndpoint(), time.Second)
+		if err != nil {
+			return false, nil
+		}
+		return true, c.Close()
+	})
+}
+
+// stopLoadBalancer stops the recorded haproxy.
+func stopLoadBalancer(ctx context.Context, rec *Record) error {
+	if rec.LoadBalancerPID <= 0 {
+		return nil
+	}
+	if err := syscall.Kill(rec.LoadBalancerPID, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("stopping haproxy: %w", err)
+	}
+	waitGone(ctx, rec.LoadBalancerPID, 10*time.Second)
+	return nil
+}
