@@ -87,7 +87,7 @@ func newInitFixture(t *testing.T) *initFixture {
 			component(t, root, "kubelet", "kubelet v1.36.4"),
 			component(t, root, "kubeadm", "kubeadm v1.36.4"),
 		},
-		ClusterName:       "gatehouse",
+		ClusterName:          "gatehouse",
 		ApiServerCertSans:    []string{"gatehouse.example"},
 		ServiceCidr:          "10.96.0.0/12",
 		PodCidr:              "10.244.0.0/16",

@@ -164,6 +164,22 @@ func newMiniNodeCmd() *cobra.Command {
 	reboot.Flags().BoolVar(&tamper, "tamper", false, "measure a changed boot manifest from this boot on (to see a refusal)")
 	_ = reboot.Flags().MarkHidden("tamper")
 	cmd.AddCommand(reboot)
+	var addDir string
+	add := &cobra.Command{
+		Use:   "add",
+		Short: "Add a worker: it boots, proves itself to the join service and joins",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			name, err := mini.AddWorker(cmd.Context(), addDir, cmd.OutOrStdout())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s is joining; watch it with `gatehouse mini status` or kubectl get nodes.\n", name)
+			return nil
+		},
+	}
+	add.Flags().StringVar(&addDir, "dir", mini.DefaultDir, "directory of the cluster's state")
+	cmd.AddCommand(add)
 	return cmd
 }
 

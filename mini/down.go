@@ -156,7 +156,28 @@ func Status(ctx context.Context, dir string, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := svc.printNodes(ctx, out); err != nil {
-		fmt.Fprintf(out, "The API server does not answer (%v). After `gatehouse mini start`, the control plane waits for `gatehouse recover` (docs/recovery.md).\n", err)
+		fmt.Fprintf(out, "The API server does not answer (%v). After `gatehouse mini start`, the control planes wait for `gatehouse recover` (docs/recovery.md).\n", err)
 	}
+	fmt.Fprintln(out)
+	if rec.LoadBalancerPID > 0 {
+		fmt.Fprintf(out, "API servers' load balancer: haproxy at %s, running: %t\n", loadBalancerEndpoint(), syscall.Kill(rec.LoadBalancerPID, 0) == nil)
+	}
+	members, err := EtcdMembers(ctx, dir)
+	if err != nil {
+		fmt.Fprintf(out, "etcd: %v\n", err)
+		return nil
+	}
+	var list []string
+	for _, m := range members {
+		state := "healthy"
+		switch {
+		case !m.Healthy:
+			state = "unhealthy"
+		case m.IsLearner:
+			state = "learner"
+		}
+		list = append(list, m.Name+" "+state)
+	}
+	fmt.Fprintf(out, "etcd: %d members (%s)\n", len(members), strings.Join(list, ", "))
 	return nil
 }

@@ -101,7 +101,7 @@ func startLoadBalancer(ctx context.Context, rec *Record, backends []string) erro
 	return poll(ctx, 50*time.Millisecond, 10*time.Second, "haproxy to listen on "+loadBalancerEndpoint(), func() (bool, error) {
 		select {
 		case err := <-exited:
-			return false, fmt.Errorf("haproxy exited (%v); its log is %s", err, logFile.Name())
+			return false, fmt.Errorf("haproxy exited (%w); its log is %s", err, logFile.Name())
 		default:
 		}
 		c, err := net.DialTimeout("tcp", loadBalancerEndpoint(), time.Second)

@@ -129,3 +129,46 @@ func Start(ctx context.Context, dir string, out io.Writer) error {
 		filepath.Join(dir, clusterconfig.DefaultPath), filepath.Join(dir, clusterconfig.DefaultMasterSecretFile), strings.Join(controlPlanes, " "))
 	return nil
 }
+
+// AddWorker starts another worker in the local cluster in dir, which joins
+// through the join services as the workers of `mini up` do, and returns
+// its name. It returns once the node's agent runs; the join goes on in
+// the node (watch it with Status).
+func AddWorker(ctx context.Context, dir string, out io.Writer) (string, error) {
+	rec, err := ReadRecord(dir)
+	if err != nil {
+		return "", fmt.Errorf("no local cluster in %s: %w", dir, err)
+	}
+	if len(rec.JoinEndpoints) == 0 || rec.CACertHash == "" {
+		return "", errors.New("the cluster's record names no join service: it was not made by this version's mini up, or mini up had not finished")
+	}
+	i, workers := len(rec.Nodes), 0
+	var first *NodeSpec
+	for _, n := range rec.Nodes {
+		spec, err := ReadNodeSpec(filepath.Join(n.Dir, "node.json"))
+		if err != nil {
+			return "", err
+		}
+		if spec.Init {
+			first = spec
+		}
+		if !spec.ControlPlane {
+			workers++
+		}
+	}
+	if first == nil {
+		return "", errors.New("the cluster's record has no first control plane")
+	}
+	if workers >= MaxWorkers || i >= MaxControlPlanes+MaxWorkers {
+		return "", fmt.Errorf("the local cluster has %d workers, the most it can have", workers)
+	}
+	name := fmt.Sprintf("worker-%d", workers+1)
+	// The first control plane's spec is the cluster's: binaries, images,
+	// the reference boot manifest and the TPM manufacturer.
+	w := *first
+	w.place(dir, i, name)
+	w.ControlPlane, w.Init = false, false
+	w.JoinEndpoints, w.CACertHash = rec.JoinEndpoints, rec.CACertHash
+	fmt.Fprintf(out, "Starting node %s (%s; worker): it joins through the join service\n", name, w.IP)
+	return name, startNode(ctx, w.BinDir, rec, &w)
+}

@@ -20,6 +20,10 @@ type Record struct {
 	Dir        string    `json:"dir"`
 	Bridge     string    `json:"bridge,omitempty"`
 	Kubeconfig string    `json:"kubeconfig,omitempty"`
+	// JoinEndpoints and CACertHash are what a joining node is given: every
+	// control plane's join service and the cluster CA's hash.
+	JoinEndpoints []string `json:"joinEndpoints,omitempty"`
+	CACertHash    string   `json:"caCertHash,omitempty"`
 	// LoadBalancerPID is the API servers' haproxy (more than one control plane).
 	LoadBalancerPID int          `json:"loadBalancerPID,omitempty"`
 	Nodes           []NodeRecord `json:"nodes"`

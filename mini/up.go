@@ -124,11 +124,11 @@ type up struct {
 	p    *progress
 	rec  *Record
 
-	archive, pause string // the image archive and the pause image's reference
-	manifest       []byte // what every node measures besides its bootstrapper
-	initSecret     string // file of the init secret the CLI sends
-	hashFile       string // file of its bcrypt hash, given to the control plane
-	cp             *NodeSpec // the first control plane, which init sets up
+	archive, pause string        // the image archive and the pause image's reference
+	manifest       []byte        // what every node measures besides its bootstrapper
+	initSecret     string        // file of the init secret the CLI sends
+	hashFile       string        // file of its bcrypt hash, given to the control plane
+	cp             *NodeSpec     // the first control plane, which init sets up
 	tpmCA          swtpm.LocalCA // issues the nodes' EK certificates; the policy trusts it
 	components     []*componentsv1.Component
 	config         string // the cluster configuration file
@@ -235,13 +235,19 @@ func (u *up) newSpec(i int, name string) *NodeSpec {
 	if u.opts.BootManifest != nil {
 		manifest = u.opts.BootManifest(name, bytes.Clone(manifest))
 	}
-	return &NodeSpec{
-		Name: name, IP: nodeIP(i), Gateway: subnet + ".1",
-		Dir: filepath.Join(u.opts.Dir, "nodes", name), NetNS: "gh-" + name,
-		BinDir: u.opts.BinDir, KubeBinDir: u.opts.KubeBinDir, Images: u.archive, PauseImage: u.pause,
-		PodCIDR: fmt.Sprintf("10.244.%d.0/24", i), CgroupRoot: "/gh-" + name,
+	s := &NodeSpec{
+		Gateway: subnet + ".1", BinDir: u.opts.BinDir, KubeBinDir: u.opts.KubeBinDir, Images: u.archive, PauseImage: u.pause,
 		BootManifest: manifest, InitSecretHashFile: u.hashFile, TPMCA: u.tpmCA.Dir,
 	}
+	s.place(u.opts.Dir, i, name)
+	return s
+}
+
+// place makes s node i of the cluster in dir, named name: its address,
+// pod range, directory, namespace and cgroup.
+func (s *NodeSpec) place(dir string, i int, name string) {
+	s.Name, s.IP, s.PodCIDR = name, nodeIP(i), fmt.Sprintf("10.244.%d.0/24", i)
+	s.Dir, s.NetNS, s.CgroupRoot = filepath.Join(dir, "nodes", name), "gh-"+name, "/gh-"+name
 }
 
 // nodeIP is node i's address.
@@ -264,7 +270,7 @@ func (u *up) initControlPlane(ctx context.Context) error {
 	u.cp = u.newSpec(0, "cp-0")
 	u.cp.ControlPlane, u.cp.Init = true, true
 	u.p.step("Starting node %s (%s): network and mount namespaces, containerd, TPM, state disk", u.cp.Name, u.cp.IP)
-	if err := startNode(ctx, u.opts, u.rec, u.cp); err != nil {
+	if err := startNode(ctx, u.opts.BinDir, u.rec, u.cp); err != nil {
 		return err
 	}
 	var err error
@@ -306,6 +312,11 @@ func (u *up) startJoiners(ctx context.Context) error {
 	for i := range u.opts.ControlPlanes {
 		endpoints = append(endpoints, net.JoinHostPort(nodeIP(i), fmt.Sprint(JoinPort)))
 	}
+	// What `gatehouse mini node add` needs to make another worker.
+	u.rec.JoinEndpoints, u.rec.CACertHash = endpoints, u.svc.caHash
+	if err := u.rec.save(); err != nil {
+		return err
+	}
 	for i := 1; i < u.opts.ControlPlanes+u.opts.Workers; i++ {
 		var n *NodeSpec
 		if i < u.opts.ControlPlanes {
@@ -320,7 +331,7 @@ func (u *up) startJoiners(ctx context.Context) error {
 			what = "control plane, kubeadm join --control-plane"
 		}
 		u.p.step("Starting node %s (%s; %s)", n.Name, n.IP, what)
-		if err := startNode(ctx, u.opts, u.rec, n); err != nil {
+		if err := startNode(ctx, u.opts.BinDir, u.rec, n); err != nil {
 			return err
 		}
 		u.joiners = append(u.joiners, n)
@@ -469,8 +480,8 @@ func initSecretFiles(dir string) (secretFile, hashFile string, err error) {
 }
 
 // startNode creates the node's network namespace, state disk and cgroup
-// root, and starts its agent inside the namespaces.
-func startNode(ctx context.Context, opts Options, rec *Record, s *NodeSpec) error {
+// root, and starts its agent (binDir's gatehouse) inside the namespaces.
+func startNode(ctx context.Context, binDir string, rec *Record, s *NodeSpec) error {
 	nr := rec.node(s.Name)
 	nr.Dir = s.Dir
 	if err := os.MkdirAll(s.logDir(), 0o750); err != nil {
@@ -523,7 +534,7 @@ func startNode(ctx context.Context, opts Options, rec *Record, s *NodeSpec) erro
 	if err := s.write(); err != nil {
 		return err
 	}
-	return startAgent(ctx, filepath.Join(opts.BinDir, "gatehouse"), rec, s)
+	return startAgent(ctx, filepath.Join(binDir, "gatehouse"), rec, s)
 }
 
 // startAgent starts the node agent of s in its network namespace and a new

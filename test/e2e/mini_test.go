@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,10 +57,13 @@ func kubeBin(t *testing.T) string {
 	return dir
 }
 
-// TestMiniCluster brings up one control plane, two workers and a tampered
-// third worker; checks Ready nodes, a workload on a worker, the tampered
-// worker's refusal, verify on good and tampered nodes; then mini down and
-// that nothing is left.
+// TestMiniCluster brings up three control planes (behind haproxy), two
+// workers and a tampered third worker; checks the HA control plane (etcd
+// members, API servers, services on every control plane), a workload on a
+// worker, the tampered worker's refusal, verify on good and tampered
+// nodes, an upgrade, reboots of a worker and a control plane, a control
+// plane killed while serving a join, a full outage with recover; then mini
+// down and that nothing is left.
 func TestMiniCluster(t *testing.T) {
 	testenv.RequireRoot(t)
 	if err := mini.CheckPrerequisites(); err != nil {
@@ -73,12 +77,12 @@ func TestMiniCluster(t *testing.T) {
 		}
 	})
 	start := time.Now()
-	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--workers", "3", "--tamper", "worker-3")
+	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--control-planes", "3", "--workers", "3", "--tamper", "worker-3")
 	if err != nil {
 		t.Fatalf("mini up: %v\n%s\n%s", err, out, nodeLogs(dir))
 	}
 	t.Logf("mini up took %s:\n%s", time.Since(start).Round(time.Second), out)
-	for _, want := range []string{"Node cp-0 is Ready", "Node worker-1 is Ready", "Node worker-2 is Ready", "The cluster is up", "kubeconfig:"} {
+	for _, want := range []string{"Node cp-0 is Ready", "Node cp-1 is Ready", "Node cp-2 is Ready", "Node worker-1 is Ready", "Node worker-2 is Ready", "The cluster is up", "kubeconfig:"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("mini up output lacks %q", want)
 		}
@@ -89,6 +93,23 @@ func TestMiniCluster(t *testing.T) {
 
 	client := clientFor(t, filepath.Join(dir, "gatehouse-admin.conf"))
 	ctx := t.Context()
+	ip := func(node string) string { return nodeIP(t, dir, node) }
+	t.Run("HA control plane", func(t *testing.T) {
+		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
+		kubeconfig, err := os.ReadFile(filepath.Join(dir, "gatehouse-admin.conf"))
+		if err != nil || !strings.Contains(string(kubeconfig), "server: https://"+mini.LoadBalancerIP+":6443") {
+			t.Errorf("the admin kubeconfig does not point at the load balancer (%v):\n%s", err, kubeconfig)
+		}
+		for _, w := range []string{"worker-1", "worker-2"} {
+			spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", w, "node.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{ip("cp-0") + ":9090", ip("cp-1") + ":9090", ip("cp-2") + ":9090"}; !slices.Equal(spec.JoinEndpoints, want) {
+				t.Errorf("%s's join endpoints %v, want every control plane's %v", w, spec.JoinEndpoints, want)
+			}
+		}
+	})
 	t.Run("workload on a worker", func(t *testing.T) {
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "workload", Namespace: "default"},
@@ -129,7 +150,7 @@ func TestMiniCluster(t *testing.T) {
 		audit := joinServiceLog(t, dir)
 		refused, allowed := false, false
 		for _, line := range strings.Split(audit, "\n") {
-			if !strings.Contains(line, `"source":"10.88.0.13"`) {
+			if !strings.Contains(line, `"source":"`+ip("worker-3")+`"`) {
 				continue
 			}
 			refused = refused || (strings.Contains(line, `"verdict":"refused"`) && strings.Contains(line, `"reason":"measurement_mismatch"`))
@@ -150,7 +171,7 @@ func TestMiniCluster(t *testing.T) {
 
 	t.Run("verify", func(t *testing.T) {
 		config, state := filepath.Join(dir, "gatehouse-config.yaml"), filepath.Join(dir, "gatehouse-state.json")
-		out, err := gatehouse(t, bin, "verify", "--config", config, "--state-file", state, "--node", "10.88.0.11:9001", "--output", "json")
+		out, err := gatehouse(t, bin, "verify", "--config", config, "--state-file", state, "--node", ip("worker-1")+":9001", "--output", "json")
 		if err != nil {
 			t.Fatalf("verify worker-1: %v\n%s", err, out)
 		}
@@ -161,7 +182,7 @@ func TestMiniCluster(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &report); err != nil || report.ClusterID == "" || report.Measurements["15"] == "" {
 			t.Fatalf("verify report %v: %s", err, out)
 		}
-		out, err = gatehouse(t, bin, "verify", "--config", config, "--node", "10.88.0.13:9001")
+		out, err = gatehouse(t, bin, "verify", "--config", config, "--node", ip("worker-3")+":9001")
 		if err == nil || !strings.Contains(out, "does not verify") || !strings.Contains(out, "index 4") {
 			t.Fatalf("verify of the tampered worker: %v\n%s", err, out)
 		}
@@ -188,7 +209,7 @@ func TestMiniCluster(t *testing.T) {
 		}
 		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 			ds, err := client.AppsV1().DaemonSets(charts.Namespace).Get(ctx, "gatehouse-joinservice", metav1.GetOptions{})
-			return err == nil && ds.Status.UpdatedNumberScheduled == 1 && ds.Status.NumberReady == 1, nil
+			return err == nil && ds.Status.DesiredNumberScheduled == 3 && ds.Status.UpdatedNumberScheduled == 3 && ds.Status.NumberReady == 3, nil
 		})
 		if err != nil {
 			t.Fatalf("the upgraded join service is not ready: %v", err)
@@ -197,7 +218,7 @@ func TestMiniCluster(t *testing.T) {
 
 	t.Run("reboot and rejoin", func(t *testing.T) {
 		rejoin := []string{`"method":"IssueRejoinTicket"`, `"verdict":"allowed"`}
-		rejoinsBefore := auditCount(joinServiceLog(t, dir), "10.88.0.11", rejoin...)
+		rejoinsBefore := auditCount(joinServiceLog(t, dir), ip("worker-1"), rejoin...)
 		rebooted := time.Now()
 		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "worker-1"); err != nil {
 			t.Fatalf("mini node reboot: %v\n%s", err, out)
@@ -226,15 +247,75 @@ func TestMiniCluster(t *testing.T) {
 		if err != nil {
 			t.Fatalf("worker-1 is not Ready with its workload after the reboot: %v\n%s", err, nodeLogs(dir))
 		}
-		if audit := joinServiceLog(t, dir); auditCount(audit, "10.88.0.11", rejoin...) <= rejoinsBefore {
+		if audit := joinServiceLog(t, dir); auditCount(audit, ip("worker-1"), rejoin...) <= rejoinsBefore {
 			t.Fatalf("the join service did not issue worker-1 a rejoin ticket after its reboot:\n%s", audit)
 		}
+	})
+
+	t.Run("reboot a control plane", func(t *testing.T) {
+		rebooted := time.Now()
+		// The API servers keep answering through the load balancer.
+		stop := watchAPI(ctx, t, dir)
+		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "cp-1"); err != nil {
+			t.Fatalf("mini node reboot cp-1: %v\n%s", err, out)
+		}
+		waitRejoined(ctx, t, dir, client, "cp-1", rebooted)
+		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
+		if failed, total := stop(); failed > 0 || total == 0 {
+			t.Errorf("%d of %d requests through the load balancer failed while cp-1 rebooted", failed, total)
+		}
+	})
+
+	t.Run("control plane killed while serving a join", func(t *testing.T) {
+		out, err := gatehouse(t, bin, "mini", "node", "add", "--dir", dir)
+		if err != nil || !strings.Contains(out, "worker-4 is joining") {
+			t.Fatalf("mini node add: %v\n%s", err, out)
+		}
+		// The new worker asks cp-0's join service first. Once that service
+		// has issued its ticket (its bootstrap token exists) and before the
+		// node is registered, cp-0 goes down: kubeadm join must complete
+		// through the other API servers, behind the load balancer.
+		var token string
+		err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			token = tokenFor(ctx, client, "worker-4")
+			return token != "", nil
+		})
+		if err != nil {
+			t.Fatalf("no join ticket for worker-4: %v\n%s", err, nodeLogs(dir))
+		}
+		if _, err := client.CoreV1().Nodes().Get(ctx, "worker-4", metav1.GetOptions{}); err == nil {
+			t.Fatal("worker-4 registered before cp-0 could be stopped: the fault would miss the join")
+		}
+		killed := time.Now()
+		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "cp-0"); err != nil {
+			t.Fatalf("mini node reboot cp-0: %v\n%s", err, out)
+		}
+		var node *corev1.Node
+		err = wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+			node, err = client.CoreV1().Nodes().Get(ctx, "worker-4", metav1.GetOptions{})
+			return err == nil && readySince(node, killed), nil
+		})
+		if err != nil {
+			t.Fatalf("worker-4 did not join with cp-0 down: %v\n%s", err, nodeLogs(dir))
+		}
+		// The fault hit the join: the Node was registered after cp-0 went
+		// down (creation times have whole seconds).
+		if node.CreationTimestamp.Time.Before(killed.Truncate(time.Second)) {
+			t.Fatalf("worker-4 was registered at %s, before cp-0 went down at %s: the fault missed the join", node.CreationTimestamp, killed)
+		}
+		for _, cp := range []string{"cp-0", "cp-1", "cp-2"} {
+			t.Logf("%s's join service issued %d join ticket(s) to worker-4", cp,
+				auditCount(joinServiceLogOf(t, dir, cp), ip("worker-4"), `"method":"IssueJoinTicket"`, `"verdict":"allowed"`))
+		}
+		waitRejoined(ctx, t, dir, client, "cp-0", killed)
+		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
 	})
 
 	t.Run("rebooted node measuring otherwise stays out", func(t *testing.T) {
 		refusal := []string{`"verdict":"refused"`, `"reason":"measurement_mismatch"`}
 		audit := joinServiceLog(t, dir)
-		refusalsBefore, allowedBefore := auditCount(audit, "10.88.0.12", refusal...), auditCount(audit, "10.88.0.12", `"verdict":"allowed"`)
+		w2 := ip("worker-2")
+		refusalsBefore, allowedBefore := auditCount(audit, w2, refusal...), auditCount(audit, w2, `"verdict":"allowed"`)
 		agentLog := filepath.Join(dir, "nodes", "worker-2", "logs", "agent.log")
 		logBefore, _ := os.ReadFile(agentLog)
 		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "--tamper", "worker-2"); err != nil {
@@ -242,12 +323,12 @@ func TestMiniCluster(t *testing.T) {
 		}
 		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
 			audit = joinServiceLog(t, dir)
-			return auditCount(audit, "10.88.0.12", refusal...) > refusalsBefore, nil
+			return auditCount(audit, w2, refusal...) > refusalsBefore, nil
 		})
 		if err != nil {
 			t.Fatalf("the join service did not refuse the tampered reboot of worker-2: %v\n%s", err, audit)
 		}
-		if auditCount(audit, "10.88.0.12", `"verdict":"allowed"`) > allowedBefore {
+		if auditCount(audit, w2, `"verdict":"allowed"`) > allowedBefore {
 			t.Fatalf("the join service allowed worker-2 after a tampered reboot:\n%s", audit)
 		}
 		if _, err := os.Stat(filepath.Join(dir, "nodes", "worker-2", "bootstrap.status")); err == nil {
@@ -270,8 +351,8 @@ func TestMiniCluster(t *testing.T) {
 		if out, err := gatehouse(t, bin, "mini", "stop", "--dir", dir); err != nil {
 			t.Fatalf("mini stop: %v\n%s", err, out)
 		}
-		if out, err := gatehouse(t, bin, "mini", "status", "--dir", dir); err != nil || strings.Count(out, "bootstrap: off") != 4 {
-			t.Fatalf("mini status of a stopped cluster (want its 4 nodes off): %v\n%s", err, out)
+		if out, err := gatehouse(t, bin, "mini", "status", "--dir", dir); err != nil || strings.Count(out, "bootstrap: off") != 7 {
+			t.Fatalf("mini status of a stopped cluster (want its 7 nodes off): %v\n%s", err, out)
 		}
 		started := time.Now()
 		out, err := gatehouse(t, bin, "mini", "start", "--dir", dir)
@@ -290,8 +371,8 @@ func TestMiniCluster(t *testing.T) {
 		}
 		config := filepath.Join(dir, "gatehouse-config.yaml")
 		out, err = gatehouse(t, bin, "recover", "--config", config, "--master-secret-file", filepath.Join(dir, "gatehouse-master-secret.json"),
-			"--endpoint", "10.88.0.10:9000")
-		if err != nil || !strings.Contains(out, "Recovered 1 control plane") {
+			"--endpoint", ip("cp-0")+":9000", "--endpoint", ip("cp-1")+":9000", "--endpoint", ip("cp-2")+":9000")
+		if err != nil || !strings.Contains(out, "Recovered 3 control plane") {
 			t.Fatalf("recover: %v\n%s\n%s", err, out, nodeLogs(dir))
 		}
 		// The cluster is back with its data; worker-1 rejoined by itself.
@@ -300,7 +381,7 @@ func TestMiniCluster(t *testing.T) {
 			if err != nil || cm.Data["written"] != "before" {
 				return false, nil
 			}
-			for _, name := range []string{"cp-0", "worker-1"} {
+			for _, name := range []string{"cp-0", "cp-1", "cp-2", "worker-1", "worker-4"} {
 				node, err := short.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 				if err != nil || !readySince(node, started) {
 					return false, nil
@@ -311,9 +392,12 @@ func TestMiniCluster(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the cluster is not back after recover: %v\n%s", err, nodeLogs(dir))
 		}
-		if status, _ := os.ReadFile(filepath.Join(dir, "nodes", "cp-0", "bootstrap.status")); strings.TrimSpace(string(status)) != "ok" {
-			t.Fatalf("cp-0's bootstrap status after recover: %q", status)
+		for _, cp := range []string{"cp-0", "cp-1", "cp-2"} {
+			if status, _ := os.ReadFile(filepath.Join(dir, "nodes", cp, "bootstrap.status")); strings.TrimSpace(string(status)) != "ok" {
+				t.Fatalf("%s's bootstrap status after recover: %q", cp, status)
+			}
 		}
+		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
 	})
 
 	var rec *mini.Record
@@ -374,9 +458,17 @@ func auditCount(audit, source string, fields ...string) int {
 	return n
 }
 
+// joinServiceLog is the join services' log, of every control plane.
 func joinServiceLog(t *testing.T, dir string) string {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "cp-0", "root", "var", "log", "pods", charts.Namespace+"_gatehouse-joinservice-*", "*", "*.log"))
+	return joinServiceLogOf(t, dir, "cp-*")
+}
+
+// joinServiceLogOf is the log of the join service on the nodes matching
+// the glob pattern node.
+func joinServiceLogOf(t *testing.T, dir, node string) string {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "nodes", node, "root", "var", "log", "pods", charts.Namespace+"_gatehouse-joinservice-*", "*", "*.log"))
 	var all strings.Builder
 	for _, f := range files {
 		data, err := os.ReadFile(f)
