@@ -2,9 +2,12 @@ package mini
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,6 +112,37 @@ func startLoadBalancer(ctx context.Context, rec *Record, backends []string) erro
 			return false, nil
 		}
 		return true, c.Close()
+	})
+}
+
+// waitLoadBalancer waits until the load balancer routes to a ready API
+// server: haproxy takes a server in after two good health checks a second
+// apart, so right after kubeadm init it may still refuse. caFile is the
+// cluster CA.
+func waitLoadBalancer(ctx context.Context, caFile string) error {
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		return err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(ca) {
+		return fmt.Errorf("%s holds no certificate", caFile)
+	}
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true, TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+	}}
+	url := "https://" + loadBalancerEndpoint() + "/readyz"
+	return poll(ctx, 200*time.Millisecond, 2*time.Minute, "the load balancer to route to a ready API server", func() (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
 	})
 }
 

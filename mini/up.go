@@ -290,7 +290,14 @@ func (u *up) initControlPlane(ctx context.Context) error {
 		return err
 	}
 	u.rec.Kubeconfig = filepath.Join(u.opts.Dir, clusterconfig.DefaultKubeconfig)
-	return u.rec.save()
+	if err := u.rec.save(); err != nil {
+		return err
+	}
+	if u.opts.ControlPlanes > 1 {
+		u.p.step("Waiting for the load balancer to route to %s's API server", u.cp.Name)
+		return waitLoadBalancer(ctx, filepath.Join(u.cp.rootDir(), "etc/kubernetes/pki/ca.crt"))
+	}
+	return nil
 }
 
 // installServices installs the key service and the join service, which

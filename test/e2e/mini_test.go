@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -521,6 +522,11 @@ func assertNothingLeft(t *testing.T, rec *mini.Record) {
 		matches, _ := filepath.Glob("/sys/fs/cgroup/*" + n.CgroupRoot)
 		if len(matches) > 0 {
 			t.Errorf("cgroups of %s remain: %v", n.Name, matches)
+		}
+	}
+	if rec.LoadBalancerPID > 0 {
+		if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", rec.LoadBalancerPID)); err == nil && strings.Contains(string(cmdline), "haproxy") {
+			t.Errorf("the load balancer (haproxy, pid %d) remains", rec.LoadBalancerPID)
 		}
 	}
 	if strings.Contains(string(netns), "cni-") {
