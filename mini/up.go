@@ -324,6 +324,13 @@ func (u *up) startJoiners(ctx context.Context) error {
 	if err := u.rec.save(); err != nil {
 		return err
 	}
+	// After a reboot the first control plane, too, rejoins through the
+	// join service of another control plane (with one control plane there
+	// is none: it waits for gatehouse recover).
+	u.cp.JoinEndpoints, u.cp.CACertHash = endpoints, u.svc.caHash
+	if err := u.cp.write(); err != nil {
+		return err
+	}
 	for i := 1; i < u.opts.ControlPlanes+u.opts.Workers; i++ {
 		var n *NodeSpec
 		if i < u.opts.ControlPlanes {
