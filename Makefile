@@ -58,7 +58,7 @@ build: ## Build the binaries into bin/
 
 .PHONY: unit
 unit: tools ## Run the tests (needs `make setup` first for the Kubernetes binaries)
-	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
+	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
 
 .PHONY: fuzz
 fuzz: ## Run every go test -fuzz target for FUZZTIME (default 5s) each
@@ -69,7 +69,7 @@ test: setup check-generate lint unit fuzz ## Set up the machine, check generated
 
 .PHONY: mini-up
 mini-up: setup build ## Set up the machine and start a local attested cluster (1 control plane + 2 workers)
-	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) bin/gatehouse mini up
+	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) bin/gatehouse mini up
 
 .PHONY: mini-down
 mini-down: build ## Remove the local cluster and everything it made

@@ -52,11 +52,12 @@ type InitServerConfig struct {
 	InitSecretHash []byte
 	// AdminName is the admin kubeconfig's user; "" is DefaultAdminName.
 	AdminName string
-	// ImageRepository and SkipPhases go into kubeadm's init configuration
-	// (e.g. locally built images, and skipping the addons a local cluster
-	// has no images for).
+	// ImageRepository, SkipPhases and KubeProxy go into kubeadm's init
+	// configuration (e.g. locally built images, skipped add-ons, and the
+	// kube-proxy settings of nodes in network namespaces).
 	ImageRepository string
 	SkipPhases      []string
+	KubeProxy       kubeadm.KubeProxyOptions
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 	// SecretAttempts bound guessing the init secret; zero is
@@ -307,6 +308,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		InitToken:            token,
 		ImageRepository:      s.cfg.ImageRepository,
 		SkipPhases:           s.cfg.SkipPhases,
+		KubeProxy:            s.cfg.KubeProxy,
 	}
 	if _, err := params.Render(); err != nil {
 		return nil, err

@@ -24,7 +24,7 @@ func newMiniCmd() *cobra.Command {
 		Use:   "mini",
 		Short: "Run a local attested cluster on this machine (as root)",
 	}
-	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniStatusCmd(), newMiniNodeCmd(), newMiniAgentCmd())
+	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniLoadCmd(), newMiniStatusCmd(), newMiniNodeCmd(), newMiniAgentCmd())
 	cmd.AddCommand(newMiniStopStartCmds()...)
 	return cmd
 }
@@ -51,6 +51,9 @@ func newMiniUpCmd() *cobra.Command {
 			if opts.KubeBinDir == "" {
 				opts.KubeBinDir = os.Getenv("GATEHOUSE_KUBE_BIN")
 			}
+			if opts.AddonBinDir == "" {
+				opts.AddonBinDir = os.Getenv("GATEHOUSE_ADDON_BIN")
+			}
 			opts.KubernetesVersion = versions.Default().Version
 			opts.Out = cmd.OutOrStdout()
 			opts.Init = func(ctx context.Context, dir, config, node, secretFile string, components []*componentsv1.Component) error {
@@ -73,6 +76,7 @@ func newMiniUpCmd() *cobra.Command {
 	f.IntVar(&opts.Workers, "workers", 2, fmt.Sprintf("number of worker nodes (0 to %d)", mini.MaxWorkers))
 	f.StringVar(&opts.BinDir, "bin", "", "directory of the gatehouse binaries (default: this binary's)")
 	f.StringVar(&opts.KubeBinDir, "kube-bin", "", "directory of the pinned Kubernetes binaries (default $GATEHOUSE_KUBE_BIN)")
+	f.StringVar(&opts.AddonBinDir, "addon-bin", "", "directory of CoreDNS and the registry built by hack/addon-binaries.sh (default $GATEHOUSE_ADDON_BIN)")
 	f.StringSliceVar(&tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")
 	_ = f.MarkHidden("tamper")
 	return cmd
@@ -87,6 +91,24 @@ func tamper(nodes []string) func(node string, manifest []byte) []byte {
 		}
 		return manifest
 	}
+}
+
+func newMiniLoadCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "load IMAGE.tar",
+		Short: "Push the images of an archive (docker save) into the local cluster's registry",
+		Long: "Push every image of the archive (as docker save or podman save writes it) into the local\n" +
+			"cluster's registry at " + mini.RegistryAddress + ", keeping its repository and tag: an image saved as\n" +
+			"example.com/team/app:1 is pulled by pods as " + mini.RegistryAddress + "/team/app:1.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, err := mini.Load(cmd.Context(), dir, args[0], cmd.OutOrStdout())
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster's state")
+	return cmd
 }
 
 func newMiniDownCmd() *cobra.Command {

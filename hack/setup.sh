@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a fresh Debian machine (as root) for building and testing Gatehouse:
-# Debian packages, the pinned Go tools, the pinned Kubernetes binaries and the
-# pinned upstream Cluster API programs (hack/capi-tools.sh).
+# Debian packages, the pinned Go tools, the pinned Kubernetes binaries, the
+# local cluster's add-ons (CoreDNS, registry) and the pinned upstream Cluster
+# API programs (hack/capi-tools.sh).
 # Idempotent and fast when everything is already there.
 set -euo pipefail
 
@@ -31,4 +32,5 @@ command -v go >/dev/null || { log "Go is not on PATH; install Go 1.26 (see docs/
 
 log "Go tools: $("$here/go-tools.sh")"
 log "Kubernetes binaries: $("$here/kube-binaries.sh")"
+log "Local cluster add-ons (CoreDNS, registry): $("$here/addon-binaries.sh")"
 log "Cluster API tools (upstream CABPK, clusterctl): $("$here/capi-tools.sh")"

@@ -26,6 +26,8 @@ var privateDirs = []string{
 	"/etc/kubernetes", "/etc/gatehouse", "/etc/cni/net.d", "/usr/local/bin", "/opt/cni/bin",
 	"/var/lib/kubelet", "/var/lib/etcd", "/var/lib/containerd", "/var/lib/cni",
 	"/var/log/pods", "/var/log/containers", "/var/log/kubernetes",
+	// Node-local data for hostPath volumes.
+	"/srv",
 	"/run/containerd", "/run/gatehouse",
 	// containerd pins pod network namespaces here.
 	"/run/netns",
@@ -84,6 +86,9 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	}
 	if err := writeCNIConfig(spec); err != nil {
 		return err
+	}
+	if err := routePods(ctx, spec); err != nil {
+		return fmt.Errorf("pod network routes: %w", err)
 	}
 	log.Info("Starting containerd")
 	procs := &processes{log: log, dir: spec.logDir()}
@@ -219,10 +224,34 @@ func writeCNIConfig(spec *NodeSpec) error {
 	return os.WriteFile("/etc/cni/net.d/10-gatehouse-mini.conflist", []byte(conf), 0o644) //nolint:gosec // CNI reads it
 }
 
+// routePods makes the node a router for its pods: IPv4 forwarding on, and
+// a route to every other node's pod range through that node's address
+// (node i owns 10.244.i.0/24; routes to nodes not made yet are harmless).
+// Nodes are neighbours on the cluster bridge, so pod traffic between
+// nodes never passes through the host.
+func routePods(ctx context.Context, spec *NodeSpec) error {
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil { //nolint:gosec // a sysctl
+		return err
+	}
+	var batch strings.Builder
+	for i := range MaxControlPlanes + MaxWorkers {
+		if cidr := podCIDR(i); cidr != spec.PodCIDR {
+			fmt.Fprintf(&batch, "route replace %s via %s\n", cidr, nodeIP(i))
+		}
+	}
+	cmd := exec.CommandContext(ctx, "ip", "-batch", "-")
+	cmd.Stdin = strings.NewReader(batch.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ip -batch: %w: %s", err, out)
+	}
+	return nil
+}
+
 // containerdConfig is containerd 1.6's configuration for a node: its own
-// paths, the local pause image, Debian's CNI plugins, and
-// restrict_oom_score_adj, without which runc fails when root lacks
-// CAP_SYS_RESOURCE (../shared/notes/real-kubelet.md).
+// paths, the local pause image, Debian's CNI plugins, the local registry
+// (plain HTTP on the cluster bridge), and restrict_oom_score_adj, without
+// which runc fails when root lacks CAP_SYS_RESOURCE
+// (../shared/notes/real-kubelet.md).
 const containerdConfig = `version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -232,7 +261,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   address = "/run/containerd/containerd.sock"
 
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "%s"
+  sandbox_image = "%[1]s"
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
@@ -243,11 +272,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     runtime_type = "io.containerd.runc.v2"
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
     SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."%[2]s"]
+    endpoint = ["http://%[2]s"]
 `
 
 func startContainerd(ctx context.Context, spec *NodeSpec, procs *processes) error {
 	cfg := filepath.Join(spec.Dir, "containerd.toml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, containerdConfig, spec.PauseImage), 0o644); err != nil { //nolint:gosec // not secret
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, containerdConfig, spec.PauseImage, RegistryAddress), 0o644); err != nil { //nolint:gosec // not secret
 		return err
 	}
 	procs.start(ctx, "containerd", "containerd", "--config", cfg)
@@ -326,7 +357,7 @@ func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 		"--init-listen", fmt.Sprintf("%s:%d", spec.IP, InitPort), "--init-secret-hash-file", spec.InitSecretHashFile,
 		"--cgroup-driver", "cgroupfs", "--cgroup-root", spec.CgroupRoot, "--allow-cgroup-v1", "--allow-swap",
 		"--image-repository", ImageRepository, "--image-pull-policy", "Never",
-		"--skip-phases", "addon/coredns,addon/kube-proxy",
+		"--kube-proxy-masquerade-all", "--kube-proxy-conntrack-max-per-core", "0",
 		"--ignore-preflight-errors", "SystemVerification,Swap,FileExisting-crictl,FileContent--proc-sys-net-bridge-bridge-nf-call-iptables,FileContent--proc-sys-net-ipv4-ip_forward,NumCPU,Mem,Port-10250",
 		"--kubelet-service", "none",
 	}

@@ -16,7 +16,7 @@ import (
 // Down removes the local cluster recorded in dir: every node's processes
 // (by mount namespace and cgroup), its network namespace and link, state
 // disk loop device, cgroups and the mountpoints its agent created, then
-// the load balancer, the bridge and the directory. It goes on past errors and reports them
+// the load balancer, the registry, the bridge and the directory. It goes on past errors and reports them
 // all; a missing cluster is not an error.
 func Down(ctx context.Context, dir string, out io.Writer) error {
 	rec, err := ReadRecord(dir)
@@ -51,15 +51,13 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 			}
 		}
 	}
-	if err := stopLoadBalancer(ctx, rec); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, stopProcess(ctx, "haproxy", rec.LoadBalancerPID), stopProcess(ctx, "the registry", rec.RegistryPID))
 	if rec.Bridge != "" {
 		if err := run(ctx, "ip", "link", "del", rec.Bridge); err != nil && !strings.Contains(err.Error(), "Cannot find") {
 			errs = append(errs, err)
 		}
 	}
-	if len(errs) == 0 {
+	if errors.Join(errs...) == nil {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 		}

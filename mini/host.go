@@ -38,6 +38,7 @@ var prerequisites = []Prerequisite{
 	{"CNI plugins", "/usr/lib/cni/bridge", "apt-get install containernetworking-plugins"},
 	{"iproute2", "ip", "apt-get install iproute2"},
 	{"iptables", "iptables", "apt-get install iptables"},
+	{"iptables (nf_tables) for the kube-proxy image", xtablesMulti, "apt-get install iptables"},
 	{"nsenter and unshare", "nsenter", "apt-get install util-linux"},
 	{"losetup", "losetup", "apt-get install mount"},
 	{"swtpm", "swtpm", "apt-get install swtpm swtpm-tools"},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -144,16 +143,4 @@ func waitLoadBalancer(ctx context.Context, caFile string) error {
 		_ = resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	})
-}
-
-// stopLoadBalancer stops the recorded haproxy.
-func stopLoadBalancer(ctx context.Context, rec *Record) error {
-	if rec.LoadBalancerPID <= 0 {
-		return nil
-	}
-	if err := syscall.Kill(rec.LoadBalancerPID, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("stopping haproxy: %w", err)
-	}
-	waitGone(ctx, rec.LoadBalancerPID, 10*time.Second)
-	return nil
 }

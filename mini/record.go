@@ -25,8 +25,10 @@ type Record struct {
 	JoinEndpoints []string `json:"joinEndpoints,omitempty"`
 	CACertHash    string   `json:"caCertHash,omitempty"`
 	// LoadBalancerPID is the API servers' haproxy (more than one control plane).
-	LoadBalancerPID int          `json:"loadBalancerPID,omitempty"`
-	Nodes           []NodeRecord `json:"nodes"`
+	LoadBalancerPID int `json:"loadBalancerPID,omitempty"`
+	// RegistryPID is the local image registry (RegistryAddress).
+	RegistryPID int          `json:"registryPID,omitempty"`
+	Nodes       []NodeRecord `json:"nodes"`
 }
 
 // NodeRecord is what one node owns on the host.

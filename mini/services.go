@@ -28,6 +28,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
@@ -266,6 +267,31 @@ func (s *services) waitReady(ctx context.Context, workers []*NodeSpec, p *progre
 	})
 	if err != nil {
 		return fmt.Errorf("%d of %d nodes Ready (see %s/nodes/*/logs): %w", ready, len(want), s.dir, err)
+	}
+	return nil
+}
+
+// waitAddons waits until kube-proxy runs on all nodes nodes and CoreDNS is
+// available: then Services and cluster DNS work.
+func (s *services) waitAddons(ctx context.Context, nodes int) error {
+	state := ""
+	err := poll(ctx, time.Second, 3*time.Minute, "kube-proxy and CoreDNS", func() (bool, error) {
+		proxy, err := s.client.AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+		if err != nil {
+			state = err.Error()
+			return false, nil
+		}
+		dns, err := s.client.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+		if err != nil {
+			state = err.Error()
+			return false, nil
+		}
+		state = fmt.Sprintf("kube-proxy ready on %d of %d nodes, CoreDNS %d of %d replicas available",
+			proxy.Status.NumberReady, nodes, dns.Status.AvailableReplicas, ptr.Deref(dns.Spec.Replicas, 1))
+		return int(proxy.Status.NumberReady) == nodes && dns.Status.AvailableReplicas == ptr.Deref(dns.Spec.Replicas, 1), nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", state, err)
 	}
 	return nil
 }

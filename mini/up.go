@@ -44,6 +44,9 @@ type Options struct {
 	BinDir string
 	// KubeBinDir holds the pinned Kubernetes binaries (hack/kube-binaries.sh).
 	KubeBinDir string
+	// AddonBinDir holds CoreDNS and the registry, built from their pinned
+	// modules (hack/addon-binaries.sh).
+	AddonBinDir string
 	// KubernetesVersion is the version those binaries are.
 	KubernetesVersion string
 	// BootManifest, when set, changes what node measures at boot (its boot
@@ -104,6 +107,7 @@ func Up(ctx context.Context, opts Options) (err error) {
 		u.buildImages, // the node images, from the pinned binaries
 		u.createTPMCA, // the manufacturer of the nodes' TPMs
 		u.createNetwork,
+		u.startRegistry,
 		u.initControlPlane,
 		u.installServices, // key service and join service
 		u.startJoiners,    // the other control planes and the workers
@@ -228,6 +232,12 @@ func (u *up) createNetwork(ctx context.Context) error {
 	return err
 }
 
+// startRegistry starts the local image registry every node pulls from.
+func (u *up) startRegistry(ctx context.Context) error {
+	u.p.step("Starting the local image registry at %s (gatehouse mini load pushes to it)", RegistryAddress)
+	return startRegistry(ctx, u.rec, u.opts.AddonBinDir)
+}
+
 // newSpec is node i's specification; the hook in Options may change what
 // it measures at boot.
 func (u *up) newSpec(i int, name string) *NodeSpec {
@@ -246,12 +256,14 @@ func (u *up) newSpec(i int, name string) *NodeSpec {
 // place makes s node i of the cluster in dir, named name: its address,
 // pod range, directory, namespace and cgroup.
 func (s *NodeSpec) place(dir string, i int, name string) {
-	s.Name, s.IP, s.PodCIDR = name, nodeIP(i), fmt.Sprintf("10.244.%d.0/24", i)
+	s.Name, s.IP, s.PodCIDR = name, nodeIP(i), podCIDR(i)
 	s.Dir, s.NetNS, s.CgroupRoot = filepath.Join(dir, "nodes", name), "gh-"+name, "/gh-"+name
 }
 
-// nodeIP is node i's address.
+// nodeIP is node i's address, podCIDR its pod range.
 func nodeIP(i int) string { return fmt.Sprintf("%s.%d", subnet, 10+i) }
+
+func podCIDR(i int) string { return fmt.Sprintf("10.244.%d.0/24", i) }
 
 // controlPlaneEndpoint is the cluster's controlPlaneEndpoint: the load
 // balancer with more than one control plane, else the first one's API
@@ -364,7 +376,11 @@ func (u *up) waitReady(ctx context.Context) error {
 			expected = append(expected, n)
 		}
 	}
-	return u.svc.waitReady(ctx, expected, u.p)
+	if err := u.svc.waitReady(ctx, expected, u.p); err != nil {
+		return err
+	}
+	u.p.step("Waiting for kube-proxy on every node and CoreDNS (Services and cluster DNS)")
+	return u.svc.waitAddons(ctx, len(expected)+1)
 }
 
 // progress prints numbered steps with the time since the start.
@@ -389,17 +405,26 @@ func checkBinaries(opts Options) error {
 			errs = append(errs, fmt.Errorf("%s missing in %s: run `make build`", b, opts.BinDir))
 		}
 	}
-	for _, b := range []string{"kube", "kubeadm", "etcd"} {
+	for _, b := range []string{"kube", "kubeadm", "kube-proxy", "etcd"} {
 		if _, err := os.Stat(filepath.Join(opts.KubeBinDir, b)); err != nil {
 			errs = append(errs, fmt.Errorf("%s missing in %s: run hack/kube-binaries.sh (make setup does)", b, opts.KubeBinDir))
+		}
+	}
+	if opts.AddonBinDir == "" {
+		errs = append(errs, errors.New("CoreDNS and the registry are not found: pass --addon-bin or set GATEHOUSE_ADDON_BIN=$(hack/addon-binaries.sh) (make mini-up does)"))
+	} else {
+		for _, b := range []string{"coredns", "registry"} {
+			if _, err := os.Stat(filepath.Join(opts.AddonBinDir, b)); err != nil {
+				errs = append(errs, fmt.Errorf("%s missing in %s: run hack/addon-binaries.sh (make setup does)", b, opts.AddonBinDir))
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// buildImages writes the archive of every image kubeadm init needs (except
-// the skipped CoreDNS and kube-proxy addons) and of the project's services,
-// and returns the pause image's reference.
+// buildImages writes the archive of every image kubeadm init needs, its
+// add-ons (kube-proxy, with Debian's iptables; CoreDNS) included, and of
+// the project's services, and returns the pause image's reference.
 func buildImages(ctx context.Context, opts Options, archive string) (string, error) {
 	out, err := exec.CommandContext(ctx, filepath.Join(opts.KubeBinDir, "kubeadm"), "config", "images", "list",
 		"--kubernetes-version", opts.KubernetesVersion, "--image-repository", ImageRepository).Output()
@@ -416,6 +441,19 @@ func buildImages(ctx context.Context, opts Options, archive string) (string, err
 			specs = append(specs, images.Spec{Ref: ref, Files: map[string]string{"kube": kube}, Links: map[string]string{name: "kube"}})
 		case "etcd":
 			specs = append(specs, images.Spec{Ref: ref, Files: map[string]string{"etcd": filepath.Join(opts.KubeBinDir, "etcd")}})
+		case "kube-proxy":
+			// kube-proxy programs the node's iptables (nf_tables backend)
+			// with the iptables commands, which load their extensions at
+			// run time.
+			files := map[string]string{"kube": kube, "xtables-nft-multi": xtablesMulti}
+			links := map[string]string{"kube-proxy": "kube"}
+			for _, l := range []string{"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"} {
+				links[l] = "xtables-nft-multi"
+			}
+			specs = append(specs, images.Spec{Ref: ref, Files: files, Links: links, Dirs: []string{xtablesExtensions}})
+		case "coredns":
+			specs = append(specs, images.Spec{Ref: ref, Files: map[string]string{"coredns": filepath.Join(opts.AddonBinDir, "coredns")},
+				Entrypoint: []string{images.BinDir + "/coredns"}})
 		case "pause":
 			pause = ref
 			specs = append(specs, images.Spec{Ref: ref, Files: map[string]string{"pause": filepath.Join(opts.BinDir, "gatehouse-pause")},
@@ -430,6 +468,13 @@ func buildImages(ctx context.Context, opts Options, archive string) (string, err
 	}
 	return pause, images.WriteArchive(archive, "amd64", specs)
 }
+
+// Debian's iptables (nf_tables backend) and its extensions, which the
+// kube-proxy image carries.
+const (
+	xtablesMulti      = "/usr/sbin/xtables-nft-multi"
+	xtablesExtensions = "/usr/lib/x86_64-linux-gnu/xtables"
+)
 
 func fileDigest(path string) (string, error) {
 	f, err := os.Open(path)

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -27,6 +28,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
+
+	"k8s.io/utils/ptr"
 
 	"github.com/gatehouse-dev/gatehouse/bootstrapper"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/installer"
@@ -101,6 +104,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		imageRepo       = flag.String("image-repository", "", "control-plane image repository for kubeadm init")
 		pullPolicy      = flag.String("image-pull-policy", "", "control-plane image pull policy: Always, IfNotPresent or Never")
 		skipPhases      = flag.String("skip-phases", "", "comma-separated kubeadm init phases to skip")
+		proxyMasqAll    = flag.Bool("kube-proxy-masquerade-all", false, "kube-proxy SNATs all Service traffic (nodes whose pod bridge bypasses iptables)")
+		proxyConntrack  = flag.Int("kube-proxy-conntrack-max-per-core", -1, "kube-proxy's conntrack.maxPerCore; 0 leaves nf_conntrack_max alone (nodes in network namespaces); -1 is kube-proxy's default")
 		ignorePreflight = flag.String("ignore-preflight-errors", "", "comma-separated kubeadm preflight checks to ignore")
 		kubeletService  = flag.String("kubelet-service", "systemd", "how the kubelet is restarted: systemd, or none when something else supervises it")
 		successFile     = flag.String("success-file", "", "file written once the node is bootstrapped (Cluster API: /run/cluster-api/bootstrap-success.complete)")
@@ -196,6 +201,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		},
 		Registerer:      reg,
 		ImageRepository: *imageRepo, SkipPhases: splitList(*skipPhases),
+		KubeProxy: kubeProxyOptions(*proxyMasqAll, *proxyConntrack),
 	})
 	if err != nil {
 		return err
@@ -402,4 +408,14 @@ func openAttester(path string, pcrs []int, opts attesterOptions) (io.ReadWriteCl
 		}
 	}
 	return rw, tpmAttester, node, closeAll, nil
+}
+
+// kubeProxyOptions are the kube-proxy flags' settings; maxPerCore < 0 keeps
+// kube-proxy's default.
+func kubeProxyOptions(masqueradeAll bool, maxPerCore int) kubeadm.KubeProxyOptions {
+	o := kubeadm.KubeProxyOptions{MasqueradeAll: masqueradeAll}
+	if maxPerCore >= 0 {
+		o.ConntrackMaxPerCore = ptr.To(int32(min(maxPerCore, math.MaxInt32)))
+	}
+	return o
 }

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
+	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/ptr"
 	kubeadmv1beta4 "sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/types/upstreamv1beta4"
@@ -196,12 +197,43 @@ type InitParams struct {
 	ImageRepository string
 	// SkipPhases are kubeadm init phases to skip, e.g. "addon/kube-proxy".
 	SkipPhases []string
+	// KubeProxy configures the kube-proxy kubeadm's addon/kube-proxy
+	// phase deploys on every node.
+	KubeProxy KubeProxyOptions
 	// InitToken is the bootstrap token "<id>.<secret>" kubeadm init
 	// creates (it always creates one; its bootstrap-token phase also sets up
 	// the RBAC and cluster-info that joins need). It expires after
 	// InitTokenTTL; delete it after init, since nodes join with tokens the
 	// join service issues per attested node. Secret.
 	InitToken string
+}
+
+// KubeProxyOptions are the settings of kube-proxy's configuration
+// (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1) that differ
+// from kube-proxy's defaults; the zero value keeps them all.
+type KubeProxyOptions struct {
+	// MasqueradeAll SNATs all traffic to Service cluster IPs (iptables
+	// mode), so replies come back through the node even where bridged pod
+	// traffic bypasses iptables (no br_netfilter).
+	MasqueradeAll bool
+	// ConntrackMaxPerCore, when set, is conntrack.maxPerCore; 0 leaves
+	// nf_conntrack_max as it is, which a node in a network namespace
+	// cannot change.
+	ConntrackMaxPerCore *int32
+}
+
+func (k KubeProxyOptions) isZero() bool { return !k.MasqueradeAll && k.ConntrackMaxPerCore == nil }
+
+// kubeProxyConfiguration is k as a KubeProxyConfiguration document, or nil.
+func (k KubeProxyOptions) kubeProxyConfiguration() *kubeproxyv1alpha1.KubeProxyConfiguration {
+	if k.isZero() {
+		return nil
+	}
+	return &kubeproxyv1alpha1.KubeProxyConfiguration{
+		TypeMeta:  metav1.TypeMeta{APIVersion: kubeproxyv1alpha1.SchemeGroupVersion.String(), Kind: "KubeProxyConfiguration"},
+		IPTables:  kubeproxyv1alpha1.KubeProxyIPTablesConfiguration{MasqueradeAll: k.MasqueradeAll},
+		Conntrack: kubeproxyv1alpha1.KubeProxyConntrackConfiguration{MaxPerCore: k.ConntrackMaxPerCore},
+	}
 }
 
 // InitTokenTTL is the lifetime of InitParams.InitToken.
@@ -296,7 +328,11 @@ func (p InitParams) Render() ([]byte, error) {
 		)},
 		Scheduler: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs()},
 	}
-	return marshalDocs(init, cluster, p.Kubelet.kubeletConfiguration())
+	docs := []any{init, cluster, p.Kubelet.kubeletConfiguration()}
+	if proxy := p.KubeProxy.kubeProxyConfiguration(); proxy != nil {
+		docs = append(docs, proxy)
+	}
+	return marshalDocs(docs...)
 }
 
 // hardenedArgs are the flags every control-plane component gets, plus extra.

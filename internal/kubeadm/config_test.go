@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -48,7 +49,7 @@ func miniInit(addr string) kubeadm.InitParams {
 	p.Node.IgnorePreflightErrors = []string{"SystemVerification"}
 	p.Kubelet = kubeadm.KubeletOptions{CgroupDriver: "cgroupfs", CgroupRoot: "/cp-0", AllowCgroupV1: true, AllowSwap: true, ServingCert: true}
 	p.ImageRepository = "docker.io/local"
-	p.SkipPhases = []string{"addon/coredns", "addon/kube-proxy"}
+	p.KubeProxy = kubeadm.KubeProxyOptions{MasqueradeAll: true, ConntrackMaxPerCore: ptr.To(int32(0))}
 	return p
 }
 
@@ -126,7 +127,8 @@ func TestConfigsPassKubeadmValidate(t *testing.T) {
 }
 
 // TestInitDryRun runs the real `kubeadm init --dry-run` with the local
-// cluster's configuration and checks the hardening reached the manifests.
+// cluster's configuration and checks the hardening reached the manifests
+// and the add-ons their configuration.
 func TestInitDryRun(t *testing.T) {
 	testenv.RequireRoot(t)
 	p := miniInit(testenv.HostAddress(t))
@@ -140,6 +142,8 @@ func TestInitDryRun(t *testing.T) {
 		"--profiling=false", "--audit-policy-file=" + kubeadm.AuditPolicyPath, "--tls-min-version=VersionTLS12",
 		"--kubelet-certificate-authority=/etc/kubernetes/pki/ca.crt", "image: docker.io/local/kube-apiserver:v1.36.4",
 		"failCgroupV1: false", "cgroupRoot: /cp-0", "tlsCertFile: " + kubeadm.KubeletCertPath,
+		// The add-ons, with the kube-proxy settings of a node in a network namespace.
+		"image: docker.io/local/kube-proxy:v1.36.4", "image: docker.io/local/coredns:v1.14.2", "masqueradeAll: true", "maxPerCore: 0",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("kubeadm init --dry-run output lacks %q", want)

@@ -34,3 +34,22 @@ func BinDir() (string, error) {
 	}
 	return dir, nil
 }
+
+// AddonBinDirEnv names the directory of the local cluster's add-on
+// binaries (CoreDNS, the registry) that hack/addon-binaries.sh builds.
+const AddonBinDirEnv = "GATEHOUSE_ADDON_BIN"
+
+// AddonBinDir returns the add-on binaries' directory, or an error naming
+// how to get it.
+func AddonBinDir() (string, error) {
+	dir := os.Getenv(AddonBinDirEnv)
+	if dir == "" {
+		return "", fmt.Errorf("%s is not set: run the tests with `make test`, or export %s=$(hack/addon-binaries.sh)", AddonBinDirEnv, AddonBinDirEnv)
+	}
+	for _, name := range []string{"coredns", "registry"} {
+		if info, err := os.Stat(filepath.Join(dir, name)); err != nil || info.Mode()&0o111 == 0 {
+			return "", fmt.Errorf("%s=%s has no executable %s: rebuild with hack/addon-binaries.sh", AddonBinDirEnv, dir, name)
+		}
+	}
+	return dir, nil
+}

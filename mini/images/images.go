@@ -12,6 +12,7 @@ import (
 	"compress/gzip"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -43,6 +44,9 @@ type Spec struct {
 	Links map[string]string
 	// Entrypoint, if set, is the image's entrypoint (e.g. the pause binary).
 	Entrypoint []string
+	// Dirs are host directories copied to the same path with their files
+	// (e.g. the iptables extensions a binary loads at run time).
+	Dirs []string
 }
 
 // epoch is every file's and image's timestamp, so identical inputs give
@@ -63,7 +67,7 @@ func NewLayers(dir string) *Layers { return &Layers{dir: dir, files: map[string]
 // Build returns the image of s for linux/amd64 or linux/arm64 (arch): a
 // layer with the binaries (and their libraries) and one with the links.
 func (l *Layers) Build(s Spec, arch string) (v1.Image, error) {
-	files, err := l.filesLayer(s.Files)
+	files, err := l.filesLayer(s.Files, s.Dirs)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
 	}
@@ -90,12 +94,16 @@ func (l *Layers) Build(s Spec, arch string) (v1.Image, error) {
 	return img, nil
 }
 
-// filesLayer is the tar of the binaries in files under BinDir and the
-// loader and libraries of any dynamically linked one, written to a file.
-func (l *Layers) filesLayer(files map[string]string) (v1.Layer, error) {
+// filesLayer is the tar of the binaries in files under BinDir, the
+// loader and libraries of any dynamically linked one, and the files of the
+// host directories dirs, written to a file.
+func (l *Layers) filesLayer(files map[string]string, dirs []string) (v1.Layer, error) {
 	var key strings.Builder
 	for _, n := range sortedKeys(files) {
 		key.WriteString(n + "=" + files[n] + "\n")
+	}
+	for _, d := range dirs {
+		key.WriteString("dir " + d + "\n")
 	}
 	if layer, ok := l.files[key.String()]; ok {
 		return layer, nil
@@ -116,6 +124,24 @@ func (l *Layers) filesLayer(files map[string]string) (v1.Layer, error) {
 		}
 	}
 	libs := map[string]bool{}
+	// Host files at their own path: libraries, and the files of dirs.
+	for _, d := range dirs {
+		err := filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+			if err != nil || e.IsDir() {
+				return err
+			}
+			libs[p] = true // a symlink's target is copied in its place
+			// Plugins have libraries of their own (e.g. libm).
+			deps, err := sharedLibraries(p)
+			for _, d := range deps {
+				libs[d] = true
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	for _, n := range sortedKeys(files) {
 		if err := addFile(tw, path.Join(BinDir[1:], n), files[n]); err != nil {
 			return nil, err
@@ -130,13 +156,13 @@ func (l *Layers) filesLayer(files map[string]string) (v1.Layer, error) {
 	}
 	// Dynamically linked binaries (cgo, e.g. PKCS#11) get their loader and
 	// libraries at the same paths as on the host.
-	dirs := map[string]bool{}
+	parents := map[string]bool{}
 	for _, lib := range sortedKeys(boolKeys(libs)) {
-		for d := path.Dir(lib[1:]); d != "." && !dirs[d]; d = path.Dir(d) {
-			dirs[d] = true
+		for d := path.Dir(lib[1:]); d != "." && !parents[d]; d = path.Dir(d) {
+			parents[d] = true
 		}
 	}
-	for _, d := range sortedKeys(boolKeys(dirs)) {
+	for _, d := range sortedKeys(boolKeys(parents)) {
 		if d == "usr" || d == "usr/local" || d == "usr/local/bin" {
 			continue
 		}

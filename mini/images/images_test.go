@@ -98,3 +98,50 @@ func TestWriteArchive(t *testing.T) {
 		t.Fatal("a failed archive was left behind")
 	}
 }
+
+// TestDirsCarryTheirLibraries: a directory of plugins (Debian's iptables
+// extensions, which the kube-proxy image carries) is copied with the
+// libraries the plugins load (libxt_statistic.so needs libm): without
+// them kube-proxy cannot program Services.
+func TestDirsCarryTheirLibraries(t *testing.T) {
+	const ext = "/usr/lib/x86_64-linux-gnu/xtables"
+	plugin := filepath.Join(ext, "libxt_statistic.so")
+	if _, err := os.Stat(plugin); err != nil {
+		t.Fatalf("%v: apt-get install iptables (make setup does)", err)
+	}
+	deps, err := sharedLibraries(plugin)
+	if err != nil || len(deps) == 0 {
+		t.Fatalf("libraries of %s: %v %v", plugin, deps, err)
+	}
+	img, err := NewLayers(t.TempDir()).Build(Spec{Ref: "docker.io/local/kube-proxy:v1.36.4",
+		Files: map[string]string{"xtables-nft-multi": "/usr/sbin/xtables-nft-multi"}, Dirs: []string{ext}}, "amd64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	entries := map[string]bool{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries["/"+h.Name] = true
+	}
+	for _, want := range append([]string{plugin, filepath.Join(ext, "libxt_MASQUERADE.so")}, deps...) {
+		if !entries[want] {
+			t.Errorf("the image lacks %s", want)
+		}
+	}
+}

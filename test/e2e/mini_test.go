@@ -42,10 +42,14 @@ func buildBinaries(t *testing.T) string {
 func gatehouse(t *testing.T, bin string, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(bin, "gatehouse"), args...)
-	cmd.Env = append(os.Environ(), "GATEHOUSE_KUBE_BIN="+kubeBin(t))
+	addons, err := testenv.AddonBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), "GATEHOUSE_KUBE_BIN="+kubeBin(t), testenv.AddonBinDirEnv+"="+addons)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
+	err = cmd.Run()
 	return out.String(), err
 }
 
@@ -130,6 +134,34 @@ func TestMiniCluster(t *testing.T) {
 			t.Fatalf("the workload pod is not Running on worker-1: %v", err)
 		}
 	})
+
+	var echo string // the echo workload's image, in the cluster's registry
+	t.Run("services: registry, kube-proxy, CoreDNS", func(t *testing.T) {
+		err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+			proxy, err := client.AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+			if err != nil || proxy.Status.DesiredNumberScheduled != 5 || proxy.Status.NumberReady != 5 {
+				return false, nil
+			}
+			dns, err := client.AppsV1().Deployments("kube-system").Get(ctx, "coredns", metav1.GetOptions{})
+			return err == nil && dns.Status.AvailableReplicas >= 1, nil
+		})
+		if err != nil {
+			t.Fatalf("kube-proxy is not ready on the 5 nodes, or CoreDNS is not available: %v", err)
+		}
+		image := echoImage(t, bin, dir)
+		// Pulled from the registry on worker-2, asked by name from worker-1:
+		// the registry, DNS, a Service and pod traffic between nodes.
+		deployEcho(ctx, t, client, image, "worker-2")
+		askEcho(ctx, t, client, image, "worker-1")
+		echo = image
+	})
+	keepsServing := func(t *testing.T) {
+		t.Helper()
+		if echo == "" {
+			t.Fatal("the echo workload is not deployed: see the services step")
+		}
+		askEcho(ctx, t, client, echo, "worker-1")
+	}
 
 	t.Run("worker-measured machine asking for the control-plane role refused", func(t *testing.T) {
 		workerAsksForControlPlane(ctx, t, dir, client)
@@ -265,6 +297,7 @@ func TestMiniCluster(t *testing.T) {
 		if failed, total := stop(); failed > 0 || total == 0 {
 			t.Errorf("%d of %d requests through the load balancer failed while cp-1 rebooted", failed, total)
 		}
+		keepsServing(t)
 	})
 
 	t.Run("control plane killed while serving a join", func(t *testing.T) {
@@ -343,7 +376,13 @@ func TestMiniCluster(t *testing.T) {
 	})
 
 	t.Run("full outage and recover", func(t *testing.T) {
-		// Data written before the outage.
+		// Data written before the outage: a file on a hostPath volume of
+		// worker-1, and a ConfigMap.
+		if echo == "" {
+			t.Fatal("the echo workload is not deployed: see the services step")
+		}
+		data := ptr.To("/srv/e2e")
+		runPod(ctx, t, client, echo, "worker-1", []string{"write", "/data/before-the-outage", "written before the outage"}, data)
 		if _, err := client.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Name: "before-the-outage"}, Data: map[string]string{"written": "before"},
 		}, metav1.CreateOptions{}); err != nil {
@@ -399,6 +438,10 @@ func TestMiniCluster(t *testing.T) {
 			}
 		}
 		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
+		if got := runPod(ctx, t, client, echo, "worker-1", []string{"cat", "/data/before-the-outage"}, data); got != "written before the outage\n" {
+			t.Fatalf("the hostPath file after the outage holds %q", got)
+		}
+		keepsServing(t)
 	})
 
 	var rec *mini.Record
