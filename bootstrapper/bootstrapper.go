@@ -24,9 +24,10 @@ type bootDisk interface {
 	TestKey(ctx context.Context, key []byte) (bool, error)
 }
 
-// diskOpener maps the unlocked state disk (needs device-mapper).
-type diskOpener interface {
-	Open(ctx context.Context, name string, key []byte) error
+// stateVolume puts the node's state on its state disk, opened with key
+// (needs device-mapper; *statedisk.Volume).
+type stateVolume interface {
+	Unlock(ctx context.Context, key []byte) error
 }
 
 // KubeletService (re)starts the kubelet of a bootstrapped node.
@@ -55,10 +56,6 @@ type Config struct {
 	Machine *Machine
 	Lock    *nodelock.Lock
 	Disk    bootDisk
-	// Opener, when set, maps the state disk as MapperName once its key is
-	// known after a reboot. Nil on machines without device-mapper.
-	Opener     diskOpener
-	MapperName string
 	// InitServer serves InitService on InitListener through
 	// InitGRPCServer (a gRPC server with attested TLS credentials).
 	InitServer     *InitServer

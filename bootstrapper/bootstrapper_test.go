@@ -219,9 +219,12 @@ func TestRunRejoin(t *testing.T) {
 	ca, n, ticket := rebootedNode(t)
 	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
 	f := newRunFixture(t, n, ca, addr)
+	vol := &recordingVolume{}
+	n.machine.State = vol
 	if err := awaitRun(t, f.run(t.Context())); err != nil {
 		t.Fatal(err)
 	}
+	vol.unlockedWith(t, ticket.GetStateDiskKey())
 	id, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
 	if err != nil {
 		t.Fatal(err)

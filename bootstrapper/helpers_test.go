@@ -1,6 +1,7 @@
 package bootstrapper
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/sha256"
@@ -234,4 +235,30 @@ func parsePEMCert(data []byte) (*x509.Certificate, error) {
 		return nil, errors.New("no PEM block")
 	}
 	return x509.ParseCertificate(block.Bytes)
+}
+
+// recordingVolume stands in for statedisk.Volume (which needs
+// device-mapper): it records the keys the state disk was unlocked with,
+// and fails with fail when set.
+type recordingVolume struct {
+	mu   sync.Mutex
+	keys [][]byte
+	fail error
+}
+
+func (v *recordingVolume) Unlock(_ context.Context, key []byte) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.keys = append(v.keys, bytes.Clone(key))
+	return v.fail
+}
+
+// unlockedWith fails t unless the state was unlocked exactly once, with key.
+func (v *recordingVolume) unlockedWith(t *testing.T, key []byte) {
+	t.Helper()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.keys) != 1 || !bytes.Equal(v.keys[0], key) {
+		t.Fatalf("the state volume was unlocked %d times (want once, with the node's disk key)", len(v.keys))
+	}
 }

@@ -159,6 +159,8 @@ func fileMode(t *testing.T, path string) os.FileMode {
 // returns a named admin's kubeconfig and the cluster ID.
 func TestInit(t *testing.T) {
 	f := newInitFixture(t)
+	vol := &recordingVolume{}
+	f.node.machine.State = vol
 	ctx := t.Context()
 	first := f.node.machine.FirstBootKey
 	stream, err := f.client.Init(ctx, f.req)
@@ -177,6 +179,7 @@ func TestInit(t *testing.T) {
 		t.Fatalf("progress steps %s, want %s", got, want)
 	}
 	wantID, diskKey := f.expected(t)
+	vol.unlockedWith(t, diskKey)
 	if !bytes.Equal(final.GetSuccess().GetClusterId(), wantID) {
 		t.Fatal("cluster ID differs from HKDF(measurementSecret, measurementSalt, \"key-clusterID\")")
 	}

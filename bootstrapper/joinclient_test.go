@@ -358,6 +358,36 @@ func TestJoinFailureAfterLock(t *testing.T) {
 	}
 }
 
+// TestJoinStateUnlockFailure: a join whose state disk cannot hold the
+// node's state (open, file system or mounts fail) stops after the re-key,
+// before kubeadm, with the disk marked for reset and the node failed.
+func TestJoinStateUnlockFailure(t *testing.T) {
+	ca, _, _, err := clusterpki.GenerateCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newTestNode(t)
+	n.formatDisk(t)
+	n.runner.recordOnly = true
+	vol := &recordingVolume{fail: errors.New("mounting the state disk at /run/gatehouse/state: device busy")}
+	n.machine.State = vol
+	ticket := testTicket(t, n.machine.Root)
+	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
+	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
+	err = newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), false, addr).Join(t.Context())
+	var failed *FailedError
+	if !errors.As(err, &failed) || !strings.Contains(err.Error(), "putting the node's state on the state disk") {
+		t.Fatalf("join error %v, want a FailedError naming the state disk", err)
+	}
+	vol.unlockedWith(t, ticket.GetStateDiskKey())
+	if got := n.runner.subcommands(); got != "" {
+		t.Errorf("kubeadm ran (%s) though the state disk could not hold the state", got)
+	}
+	if st, _ := n.disk.State(t.Context()); st != statedisk.ResetRequested {
+		t.Errorf("disk state %s, want reset requested", st)
+	}
+}
+
 // TestJoinRefused: a refusal that retrying cannot change ends the join
 // before the lock, with nothing changed.
 func TestJoinRefused(t *testing.T) {

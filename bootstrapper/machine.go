@@ -55,8 +55,12 @@ type Machine struct {
 	// Disk is the state disk, formatted at first boot with FirstBootKey.
 	Disk         stateDisk
 	FirstBootKey []byte
-	Installer    componentInstaller
-	Kubeadm      KubeadmRunner
+	// State, when set, puts the node's state on the state disk once its
+	// key is known (a *statedisk.Volume). Nil where the kernel has no
+	// device-mapper: the key is then only proven (TestKey).
+	State     stateVolume
+	Installer componentInstaller
+	Kubeadm   KubeadmRunner
 	// Node and Kubelet describe the node to kubeadm.
 	Node    kubeadm.Node
 	Kubelet kubeadm.KubeletOptions
@@ -95,13 +99,29 @@ func (s *Machine) writeAuditPolicy() error {
 	return s.writeFile(kubeadm.AuditPolicyPath, policy, 0o600)
 }
 
-// rekeyDisk replaces the first-boot passphrase with diskKey and records the
-// measurement salt. Re-running it after an interruption is safe.
+// rekeyDisk replaces the first-boot passphrase with diskKey, records the
+// measurement salt and puts the node's state on the disk. Re-running it
+// after an interruption is safe.
 func (s *Machine) rekeyDisk(ctx context.Context, diskKey, measurementSalt []byte) error {
 	if err := s.Disk.Rekey(ctx, s.FirstBootKey, diskKey); err != nil {
 		return err
 	}
-	return s.Disk.MarkInitialised(ctx, measurementSalt)
+	if err := s.Disk.MarkInitialised(ctx, measurementSalt); err != nil {
+		return err
+	}
+	return s.unlockState(ctx, diskKey)
+}
+
+// unlockState puts the node's state on the state disk opened with key,
+// where the kernel can open it (State is set).
+func (s *Machine) unlockState(ctx context.Context, key []byte) error {
+	if s.State == nil {
+		return nil
+	}
+	if err := s.State.Unlock(ctx, key); err != nil {
+		return fmt.Errorf("putting the node's state on the state disk: %w", err)
+	}
+	return nil
 }
 
 // markFailed records a failure after the node lock: the state disk is

@@ -93,7 +93,7 @@ func (s *recoveryServer) Recover(ctx context.Context, req *recoveryservicev1.Rec
 	return &recoveryservicev1.RecoverResponse{}, nil
 }
 
-// unlock maps the state disk and restarts the kubelet, past the node
+// unlock puts the node's state on the state disk and restarts the kubelet, past the node
 // lock: failures are recorded as *FailedError. Unlike a failed join, the
 // disk is not marked for reset: it holds what the recovery is for (a
 // control plane's etcd data), and the next boot can be recovered again.
@@ -105,10 +105,8 @@ func (s *recoveryServer) unlock(ctx context.Context, key []byte) error {
 		cfg.Machine.recordStatus(PhaseFailed, failed, cfg.Now())
 		return failed
 	}
-	if cfg.Opener != nil {
-		if err := cfg.Opener.Open(ctx, cfg.MapperName, key); err != nil {
-			return fail(fmt.Errorf("opening the state disk: %w", err))
-		}
+	if err := cfg.Machine.unlockState(ctx, key); err != nil {
+		return fail(err)
 	}
 	if err := cfg.Kubelet.Restart(ctx); err != nil {
 		return fail(fmt.Errorf("restarting the kubelet: %w", err))

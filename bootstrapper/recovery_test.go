@@ -46,6 +46,8 @@ func rebootedNode(t *testing.T) (*clusterpki.CA, *testNode, *joinservicev1.Issue
 func TestRunRecover(t *testing.T) {
 	ca, n, ticket := rebootedNode(t)
 	f := newRunFixture(t, n, ca, "127.0.0.1:1") // the join service is down
+	vol := &recordingVolume{}
+	n.machine.State = vol
 	done := f.run(t.Context())
 	client := recoveryservicev1.NewRecoveryServiceClient(dial(t, f.cfg.InitListener.Addr().String(),
 		atls.Config{Verifiers: []attestation.Verifier{verifier(t, n.attester)}}))
@@ -85,6 +87,7 @@ func TestRunRecover(t *testing.T) {
 	if err := awaitRun(t, done); err != nil {
 		t.Fatal(err)
 	}
+	vol.unlockedWith(t, ticket.GetStateDiskKey())
 	id, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
 	if err != nil {
 		t.Fatal(err)

@@ -58,10 +58,8 @@ func (r *rejoin) run(ctx context.Context) error {
 	if err := cfg.Lock.TryLock("rejoin", id); err != nil {
 		return err
 	}
-	if cfg.Opener != nil {
-		if err := cfg.Opener.Open(ctx, cfg.MapperName, ticket.GetStateDiskKey()); err != nil {
-			return machine.markFailed(err, cfg.Now())
-		}
+	if err := machine.unlockState(ctx, ticket.GetStateDiskKey()); err != nil {
+		return machine.markFailed(err, cfg.Now())
 	}
 	if err := cfg.Kubelet.Restart(ctx); err != nil {
 		return machine.markFailed(err, cfg.Now())

@@ -138,6 +138,10 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	return nil
 }
 
+// stateMapperName is the device-mapper name of node's opened state disk,
+// unique on the machine (where device-mapper exists).
+func stateMapperName(node string) string { return "gatehouse-state-" + node }
+
 func pcrList() string {
 	var s []string
 	for _, p := range PCRs {
@@ -354,6 +358,7 @@ func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 	args := []string{
 		"--node-name", spec.Name, "--advertise-address", spec.IP,
 		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--state-disk", spec.StateDisk,
+		"--state-disk-mapper-name", stateMapperName(spec.Name), "--state-disk-mount", "/run/gatehouse/state",
 		"--init-listen", fmt.Sprintf("%s:%d", spec.IP, InitPort), "--init-secret-hash-file", spec.InitSecretHashFile,
 		"--cgroup-driver", "cgroupfs", "--cgroup-root", spec.CgroupRoot, "--allow-cgroup-v1", "--allow-swap",
 		"--image-repository", ImageRepository, "--image-pull-policy", "Never",

@@ -89,6 +89,17 @@ func stopNode(ctx context.Context, n NodeRecord) []error {
 			errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
 		}
 	}
+	// Where device-mapper exists the node's state disk is mapped; with its
+	// mount namespace gone, nothing holds the mapping: a power cut.
+	if _, err := os.Stat("/dev/mapper/" + stateMapperName(n.Name)); err == nil {
+		mapping := "/dev/mapper/" + stateMapperName(n.Name)
+		err := poll(ctx, 200*time.Millisecond, 10*time.Second, "closing "+mapping, func() (bool, error) {
+			return run(ctx, "cryptsetup", "close", stateMapperName(n.Name)) == nil, nil
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+		}
+	}
 	return errs
 }
 

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 )
 
@@ -225,5 +227,68 @@ func TestOpen(t *testing.T) {
 	}
 	if err := d.Close(ctx, name); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestVolume: the unlocked disk gets a file system, the state directories
+// are bound onto it with what they held before, and the state is there
+// again after the disk is closed and unlocked anew; a wrong key mounts
+// nothing. It needs device-mapper, and says so where the kernel lacks it.
+func TestVolume(t *testing.T) {
+	if ok, why := DeviceMapperAvailable(); !ok {
+		t.Skip("not testing Volume (it maps the disk): " + why)
+	}
+	d, _ := loopDisk(t, false)
+	ctx := context.Background()
+	key, err := d.FormatRandom(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	state := filepath.Join(root, "etc", "kubernetes")
+	if err := os.MkdirAll(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "before"), []byte("written before the unlock"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := &Volume{Disk: d, MapperName: "gatehouse-test-" + hex.EncodeToString(randomKey(t)[:4]), MountPoint: filepath.Join(root, "mnt"), Dirs: []string{state}}
+	closeAll := func() {
+		_ = unix.Unmount(state, 0)
+		_ = unix.Unmount(v.MountPoint, 0)
+		_ = d.Close(context.Background(), v.MapperName)
+	}
+	t.Cleanup(closeAll)
+
+	if err := v.Unlock(ctx, randomKey(t)); !errors.Is(err, ErrWrongKey) {
+		t.Fatalf("Unlock with a wrong key: %v, want ErrWrongKey", err)
+	}
+	if mounted, _ := isMountPoint(v.MountPoint); mounted {
+		t.Fatal("a wrong key mounted the disk")
+	}
+	if err := v.Unlock(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Unlock(ctx, key); err != nil {
+		t.Fatalf("a second Unlock: %v", err)
+	}
+	if mounted, err := isMountPoint(state); err != nil || !mounted {
+		t.Fatalf("%s is not bound onto the disk (%v)", state, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(state, "before")); err != nil || string(got) != "written before the unlock" {
+		t.Fatalf("what the directory held before: %q, %v", got, err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "after"), []byte("on the disk"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	closeAll()
+	if _, err := os.Stat(filepath.Join(state, "after")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("with the disk closed, its file is still visible on the root file system (%v)", err)
+	}
+	if err := v.Unlock(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(state, "after")); err != nil || string(got) != "on the disk" {
+		t.Fatalf("after the disk was unlocked again: %q, %v", got, err)
 	}
 }

@@ -87,6 +87,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		akSource        = flag.String("attestation-key", string(tpmattester.AKOwner), attestationKeyUsage)
 		stateDisk       = flag.String("state-disk", "", "block device of the LUKS2 state disk (required)")
 		mapperName      = flag.String("state-disk-mapper-name", "gatehouse-state", "device-mapper name of the opened state disk")
+		stateMount      = flag.String("state-disk-mount", "/run/gatehouse/state", "where the opened state disk is mounted; /etc/kubernetes, /var/lib/kubelet, /var/lib/etcd and /etc/gatehouse are bound onto it")
 		initListen      = flag.String("init-listen", ":9000", "attested TLS address of InitService")
 		initSecretHash  = flag.String("init-secret-hash-file", "/etc/gatehouse/init-secret.bcrypt", "file with the bcrypt hash of the init secret")
 		endpoints       = flag.String("join-endpoints", "", "comma-separated join service host:port list")
@@ -245,9 +246,9 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		Join: join, Kubelet: kubelet, SuccessFile: *successFile,
 	}
 	if ok, why := statedisk.DeviceMapperAvailable(); ok {
-		cfg.Opener, cfg.MapperName = disk, *mapperName
+		setup.State = &statedisk.Volume{Disk: disk, MapperName: *mapperName, MountPoint: *stateMount, Dirs: statedisk.StateDirs}
 	} else {
-		log.Warn("The state disk will not be opened after a reboot", "reason", why)
+		log.Warn("The state disk will not be opened: the node's state stays on the root file system", "reason", why)
 	}
 	return bootstrapper.Run(ctx, cfg)
 }
