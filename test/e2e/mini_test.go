@@ -348,24 +348,24 @@ func TestMiniCluster(t *testing.T) {
 	t.Run("rebooted node measuring otherwise stays out", func(t *testing.T) {
 		refusal := []string{`"verdict":"refused"`, `"reason":"measurement_mismatch"`}
 		audit := joinServiceLog(t, dir)
-		w2 := ip("worker-2")
-		refusalsBefore, allowedBefore := auditCount(audit, w2, refusal...), auditCount(audit, w2, `"verdict":"allowed"`)
-		agentLog := filepath.Join(dir, "nodes", "worker-2", "logs", "agent.log")
+		w4 := ip("worker-4")
+		refusalsBefore, allowedBefore := auditCount(audit, w4, refusal...), auditCount(audit, w4, `"verdict":"allowed"`)
+		agentLog := filepath.Join(dir, "nodes", "worker-4", "logs", "agent.log")
 		logBefore, _ := os.ReadFile(agentLog)
-		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "--tamper", "worker-2"); err != nil {
+		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "--tamper", "worker-4"); err != nil {
 			t.Fatalf("mini node reboot --tamper: %v\n%s", err, out)
 		}
 		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
 			audit = joinServiceLog(t, dir)
-			return auditCount(audit, w2, refusal...) > refusalsBefore, nil
+			return auditCount(audit, w4, refusal...) > refusalsBefore, nil
 		})
 		if err != nil {
-			t.Fatalf("the join service did not refuse the tampered reboot of worker-2: %v\n%s", err, audit)
+			t.Fatalf("the join service did not refuse the tampered reboot of worker-4: %v\n%s", err, audit)
 		}
-		if auditCount(audit, w2, `"verdict":"allowed"`) > allowedBefore {
-			t.Fatalf("the join service allowed worker-2 after a tampered reboot:\n%s", audit)
+		if auditCount(audit, w4, `"verdict":"allowed"`) > allowedBefore {
+			t.Fatalf("the join service allowed worker-4 after a tampered reboot:\n%s", audit)
 		}
-		if _, err := os.Stat(filepath.Join(dir, "nodes", "worker-2", "bootstrap.status")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "nodes", "worker-4", "bootstrap.status")); err == nil {
 			t.Fatal("the tampered node's bootstrapper finished")
 		}
 		logAfter, _ := os.ReadFile(agentLog)
@@ -421,7 +421,7 @@ func TestMiniCluster(t *testing.T) {
 			if err != nil || cm.Data["written"] != "before" {
 				return false, nil
 			}
-			for _, name := range []string{"cp-0", "cp-1", "cp-2", "worker-1", "worker-4"} {
+			for _, name := range []string{"cp-0", "cp-1", "cp-2", "worker-1", "worker-2"} {
 				node, err := short.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 				if err != nil || !readySince(node, started) {
 					return false, nil
