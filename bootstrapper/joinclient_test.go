@@ -240,22 +240,43 @@ func TestJoin(t *testing.T) {
 	testkit.AssertNoSecrets(t, n.logs.String(), [][]byte{[]byte(ticket.GetToken()), ticket.GetStateDiskKey(), ticket.GetMeasurementSecret()})
 }
 
-// joinControlPlane joins a fresh node as a control plane whose ticket
-// carries files (kubeadm only recorded).
-func joinControlPlane(t *testing.T, files []*joinservicev1.ControlPlaneFile) (*testNode, error) {
+// joinFixture is a fresh node whose kubeadm is only recorded, a ticket for
+// it, and a fake join service that hands it out to the fixture's client.
+type joinFixture struct {
+	n      *testNode
+	ticket *joinservicev1.IssueJoinTicketResponse
+	fake   *fakeJoinService
+	client *JoinClient
+}
+
+// newJoinFixture makes the fixture; prepare, when set, changes the node,
+// ticket or service before the service starts.
+func newJoinFixture(t *testing.T, controlPlane bool, prepare func(*joinFixture)) *joinFixture {
 	t.Helper()
 	ca, _, _, err := clusterpki.GenerateCA(time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := newTestNode(t)
-	n.formatDisk(t)
-	n.runner.recordOnly = true
-	ticket := testTicket(t, n.machine.Root)
-	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
-	ticket.ControlPlaneFiles = files
-	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
-	return n, newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), true, addr).Join(t.Context())
+	f := &joinFixture{n: newTestNode(t)}
+	f.n.formatDisk(t)
+	f.n.runner.recordOnly = true
+	f.ticket = testTicket(t, f.n.machine.Root)
+	f.ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
+	f.fake = &fakeJoinService{ca: ca, ticket: f.ticket}
+	if prepare != nil {
+		prepare(f)
+	}
+	addr := startJoinService(t, f.n, f.fake)
+	f.client = newJoinClient(t, f.n, ca.DiscoveryTokenCACertHash(), controlPlane, addr)
+	return f
+}
+
+// joinControlPlane joins a fresh node as a control plane whose ticket
+// carries files (kubeadm only recorded).
+func joinControlPlane(t *testing.T, files []*joinservicev1.ControlPlaneFile) (*testNode, error) {
+	t.Helper()
+	f := newJoinFixture(t, true, func(f *joinFixture) { f.ticket.ControlPlaneFiles = files })
+	return f.n, f.client.Join(t.Context())
 }
 
 // TestJoinControlPlaneFiles: a control plane writes the ticket's PKI
@@ -287,29 +308,18 @@ func TestJoinControlPlaneFiles(t *testing.T) {
 // one is joining; google.rpc.RetryInfo) retries after that delay, not
 // after a backoff that grew through the wait: here the backoff is an hour.
 func TestJoinWaitsItsTurnAsTold(t *testing.T) {
-	ca, _, _, err := clusterpki.GenerateCA(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newTestNode(t)
-	n.formatDisk(t)
-	n.runner.recordOnly = true
-	ticket := testTicket(t, n.machine.Root)
-	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
-	fake := &fakeJoinService{ca: ca, ticket: ticket, busy: 3}
-	addr := startJoinService(t, n, fake)
-	client := newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), true, addr)
-	client.calls.backoff = Backoff{Initial: time.Hour, Max: time.Hour}
+	f := newJoinFixture(t, true, func(f *joinFixture) { f.fake.busy = 3 })
+	f.client.calls.backoff = Backoff{Initial: time.Hour, Max: time.Hour}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	if err := client.Join(ctx); err != nil {
-		t.Fatalf("join after three busy answers: %v\nlogs:\n%s", err, n.logs)
+	if err := f.client.Join(ctx); err != nil {
+		t.Fatalf("join after three busy answers: %v\nlogs:\n%s", err, f.n.logs)
 	}
-	if fake.calls != 4 {
-		t.Errorf("%d calls, want 4 (three busy)", fake.calls)
+	if f.fake.calls != 4 {
+		t.Errorf("%d calls, want 4 (three busy)", f.fake.calls)
 	}
-	if !strings.Contains(n.logs.String(), "The join service asks to retry later") {
-		t.Errorf("the wait is not logged:\n%s", n.logs)
+	if !strings.Contains(f.n.logs.String(), "The join service asks to retry later") {
+		t.Errorf("the wait is not logged:\n%s", f.n.logs)
 	}
 }
 
@@ -330,19 +340,12 @@ func TestJoinRefusesEscapingFileNames(t *testing.T) {
 // a reset between); the node reports failed and its disk is marked for
 // reset.
 func TestJoinFailureAfterLock(t *testing.T) {
-	ca, _, _, err := clusterpki.GenerateCA(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newTestNode(t)
-	n.formatDisk(t)
-	n.runner.recordOnly = true
-	n.runner.fail = map[string]int{"join": 3}
-	n.runner.failOutput = "error execution phase kubelet-start: timed out"
-	ticket := testTicket(t, n.machine.Root)
-	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
-	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
-	err = newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), false, addr).Join(t.Context())
+	f := newJoinFixture(t, false, func(f *joinFixture) {
+		f.n.runner.fail = map[string]int{"join": 3}
+		f.n.runner.failOutput = "error execution phase kubelet-start: timed out"
+	})
+	n := f.n
+	err := f.client.Join(t.Context())
 	var failed *FailedError
 	if !errors.As(err, &failed) || !strings.Contains(err.Error(), "attempt 3 of 3") || !strings.Contains(err.Error(), "kubelet-start") {
 		t.Fatalf("join error %v, want a FailedError after 3 attempts with kubeadm's output", err)
@@ -362,19 +365,10 @@ func TestJoinFailureAfterLock(t *testing.T) {
 // node's state (open, file system or mounts fail) stops after the re-key,
 // before kubeadm, with the disk marked for reset and the node failed.
 func TestJoinStateUnlockFailure(t *testing.T) {
-	ca, _, _, err := clusterpki.GenerateCA(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newTestNode(t)
-	n.formatDisk(t)
-	n.runner.recordOnly = true
 	vol := &recordingVolume{fail: errors.New("mounting the state disk at /run/gatehouse/state: device busy")}
-	n.machine.State = vol
-	ticket := testTicket(t, n.machine.Root)
-	ticket.DiscoveryTokenCaCertHash = ca.DiscoveryTokenCACertHash()
-	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
-	err = newJoinClient(t, n, ca.DiscoveryTokenCACertHash(), false, addr).Join(t.Context())
+	f := newJoinFixture(t, false, func(f *joinFixture) { f.n.machine.State = vol })
+	n, ticket := f.n, f.ticket
+	err := f.client.Join(t.Context())
 	var failed *FailedError
 	if !errors.As(err, &failed) || !strings.Contains(err.Error(), "putting the node's state on the state disk") {
 		t.Fatalf("join error %v, want a FailedError naming the state disk", err)

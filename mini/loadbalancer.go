@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -82,36 +81,15 @@ func startLoadBalancer(ctx context.Context, rec *Record, backends []string) erro
 	if out, err := exec.CommandContext(ctx, "haproxy", "-c", "-f", cfg).CombinedOutput(); err != nil {
 		return fmt.Errorf("haproxy refuses its configuration %s: %w\n%s", cfg, err, out)
 	}
-	logFile, err := os.OpenFile(filepath.Join(rec.Dir, "haproxy.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) //nolint:gosec // no secrets
-	if err != nil {
-		return err
-	}
-	defer logFile.Close()
 	// -db: stay in the foreground, so the recorded PID is haproxy's.
-	cmd := exec.Command("haproxy", "-db", "-f", cfg)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting haproxy: %w", err)
-	}
-	rec.LoadBalancerPID = cmd.Process.Pid
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	if err := rec.save(); err != nil {
-		return err
-	}
-	return poll(ctx, 50*time.Millisecond, 10*time.Second, "haproxy to listen on "+loadBalancerEndpoint(), func() (bool, error) {
-		select {
-		case err := <-exited:
-			return false, fmt.Errorf("haproxy exited (%w); its log is %s", err, logFile.Name())
-		default:
-		}
-		c, err := net.DialTimeout("tcp", loadBalancerEndpoint(), time.Second)
-		if err != nil {
-			return false, nil
-		}
-		return true, c.Close()
-	})
+	return startHostProcess(ctx, rec, &rec.LoadBalancerPID, "haproxy", "listen on "+loadBalancerEndpoint(), []string{"haproxy", "-db", "-f", cfg},
+		func() (bool, error) {
+			c, err := net.DialTimeout("tcp", loadBalancerEndpoint(), time.Second)
+			if err != nil {
+				return false, nil
+			}
+			return true, c.Close()
+		})
 }
 
 // waitLoadBalancer waits until the load balancer routes to a ready API

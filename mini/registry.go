@@ -49,40 +49,51 @@ func startRegistry(ctx context.Context, rec *Record, addonBin string) error {
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, registryConfig, storage, RegistryAddress), 0o600); err != nil {
 		return err
 	}
-	logFile, err := os.OpenFile(filepath.Join(rec.Dir, "registry.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) //nolint:gosec // no secrets
+	client := &http.Client{Timeout: time.Second}
+	return startHostProcess(ctx, rec, &rec.RegistryPID, "registry", "answer at "+RegistryAddress,
+		[]string{filepath.Join(addonBin, "registry"), "serve", cfg}, func() (bool, error) {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+RegistryAddress+"/v2/", nil)
+			if err != nil {
+				return false, err
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				return false, nil
+			}
+			_ = resp.Body.Close()
+			return resp.StatusCode == http.StatusOK, nil
+		})
+}
+
+// startHostProcess starts argv on the host in its own session, logging to
+// <name>.log in the cluster directory, records its PID in *pid (saved in
+// rec, so mini down stops it), and polls ready until it is ready, it
+// exits, or 20 s pass.
+func startHostProcess(ctx context.Context, rec *Record, pid *int, name, readiness string, argv []string, ready func() (bool, error)) error {
+	logFile, err := os.OpenFile(filepath.Join(rec.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) //nolint:gosec // no secrets
 	if err != nil {
 		return err
 	}
 	defer logFile.Close()
-	cmd := exec.Command(filepath.Join(addonBin, "registry"), "serve", cfg)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting the registry: %w", err)
+		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	rec.RegistryPID = cmd.Process.Pid
+	*pid = cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	if err := rec.save(); err != nil {
 		return err
 	}
-	client := &http.Client{Timeout: time.Second}
-	return poll(ctx, 50*time.Millisecond, 20*time.Second, "the registry to answer at "+RegistryAddress, func() (bool, error) {
+	return poll(ctx, 50*time.Millisecond, 20*time.Second, name+" to "+readiness, func() (bool, error) {
 		select {
 		case err := <-exited:
-			return false, fmt.Errorf("the registry exited (%w); its log is %s", err, logFile.Name())
+			return false, fmt.Errorf("%s exited (%w); its log is %s", name, err, logFile.Name())
 		default:
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+RegistryAddress+"/v2/", nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
+		return ready()
 	})
 }
 
