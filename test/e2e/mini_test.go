@@ -567,9 +567,13 @@ func assertNothingLeft(t *testing.T, rec *mini.Record) {
 			t.Errorf("cgroups of %s remain: %v", n.Name, matches)
 		}
 	}
-	if rec.LoadBalancerPID > 0 {
-		if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", rec.LoadBalancerPID)); err == nil && strings.Contains(string(cmdline), "haproxy") {
-			t.Errorf("the load balancer (haproxy, pid %d) remains", rec.LoadBalancerPID)
+	for what, pid := range map[string]int{"haproxy": rec.LoadBalancerPID, "registry": rec.RegistryPID} {
+		if pid <= 0 {
+			t.Errorf("the record names no %s process", what)
+			continue
+		}
+		if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.Contains(string(cmdline), what) {
+			t.Errorf("%s (pid %d) remains", what, pid)
 		}
 	}
 	if strings.Contains(string(netns), "cni-") {
