@@ -283,6 +283,7 @@ func TestMiniCluster(t *testing.T) {
 		if audit := joinServiceLog(t, dir); auditCount(audit, ip("worker-1"), rejoin...) <= rejoinsBefore {
 			t.Fatalf("the join service did not issue worker-1 a rejoin ticket after its reboot:\n%s", audit)
 		}
+		keepsServing(t)
 	})
 
 	t.Run("reboot a control plane", func(t *testing.T) {
