@@ -36,6 +36,26 @@ const (
 // ErrNameBound means the node name is bound to another attestation identity.
 var ErrNameBound = errors.New("node name is bound to another attestation identity")
 
+// ErrNotBound means no attestation identity holds the node name.
+var ErrNotBound = errors.New("node name is bound to no attestation identity")
+
+// Identity returns the attestation identity node's name is bound to: the
+// machine that joined under that name. It returns an error wrapping
+// ErrNotBound when there is no binding, or an API error.
+func (b *NodeBindings) Identity(ctx context.Context, node string) (string, error) {
+	cm, err := b.client.CoreV1().ConfigMaps(b.namespace).Get(ctx, BindingName(node), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("%w: node %s", ErrNotBound, node)
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the binding of node name %s: %w", node, err)
+	}
+	if cm.Data[keyBindingNode] != node || cm.Data[keyBindingIdentity] == "" {
+		return "", fmt.Errorf("%w: binding ConfigMap %s/%s does not name node %s with an identity", ErrNotBound, b.namespace, cm.Name, node)
+	}
+	return cm.Data[keyBindingIdentity], nil
+}
+
 // BindingName returns the name of node's binding ConfigMap:
 // "gatehouse-node-" and the first 32 hex digits of SHA-256(node), a fixed
 // length whatever the node name's.

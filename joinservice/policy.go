@@ -93,8 +93,8 @@ func (p *Policy) refused(cm *corev1.ConfigMap, err error) {
 		"configmap", cm.Namespace+"/"+cm.Name, "resourceVersion", cm.ResourceVersion, "error", err.Error())
 }
 
-// current returns the join config and deny list, or ErrNotReady.
-func (p *Policy) current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error) {
+// Current returns the join config and deny list in force, or ErrNotReady.
+func (p *Policy) Current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error) {
 	join, deny := p.join.Load(), p.deny.Load()
 	switch {
 	case join == nil:

@@ -335,7 +335,7 @@ func (s *Server) admit(ctx context.Context, d *decision) (*admission, error) {
 		return nil, refuse(codes.ResourceExhausted, "rate_limited",
 			"too many requests from %s (budget %g per second, burst %d); retry later", d.source, s.cfg.RateLimit.Rate, s.cfg.RateLimit.Burst)
 	}
-	join, deny, err := s.cfg.Policy.current()
+	join, deny, err := s.cfg.Policy.Current()
 	if err != nil {
 		return nil, refuse(codes.Unavailable, "not_ready", "%w", err)
 	}
@@ -515,6 +515,6 @@ func truncate(s string, n int) string {
 // Ready returns nil when the service can decide requests (its policy is
 // loaded), else why not; for readiness probes.
 func (s *Server) Ready() error {
-	_, _, err := s.cfg.Policy.current()
+	_, _, err := s.cfg.Policy.Current()
 	return err
 }

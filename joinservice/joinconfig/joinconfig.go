@@ -6,6 +6,7 @@ package joinconfig
 import (
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -59,6 +60,10 @@ const maxComponents = 64
 type JoinConfig struct {
 	// Appraisal appraises joiners' evidence and tells their roles.
 	Appraisal *policy.Appraisal
+	// policy is the attestation policy Appraisal was compiled from, and
+	// now its clock: RunningAppraisal compiles it for running nodes.
+	policy policy.Policy
+	now    func() time.Time
 	// MeasurementSalt is handed to every joiner, keys.MeasurementSaltSize bytes.
 	MeasurementSalt []byte
 	// APIServerEndpoint is where joiners reach the API server, host:port.
@@ -91,7 +96,11 @@ func ParseJoinConfig(data map[string]string, variant attestation.Variant, now fu
 		}
 	}
 	var err error
-	if cfg.Appraisal, err = parseAttestationPolicy([]byte(data[KeyAttestation]), variant, now); err != nil {
+	if cfg.policy, err = parseAttestationPolicy([]byte(data[KeyAttestation]), variant); err != nil {
+		return nil, fmt.Errorf("join config: %s: %w", KeyAttestation, err)
+	}
+	cfg.now = now
+	if cfg.Appraisal, err = cfg.policy.Appraisal(now, nil); err != nil {
 		return nil, fmt.Errorf("join config: %s: %w", KeyAttestation, err)
 	}
 	cfg.Summary = cfg.Appraisal.Summary
@@ -205,15 +214,26 @@ func parseComponents(data []byte) ([]*componentsv1.Component, error) {
 	return out, nil
 }
 
-func parseAttestationPolicy(data []byte, variant attestation.Variant, now func() time.Time) (*policy.Appraisal, error) {
+func parseAttestationPolicy(data []byte, variant attestation.Variant) (policy.Policy, error) {
 	p, err := policy.Decode(data)
 	if err != nil {
-		return nil, err
+		return policy.Policy{}, err
 	}
 	if p.Variant != string(variant) {
-		return nil, fmt.Errorf("variant %q differs from the service's variant %q", p.Variant, variant)
+		return policy.Policy{}, fmt.Errorf("variant %q differs from the service's variant %q", p.Variant, variant)
 	}
-	return p.Appraisal(now, nil)
+	return p, nil
+}
+
+// RunningAppraisal compiles the same attestation policy for nodes that
+// run in the cluster: their node-lock PCR must hold lockPCR
+// (keys.ExpectedNodeLockPCR of the cluster ID) instead of zero. Continuous
+// attestation verifies running nodes with it.
+func (c *JoinConfig) RunningAppraisal(lockPCR []byte) (*policy.Appraisal, error) {
+	if len(lockPCR) == 0 {
+		return nil, errors.New("a running node's appraisal needs the node-lock PCR value")
+	}
+	return c.policy.Appraisal(c.now, lockPCR)
 }
 
 // DenyList is a parsed deny list: attestation identities and node names

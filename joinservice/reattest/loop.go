@@ -1,0 +1,219 @@
+package reattest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// checker verifies one node (*Verifier).
+type checker interface {
+	Check(ctx context.Context, node *corev1.Node) (Outcome, error)
+}
+
+// LoopConfig configures a Loop.
+type LoopConfig struct {
+	Client   kubernetes.Interface
+	Verifier checker
+	// Interval between rounds (each ±10 %); DefaultInterval when zero.
+	Interval time.Duration
+	// Heartbeat is how often an unchanged condition's lastHeartbeatTime
+	// is refreshed: the Node is written only when the outcome changes, or
+	// when its last write is older than this (DefaultHeartbeat when zero).
+	Heartbeat time.Duration
+	// Concurrency bounds the nodes checked at once (16 when zero).
+	Concurrency int
+	Now         func() time.Time
+	Log         *slog.Logger
+	Registerer  prometheus.Registerer
+}
+
+// Defaults of LoopConfig.
+const (
+	DefaultInterval  = time.Minute
+	DefaultHeartbeat = 10 * time.Minute
+)
+
+// Loop re-verifies every Node on an interval and records the outcome on
+// it. Run it in one process of the cluster (the join service's leader).
+type Loop struct {
+	cfg     LoopConfig
+	metrics *metrics
+
+	mu          sync.Mutex
+	lastSuccess map[string]time.Time // by node: the last time it verified
+}
+
+// NewLoop returns the loop; its metrics are registered with cfg.Registerer.
+func NewLoop(cfg LoopConfig) (*Loop, error) {
+	if cfg.Client == nil || cfg.Verifier == nil || cfg.Log == nil || cfg.Registerer == nil {
+		return nil, fmt.Errorf("continuous attestation: Client, Verifier, Log and Registerer are required")
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 16
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Loop{cfg: cfg, metrics: m, lastSuccess: map[string]time.Time{}}, nil
+}
+
+// Run runs a round every interval (±10 %) until ctx ends. A round that
+// cannot judge (no policy yet) is logged and retried next interval.
+func (l *Loop) Run(ctx context.Context) error {
+	for {
+		if _, err := l.Round(ctx); err != nil && ctx.Err() == nil {
+			l.cfg.Log.Warn("Continuous attestation round failed", "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(jitter(l.cfg.Interval)):
+		}
+	}
+}
+
+// Round checks every Node once and records each outcome that changed,
+// and returns the outcomes. It returns an error when it could not list
+// the Nodes or judge at all (no policy).
+func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
+	start := l.cfg.Now()
+	defer func() { l.metrics.roundSeconds.Observe(l.cfg.Now().Sub(start).Seconds()) }()
+	nodes, err := l.cfg.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing Nodes: %w", err)
+	}
+	outcomes := make([]Outcome, len(nodes.Items))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(l.cfg.Concurrency)
+	for i := range nodes.Items {
+		node := &nodes.Items[i]
+		g.Go(func() error {
+			o, err := l.cfg.Verifier.Check(gctx, node)
+			if err != nil {
+				return err
+			}
+			outcomes[i] = o
+			l.metrics.verifications.WithLabelValues(o.Reason).Inc()
+			return l.record(gctx, node, o)
+		})
+	}
+	err = g.Wait()
+	l.updateOldest(nodes.Items)
+	return outcomes, err
+}
+
+// record writes o onto node when it differs from the node's condition, or
+// when the condition's heartbeat is due; it logs failures and changes.
+func (l *Loop) record(ctx context.Context, node *corev1.Node, o Outcome) error {
+	now := l.cfg.Now()
+	if o.Attested {
+		l.mu.Lock()
+		l.lastSuccess[node.Name] = now
+		l.mu.Unlock()
+	}
+	cond := o.condition(now)
+	var old *corev1.NodeCondition
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == ConditionType {
+			old = &node.Status.Conditions[i]
+		}
+	}
+	changed := old == nil || old.Status != cond.Status || old.Reason != cond.Reason || old.Message != cond.Message
+	if !o.Attested || changed {
+		logOutcome(l.cfg.Log, o, changed)
+	}
+	if !changed && now.Sub(old.LastHeartbeatTime.Time) < l.cfg.Heartbeat {
+		return nil
+	}
+	if old != nil && old.Status == cond.Status {
+		cond.LastTransitionTime = old.LastTransitionTime
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
+	if err != nil {
+		return err
+	}
+	// A strategic merge patch: conditions merge by type, others stay.
+	if _, err := l.cfg.Client.CoreV1().Nodes().PatchStatus(ctx, node.Name, patch); err != nil {
+		return fmt.Errorf("recording the attestation of Node %s: %w", node.Name, err)
+	}
+	l.metrics.writes.Inc()
+	return nil
+}
+
+// updateOldest sets the age of the oldest last success among nodes (a
+// node never verified counts from when it was created).
+func (l *Loop) updateOldest(nodes []corev1.Node) {
+	now := l.cfg.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	oldest := time.Duration(0)
+	present := map[string]bool{}
+	for _, n := range nodes {
+		present[n.Name] = true
+		last, ok := l.lastSuccess[n.Name]
+		if !ok {
+			last = n.CreationTimestamp.Time
+		}
+		oldest = max(oldest, now.Sub(last))
+	}
+	for name := range l.lastSuccess {
+		if !present[name] {
+			delete(l.lastSuccess, name)
+		}
+	}
+	l.metrics.oldestSuccessAge.Set(oldest.Seconds())
+}
+
+type metrics struct {
+	verifications    *prometheus.CounterVec
+	writes           prometheus.Counter
+	oldestSuccessAge prometheus.Gauge
+	roundSeconds     prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		verifications: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gatehouse", Subsystem: "reattest", Name: "verifications_total",
+			Help: "Re-verifications of running nodes, by result (the condition's reason).",
+		}, []string{"result"}),
+		writes: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gatehouse", Subsystem: "reattest", Name: "node_status_writes_total",
+			Help: "Node status writes (on a change of outcome, or a due heartbeat).",
+		}),
+		oldestSuccessAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gatehouse", Subsystem: "reattest", Name: "oldest_success_age_seconds",
+			Help: "Age of the oldest last successful verification among the Nodes.",
+		}),
+		roundSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gatehouse", Subsystem: "reattest", Name: "round_duration_seconds",
+			Help: "Duration of one round over every Node.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.verifications, m.writes, m.oldestSuccessAge, m.roundSeconds} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering metrics: %w", err)
+		}
+	}
+	return m, nil
+}

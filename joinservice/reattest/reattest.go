@@ -1,0 +1,249 @@
+// Package reattest is continuous attestation: on an interval it asks every
+// Node for fresh evidence (its evidence endpoint, attested TLS with a fresh
+// nonce), verifies it with the join service's current policy as a join is
+// verified (reference values, roles, deny list), checks that the node is
+// still the machine that joined under its name (its name binding), and
+// records the outcome as the Node condition gatehouse.dev/Attested
+// (docs/continuous-attestation.md).
+package reattest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
+)
+
+// ConditionType is the Node condition continuous attestation keeps.
+const ConditionType corev1.NodeConditionType = "gatehouse.dev/Attested"
+
+// Reasons of the condition: Verified when it is True, else why not.
+const (
+	ReasonVerified = "Verified"
+	// ReasonEvidenceRejected: the evidence does not verify against the
+	// current reference values (the message names what differed).
+	ReasonEvidenceRejected = "EvidenceRejected"
+	// ReasonIdentityChanged: the evidence verifies, but from another
+	// machine than the one the node name is bound to.
+	ReasonIdentityChanged = "IdentityChanged"
+	// ReasonNotBound: no machine is bound to the node name.
+	ReasonNotBound = "NotBound"
+	// ReasonDenied: the deny list names the machine or the node.
+	ReasonDenied = "Denied"
+	// ReasonRoleNotAttested: a control-plane Node whose evidence does not
+	// prove the control-plane role.
+	ReasonRoleNotAttested = "RoleNotAttested"
+	// ReasonUnreachable: no evidence could be fetched.
+	ReasonUnreachable = "Unreachable"
+)
+
+// labelControlPlane marks control-plane Nodes (kubeadm).
+const labelControlPlane = "node-role.kubernetes.io/control-plane"
+
+// Outcome is one node's verification.
+type Outcome struct {
+	Node     string
+	Attested bool
+	Reason   string
+	// Message says what differed or failed; never a secret.
+	Message string
+	// Identity is the attestation identity the evidence came from, when it verified.
+	Identity string
+}
+
+// policySource is the join service's live policy (*joinservice.Policy).
+type policySource interface {
+	Current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error)
+}
+
+// identitySource returns the identity a node name is bound to
+// (*joinservice.NodeBindings).
+type identitySource interface {
+	Identity(ctx context.Context, node string) (string, error)
+}
+
+// FetchFunc fetches a node's evidence at addr and verifies it with
+// verifiers (atls.FetchEvidence).
+type FetchFunc func(ctx context.Context, addr string, verifiers []attestation.Verifier) (*attestation.Result, error)
+
+// Verifier verifies running nodes. It is safe for concurrent use.
+type Verifier struct {
+	policy   policySource
+	bindings identitySource
+	fetch    FetchFunc
+	// clusterID returns the cluster's ID, which a running node's
+	// node-lock PCR holds.
+	clusterID func(ctx context.Context) ([]byte, error)
+	port      int
+
+	mu        sync.Mutex
+	compiled  *joinconfig.JoinConfig // the config appraisal was compiled from
+	lockPCR   []byte
+	appraisal *policy.Appraisal
+}
+
+// NewVerifier returns a verifier of running nodes: evidence from port of
+// each Node's InternalIP, fetched with fetch, appraised with policy's
+// current config for the node-lock PCR of clusterID's cluster ID, and the
+// identity checked against bindings.
+func NewVerifier(p policySource, bindings identitySource, fetch FetchFunc, clusterID func(context.Context) ([]byte, error), port int) *Verifier {
+	return &Verifier{policy: p, bindings: bindings, fetch: fetch, clusterID: clusterID, port: port}
+}
+
+// ErrPolicyNotReady means there is no policy to verify with yet: no node
+// is judged.
+var ErrPolicyNotReady = errors.New("continuous attestation: no policy to verify with")
+
+// Check verifies node once. It returns an error only when nothing can be
+// judged (no policy, no cluster ID); a node that fails is an Outcome.
+func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error) {
+	out := Outcome{Node: node.Name}
+	join, deny, err := v.policy.Current()
+	if err != nil {
+		return out, fmt.Errorf("%w: %w", ErrPolicyNotReady, err)
+	}
+	appraisal, err := v.appraisalFor(ctx, join)
+	if err != nil {
+		return out, err
+	}
+	addr, err := v.address(node)
+	if err != nil {
+		out.Reason, out.Message = ReasonUnreachable, err.Error()
+		return out, nil
+	}
+	result, err := v.fetch(ctx, addr, []attestation.Verifier{appraisal})
+	switch {
+	case err == nil:
+	case isRejection(err):
+		out.Reason, out.Message = ReasonEvidenceRejected, err.Error()
+		return out, nil
+	default:
+		out.Reason, out.Message = ReasonUnreachable, err.Error()
+		return out, nil
+	}
+	out.Identity = result.Identity
+	bound, err := v.bindings.Identity(ctx, node.Name)
+	switch {
+	case err != nil:
+		out.Reason, out.Message = ReasonNotBound, err.Error()
+		return out, nil
+	case bound != result.Identity:
+		out.Reason, out.Message = ReasonIdentityChanged, fmt.Sprintf("the node name is bound to %s; its evidence comes from %s", bound, result.Identity)
+		return out, nil
+	}
+	if entry, denied := deny.Denies(result.Identity, node.Name); denied {
+		out.Reason, out.Message = ReasonDenied, fmt.Sprintf("denied by the cluster's deny list (entry %q)", entry)
+		return out, nil
+	}
+	roles := appraisal.Roles(result.Measurements)
+	if len(roles) == 0 {
+		out.Reason, out.Message = ReasonEvidenceRejected, "the measurements satisfy no role of the policy"
+		return out, nil
+	}
+	if _, cp := node.Labels[labelControlPlane]; cp && !containsRole(roles, policy.RoleControlPlane) {
+		out.Reason, out.Message = ReasonRoleNotAttested, fmt.Sprintf("a control-plane Node whose evidence proves only %v", roles)
+		return out, nil
+	}
+	out.Attested, out.Reason, out.Message = true, ReasonVerified, "fresh evidence verifies against the current policy, from the machine that joined"
+	return out, nil
+}
+
+// appraisalFor compiles join's policy for running nodes once per join
+// config.
+func (v *Verifier) appraisalFor(ctx context.Context, join *joinconfig.JoinConfig) (*policy.Appraisal, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.compiled == join && v.appraisal != nil {
+		return v.appraisal, nil
+	}
+	if v.lockPCR == nil {
+		id, err := v.clusterID(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("continuous attestation: the cluster ID: %w", err)
+		}
+		v.lockPCR = keys.ExpectedNodeLockPCR(id)
+	}
+	a, err := join.RunningAppraisal(v.lockPCR)
+	if err != nil {
+		return nil, fmt.Errorf("continuous attestation: compiling the policy for running nodes: %w", err)
+	}
+	v.compiled, v.appraisal = join, a
+	return a, nil
+}
+
+// address is node's evidence endpoint: its InternalIP and the port.
+func (v *Verifier) address(node *corev1.Node) (string, error) {
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP && net.ParseIP(a.Address) != nil {
+			return net.JoinHostPort(a.Address, strconv.Itoa(v.port)), nil
+		}
+	}
+	return "", errors.New("the Node has no InternalIP address")
+}
+
+// isRejection reports whether err is the evidence failing verification,
+// as opposed to the node not answering.
+func isRejection(err error) bool {
+	for _, e := range []error{attestation.ErrMalformed, attestation.ErrNonce, attestation.ErrSignature,
+		attestation.ErrUntrustedKey, attestation.ErrPolicy, attestation.ErrMeasurement, attestation.ErrActivation} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func containsRole(roles []policy.Role, r policy.Role) bool {
+	for _, x := range roles {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+// condition is o as the Node condition, transitioning at now.
+func (o Outcome) condition(now time.Time) corev1.NodeCondition {
+	status := corev1.ConditionFalse
+	if o.Attested {
+		status = corev1.ConditionTrue
+	}
+	t := metav1.NewTime(now)
+	return corev1.NodeCondition{Type: ConditionType, Status: status, Reason: o.Reason, Message: truncate(o.Message, 512),
+		LastHeartbeatTime: t, LastTransitionTime: t}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// jitter returns d ± 10 %.
+func jitter(d time.Duration) time.Duration {
+	return d - d/10 + rand.N(d/5+1) //nolint:gosec // spreading load, not a secret
+}
+
+// logOutcome writes the audit line of a failure or a change.
+func logOutcome(log *slog.Logger, o Outcome, changed bool) {
+	level := slog.LevelInfo
+	if !o.Attested {
+		level = slog.LevelWarn
+	}
+	log.Log(context.Background(), level, "audit", "event", "reattest.result", "node", o.Node, "attested", o.Attested,
+		"reason", o.Reason, "message", o.Message, "identity", o.Identity, "changed", changed)
+}

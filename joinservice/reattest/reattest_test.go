@@ -1,0 +1,297 @@
+package reattest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm/legacy/tpm2"
+	"github.com/google/go-tpm/tpmutil"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/joinservice"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
+)
+
+const (
+	namespace = "gatehouse-system"
+	rolePCR   = 8
+)
+
+var testPCRs = []int{4, rolePCR, keys.NodeLockPCR}
+
+// bootArtefacts are what a test node of role boots.
+func bootArtefacts(role policy.Role) []tpm.Artefact {
+	return []tpm.Artefact{
+		tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1")),
+		tpm.BytesArtefact(rolePCR, "kernel-cmdline", []byte("gatehouse.role="+string(role))),
+	}
+}
+
+// runningNode is a machine on its own swtpm that booted as role, took its
+// node lock with clusterID and serves its evidence on addr.
+type runningNode struct {
+	attester *tpmattester.Attester
+	rw       interface {
+		Read([]byte) (int, error)
+		Write([]byte) (int, error)
+	}
+	addr string
+}
+
+func startRunningNode(t *testing.T, role policy.Role, clusterID []byte, ip string, port int) *runningNode {
+	t.Helper()
+	dev, err := swtpm.Start(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dev.Stop)
+	rw, err := dev.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rw.Close() })
+	if _, err := tpmattester.MeasureBoot(rw, bootArtefacts(role)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tpm2.PCRExtend(rw, tpmutil.Handle(keys.NodeLockPCR), tpm2.AlgSHA256, clusterID, ""); err != nil {
+		t.Fatal(err)
+	}
+	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	lis, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = atls.ServeEvidence(t.Context(), lis, a) }()
+	return &runningNode{attester: a, rw: rw, addr: lis.Addr().String()}
+}
+
+func (n *runningNode) identity(t *testing.T) string {
+	t.Helper()
+	id, err := n.attester.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// joinConfig is a join config trusting the nodes' keys and expecting
+// what they boot, with PCR 4 overridden when pcr4 is set.
+func joinConfig(t *testing.T, nodes []*runningNode, pcr4 []byte) *corev1.ConfigMap {
+	t.Helper()
+	ref := func(role policy.Role, pcrs ...int) map[string]any {
+		r, err := tpm.ReferenceValues(bootArtefacts(role), pcrs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]any{}
+		for i, m := range r {
+			out[fmt.Sprint(i)] = map[string]any{"expected": hex.EncodeToString(m.Expected)}
+		}
+		return out
+	}
+	common := ref(policy.RoleWorker, 4)
+	if pcr4 != nil {
+		common["4"] = map[string]any{"expected": hex.EncodeToString(pcr4)}
+	}
+	var pinned []string
+	for _, n := range nodes {
+		spki, err := x509.MarshalPKIXPublicKey(n.attester.AttestationKey())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pinned = append(pinned, string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki})))
+	}
+	doc, err := yaml.Marshal(map[string]any{
+		"variant": "tpm", "pcrs": testPCRs, "referenceValues": common, "pinnedAKs": pinned,
+		"roles": map[policy.Role]any{
+			policy.RoleControlPlane: map[string]any{"referenceValues": ref(policy.RoleControlPlane, rolePCR)},
+			policy.RoleWorker:       map[string]any{"referenceValues": ref(policy.RoleWorker, rolePCR)},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	components, err := json.Marshal([]map[string]any{{
+		"url": "https://dl.k8s.io/release/v1.36.4/bin/linux/amd64/kubelet", "hash": "sha256:" + strings.Repeat("ab", 32),
+		"installPath": "/usr/local/bin/kubelet",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gatehouse-join-config", Namespace: namespace}, Data: map[string]string{
+		joinconfig.KeyAttestation: string(doc), joinconfig.KeyMeasurementSalt: strings.Repeat("cd", keys.MeasurementSaltSize),
+		joinconfig.KeyAPIServerEndpoint: "10.0.0.1:6443", joinconfig.KeyKubernetesVersion: "v1.36.4",
+		joinconfig.KeyKubernetesComponents: string(components),
+	}}
+}
+
+// TestLoop runs rounds over real Nodes of a real API server whose
+// machines serve real TPM evidence: a good worker is attested; one whose
+// name another machine holds, one that answers nothing and one whose
+// control-plane label its evidence does not back are not; a worker whose
+// boot measurement changes (a compromised boot) is no longer attested,
+// until the policy accepts the new measurement; and an unchanged outcome
+// is not written again.
+func TestLoop(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	client, err := env.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	clusterID := make([]byte, 32)
+	if _, err := rand.Read(clusterID); err != nil {
+		t.Fatal(err)
+	}
+	// Evidence endpoints on loopback addresses, one port for all, as on
+	// real nodes.
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := probe.Addr().(*net.TCPAddr).Port
+	_ = probe.Close()
+	good := startRunningNode(t, policy.RoleWorker, clusterID, "127.0.0.1", port)
+	impostor := startRunningNode(t, policy.RoleWorker, clusterID, "127.0.0.2", port)
+	posing := startRunningNode(t, policy.RoleWorker, clusterID, "127.0.0.3", port)
+
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewJSONHandler(testWriter{t}, nil))
+	pol, err := joinservice.NewPolicy(attestation.VariantTPM, time.Now, log, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing}, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := pol.ApplyDenyList(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gatehouse-deny-list"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bindings := joinservice.NewNodeBindings(client, namespace, time.Now)
+	for node, id := range map[string]string{
+		"worker-good": good.identity(t), "worker-taken": good.identity(t), "worker-gone": good.identity(t),
+		"cp-posing": posing.identity(t),
+	} {
+		if _, err := bindings.Bind(ctx, node, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, ip := range map[string]string{"worker-good": "127.0.0.1", "worker-taken": "127.0.0.2", "worker-gone": "127.0.0.9", "cp-posing": "127.0.0.3"} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if strings.HasPrefix(name, "cp-") {
+			n.Labels = map[string]string{labelControlPlane: ""}
+		}
+		created, err := client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
+		if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	verifier := NewVerifier(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+	loop, err := NewLoop(LoopConfig{Client: client, Verifier: verifier, Log: log, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	round := func(want map[string]string) {
+		t.Helper()
+		if _, err := loop.Round(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for node, reason := range want {
+			n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := condition(n)
+			if c == nil || c.Reason != reason || (c.Status == corev1.ConditionTrue) != (reason == ReasonVerified) {
+				t.Errorf("%s: condition %+v, want reason %s", node, c, reason)
+			}
+		}
+	}
+	first := map[string]string{
+		"worker-good": ReasonVerified, "worker-taken": ReasonIdentityChanged,
+		"worker-gone": ReasonUnreachable, "cp-posing": ReasonRoleNotAttested,
+	}
+	round(first)
+	writes := testutil.ToFloat64(loop.metrics.writes)
+	if writes != 4 {
+		t.Errorf("%v Node status writes in the first round, want 4", writes)
+	}
+	round(first)
+	if got := testutil.ToFloat64(loop.metrics.writes); got != writes {
+		t.Errorf("an unchanged round wrote %v Node statuses, want none", got-writes)
+	}
+
+	// A compromised boot: PCR 4 of worker-good changes.
+	if err := tpm2.PCRExtend(good.rw, tpmutil.Handle(4), tpm2.AlgSHA256, bytes.Repeat([]byte{0xee}, 32), ""); err != nil {
+		t.Fatal(err)
+	}
+	round(map[string]string{"worker-good": ReasonEvidenceRejected})
+	n, _ := client.CoreV1().Nodes().Get(ctx, "worker-good", metav1.GetOptions{})
+	if c := condition(n); c == nil || !strings.Contains(c.Message, "4") {
+		t.Errorf("the rejected node's condition does not name PCR 4: %+v", c)
+	}
+	// The administrator accepts the new measurement (hot reload).
+	pcr4, err := tpm2.ReadPCR(good.rw, 4, tpm2.AlgSHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing}, pcr4)); err != nil {
+		t.Fatal(err)
+	}
+	round(map[string]string{"worker-good": ReasonVerified})
+	if age := testutil.ToFloat64(loop.metrics.oldestSuccessAge); age <= 0 {
+		t.Errorf("oldest success age %v: the never-attested nodes count from their creation", age)
+	}
+}
+
+func condition(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == ConditionType {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// testWriter sends log lines to t.Log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
