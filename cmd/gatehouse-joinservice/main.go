@@ -23,11 +23,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
+	"github.com/gatehouse-dev/gatehouse/joinservice/reattest"
 )
 
 func main() {
@@ -65,6 +67,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		maxConnIdle    = flag.Duration("max-connection-idle", time.Minute, "connections without requests for this long close")
 		apiQPS         = flag.Float64("kube-api-qps", 50, "Kubernetes API requests per second")
 		apiBurst       = flag.Int("kube-api-burst", 100, "Kubernetes API request burst")
+		reattestEvery  = flag.Duration("reattest-interval", reattest.DefaultInterval, "continuous attestation: how often every Node's fresh evidence is verified (±10 %); 0 turns it off (docs/continuous-attestation.md)")
+		evidencePort   = flag.Int("evidence-port", 9001, "the nodes' evidence endpoint port (gatehouse-bootstrapper serve-evidence)")
 	)
 	flag.Parse()
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -109,12 +113,14 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err := policy.Watch(ctx, client, *namespace, *joinConfig, *denyList); err != nil {
 		return err
 	}
+	keySource := joinservice.NewKeyServiceKeys(keyConn)
+	bindings := joinservice.NewNodeBindings(client, *namespace, time.Now)
 	srv, err := joinservice.NewServer(joinservice.Config{
 		Policy:           policy,
-		Keys:             joinservice.NewKeyServiceKeys(keyConn),
+		Keys:             keySource,
 		Tokens:           joinservice.NewTokens(client, time.Now),
 		ControlPlaneLock: joinservice.NewControlPlaneLock(client, *namespace, joinservice.ControlPlaneJoinTimeout, time.Now),
-		Bindings:         joinservice.NewNodeBindings(client, *namespace, time.Now),
+		Bindings:         bindings,
 		CA:               ca,
 		PKIDir:           *pkiDir,
 		RateLimit:        connlimit.Rate{Rate: *rate, Burst: *burst},
@@ -140,6 +146,18 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	})
 	if err != nil {
 		return fmt.Errorf("connection limits: %w", err)
+	}
+	if *reattestEvery > 0 {
+		verifier := reattest.NewVerifier(policy, bindings, atls.FetchEvidence, reattest.ClusterID(keySource, policy), *evidencePort)
+		loop, err := reattest.NewLoop(reattest.LoopConfig{Client: client, Verifier: verifier, Interval: *reattestEvery, Log: log, Registerer: reg})
+		if err != nil {
+			return err
+		}
+		identity, err := os.Hostname()
+		if err != nil {
+			return err
+		}
+		go reattest.RunElected(ctx, client, *namespace, identity, loop)
 	}
 	httpServer := &http.Server{Addr: *httpListen, Handler: joinservice.HTTPHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
 	return serve.Run(ctx, log, "Join service", grpcServer, lis, httpServer, "clusterIdentity", ca.DiscoveryTokenCACertHash())

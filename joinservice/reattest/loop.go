@@ -13,6 +13,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // checker verifies one node (*Verifier).
@@ -216,4 +220,53 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// LeaseName is the Lease the join service's replicas elect the one that
+// runs the loop with.
+const LeaseName = "gatehouse-reattest"
+
+// RunElected runs l in the replica elected through the Lease LeaseName in
+// namespace (identity names this replica, e.g. its node), until ctx ends:
+// one loop per cluster, taken over within about 15 s when its replica
+// stops.
+func RunElected(ctx context.Context, client kubernetes.Interface, namespace, identity string, l *Loop) {
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: LeaseName, Namespace: namespace},
+		Client:     client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
+	}
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		ReleaseOnCancel: true, Name: LeaseName,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				l.cfg.Log.Info("Leading continuous attestation", "identity", identity, "interval", l.cfg.Interval.String())
+				_ = l.Run(ctx)
+			},
+			OnStoppedLeading: func() { l.cfg.Log.Info("No longer leading continuous attestation", "identity", identity) },
+		},
+	})
+}
+
+// dataKeySource gives data keys (*joinservice.KeyServiceKeys).
+type dataKeySource interface {
+	GetDataKey(ctx context.Context, id string, length int) ([]byte, error)
+}
+
+// ClusterID returns the function that derives the cluster ID (the value
+// running nodes extend into the node-lock PCR): from the key service's
+// measurement secret and the join config's measurement salt.
+func ClusterID(keySource dataKeySource, p policySource) func(context.Context) ([]byte, error) {
+	return func(ctx context.Context) ([]byte, error) {
+		join, _, err := p.Current()
+		if err != nil {
+			return nil, err
+		}
+		secret, err := keySource.GetDataKey(ctx, keys.MeasurementSecretID, keys.MeasurementSecretSize)
+		if err != nil {
+			return nil, fmt.Errorf("getting the measurement secret: %w", err)
+		}
+		return keys.DeriveClusterID(secret, join.MeasurementSalt)
+	}
 }

@@ -15,11 +15,13 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gatehouse-dev/gatehouse/charts"
+	"github.com/gatehouse-dev/gatehouse/joinservice/reattest"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
 
@@ -183,4 +185,36 @@ func tokenFor(ctx context.Context, client kubernetes.Interface, node string) str
 		}
 	}
 	return ""
+}
+
+// waitAttested waits until each Node's gatehouse.dev/Attested condition
+// has the reason want names (True for Verified, else False).
+func waitAttested(ctx context.Context, t *testing.T, client kubernetes.Interface, want map[string]string) {
+	t.Helper()
+	got := map[string]string{}
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		for node, reason := range want {
+			n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				got[node] = err.Error()
+				return false, nil
+			}
+			got[node] = "no condition"
+			for _, c := range n.Status.Conditions {
+				if c.Type == reattest.ConditionType {
+					got[node] = fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
+					if c.Reason != reason || (c.Status == corev1.ConditionTrue) != (reason == reattest.ReasonVerified) {
+						return false, nil
+					}
+				}
+			}
+			if got[node] == "no condition" {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("continuous attestation: want %v; the Nodes' conditions: %v", want, got)
+	}
 }

@@ -101,6 +101,11 @@ func TestMiniCluster(t *testing.T) {
 	ip := func(node string) string { return nodeIP(t, dir, node) }
 	t.Run("HA control plane", func(t *testing.T) {
 		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
+		// Continuous attestation (every 10 s in the local cluster) finds
+		// every node attested; the tampered worker-3 is no Node.
+		waitAttested(ctx, t, client, map[string]string{
+			"cp-0": "Verified", "cp-1": "Verified", "cp-2": "Verified", "worker-1": "Verified", "worker-2": "Verified",
+		})
 		kubeconfig, err := os.ReadFile(filepath.Join(dir, "gatehouse-admin.conf"))
 		if err != nil || !strings.Contains(string(kubeconfig), "server: https://"+mini.LoadBalancerIP+":6443") {
 			t.Errorf("the admin kubeconfig does not point at the load balancer (%v):\n%s", err, kubeconfig)
@@ -369,6 +374,9 @@ func TestMiniCluster(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, "nodes", "worker-4", "bootstrap.status")); err == nil {
 			t.Fatal("the tampered node's bootstrapper finished")
 		}
+		// Its Node is still there; continuous attestation fetches its
+		// fresh (changed) evidence and marks it not attested.
+		waitAttested(ctx, t, client, map[string]string{"worker-4": "EvidenceRejected"})
 		logAfter, _ := os.ReadFile(agentLog)
 		if since := string(logAfter[min(len(logBefore), len(logAfter)):]); !strings.Contains(since, "the kubelet waits for the bootstrapper") ||
 			strings.Contains(since, "Starting the kubelet") {
