@@ -29,7 +29,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
-	"github.com/gatehouse-dev/gatehouse/joinservice/reattest"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 )
 
 func main() {
@@ -67,7 +67,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		maxConnIdle    = flag.Duration("max-connection-idle", time.Minute, "connections without requests for this long close")
 		apiQPS         = flag.Float64("kube-api-qps", 50, "Kubernetes API requests per second")
 		apiBurst       = flag.Int("kube-api-burst", 100, "Kubernetes API request burst")
-		reattestEvery  = flag.Duration("reattest-interval", reattest.DefaultInterval, "continuous attestation: how often every Node's fresh evidence is verified (±10 %); 0 turns it off (docs/continuous-attestation.md)")
+		reattestEvery  = flag.Duration("reattest-interval", continuous.DefaultInterval, "continuous attestation: how often every Node's fresh evidence is verified (±10 %); 0 turns it off (docs/continuous-attestation.md)")
 		evidencePort   = flag.Int("evidence-port", 9001, "the nodes' evidence endpoint port (gatehouse-bootstrapper serve-evidence)")
 	)
 	flag.Parse()
@@ -148,8 +148,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return fmt.Errorf("connection limits: %w", err)
 	}
 	if *reattestEvery > 0 {
-		verifier := reattest.NewVerifier(policy, bindings, atls.FetchEvidence, reattest.ClusterID(keySource, policy), *evidencePort)
-		loop, err := reattest.NewLoop(reattest.LoopConfig{Client: client, Verifier: verifier, Interval: *reattestEvery, Log: log, Registerer: reg})
+		verifier := continuous.NewVerifier(policy, bindings, atls.FetchEvidence, continuous.ClusterID(keySource, policy), *evidencePort)
+		loop, err := continuous.NewLoop(continuous.LoopConfig{Client: client, Verifier: verifier, Interval: *reattestEvery, Log: log, Registerer: reg})
 		if err != nil {
 			return err
 		}
@@ -157,7 +157,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		if err != nil {
 			return err
 		}
-		go reattest.RunElected(ctx, client, *namespace, identity, loop)
+		go continuous.RunElected(ctx, client, *namespace, identity, loop)
 	}
 	httpServer := &http.Server{Addr: *httpListen, Handler: joinservice.HTTPHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
 	return serve.Run(ctx, log, "Join service", grpcServer, lis, httpServer, "clusterIdentity", ca.DiscoveryTokenCACertHash())

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gatehouse-dev/gatehouse/charts"
-	"github.com/gatehouse-dev/gatehouse/joinservice/reattest"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
 
@@ -201,9 +201,9 @@ func waitAttested(ctx context.Context, t *testing.T, client kubernetes.Interface
 			}
 			got[node] = "no condition"
 			for _, c := range n.Status.Conditions {
-				if c.Type == reattest.ConditionType {
+				if c.Type == continuous.ConditionType {
 					got[node] = fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
-					if c.Reason != reason || (c.Status == corev1.ConditionTrue) != (reason == reattest.ReasonVerified) {
+					if c.Reason != reason || (c.Status == corev1.ConditionTrue) != (reason == continuous.ReasonVerified) {
 						return false, nil
 					}
 				}

@@ -1,4 +1,4 @@
-package reattest
+package continuous
 
 import (
 	"context"

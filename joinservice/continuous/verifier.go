@@ -1,11 +1,11 @@
-// Package reattest is continuous attestation: on an interval it asks every
+// Package continuous is continuous attestation: on an interval it asks every
 // Node for fresh evidence (its evidence endpoint, attested TLS with a fresh
 // nonce), verifies it with the join service's current policy as a join is
 // verified (reference values, roles, deny list), checks that the node is
 // still the machine that joined under its name (its name binding), and
 // records the outcome as the Node condition gatehouse.dev/Attested
 // (docs/continuous-attestation.md).
-package reattest
+package continuous
 
 import (
 	"context"
@@ -244,6 +244,6 @@ func logOutcome(log *slog.Logger, o Outcome, changed bool) {
 	if !o.Attested {
 		level = slog.LevelWarn
 	}
-	log.Log(context.Background(), level, "audit", "event", "reattest.result", "node", o.Node, "attested", o.Attested,
+	log.Log(context.Background(), level, "audit", "event", "continuous.result", "node", o.Node, "attested", o.Attested,
 		"reason", o.Reason, "message", o.Message, "identity", o.Identity, "changed", changed)
 }
