@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -10,14 +11,20 @@ import (
 	"maps"
 	"slices"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 )
 
 // verifyReport is verify's JSON output.
@@ -38,7 +45,8 @@ type verifyReport struct {
 }
 
 func newVerifyCmd() *cobra.Command {
-	var config, node, stateFile, output string
+	var config, node, stateFile, output, kubeconfig string
+	var all bool
 	cmd := &cobra.Command{
 		Use:   "verify",
 		Short: "Verify a node's attestation and print its measurements",
@@ -51,6 +59,15 @@ func newVerifyCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "text" && output != "json" {
 				return fmt.Errorf("unknown --output %q: use text or json", output)
+			}
+			if all {
+				if node != "" {
+					return errors.New("--all and --node exclude each other: --all shows every Node's state from the cluster")
+				}
+				return printAllNodes(cmd.Context(), cmd.OutOrStdout(), kubeconfig, output)
+			}
+			if node == "" {
+				return errors.New("--node is required (the node's evidence address, host:port), or --all for every Node's state")
 			}
 			cfg, err := clusterconfig.Load(config)
 			if err != nil {
@@ -94,11 +111,68 @@ func newVerifyCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&config, "config", clusterconfig.DefaultPath, "cluster configuration file")
-	f.StringVar(&node, "node", "", "the node's evidence address, host:port (required)")
+	f.StringVar(&node, "node", "", "the node's evidence address, host:port")
+	f.BoolVar(&all, "all", false, "print every Node's continuous attestation state (its gatehouse.dev/Attested condition)")
+	f.StringVar(&kubeconfig, "kubeconfig", clusterconfig.DefaultKubeconfig, "admin kubeconfig (with --all)")
 	f.StringVar(&stateFile, "state-file", clusterconfig.DefaultStateFile, "cluster state file (holds the cluster ID)")
 	f.StringVarP(&output, "output", "o", "text", "output format: text or json")
-	_ = cmd.MarkFlagRequired("node")
 	return cmd
+}
+
+// nodeAttestation is one row of verify --all: a Node's
+// gatehouse.dev/Attested condition.
+type nodeAttestation struct {
+	Node     string    `json:"node"`
+	Attested string    `json:"attested"` // True, False or Unknown (no condition yet)
+	Reason   string    `json:"reason,omitempty"`
+	Message  string    `json:"message,omitempty"`
+	Since    time.Time `json:"since,omitzero"`
+	// Heartbeat is when the condition was last written (on a change, or
+	// every 10 minutes while unchanged).
+	Heartbeat time.Time `json:"heartbeat,omitzero"`
+}
+
+// printAllNodes prints every Node's continuous attestation state, as the
+// join service's loop records it (docs/continuous-attestation.md).
+func printAllNodes(ctx context.Context, out io.Writer, kubeconfig, output string) error {
+	restCfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return fmt.Errorf("reading the kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing Nodes: %w", err)
+	}
+	rows := make([]nodeAttestation, 0, len(nodes.Items))
+	for _, n := range nodes.Items {
+		row := nodeAttestation{Node: n.Name, Attested: string(corev1.ConditionUnknown), Message: "not verified yet"}
+		for _, c := range n.Status.Conditions {
+			if c.Type == continuous.ConditionType {
+				row = nodeAttestation{Node: n.Name, Attested: string(c.Status), Reason: c.Reason, Message: c.Message,
+					Since: c.LastTransitionTime.Time, Heartbeat: c.LastHeartbeatTime.Time}
+			}
+		}
+		rows = append(rows, row)
+	}
+	if output == "json" {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tATTESTED\tREASON\tSINCE\tMESSAGE")
+	for _, r := range rows {
+		since := "-"
+		if !r.Since.IsZero() {
+			since = time.Since(r.Since).Round(time.Second).String()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Node, r.Attested, r.Reason, since, r.Message)
+	}
+	return w.Flush()
 }
 
 func printVerifyReport(out io.Writer, r verifyReport, result *attestation.Result) error {
