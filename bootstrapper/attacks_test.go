@@ -52,7 +52,7 @@ func newInitTarget(t *testing.T, attempts SecretAttemptLimits, listen connlimit.
 		t.Fatal(err)
 	}
 	f.server, err = NewInitServer(InitServerConfig{
-		Machine: f.node.machine, Lock: f.node.lock, Identity: f.node.identity(t), InitSecretHash: hash,
+		Machine: f.node.machine, Lock: f.node.lock, Identity: f.node.identity(t), InitSecretHash: hash, BindName: (&nameBindings{}).bind,
 		Now: tg.clock.Now, SecretAttempts: attempts, Registerer: tg.reg,
 	})
 	if err != nil {

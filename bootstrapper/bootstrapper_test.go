@@ -51,7 +51,7 @@ func newRunFixture(t *testing.T, n *testNode, ca *clusterpki.CA, endpoints ...st
 	if err != nil {
 		t.Fatal(err)
 	}
-	init, err := NewInitServer(InitServerConfig{Machine: n.machine, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash})
+	init, err := NewInitServer(InitServerConfig{Machine: n.machine, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash, BindName: (&nameBindings{}).bind})
 	if err != nil {
 		t.Fatal(err)
 	}

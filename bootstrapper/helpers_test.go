@@ -262,3 +262,26 @@ func (v *recordingVolume) unlockedWith(t *testing.T, key []byte) {
 		t.Fatalf("the state volume was unlocked %d times (want once, with the node's disk key)", len(v.keys))
 	}
 }
+
+// nameBindings stands in for BindNodeName where kubeadm is only recorded
+// (no cluster to bind in): it records node → identity.
+type nameBindings struct {
+	mu    sync.Mutex
+	bound map[string]string
+}
+
+func (b *nameBindings) bind(_ context.Context, _, node, identity string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.bound == nil {
+		b.bound = map[string]string{}
+	}
+	b.bound[node] = identity
+	return nil
+}
+
+func (b *nameBindings) of(node string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.bound[node]
+}

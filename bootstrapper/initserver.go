@@ -47,6 +47,10 @@ type InitServerConfig struct {
 	// bound to it, as the join service binds a joining node's
 	// (keys.DiskKeyID), so a rejoin after a reboot gets the same key.
 	Identity string
+	// BindName binds the node's name to Identity in the new cluster
+	// (BindNodeName), as the join service binds every joiner: continuous
+	// attestation checks running nodes against the bindings.
+	BindName NameBinder
 	// InitSecretHash is the bcrypt hash of the init secret the node was
 	// provisioned with.
 	InitSecretHash []byte
@@ -92,8 +96,8 @@ type InitServer struct {
 
 // NewInitServer returns an InitServer.
 func NewInitServer(cfg InitServerConfig) (*InitServer, error) {
-	if cfg.Machine == nil || cfg.Lock == nil || cfg.Identity == "" {
-		return nil, errors.New("init server: Machine, Lock and Identity are required")
+	if cfg.Machine == nil || cfg.Lock == nil || cfg.Identity == "" || cfg.BindName == nil {
+		return nil, errors.New("init server: Machine, Lock, Identity and BindName are required")
 	}
 	if _, err := bcrypt.Cost(cfg.InitSecretHash); err != nil {
 		return nil, fmt.Errorf("init server: the provisioned init secret hash is not a bcrypt hash: %w", err)
@@ -419,6 +423,11 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 	}
 	if err := removeFile(machine.path(configPath)); err != nil {
 		log.Warn("Removing the init configuration failed", "error", err.Error())
+	}
+
+	step("node-binding", "Binding this node's name to its attestation identity")
+	if err := s.cfg.BindName(ctx, machine.path("/etc/kubernetes/admin.conf"), machine.Node.Name, s.cfg.Identity); err != nil {
+		return nil, fmt.Errorf("binding the node name %s: %w", machine.Node.Name, err)
 	}
 
 	step("admin-kubeconfig", "Issuing the admin kubeconfig for "+s.cfg.AdminName)

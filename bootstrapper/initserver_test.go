@@ -49,6 +49,7 @@ func random(t *testing.T, n int) []byte {
 type initFixture struct {
 	node       *testNode
 	server     *InitServer
+	bindings   *nameBindings
 	client     initservicev1.InitServiceClient
 	secret     []byte
 	master     []byte
@@ -65,7 +66,8 @@ func newInitFixture(t *testing.T) *initFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.server, err = NewInitServer(InitServerConfig{Machine: n.machine, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash, AdminName: "alice"})
+	f.bindings = &nameBindings{}
+	f.server, err = NewInitServer(InitServerConfig{Machine: n.machine, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash, AdminName: "alice", BindName: f.bindings.bind})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,11 +176,14 @@ func TestInit(t *testing.T) {
 	if failure := final.GetFailure(); failure != nil {
 		t.Fatalf("init failed: %s\n%s", failure.GetError(), gunzip(t, failure.GetLogsGzip()))
 	}
-	want := "node-lock,rekey-state-disk,install-components,pki,kubeadm-config,kubeadm-init,admin-kubeconfig"
+	want := "node-lock,rekey-state-disk,install-components,pki,kubeadm-config,kubeadm-init,node-binding,admin-kubeconfig"
 	if got := strings.Join(steps, ","); got != want {
 		t.Fatalf("progress steps %s, want %s", got, want)
 	}
 	wantID, diskKey := f.expected(t)
+	if got := f.bindings.of(f.node.machine.Node.Name); got != f.node.identity(t) {
+		t.Errorf("init bound node %s to %q, want its identity", f.node.machine.Node.Name, got)
+	}
 	vol.unlockedWith(t, diskKey)
 	if !bytes.Equal(final.GetSuccess().GetClusterId(), wantID) {
 		t.Fatal("cluster ID differs from HKDF(measurementSecret, measurementSalt, \"key-clusterID\")")

@@ -110,7 +110,7 @@ func TestInitJoinRace(t *testing.T) {
 			// The AK comes from the same seed every round: one service serves all.
 			service = startJoinService(t, n, fake)
 		}
-		initServer, err := NewInitServer(InitServerConfig{Machine: machine, Lock: lock, Identity: n.identity(t), InitSecretHash: hash})
+		initServer, err := NewInitServer(InitServerConfig{Machine: machine, Lock: lock, Identity: n.identity(t), InitSecretHash: hash, BindName: (&nameBindings{}).bind})
 		if err != nil {
 			t.Fatal(err)
 		}

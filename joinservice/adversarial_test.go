@@ -39,6 +39,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
@@ -53,12 +54,12 @@ type issued struct {
 func (h *harness) snapshot(t testing.TB) issued {
 	t.Helper()
 	s := issued{tokens: len(h.tokenSecrets(t)), keys: h.keyRequests(t)}
-	list, err := h.client.CoreV1().ConfigMaps(testNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: LabelNodeBinding + "=true"})
+	list, err := h.client.CoreV1().ConfigMaps(testNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: nodebinding.Label + "=true"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, cm := range list.Items {
-		s.bindings = append(s.bindings, cm.Data[keyBindingNode]+"="+cm.Data[keyBindingIdentity])
+		s.bindings = append(s.bindings, cm.Data[nodebinding.KeyNode]+"="+cm.Data[nodebinding.KeyIdentity])
 	}
 	lease, err := h.client.CoordinationV1().Leases(testNamespace).Get(t.Context(), ControlPlaneLeaseName, metav1.GetOptions{})
 	switch {
@@ -353,11 +354,11 @@ func TestAttacks(t *testing.T) {
 	annotate := func(t *testing.T, identity string) {
 		t.Helper()
 		cms := h.client.CoreV1().ConfigMaps(testNamespace)
-		cm, err := cms.Get(ctx, BindingName("victim-1"), metav1.GetOptions{})
+		cm, err := cms.Get(ctx, nodebinding.Name("victim-1"), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		cm.Annotations = map[string]string{AnnotationAllowIdentity: identity}
+		cm.Annotations = map[string]string{nodebinding.AnnotationAllowIdentity: identity}
 		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}

@@ -46,6 +46,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
@@ -261,7 +262,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		Keys:             NewKeyServiceKeys(keyConn),
 		Tokens:           NewTokens(client, time.Now),
 		ControlPlaneLock: NewControlPlaneLock(client, testNamespace, ControlPlaneJoinTimeout, time.Now),
-		Bindings:         NewNodeBindings(client, testNamespace, time.Now),
+		Bindings:         nodebinding.New(client, testNamespace, time.Now),
 		CA:               ca,
 		PKIDir:           h.pkiDir,
 		RateLimit:        opts.rate,

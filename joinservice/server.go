@@ -34,6 +34,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
@@ -65,10 +66,10 @@ type controlPlaneLocker interface {
 	Acquire(ctx context.Context, node, identity string) (release func(context.Context) error, err error)
 }
 
-// nameBinder binds node names to attestation identities; *NodeBindings in
+// nameBinder binds node names to attestation identities; *nodebinding.Store in
 // production.
 type nameBinder interface {
-	Bind(ctx context.Context, node, identity string) (Binding, error)
+	Bind(ctx context.Context, node, identity string) (nodebinding.Binding, error)
 }
 
 // Config holds a Server's dependencies.
@@ -148,7 +149,7 @@ type decision struct {
 	controlPlane bool
 	diskUUID     string
 	tokenID      string
-	rebound      *Binding
+	rebound      *nodebinding.Binding
 }
 
 // admission is what the checks every request passes first established:
@@ -210,7 +211,7 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 	}
 	binding, err := s.cfg.Bindings.Bind(ctx, kubelet.NodeName, d.peer.Identity)
 	switch {
-	case errors.Is(err, ErrNameBound):
+	case errors.Is(err, nodebinding.ErrNameBound):
 		return nil, refuse(codes.PermissionDenied, "name_bound", "%w", err)
 	case err != nil:
 		return nil, refuse(codes.Unavailable, "api_error", "%w", err)

@@ -24,6 +24,7 @@ import (
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 )
 
 // stormNodes is how many simulated nodes join at once in the CI storm
@@ -361,7 +362,7 @@ func rawTokenCreates(b *testing.B, client kubernetes.Interface, n, round int) fl
 func deleteBindings(b *testing.B, client kubernetes.Interface) {
 	b.Helper()
 	err := client.CoreV1().ConfigMaps(testNamespace).DeleteCollection(b.Context(), metav1.DeleteOptions{},
-		metav1.ListOptions{LabelSelector: LabelNodeBinding + "=true"})
+		metav1.ListOptions{LabelSelector: nodebinding.Label + "=true"})
 	if err != nil {
 		b.Fatal(err)
 	}

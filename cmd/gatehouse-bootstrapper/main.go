@@ -196,6 +196,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	reg := prometheus.NewRegistry()
 	initServer, err := bootstrapper.NewInitServer(bootstrapper.InitServerConfig{
 		Machine: setup, Lock: lock, Identity: identity, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
+		BindName: bootstrapper.BindNodeName,
 		SecretAttempts: bootstrapper.SecretAttemptLimits{
 			Free: *freeAttempts, Backoff: *attemptBackoff, MaxBackoff: *attemptMax,
 			Global: connlimit.Rate{Rate: *attemptRate, Burst: bootstrapper.DefaultSecretAttemptLimits.Global.Burst},

@@ -27,6 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
@@ -114,7 +115,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return err
 	}
 	keySource := joinservice.NewKeyServiceKeys(keyConn)
-	bindings := joinservice.NewNodeBindings(client, *namespace, time.Now)
+	bindings := nodebinding.New(client, *namespace, time.Now)
 	srv, err := joinservice.NewServer(joinservice.Config{
 		Policy:           policy,
 		Keys:             keySource,
@@ -153,9 +154,13 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		if err != nil {
 			return err
 		}
-		identity, err := os.Hostname()
-		if err != nil {
-			return err
+		// The pod's name (the chart sets POD_NAME); on the host network
+		// the host name is every replica's.
+		identity := os.Getenv("POD_NAME")
+		if identity == "" {
+			if identity, err = os.Hostname(); err != nil {
+				return err
+			}
 		}
 		go continuous.RunElected(ctx, client, *namespace, identity, loop)
 	}

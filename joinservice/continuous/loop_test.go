@@ -31,6 +31,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
@@ -198,7 +199,7 @@ func TestLoop(t *testing.T) {
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	bindings := joinservice.NewNodeBindings(client, namespace, time.Now)
+	bindings := nodebinding.New(client, namespace, time.Now)
 	for node, id := range map[string]string{
 		"worker-good": good.identity(t), "worker-taken": good.identity(t), "worker-gone": good.identity(t),
 		"cp-posing": posing.identity(t),

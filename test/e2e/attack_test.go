@@ -30,6 +30,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
@@ -112,7 +113,7 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 			t.Errorf("the refused machine got bootstrap token %s", s.Name)
 		}
 	}
-	if _, err := client.CoreV1().ConfigMaps(charts.Namespace).Get(ctx, joinservice.BindingName("impostor-cp"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := client.CoreV1().ConfigMaps(charts.Namespace).Get(ctx, nodebinding.Name("impostor-cp"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the refused machine's name is bound (%v)", err)
 	}
 	lease, err := client.CoordinationV1().Leases(charts.Namespace).Get(ctx, joinservice.ControlPlaneLeaseName, metav1.GetOptions{})

@@ -1,4 +1,9 @@
-package joinservice
+// Package nodebinding binds node names to the attestation identity of the
+// machine that first took them, persisted as ConfigMaps in the join
+// service's namespace (docs/joinservice.md, "Node names"). The join service
+// binds joiners, the first control plane binds itself at init, and
+// continuous attestation checks running nodes against the bindings.
+package nodebinding
 
 import (
 	"context"
@@ -19,18 +24,20 @@ import (
 // every restart sees the same bindings, and the API server's
 // resourceVersion makes a binding's first write and every rebinding atomic.
 const (
-	// LabelNodeBinding marks a binding ConfigMap.
-	LabelNodeBinding = "gatehouse.dev/node-binding"
+	// Label marks a binding ConfigMap.
+	Label = "gatehouse.dev/node-binding"
 	// AnnotationAllowIdentity, set by an administrator on a binding, lets
 	// exactly that attestation identity take the node name over once (a
 	// reinstalled machine with a new identity). The join service clears it
 	// when it rebinds and audits the change.
 	AnnotationAllowIdentity = "gatehouse.dev/allow-identity"
 	bindingPrefix           = "gatehouse-node-"
-	keyBindingNode          = "node"
-	keyBindingIdentity      = "identity"
-	keyBindingBoundAt       = "boundAt"
-	keyBindingPrevious      = "previousIdentity"
+	// KeyNode and KeyIdentity are the binding's data: the node name and
+	// the attestation identity bound to it.
+	KeyNode            = "node"
+	KeyIdentity        = "identity"
+	keyBindingBoundAt  = "boundAt"
+	keyBindingPrevious = "previousIdentity"
 )
 
 // ErrNameBound means the node name is bound to another attestation identity.
@@ -42,39 +49,39 @@ var ErrNotBound = errors.New("node name is bound to no attestation identity")
 // Identity returns the attestation identity node's name is bound to: the
 // machine that joined under that name. It returns an error wrapping
 // ErrNotBound when there is no binding, or an API error.
-func (b *NodeBindings) Identity(ctx context.Context, node string) (string, error) {
-	cm, err := b.client.CoreV1().ConfigMaps(b.namespace).Get(ctx, BindingName(node), metav1.GetOptions{})
+func (b *Store) Identity(ctx context.Context, node string) (string, error) {
+	cm, err := b.client.CoreV1().ConfigMaps(b.namespace).Get(ctx, Name(node), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return "", fmt.Errorf("%w: node %s", ErrNotBound, node)
 	}
 	if err != nil {
 		return "", fmt.Errorf("reading the binding of node name %s: %w", node, err)
 	}
-	if cm.Data[keyBindingNode] != node || cm.Data[keyBindingIdentity] == "" {
+	if cm.Data[KeyNode] != node || cm.Data[KeyIdentity] == "" {
 		return "", fmt.Errorf("%w: binding ConfigMap %s/%s does not name node %s with an identity", ErrNotBound, b.namespace, cm.Name, node)
 	}
-	return cm.Data[keyBindingIdentity], nil
+	return cm.Data[KeyIdentity], nil
 }
 
-// BindingName returns the name of node's binding ConfigMap:
+// Name returns the name of node's binding ConfigMap:
 // "gatehouse-node-" and the first 32 hex digits of SHA-256(node), a fixed
 // length whatever the node name's.
-func BindingName(node string) string {
+func Name(node string) string {
 	sum := sha256.Sum256([]byte(node))
 	return bindingPrefix + hex.EncodeToString(sum[:16])
 }
 
-// NodeBindings binds node names to attestation identities on first use,
+// Store binds node names to attestation identities on first use,
 // persisted in the Kubernetes API. It is safe for concurrent use.
-type NodeBindings struct {
+type Store struct {
 	client    kubernetes.Interface
 	namespace string
 	now       func() time.Time
 }
 
-// NewNodeBindings returns the bindings kept in namespace.
-func NewNodeBindings(client kubernetes.Interface, namespace string, now func() time.Time) *NodeBindings {
-	return &NodeBindings{client: client, namespace: namespace, now: now}
+// New returns the bindings kept in namespace.
+func New(client kubernetes.Interface, namespace string, now func() time.Time) *Store {
+	return &Store{client: client, namespace: namespace, now: now}
 }
 
 // Binding is the outcome of Bind.
@@ -90,15 +97,15 @@ type Binding struct {
 // name and no administrator allowed this identity to take it over, or an
 // API error. Two replicas binding the same name at once cannot both win:
 // creation and updates are conditional.
-func (b *NodeBindings) Bind(ctx context.Context, node, identity string) (Binding, error) {
+func (b *Store) Bind(ctx context.Context, node, identity string) (Binding, error) {
 	cms := b.client.CoreV1().ConfigMaps(b.namespace)
-	name := BindingName(node)
+	name := Name(node)
 	// Most names are new: create first, one API call, and read only when
 	// the name is taken.
 	fresh := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.namespace, Labels: map[string]string{LabelNodeBinding: "true"}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.namespace, Labels: map[string]string{Label: "true"}},
 		Data: map[string]string{
-			keyBindingNode: node, keyBindingIdentity: identity,
+			KeyNode: node, KeyIdentity: identity,
 			keyBindingBoundAt: b.now().UTC().Format(time.RFC3339),
 		},
 	}
@@ -123,10 +130,10 @@ func (b *NodeBindings) Bind(ctx context.Context, node, identity string) (Binding
 		if err != nil {
 			return Binding{}, fmt.Errorf("reading the binding of node name %s: %w", node, err)
 		}
-		if cm.Data[keyBindingNode] != node {
-			return Binding{}, fmt.Errorf("binding ConfigMap %s/%s holds node %q, not %q; remove it", b.namespace, name, cm.Data[keyBindingNode], node)
+		if cm.Data[KeyNode] != node {
+			return Binding{}, fmt.Errorf("binding ConfigMap %s/%s holds node %q, not %q; remove it", b.namespace, name, cm.Data[KeyNode], node)
 		}
-		bound := cm.Data[keyBindingIdentity]
+		bound := cm.Data[KeyIdentity]
 		if bound == identity {
 			return Binding{}, nil
 		}
@@ -136,7 +143,7 @@ func (b *NodeBindings) Bind(ctx context.Context, node, identity string) (Binding
 		}
 		cm = cm.DeepCopy()
 		delete(cm.Annotations, AnnotationAllowIdentity)
-		cm.Data[keyBindingIdentity] = identity
+		cm.Data[KeyIdentity] = identity
 		cm.Data[keyBindingPrevious] = bound
 		cm.Data[keyBindingBoundAt] = b.now().UTC().Format(time.RFC3339)
 		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
