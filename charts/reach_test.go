@@ -77,6 +77,7 @@ func TestServiceAccountReach(t *testing.T) {
 				{"reads Nodes", authorizationv1.ResourceAttributes{Verb: "get", Resource: "nodes", Name: "cp-1"}},
 				{"lists Nodes to re-verify them", authorizationv1.ResourceAttributes{Verb: "list", Resource: "nodes"}},
 				{"records a Node's attestation condition", authorizationv1.ResourceAttributes{Verb: "patch", Resource: "nodes", Subresource: "status", Name: "cp-1"}},
+				{"records Events on Nodes", authorizationv1.ResourceAttributes{Namespace: "default", Verb: "create", Group: "events.k8s.io", Resource: "events"}},
 				{"takes the continuous attestation Lease", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: "gatehouse-reattest"}},
 			},
 			cannot: []access{

@@ -150,7 +150,10 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	}
 	if *reattestEvery > 0 {
 		verifier := continuous.NewVerifier(policy, bindings, atls.FetchEvidence, continuous.ClusterID(keySource, policy), *evidencePort)
-		loop, err := continuous.NewLoop(continuous.LoopConfig{Client: client, Verifier: verifier, Interval: *reattestEvery, Log: log, Registerer: reg})
+		loop, err := continuous.NewLoop(continuous.LoopConfig{
+			Client: client, Verifier: verifier, Events: continuous.NewEventRecorder(ctx, client),
+			Interval: *reattestEvery, Log: log, Registerer: reg,
+		})
 		if err != nil {
 			return err
 		}

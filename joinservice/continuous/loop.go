@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
@@ -28,6 +30,9 @@ type checker interface {
 type LoopConfig struct {
 	Client   kubernetes.Interface
 	Verifier checker
+	// Events records an Event on the Node at each change of outcome
+	// (NewEventRecorder).
+	Events events.EventRecorder
 	// Interval between rounds (each ±10 %); DefaultInterval when zero.
 	Interval time.Duration
 	// Heartbeat is how often an unchanged condition's lastHeartbeatTime
@@ -59,8 +64,8 @@ type Loop struct {
 
 // NewLoop returns the loop; its metrics are registered with cfg.Registerer.
 func NewLoop(cfg LoopConfig) (*Loop, error) {
-	if cfg.Client == nil || cfg.Verifier == nil || cfg.Log == nil || cfg.Registerer == nil {
-		return nil, fmt.Errorf("continuous attestation: Client, Verifier, Log and Registerer are required")
+	if cfg.Client == nil || cfg.Verifier == nil || cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
+		return nil, fmt.Errorf("continuous attestation: Client, Verifier, Events, Log and Registerer are required")
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
@@ -146,6 +151,13 @@ func (l *Loop) record(ctx context.Context, node *corev1.Node, o Outcome) error {
 	if !o.Attested || changed {
 		logOutcome(l.cfg.Log, o, changed)
 	}
+	if changed {
+		kind := corev1.EventTypeNormal
+		if !o.Attested {
+			kind = corev1.EventTypeWarning
+		}
+		l.cfg.Events.Eventf(node, nil, kind, o.Reason, "Reattest", "%s", truncate(o.Message, 512))
+	}
 	if !changed && now.Sub(old.LastHeartbeatTime.Time) < l.cfg.Heartbeat {
 		return nil
 	}
@@ -220,6 +232,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// NewEventRecorder returns the recorder of Node Events (events.k8s.io),
+// sending until ctx ends.
+func NewEventRecorder(ctx context.Context, client kubernetes.Interface) events.EventRecorder {
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	b.StartRecordingToSink(ctx.Done())
+	return b.NewRecorder(scheme.Scheme, "gatehouse-joinservice")
 }
 
 // LeaseName is the Lease the join service's replicas elect the one that

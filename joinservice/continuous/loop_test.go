@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
@@ -223,7 +224,7 @@ func TestLoop(t *testing.T) {
 		}
 	}
 	verifier := NewVerifier(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
-	loop, err := NewLoop(LoopConfig{Client: client, Verifier: verifier, Log: log, Registerer: reg})
+	loop, err := NewLoop(LoopConfig{Client: client, Verifier: verifier, Events: NewEventRecorder(ctx, client), Log: log, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,6 +263,22 @@ func TestLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	round(map[string]string{"worker-good": ReasonEvidenceRejected})
+	// The change is an Event on the Node.
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=worker-good"})
+		if err != nil {
+			return false, nil
+		}
+		for _, e := range list.Items {
+			if e.Reason == ReasonEvidenceRejected && e.Type == corev1.EventTypeWarning && e.Regarding.Kind == "Node" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("no Warning Event %s on Node worker-good: %v", ReasonEvidenceRejected, err)
+	}
 	n, _ := client.CoreV1().Nodes().Get(ctx, "worker-good", metav1.GetOptions{})
 	if c := condition(n); c == nil || !strings.Contains(c.Message, "4") {
 		t.Errorf("the rejected node's condition does not name PCR 4: %+v", c)
