@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -12,18 +13,23 @@ import (
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/ptr"
 
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
-// checker verifies one node (*Verifier).
+// checker verifies one node and tells what to do about failures
+// (*Verifier).
 type checker interface {
 	Check(ctx context.Context, node *corev1.Node) (Outcome, error)
+	Settings() (joinconfig.ContinuousAttestation, error)
 }
 
 // LoopConfig configures a Loop.
@@ -58,8 +64,9 @@ type Loop struct {
 	cfg     LoopConfig
 	metrics *metrics
 
-	mu          sync.Mutex
-	lastSuccess map[string]time.Time // by node: the last time it verified
+	mu               sync.Mutex
+	lastSuccess      map[string]time.Time // by node: the last time it verified
+	unreachableSince map[string]time.Time // by node: since when it has not answered
 }
 
 // NewLoop returns the loop; its metrics are registered with cfg.Registerer.
@@ -83,7 +90,7 @@ func NewLoop(cfg LoopConfig) (*Loop, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Loop{cfg: cfg, metrics: m, lastSuccess: map[string]time.Time{}}, nil
+	return &Loop{cfg: cfg, metrics: m, lastSuccess: map[string]time.Time{}, unreachableSince: map[string]time.Time{}}, nil
 }
 
 // Run runs a round every interval (±10 %) until ctx ends. A round that
@@ -111,19 +118,49 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing Nodes: %w", err)
 	}
+	settings, err := l.cfg.Verifier.Settings()
+	if err != nil {
+		return nil, err
+	}
+	// First every verdict, then the writes and actions: whether a control
+	// plane may be tainted depends on the others' verdicts.
 	outcomes := make([]Outcome, len(nodes.Items))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(l.cfg.Concurrency)
 	for i := range nodes.Items {
-		node := &nodes.Items[i]
 		g.Go(func() error {
-			o, err := l.cfg.Verifier.Check(gctx, node)
+			o, err := l.cfg.Verifier.Check(gctx, &nodes.Items[i])
 			if err != nil {
 				return err
 			}
 			outcomes[i] = o
 			l.metrics.verifications.WithLabelValues(o.Reason).Inc()
-			return l.record(gctx, node, o)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	attestedControlPlanes := 0
+	for i, n := range nodes.Items {
+		if _, cp := n.Labels[labelControlPlane]; cp && outcomes[i].Attested {
+			attestedControlPlanes++
+		}
+	}
+	g, gctx = errgroup.WithContext(ctx)
+	g.SetLimit(l.cfg.Concurrency)
+	for i := range nodes.Items {
+		g.Go(func() error {
+			node, err := l.record(gctx, &nodes.Items[i], outcomes[i])
+			if err != nil {
+				return err
+			}
+			// An action that fails (a Node changed under it) is tried
+			// again next round; it does not stop the others.
+			if err := l.act(gctx, node, outcomes[i], settings, attestedControlPlanes); err != nil {
+				l.cfg.Log.Warn("Continuous attestation could not act on a Node; next round tries again", "node", node.Name, "error", err.Error())
+			}
+			return nil
 		})
 	}
 	err = g.Wait()
@@ -131,9 +168,79 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 	return outcomes, err
 }
 
+// TaintKey is the taint continuous attestation puts on a node that stopped
+// proving itself, with the NoExecute effect: pods that do not tolerate it
+// leave the node.
+const TaintKey = "gatehouse.dev/unattested"
+
+// act taints a failing node and untaints one that proves itself again, as
+// settings say. An unreachable node is acted on only after the grace
+// period. The last attested control planes are never tainted: when every
+// control plane fails, acting would leave none, so the loop refuses and
+// says so loudly.
+func (l *Loop) act(ctx context.Context, node *corev1.Node, o Outcome, settings joinconfig.ContinuousAttestation, attestedControlPlanes int) error {
+	now := l.cfg.Now()
+	failing := !o.Attested
+	l.mu.Lock()
+	if o.Reason == ReasonUnreachable {
+		since, ok := l.unreachableSince[node.Name]
+		if !ok {
+			since = now
+			l.unreachableSince[node.Name] = now
+		}
+		failing = now.Sub(since) >= settings.UnreachableGrace.Duration
+	} else {
+		delete(l.unreachableSince, node.Name)
+	}
+	l.mu.Unlock()
+	tainted := hasTaint(node)
+	switch {
+	case failing && !tainted && settings.Action == joinconfig.ActionTaint:
+		if _, cp := node.Labels[labelControlPlane]; cp && attestedControlPlanes == 0 {
+			l.metrics.actions.WithLabelValues("taint_refused").Inc()
+			l.cfg.Log.Error("Not tainting control plane "+node.Name+": no control plane is attested, and tainting would leave the cluster none; "+
+				"check the policy and the control planes now", "event", "reattest.action", "node", node.Name, "action", "taint_refused", "reason", o.Reason)
+			return nil
+		}
+		taints := append(slices.Clone(node.Spec.Taints), corev1.Taint{Key: TaintKey, Effect: corev1.TaintEffectNoExecute, TimeAdded: ptr.To(metav1.NewTime(now))})
+		return l.setTaints(ctx, node, taints, "taint", o)
+	case !failing && o.Attested && tainted && settings.Restore == joinconfig.RestoreAuto:
+		taints := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(t corev1.Taint) bool { return t.Key == TaintKey })
+		return l.setTaints(ctx, node, taints, "untaint", o)
+	}
+	return nil
+}
+
+// setTaints replaces node's taints, if node is unchanged since it was read.
+func (l *Loop) setTaints(ctx context.Context, node *corev1.Node, taints []corev1.Taint, action string, o Outcome) error {
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": node.ResourceVersion},
+		"spec":     map[string]any{"taints": taints},
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := l.cfg.Client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("%s of Node %s: %w", action, node.Name, err)
+	}
+	l.metrics.actions.WithLabelValues(action).Inc()
+	l.cfg.Log.Warn("audit", "event", "reattest.action", "node", node.Name, "action", action, "reason", o.Reason, "identity", o.Identity)
+	kind := corev1.EventTypeWarning
+	if action == "untaint" {
+		kind = corev1.EventTypeNormal
+	}
+	l.cfg.Events.Eventf(node, nil, kind, action, "Reattest", "%s %s: %s", action, TaintKey, o.Reason)
+	return nil
+}
+
+func hasTaint(node *corev1.Node) bool {
+	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintKey })
+}
+
 // record writes o onto node when it differs from the node's condition, or
-// when the condition's heartbeat is due; it logs failures and changes.
-func (l *Loop) record(ctx context.Context, node *corev1.Node, o Outcome) error {
+// when the condition's heartbeat is due; it logs failures and changes. It
+// returns the Node as it now is.
+func (l *Loop) record(ctx context.Context, node *corev1.Node, o Outcome) (*corev1.Node, error) {
 	now := l.cfg.Now()
 	if o.Attested {
 		l.mu.Lock()
@@ -159,21 +266,22 @@ func (l *Loop) record(ctx context.Context, node *corev1.Node, o Outcome) error {
 		l.cfg.Events.Eventf(node, nil, kind, o.Reason, "Reattest", "%s", truncate(o.Message, 512))
 	}
 	if !changed && now.Sub(old.LastHeartbeatTime.Time) < l.cfg.Heartbeat {
-		return nil
+		return node, nil
 	}
 	if old != nil && old.Status == cond.Status {
 		cond.LastTransitionTime = old.LastTransitionTime
 	}
 	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// A strategic merge patch: conditions merge by type, others stay.
-	if _, err := l.cfg.Client.CoreV1().Nodes().PatchStatus(ctx, node.Name, patch); err != nil {
-		return fmt.Errorf("recording the attestation of Node %s: %w", node.Name, err)
+	updated, err := l.cfg.Client.CoreV1().Nodes().PatchStatus(ctx, node.Name, patch)
+	if err != nil {
+		return nil, fmt.Errorf("recording the attestation of Node %s: %w", node.Name, err)
 	}
 	l.metrics.writes.Inc()
-	return nil
+	return updated, nil
 }
 
 // updateOldest sets the age of the oldest last success among nodes (a
@@ -202,6 +310,7 @@ func (l *Loop) updateOldest(nodes []corev1.Node) {
 
 type metrics struct {
 	verifications    *prometheus.CounterVec
+	actions          *prometheus.CounterVec
 	writes           prometheus.Counter
 	oldestSuccessAge prometheus.Gauge
 	roundSeconds     prometheus.Histogram
@@ -213,6 +322,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "gatehouse", Subsystem: "reattest", Name: "verifications_total",
 			Help: "Re-verifications of running nodes, by result (the condition's reason).",
 		}, []string{"result"}),
+		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gatehouse", Subsystem: "reattest", Name: "actions_total",
+			Help: "Actions on Nodes: taint, untaint, and taint_refused (the last attested control planes are never tainted).",
+		}, []string{"action"}),
 		writes: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "gatehouse", Subsystem: "reattest", Name: "node_status_writes_total",
 			Help: "Node status writes (on a change of outcome, or a due heartbeat).",
@@ -226,7 +339,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Duration of one round over every Node.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.verifications, m.writes, m.oldestSuccessAge, m.roundSeconds} {
+	for _, c := range []prometheus.Collector{m.verifications, m.actions, m.writes, m.oldestSuccessAge, m.roundSeconds} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
@@ -249,6 +251,12 @@ func TestLoop(t *testing.T) {
 		"worker-gone": ReasonUnreachable, "cp-posing": ReasonRoleNotAttested,
 	}
 	round(first)
+	// The default action taints a node that failed, except an unreachable
+	// one within its grace period, and never the last control plane.
+	tainted(t, client, map[string]bool{"worker-good": false, "worker-taken": true, "worker-gone": false, "cp-posing": false})
+	if got := testutil.ToFloat64(loop.metrics.actions.WithLabelValues("taint_refused")); got != 1 {
+		t.Errorf("%v refusals to taint the only control plane, want 1", got)
+	}
 	writes := testutil.ToFloat64(loop.metrics.writes)
 	if writes != 4 {
 		t.Errorf("%v Node status writes in the first round, want 4", writes)
@@ -263,6 +271,7 @@ func TestLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	round(map[string]string{"worker-good": ReasonEvidenceRejected})
+	tainted(t, client, map[string]bool{"worker-good": true})
 	// The change is an Event on the Node.
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		list, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=worker-good"})
@@ -292,8 +301,24 @@ func TestLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	round(map[string]string{"worker-good": ReasonVerified})
+	tainted(t, client, map[string]bool{"worker-good": false}) // restored automatically
 	if age := testutil.ToFloat64(loop.metrics.oldestSuccessAge); age <= 0 {
 		t.Errorf("oldest success age %v: the never-attested nodes count from their creation", age)
+	}
+}
+
+// tainted fails t unless each Node carries TaintKey (NoExecute) as want says.
+func tainted(t *testing.T, client kubernetes.Interface, want map[string]bool) {
+	t.Helper()
+	for node, w := range want {
+		n, err := client.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintKey && t.Effect == corev1.TaintEffectNoExecute })
+		if got != w {
+			t.Errorf("%s tainted %t, want %t (taints %v)", node, got, w, n.Spec.Taints)
+		}
 	}
 }
 

@@ -161,6 +161,16 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 	return out, nil
 }
 
+// Settings returns what the policy in force says to do about failing
+// nodes.
+func (v *Verifier) Settings() (joinconfig.ContinuousAttestation, error) {
+	join, _, err := v.policy.Current()
+	if err != nil {
+		return joinconfig.ContinuousAttestation{}, fmt.Errorf("%w: %w", ErrPolicyNotReady, err)
+	}
+	return join.ContinuousAttestation, nil
+}
+
 // appraisalFor compiles join's policy for running nodes once per join
 // config.
 func (v *Verifier) appraisalFor(ctx context.Context, join *joinconfig.JoinConfig) (*policy.Appraisal, error) {

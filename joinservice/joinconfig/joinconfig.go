@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
@@ -45,7 +47,65 @@ const (
 	// KeyNodeDNSSuffixes optionally holds DNS suffixes, separated by commas
 	// or whitespace: a node may name itself <node name>.<suffix>.
 	KeyNodeDNSSuffixes = "nodeDNSSuffixes"
+	// KeyContinuousAttestation optionally holds what continuous
+	// attestation does about a node that stops proving itself, as YAML
+	// (ContinuousAttestation; docs/continuous-attestation.md).
+	KeyContinuousAttestation = "continuousAttestation"
 )
+
+// ContinuousAttestation is what continuous attestation does about a node
+// that fails (docs/continuous-attestation.md, "Action on failure").
+type ContinuousAttestation struct {
+	// Action is "taint" (the default: the node gets the
+	// gatehouse.dev/unattested:NoExecute taint, so its pods move) or
+	// "none" (the condition only).
+	Action string `json:"action,omitempty"`
+	// Restore is "automatic" (the default: a node that proves itself again
+	// loses the taint) or "admin" (an administrator removes it).
+	Restore string `json:"restore,omitempty"`
+	// UnreachableGrace is how long a node may not answer before it is
+	// acted on (default 5m): a reboot is not a compromise.
+	UnreachableGrace metav1.Duration `json:"unreachableGrace,omitzero"`
+}
+
+// Values of ContinuousAttestation.
+const (
+	ActionTaint             = "taint"
+	ActionNone              = "none"
+	RestoreAuto             = "automatic"
+	RestoreAdmin            = "admin"
+	DefaultUnreachableGrace = 5 * time.Minute
+)
+
+// parseContinuousAttestation parses the key's YAML strictly, with defaults.
+func parseContinuousAttestation(data string) (ContinuousAttestation, error) {
+	c := ContinuousAttestation{}
+	if strings.TrimSpace(data) != "" {
+		if err := yaml.UnmarshalStrict([]byte(data), &c); err != nil {
+			return c, err
+		}
+	}
+	if c.Action == "" {
+		c.Action = ActionTaint
+	}
+	if c.Restore == "" {
+		c.Restore = RestoreAuto
+	}
+	if c.UnreachableGrace.Duration == 0 {
+		c.UnreachableGrace.Duration = DefaultUnreachableGrace
+	}
+	var errs []error
+	if c.Action != ActionTaint && c.Action != ActionNone {
+		errs = append(errs, fmt.Errorf("action %q: use %s or %s", c.Action, ActionTaint, ActionNone))
+	}
+	if c.Restore != RestoreAuto && c.Restore != RestoreAdmin {
+		errs = append(errs, fmt.Errorf("restore %q: use %s or %s", c.Restore, RestoreAuto, RestoreAdmin))
+	}
+	if c.UnreachableGrace.Duration < 0 {
+		errs = append(errs, fmt.Errorf("unreachableGrace %s is negative", c.UnreachableGrace.Duration))
+	}
+	return c, errors.Join(errs...)
+}
 
 // KeyDenyList is the key of the deny list ConfigMap: one entry per line,
 // '#' starts a comment. An entry is an attestation identity
@@ -83,6 +143,9 @@ type JoinConfig struct {
 	// kubelet certificate (<node>.<suffix>) besides its bare node name.
 	// Optional.
 	NodeDNSSuffixes []string
+	// ContinuousAttestation is what continuous attestation does about a
+	// node that fails; defaults when the key is absent.
+	ContinuousAttestation ContinuousAttestation
 }
 
 // ParseJoinConfig validates the data of the join config ConfigMap for the
@@ -126,6 +189,9 @@ func ParseJoinConfig(data map[string]string, variant attestation.Variant, now fu
 	}
 	if cfg.NodeDNSSuffixes, err = parseDNSSuffixes(data[KeyNodeDNSSuffixes]); err != nil {
 		return nil, fmt.Errorf("join config: %s: %w", KeyNodeDNSSuffixes, err)
+	}
+	if cfg.ContinuousAttestation, err = parseContinuousAttestation(data[KeyContinuousAttestation]); err != nil {
+		return nil, fmt.Errorf("join config: %s: %w", KeyContinuousAttestation, err)
 	}
 	return cfg, nil
 }

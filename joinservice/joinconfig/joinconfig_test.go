@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -202,4 +204,42 @@ func FuzzParseDenyList(f *testing.F) {
 			t.Fatalf("%d entries from %d lines", d.Len(), strings.Count(text, "\n")+1)
 		}
 	})
+}
+
+// TestContinuousAttestation: the action on failure defaults to tainting,
+// restoring automatically after a 5-minute grace for unreachable nodes;
+// other settings parse, and a wrong one names the field and the choices.
+func TestContinuousAttestation(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       ContinuousAttestation
+		err        string
+	}{
+		{"absent", "", ContinuousAttestation{Action: ActionTaint, Restore: RestoreAuto, UnreachableGrace: metav1.Duration{Duration: 5 * time.Minute}}, ""},
+		{"admin restores", "restore: admin\nunreachableGrace: 30s\n", ContinuousAttestation{Action: ActionTaint, Restore: RestoreAdmin, UnreachableGrace: metav1.Duration{Duration: 30 * time.Second}}, ""},
+		{"record only", "action: none\n", ContinuousAttestation{Action: ActionNone, Restore: RestoreAuto, UnreachableGrace: metav1.Duration{Duration: 5 * time.Minute}}, ""},
+		{"unknown action", "action: drain\n", ContinuousAttestation{}, `action "drain": use taint or none`},
+		{"unknown field", "actoin: none\n", ContinuousAttestation{}, "actoin"},
+		{"negative grace", "unreachableGrace: -1m\n", ContinuousAttestation{}, "negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data := validData(t)
+			if tc.yaml != "" {
+				data[KeyContinuousAttestation] = tc.yaml
+			}
+			cfg, err := ParseJoinConfig(data, attestation.VariantTPM, time.Now)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), KeyContinuousAttestation) || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("got %v, want an error naming %s and %q", err, KeyContinuousAttestation, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.ContinuousAttestation != tc.want {
+				t.Fatalf("got %+v, want %+v", cfg.ContinuousAttestation, tc.want)
+			}
+		})
+	}
 }
