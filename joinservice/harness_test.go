@@ -39,7 +39,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
@@ -122,19 +122,7 @@ func bootNode() (*tpmattester.Attester, func(), error) {
 // trust it until h.trust.
 func swtpmNode(t testing.TB, role policy.Role) *tpmattester.Attester {
 	t.Helper()
-	dev, err := swtpm.Start(t.Context(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(dev.Stop)
-	rw, err := dev.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rw.Close() })
-	if _, err := tpmattester.MeasureBoot(rw, bootArtefacts(role)); err != nil {
-		t.Fatal(err)
-	}
+	rw := swtpmtest.Boot(t, t.TempDir(), bootArtefacts(role))
 	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs})
 	if err != nil {
 		t.Fatal(err)

@@ -31,7 +31,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
@@ -68,19 +69,7 @@ type runningNode struct {
 
 func startRunningNode(t *testing.T, role policy.Role, clusterID []byte, ip string, port int) *runningNode {
 	t.Helper()
-	dev, err := swtpm.Start(t.Context(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(dev.Stop)
-	rw, err := dev.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rw.Close() })
-	if _, err := tpmattester.MeasureBoot(rw, bootArtefacts(role)); err != nil {
-		t.Fatal(err)
-	}
+	rw := swtpmtest.Boot(t, t.TempDir(), bootArtefacts(role))
 	if err := tpm2.PCRExtend(rw, tpmutil.Handle(keys.NodeLockPCR), tpm2.AlgSHA256, clusterID, ""); err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -50,23 +51,11 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 	if err := swtpm.Manufacture(ctx, tpmDir, swtpm.LocalCA{Dir: filepath.Join(dir, "tpm-ca")}); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := swtpm.Start(ctx, tpmDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(dev.Stop)
-	rw, err := dev.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rw.Close() })
 	artefacts, err := mini.BootArtefacts(filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), spec.BootManifest, policy.RoleWorker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tpmattester.MeasureBoot(rw, artefacts); err != nil {
-		t.Fatal(err)
-	}
+	rw := swtpmtest.Boot(t, tpmDir, artefacts)
 	attester, err := tpmattester.New(rw, tpmattester.Options{PCRs: mini.PCRs, EKCertificate: tpmattester.EKCertificateRequired})
 	if err != nil {
 		t.Fatal(err)
