@@ -182,7 +182,7 @@ func (l *Loop) act(ctx context.Context, node *corev1.Node, o Outcome, settings j
 	now := l.cfg.Now()
 	failing := !o.Attested
 	l.mu.Lock()
-	if o.Reason == ReasonUnreachable {
+	if o.Reason == ReasonUnreachable || o.Reason == ReasonRebooting {
 		since, ok := l.unreachableSince[node.Name]
 		if !ok {
 			since = now

@@ -70,8 +70,10 @@ type runningNode struct {
 func startRunningNode(t *testing.T, role policy.Role, clusterID []byte, ip string, port int) *runningNode {
 	t.Helper()
 	rw := swtpmtest.Boot(t, t.TempDir(), bootArtefacts(role))
-	if err := tpm2.PCRExtend(rw, tpmutil.Handle(keys.NodeLockPCR), tpm2.AlgSHA256, clusterID, ""); err != nil {
-		t.Fatal(err)
+	if clusterID != nil { // nil: rebooted, not rejoined yet
+		if err := tpm2.PCRExtend(rw, tpmutil.Handle(keys.NodeLockPCR), tpm2.AlgSHA256, clusterID, ""); err != nil {
+			t.Fatal(err)
+		}
 	}
 	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs})
 	if err != nil {
@@ -175,6 +177,7 @@ func TestLoop(t *testing.T) {
 	good := startRunningNode(t, policy.RoleWorker, clusterID, "127.0.0.1", port)
 	impostor := startRunningNode(t, policy.RoleWorker, clusterID, "127.0.0.2", port)
 	posing := startRunningNode(t, policy.RoleWorker, clusterID, "127.0.0.3", port)
+	rebooted := startRunningNode(t, policy.RoleWorker, nil, "127.0.0.4", port)
 
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewJSONHandler(testWriter{t}, nil))
@@ -182,7 +185,7 @@ func TestLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing}, nil)); err != nil {
+	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing, rebooted}, nil)); err != nil {
 		t.Fatal(err)
 	}
 	if err := pol.ApplyDenyList(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gatehouse-deny-list"}}); err != nil {
@@ -194,13 +197,13 @@ func TestLoop(t *testing.T) {
 	bindings := nodebinding.New(client, namespace, time.Now)
 	for node, id := range map[string]string{
 		"worker-good": good.identity(t), "worker-taken": good.identity(t), "worker-gone": good.identity(t),
-		"cp-posing": posing.identity(t),
+		"cp-posing": posing.identity(t), "worker-rebooted": rebooted.identity(t),
 	} {
 		if _, err := bindings.Bind(ctx, node, id); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for name, ip := range map[string]string{"worker-good": "127.0.0.1", "worker-taken": "127.0.0.2", "worker-gone": "127.0.0.9", "cp-posing": "127.0.0.3"} {
+	for name, ip := range map[string]string{"worker-good": "127.0.0.1", "worker-taken": "127.0.0.2", "worker-gone": "127.0.0.9", "cp-posing": "127.0.0.3", "worker-rebooted": "127.0.0.4"} {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		if strings.HasPrefix(name, "cp-") {
 			n.Labels = map[string]string{labelControlPlane: ""}
@@ -237,18 +240,18 @@ func TestLoop(t *testing.T) {
 	}
 	first := map[string]string{
 		"worker-good": ReasonVerified, "worker-taken": ReasonIdentityChanged,
-		"worker-gone": ReasonUnreachable, "cp-posing": ReasonRoleNotAttested,
+		"worker-gone": ReasonUnreachable, "cp-posing": ReasonRoleNotAttested, "worker-rebooted": ReasonRebooting,
 	}
 	round(first)
 	// The default action taints a node that failed, except an unreachable
 	// one within its grace period, and never the last control plane.
-	tainted(t, client, map[string]bool{"worker-good": false, "worker-taken": true, "worker-gone": false, "cp-posing": false})
+	tainted(t, client, map[string]bool{"worker-good": false, "worker-taken": true, "worker-gone": false, "cp-posing": false, "worker-rebooted": false})
 	if got := testutil.ToFloat64(loop.metrics.actions.WithLabelValues("taint_refused")); got != 1 {
 		t.Errorf("%v refusals to taint the only control plane, want 1", got)
 	}
 	writes := testutil.ToFloat64(loop.metrics.writes)
-	if writes != 4 {
-		t.Errorf("%v Node status writes in the first round, want 4", writes)
+	if writes != 5 {
+		t.Errorf("%v Node status writes in the first round, want 5", writes)
 	}
 	round(first)
 	if got := testutil.ToFloat64(loop.metrics.writes); got != writes {
@@ -286,7 +289,7 @@ func TestLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing}, pcr4)); err != nil {
+	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing, rebooted}, pcr4)); err != nil {
 		t.Fatal(err)
 	}
 	round(map[string]string{"worker-good": ReasonVerified})

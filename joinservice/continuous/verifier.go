@@ -48,7 +48,35 @@ const (
 	ReasonRoleNotAttested = "RoleNotAttested"
 	// ReasonUnreachable: no evidence could be fetched.
 	ReasonUnreachable = "Unreachable"
+	// ReasonRebooting: the machine answers with evidence a joining node
+	// would send (node-lock PCR zero): it rebooted and has not rejoined
+	// yet. Like Unreachable, it is acted on only after the grace period.
+	ReasonRebooting = "Rebooting"
 )
+
+// errNotLocked is evidence that satisfies the policy with the node-lock
+// PCR still zero.
+var errNotLocked = errors.New("the evidence verifies with the node-lock PCR zero: the node rebooted and has not rejoined yet")
+
+// runningOrRebooting verifies a running node's evidence, and tells a
+// rebooted node that has not taken its node lock yet (errNotLocked) from
+// evidence that fails the policy.
+type runningOrRebooting struct {
+	running, joining *policy.Appraisal
+}
+
+func (v runningOrRebooting) Variant() attestation.Variant { return v.running.Variant() }
+
+func (v runningOrRebooting) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
+	r, err := v.running.Verify(ctx, evidence, nonce)
+	if err == nil || !errors.Is(err, attestation.ErrMeasurement) {
+		return r, err
+	}
+	if _, jerr := v.joining.Verify(ctx, evidence, nonce); jerr == nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrPolicy, errNotLocked)
+	}
+	return nil, err
+}
 
 // labelControlPlane marks control-plane Nodes (kubeadm).
 const labelControlPlane = "node-role.kubernetes.io/control-plane"
@@ -124,9 +152,12 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 		out.Reason, out.Message = ReasonUnreachable, err.Error()
 		return out, nil
 	}
-	result, err := v.fetch(ctx, addr, []attestation.Verifier{appraisal})
+	result, err := v.fetch(ctx, addr, []attestation.Verifier{runningOrRebooting{running: appraisal, joining: join.Appraisal}})
 	switch {
 	case err == nil:
+	case errors.Is(err, errNotLocked):
+		out.Reason, out.Message = ReasonRebooting, errNotLocked.Error()
+		return out, nil
 	case isRejection(err):
 		out.Reason, out.Message = ReasonEvidenceRejected, err.Error()
 		return out, nil
