@@ -66,9 +66,9 @@ func (p *Policy) ApplyJoinConfig(cm *corev1.ConfigMap) error {
 		return err
 	}
 	p.join.Store(cfg)
-	p.reloads.WithLabelValues(cm.Name, "applied").Inc()
 	p.log.Info("Join config applied", "configmap", cm.Namespace+"/"+cm.Name,
 		"resourceVersion", cm.ResourceVersion, "policy", cfg.Summary, "kubernetesVersion", cfg.KubernetesVersion)
+	p.reloads.WithLabelValues(cm.Name, "applied").Inc()
 	return nil
 }
 
@@ -81,16 +81,17 @@ func (p *Policy) ApplyDenyList(cm *corev1.ConfigMap) error {
 		return err
 	}
 	p.deny.Store(&d)
-	p.reloads.WithLabelValues(cm.Name, "applied").Inc()
 	p.log.Info("Deny list applied", "configmap", cm.Namespace+"/"+cm.Name,
 		"resourceVersion", cm.ResourceVersion, "entries", d.Len())
+	p.reloads.WithLabelValues(cm.Name, "applied").Inc()
 	return nil
 }
 
 func (p *Policy) refused(cm *corev1.ConfigMap, err error) {
-	p.reloads.WithLabelValues(cm.Name, "refused").Inc()
+	// Logged before it is counted: whoever sees the count finds the line.
 	p.log.Error("ConfigMap update refused; the previous version stays in force",
 		"configmap", cm.Namespace+"/"+cm.Name, "resourceVersion", cm.ResourceVersion, "error", err.Error())
+	p.reloads.WithLabelValues(cm.Name, "refused").Inc()
 }
 
 // Current returns the join config and deny list in force, or ErrNotReady.
