@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"slices"
@@ -37,6 +38,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
@@ -178,17 +180,22 @@ func TestLoop(t *testing.T) {
 	impostor := startRunningNode(t, policy.RoleWorker, clusterID, "127.0.0.2", port)
 	posing := startRunningNode(t, policy.RoleWorker, clusterID, "127.0.0.3", port)
 	rebooted := startRunningNode(t, policy.RoleWorker, nil, "127.0.0.4", port)
+	// Another machine, rebooted (node lock not taken), answering for a
+	// name bound to good: a reboot's grace is not for it.
+	rebootedImpostor := startRunningNode(t, policy.RoleWorker, nil, "127.0.0.5", port)
 
 	reg := prometheus.NewRegistry()
-	log := slog.New(slog.NewJSONHandler(testWriter{t}, nil))
+	var logs testkit.LogBuffer
+	log := slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{t}, &logs), nil))
 	pol, err := joinservice.NewPolicy(attestation.VariantTPM, time.Now, log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing, rebooted}, nil)); err != nil {
+	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing, rebooted, rebootedImpostor}, nil)); err != nil {
 		t.Fatal(err)
 	}
-	if err := pol.ApplyDenyList(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gatehouse-deny-list"}}); err != nil {
+	if err := pol.ApplyDenyList(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gatehouse-deny-list"},
+		Data: map[string]string{joinconfig.KeyDenyList: "node:worker-denied\n"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
@@ -198,12 +205,15 @@ func TestLoop(t *testing.T) {
 	for node, id := range map[string]string{
 		"worker-good": good.identity(t), "worker-taken": good.identity(t), "worker-gone": good.identity(t),
 		"cp-posing": posing.identity(t), "worker-rebooted": rebooted.identity(t),
+		"worker-rebooted-impostor": good.identity(t), "worker-denied": good.identity(t),
 	} {
 		if _, err := bindings.Bind(ctx, node, id); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for name, ip := range map[string]string{"worker-good": "127.0.0.1", "worker-taken": "127.0.0.2", "worker-gone": "127.0.0.9", "cp-posing": "127.0.0.3", "worker-rebooted": "127.0.0.4"} {
+	for name, ip := range map[string]string{"worker-good": "127.0.0.1", "worker-taken": "127.0.0.2", "worker-gone": "127.0.0.9", "cp-posing": "127.0.0.3", "worker-rebooted": "127.0.0.4",
+		"worker-rebooted-impostor": "127.0.0.5", "worker-denied": "127.0.0.1", "worker-unbound": "127.0.0.1",
+	} {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		if strings.HasPrefix(name, "cp-") {
 			n.Labels = map[string]string{labelControlPlane: ""}
@@ -241,17 +251,30 @@ func TestLoop(t *testing.T) {
 	first := map[string]string{
 		"worker-good": ReasonVerified, "worker-taken": ReasonIdentityChanged,
 		"worker-gone": ReasonUnreachable, "cp-posing": ReasonRoleNotAttested, "worker-rebooted": ReasonRebooting,
+		"worker-rebooted-impostor": ReasonIdentityChanged, "worker-denied": ReasonDenied, "worker-unbound": ReasonNotBound,
 	}
 	round(first)
 	// The default action taints a node that failed, except an unreachable
 	// one within its grace period, and never the last control plane.
-	tainted(t, client, map[string]bool{"worker-good": false, "worker-taken": true, "worker-gone": false, "cp-posing": false, "worker-rebooted": false})
+	tainted(t, client, map[string]bool{
+		"worker-good": false, "worker-taken": true, "worker-gone": false, "cp-posing": false, "worker-rebooted": false,
+		"worker-rebooted-impostor": true, "worker-denied": true, "worker-unbound": true,
+	})
+	// Each refusal is an audit line naming the node and the reason.
+	for node, reason := range first {
+		if reason == ReasonVerified {
+			continue
+		}
+		if !strings.Contains(logs.String(), `"node":"`+node+`","attested":false,"reason":"`+reason+`"`) {
+			t.Errorf("no audit line for %s with reason %s", node, reason)
+		}
+	}
 	if got := testutil.ToFloat64(loop.metrics.actions.WithLabelValues("taint_refused")); got != 1 {
 		t.Errorf("%v refusals to taint the only control plane, want 1", got)
 	}
 	writes := testutil.ToFloat64(loop.metrics.writes)
-	if writes != 5 {
-		t.Errorf("%v Node status writes in the first round, want 5", writes)
+	if writes != 8 {
+		t.Errorf("%v Node status writes in the first round, want 8", writes)
 	}
 	round(first)
 	if got := testutil.ToFloat64(loop.metrics.writes); got != writes {
@@ -289,7 +312,7 @@ func TestLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing, rebooted}, pcr4)); err != nil {
+	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing, rebooted, rebootedImpostor}, pcr4)); err != nil {
 		t.Fatal(err)
 	}
 	round(map[string]string{"worker-good": ReasonVerified})

@@ -58,6 +58,13 @@ const (
 // PCR still zero.
 var errNotLocked = errors.New("the evidence verifies with the node-lock PCR zero: the node rebooted and has not rejoined yet")
 
+// notLockedError is errNotLocked with the identity the evidence came from:
+// a rebooting machine must still be the one bound to the name.
+type notLockedError struct{ identity string }
+
+func (e *notLockedError) Error() string { return errNotLocked.Error() }
+func (e *notLockedError) Unwrap() error { return errNotLocked }
+
 // runningOrRebooting verifies a running node's evidence, and tells a
 // rebooted node that has not taken its node lock yet (errNotLocked) from
 // evidence that fails the policy.
@@ -72,8 +79,8 @@ func (v runningOrRebooting) Verify(ctx context.Context, evidence, nonce []byte) 
 	if err == nil || !errors.Is(err, attestation.ErrMeasurement) {
 		return r, err
 	}
-	if _, jerr := v.joining.Verify(ctx, evidence, nonce); jerr == nil {
-		return nil, fmt.Errorf("%w: %w", attestation.ErrPolicy, errNotLocked)
+	if joined, jerr := v.joining.Verify(ctx, evidence, nonce); jerr == nil {
+		return nil, fmt.Errorf("%w: %w", attestation.ErrPolicy, &notLockedError{identity: joined.Identity})
 	}
 	return nil, err
 }
@@ -153,9 +160,15 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 		return out, nil
 	}
 	result, err := v.fetch(ctx, addr, []attestation.Verifier{runningOrRebooting{running: appraisal, joining: join.Appraisal}})
+	var notLocked *notLockedError
 	switch {
 	case err == nil:
-	case errors.Is(err, errNotLocked):
+	case errors.As(err, &notLocked):
+		// The grace a reboot gets is only for the machine that joined.
+		out.Identity = notLocked.identity
+		if o, bad := v.checkMachine(ctx, out, node.Name, deny); bad {
+			return o, nil
+		}
 		out.Reason, out.Message = ReasonRebooting, errNotLocked.Error()
 		return out, nil
 	case isRejection(err):
@@ -166,18 +179,8 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 		return out, nil
 	}
 	out.Identity = result.Identity
-	bound, err := v.bindings.Identity(ctx, node.Name)
-	switch {
-	case err != nil:
-		out.Reason, out.Message = ReasonNotBound, err.Error()
-		return out, nil
-	case bound != result.Identity:
-		out.Reason, out.Message = ReasonIdentityChanged, fmt.Sprintf("the node name is bound to %s; its evidence comes from %s", bound, result.Identity)
-		return out, nil
-	}
-	if entry, denied := deny.Denies(result.Identity, node.Name); denied {
-		out.Reason, out.Message = ReasonDenied, fmt.Sprintf("denied by the cluster's deny list (entry %q)", entry)
-		return out, nil
+	if o, bad := v.checkMachine(ctx, out, node.Name, deny); bad {
+		return o, nil
 	}
 	roles := appraisal.Roles(result.Measurements)
 	if len(roles) == 0 {
@@ -190,6 +193,25 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 	}
 	out.Attested, out.Reason, out.Message = true, ReasonVerified, "fresh evidence verifies against the current policy, from the machine that joined"
 	return out, nil
+}
+
+// checkMachine checks that out.Identity is the machine bound to node's
+// name and is not denied; bad reports a failed outcome.
+func (v *Verifier) checkMachine(ctx context.Context, out Outcome, node string, deny *joinconfig.DenyList) (Outcome, bool) {
+	bound, err := v.bindings.Identity(ctx, node)
+	switch {
+	case err != nil:
+		out.Reason, out.Message = ReasonNotBound, err.Error()
+		return out, true
+	case bound != out.Identity:
+		out.Reason, out.Message = ReasonIdentityChanged, fmt.Sprintf("the node name is bound to %s; its evidence comes from %s", bound, out.Identity)
+		return out, true
+	}
+	if entry, denied := deny.Denies(out.Identity, node); denied {
+		out.Reason, out.Message = ReasonDenied, fmt.Sprintf("denied by the cluster's deny list (entry %q)", entry)
+		return out, true
+	}
+	return out, false
 }
 
 // Settings returns what the policy in force says to do about failing
