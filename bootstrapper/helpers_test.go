@@ -268,11 +268,15 @@ func (v *recordingVolume) unlockedWith(t *testing.T, key []byte) {
 type nameBindings struct {
 	mu    sync.Mutex
 	bound map[string]string
+	fail  error // when set, every bind fails with it
 }
 
 func (b *nameBindings) bind(_ context.Context, _, node, identity string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.fail != nil {
+		return b.fail
+	}
 	if b.bound == nil {
 		b.bound = map[string]string{}
 	}

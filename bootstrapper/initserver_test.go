@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -31,6 +32,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
@@ -465,5 +467,28 @@ func TestStopCancelsInitJob(t *testing.T) {
 	}
 	if final.GetFailure() == nil {
 		t.Fatal("the client was not told the init failed")
+	}
+}
+
+// TestInitRefusesANameBoundToAnotherMachine: when the new cluster's name
+// binding says another machine holds this node's name, the init fails
+// (after the node lock) and returns no admin kubeconfig.
+func TestInitRefusesANameBoundToAnotherMachine(t *testing.T) {
+	f := newInitFixture(t)
+	f.bindings.fail = fmt.Errorf("%w: node name cp-0 belongs to tpm-ak:sha256:other", nodebinding.ErrNameBound)
+	stream, err := f.client.Init(t.Context(), f.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, final, err := receive(t, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.GetSuccess() != nil || !strings.Contains(final.GetFailure().GetError(), "binding the node name") ||
+		!strings.Contains(final.GetFailure().GetError(), "belongs to") {
+		t.Fatalf("init with the name bound to another machine: success %t, failure %q", final.GetSuccess() != nil, final.GetFailure().GetError())
+	}
+	if st, _ := ReadStatus(f.node.machine.Root); st.Phase != PhaseFailed {
+		t.Errorf("status %s, want failed", st.Phase)
 	}
 }
