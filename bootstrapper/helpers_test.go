@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -227,6 +228,25 @@ func (r *dryRunRunner) subcommands() string {
 		s = append(s, c[0])
 	}
 	return strings.Join(s, ",")
+}
+
+// servingCert returns the certificate the kubelet's serving certificate
+// store under root holds, checking the store's layout: a link to a file
+// of mode 0600 with the certificate and its key.
+func servingCert(t *testing.T, root string) *x509.Certificate {
+	t.Helper()
+	current := filepath.Join(root, kubeadm.KubeletPKIDir, kubeadm.KubeletServingPrefix+"-current.pem")
+	if fi, err := os.Lstat(current); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("%s is not a link (%v): the kubelet could not renew it", current, err)
+	}
+	if got := fileMode(t, current); got != 0o600 {
+		t.Errorf("kubelet serving certificate and key have mode %v", got)
+	}
+	pair, err := tls.LoadX509KeyPair(current, current)
+	if err != nil {
+		t.Fatalf("the kubelet serving certificate store: %v", err)
+	}
+	return pair.Leaf
 }
 
 func parsePEMCert(data []byte) (*x509.Certificate, error) {

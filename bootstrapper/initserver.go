@@ -310,6 +310,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		ServiceCIDR:          req.GetServiceCidr(),
 		PodCIDR:              req.GetPodCidr(),
 		InitToken:            token,
+		KubeletCertLifetime:  kubeletCertLifetime(req.GetKubeletCertLifetimeSeconds()),
 		ImageRepository:      s.cfg.ImageRepository,
 		SkipPhases:           s.cfg.SkipPhases,
 		KubeProxy:            s.cfg.KubeProxy,
@@ -325,6 +326,14 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		return nil, err
 	}
 	return &initPlan{req: req, fingerprint: sha256.Sum256(data), derive: derive, clusterID: id, params: params}, nil
+}
+
+// kubeletCertLifetime is the request's lifetime in seconds, or the default.
+func kubeletCertLifetime(seconds uint32) time.Duration {
+	if seconds == 0 {
+		return kubeadm.DefaultKubeletCertLifetime
+	}
+	return time.Duration(seconds) * time.Second
 }
 
 // run executes the init and records its end.
@@ -399,7 +408,7 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 	}
 
 	step("pki", "Generating the cluster CA and this node's kubelet serving certificate")
-	ca, err := s.writePKI(machine)
+	ca, err := s.writePKI(machine, p)
 	if err != nil {
 		return nil, err
 	}
@@ -439,9 +448,14 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 }
 
 // writePKI writes a new cluster CA where kubeadm init finds and keeps it,
-// and the kubelet's serving certificate signed by it.
-func (s *InitServer) writePKI(machine *Machine) (*clusterpki.CA, error) {
-	ca, certPEM, keyPEM, err := clusterpki.GenerateCA(s.cfg.Now())
+// and this node's kubelet credentials signed by it with the cluster's
+// kubelet certificate lifetime: its serving certificate, and its client
+// certificate in kubelet.conf (which kubeadm keeps, as it does a
+// kubeconfig with the cluster's CA; without it kubeadm would sign one
+// valid for a year). The kubelet renews both through CSRs.
+func (s *InitServer) writePKI(machine *Machine, p *initPlan) (*clusterpki.CA, error) {
+	now := s.cfg.Now()
+	ca, certPEM, keyPEM, err := clusterpki.GenerateCA(now)
 	if err != nil {
 		return nil, err
 	}
@@ -451,17 +465,50 @@ func (s *InitServer) writePKI(machine *Machine) (*clusterpki.CA, error) {
 	if err := machine.writeFile(kubeadm.PKIDir+"/ca.key", keyPEM, 0o600); err != nil {
 		return nil, err
 	}
+	if err := writeKubeletKubeconfig(machine, ca, certPEM, p.params, now); err != nil {
+		return nil, err
+	}
 	if machine.Kubelet.ServingCert {
-		if err := writeKubeletServingCert(machine, ca, s.cfg.Now()); err != nil {
+		if err := writeInitServingCert(machine, ca, now, p.params.KubeletCertLifetime); err != nil {
 			return nil, err
 		}
 	}
 	return ca, nil
 }
 
-// writeKubeletServingCert issues this node's kubelet serving certificate
-// with ca and writes it with its key.
-func writeKubeletServingCert(machine *Machine, ca *clusterpki.CA, now time.Time) error {
+// writeKubeletKubeconfig writes kubelet.conf for this node's kubelet: the
+// local API server, the cluster CA, and a client certificate of params'
+// kubelet certificate lifetime.
+func writeKubeletKubeconfig(machine *Machine, ca *clusterpki.CA, caPEM []byte, params kubeadm.InitParams, now time.Time) error {
+	certPEM, keyPEM, err := ca.SignKubeletClient(params.Node.Name, now, params.KubeletCertLifetime)
+	if err != nil {
+		return err
+	}
+	port := params.BindPort
+	if port == 0 {
+		port = 6443
+	}
+	user := "system:node:" + params.Node.Name
+	context := user + "@" + params.ClusterName
+	config := clientcmdapi.Config{
+		Clusters: map[string]*clientcmdapi.Cluster{params.ClusterName: {
+			Server:                   "https://" + net.JoinHostPort(params.Node.AdvertiseAddress, strconv.Itoa(int(port))),
+			CertificateAuthorityData: caPEM,
+		}},
+		AuthInfos:      map[string]*clientcmdapi.AuthInfo{user: {ClientCertificateData: certPEM, ClientKeyData: keyPEM}},
+		Contexts:       map[string]*clientcmdapi.Context{context: {Cluster: params.ClusterName, AuthInfo: user}},
+		CurrentContext: context,
+	}
+	data, err := clientcmd.Write(config)
+	if err != nil {
+		return fmt.Errorf("writing the kubelet's kubeconfig: %w", err)
+	}
+	return machine.writeFile(kubeadm.KubeletKubeconfigPath, data, 0o600)
+}
+
+// writeInitServingCert issues this node's kubelet serving certificate with
+// ca, valid lifetime, and puts it in the kubelet's serving certificate store.
+func writeInitServingCert(machine *Machine, ca *clusterpki.CA, now time.Time, lifetime time.Duration) error {
 	csr, keyPEM, err := clusterpki.NewKubeletCSR(machine.Node.Name, []net.IP{net.ParseIP(machine.Node.AdvertiseAddress)})
 	if err != nil {
 		return err
@@ -470,18 +517,11 @@ func writeKubeletServingCert(machine *Machine, ca *clusterpki.CA, now time.Time)
 	if err != nil {
 		return err
 	}
-	der, err := ca.SignKubelet(req, now)
+	der, err := ca.SignKubelet(req, now, lifetime)
 	if err != nil {
 		return err
 	}
-	return writeKubeletCert(machine, der, keyPEM)
-}
-
-func writeKubeletCert(machine *Machine, certDER, keyPEM []byte) error {
-	if err := machine.writeFile(kubeadm.KubeletCertPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER}), 0o644); err != nil {
-		return err
-	}
-	return machine.writeFile(kubeadm.KubeletKeyPath, keyPEM, 0o600)
+	return machine.writeServingCert(der, keyPEM, now)
 }
 
 func (s *InitServer) writeInitFiles(machine *Machine, p *initPlan, configPath string) error {

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -96,6 +97,9 @@ func newInitFixture(t *testing.T) *initFixture {
 		ServiceCidr:          "10.96.0.0/12",
 		PodCidr:              "10.244.0.0/16",
 		ControlPlaneEndpoint: "api.gatehouse.example:6443",
+		// Kubelet certificates of an hour: kubeadm keeps the kubelet.conf
+		// written with one.
+		KubeletCertLifetimeSeconds: 3600,
 	}
 	return f
 }
@@ -213,7 +217,7 @@ func TestInit(t *testing.T) {
 	for path, mode := range map[string]os.FileMode{
 		"usr/local/bin/kubelet": 0o755, "etc/kubernetes/pki/ca.key": 0o600, "etc/kubernetes/pki/ca.crt": 0o644,
 		strings.TrimPrefix(kms.URIFile, "/"): 0o600, strings.TrimPrefix(kubeadm.AuditPolicyPath, "/"): 0o600,
-		strings.TrimPrefix(kubeadm.KubeletKeyPath, "/"): 0o600,
+		strings.TrimPrefix(kubeadm.KubeletKubeconfigPath, "/"): 0o600,
 	} {
 		if got := fileMode(t, filepath.Join(root, path)); got != mode {
 			t.Errorf("%s has mode %v, want %v", path, got, mode)
@@ -226,6 +230,24 @@ func TestInit(t *testing.T) {
 		t.Errorf("kubeadm subcommands %s, want init then token delete", got)
 	}
 	checkAdminKubeconfig(t, final.GetSuccess().GetKubeconfig(), filepath.Join(root, "etc/kubernetes/pki/ca.crt"))
+	// The kubelet's credentials live as long as the request says, not a
+	// year: it renews them through CSRs.
+	// An hour, and the clock skew certificates allow before now.
+	const lifetime = 65 * time.Minute
+	if cert := servingCert(t, root); cert.NotAfter.Sub(cert.NotBefore) != lifetime || cert.Subject.CommonName != "system:node:node-1" {
+		t.Errorf("kubelet serving certificate %s valid %s to %s, want an hour", cert.Subject, cert.NotBefore, cert.NotAfter)
+	}
+	kubelet, err := clientcmd.LoadFromFile(filepath.Join(root, kubeadm.KubeletKubeconfigPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := kubelet.AuthInfos[kubelet.Contexts[kubelet.CurrentContext].AuthInfo]
+	if cert, err := parsePEMCert(auth.ClientCertificateData); err != nil {
+		t.Errorf("kubelet client certificate: %v", err)
+	} else if cert.Subject.CommonName != "system:node:node-1" || !slices.Equal(cert.Subject.Organization, []string{"system:nodes"}) ||
+		cert.NotAfter.Sub(cert.NotBefore) != lifetime {
+		t.Errorf("kubelet client certificate for %s valid %s to %s, want system:node:node-1 in system:nodes for an hour", cert.Subject, cert.NotBefore, cert.NotAfter)
+	}
 	if cfg, err := clientcmd.Load(final.GetSuccess().GetKubeconfig()); err != nil || cfg.Clusters["gatehouse"] == nil ||
 		cfg.Clusters["gatehouse"].Server != "https://api.gatehouse.example:6443" {
 		t.Errorf("the admin kubeconfig does not point at the controlPlaneEndpoint: %v %+v", err, cfg)

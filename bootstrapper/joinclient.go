@@ -216,7 +216,7 @@ func (c *JoinClient) setUp(ctx context.Context, t *joinservicev1.IssueJoinTicket
 func (c *JoinClient) writeJoinFiles(t *joinservicev1.IssueJoinTicketResponse, kubeletKey []byte, configPath string, config []byte, patches map[string][]byte) error {
 	machine := c.cfg.Machine
 	if machine.Kubelet.ServingCert {
-		if err := writeKubeletCert(machine, t.GetKubeletCert(), kubeletKey); err != nil {
+		if err := machine.writeServingCert(t.GetKubeletCert(), kubeletKey, c.cfg.Now()); err != nil {
 			return err
 		}
 	}

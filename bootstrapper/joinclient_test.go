@@ -83,7 +83,7 @@ func (s *fakeJoinService) IssueJoinTicket(_ context.Context, req *joinservicev1.
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	cert, err := s.ca.SignKubelet(kubelet, time.Now())
+	cert, err := s.ca.SignKubelet(kubelet, time.Now(), 0)
 	if err != nil {
 		return nil, err
 	}
@@ -218,15 +218,8 @@ func TestJoin(t *testing.T) {
 	if got := fileMode(t, filepath.Join(root, "usr/local/bin/kubelet")); got != 0o755 {
 		t.Errorf("kubelet installed with mode %v", got)
 	}
-	if got := fileMode(t, filepath.Join(root, kubeadm.KubeletKeyPath)); got != 0o600 {
-		t.Errorf("kubelet key mode %v", got)
-	}
-	certPEM, err := os.ReadFile(filepath.Join(root, kubeadm.KubeletCertPath))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cert, err := parsePEMCert(certPEM); err != nil || cert.Subject.CommonName != "system:node:node-1" {
-		t.Errorf("kubelet certificate: %v", err)
+	if cert := servingCert(t, root); cert.Subject.CommonName != "system:node:node-1" {
+		t.Errorf("kubelet certificate for %s", cert.Subject)
 	}
 	if _, err := os.Stat(filepath.Join(root, KubeadmDir, "join.yaml")); !os.IsNotExist(err) {
 		t.Error("the join configuration (it holds the token) was not removed")

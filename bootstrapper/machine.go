@@ -7,6 +7,7 @@ package bootstrapper
 
 import (
 	"context"
+	"encoding/pem"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -86,6 +87,30 @@ func (s *Machine) writeFile(p string, data []byte, mode fs.FileMode) error {
 		return fmt.Errorf("writing %s: %w", p, err)
 	}
 	return atomicfile.Write(full, data, mode)
+}
+
+// writeServingCert puts the kubelet serving certificate certDER with its
+// key in the kubelet's serving certificate store, as the kubelet's own
+// renewals do (client-go's certificate file store): a PEM file of both,
+// named after now, and the <prefix>-current.pem link to it, replaced
+// atomically. The kubelet serves with it and renews it through CSRs.
+func (s *Machine) writeServingCert(certDER, keyPEM []byte, now time.Time) error {
+	name := kubeadm.KubeletServingPrefix + "-" + now.UTC().Format("2006-01-02-15-04-05") + ".pem"
+	pair := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER}), keyPEM...)
+	if err := s.writeFile(kubeadm.KubeletPKIDir+"/"+name, pair, 0o600); err != nil {
+		return err
+	}
+	current := s.path(kubeadm.KubeletPKIDir + "/" + kubeadm.KubeletServingPrefix + "-current.pem")
+	tmp := current + ".tmp"
+	_ = os.Remove(tmp)
+	// Relative: the link resolves the same under Root and on the node.
+	if err := os.Symlink(name, tmp); err != nil {
+		return fmt.Errorf("linking the kubelet serving certificate: %w", err)
+	}
+	if err := os.Rename(tmp, current); err != nil {
+		return fmt.Errorf("linking the kubelet serving certificate: %w", err)
+	}
+	return nil
 }
 
 // writeAuditPolicy writes the API server's audit policy, which the

@@ -112,16 +112,17 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 		return fmt.Errorf("%s: measurement salt: %w", o.stateFile, err)
 	}
 	req := &initservicev1.InitRequest{
-		InitSecret:           []byte(strings.TrimSpace(string(initSecret))),
-		KmsUri:               kms.ClusterKMSURIString(secret.Key, secret.Salt),
-		MeasurementSalt:      salt,
-		KubernetesVersion:    release.Version,
-		KubernetesComponents: components,
-		ClusterName:          cfg.Name,
-		ApiServerCertSans:    cfg.APIServerCertSANs,
-		ControlPlaneEndpoint: cfg.ControlPlaneEndpoint,
-		ServiceCidr:          cfg.Networking.ServiceCIDR,
-		PodCidr:              cfg.Networking.PodCIDR,
+		InitSecret:                 []byte(strings.TrimSpace(string(initSecret))),
+		KmsUri:                     kms.ClusterKMSURIString(secret.Key, secret.Salt),
+		MeasurementSalt:            salt,
+		KubernetesVersion:          release.Version,
+		KubernetesComponents:       components,
+		ClusterName:                cfg.Name,
+		ApiServerCertSans:          cfg.APIServerCertSANs,
+		ControlPlaneEndpoint:       cfg.ControlPlaneEndpoint,
+		ServiceCidr:                cfg.Networking.ServiceCIDR,
+		PodCidr:                    cfg.Networking.PodCIDR,
+		KubeletCertLifetimeSeconds: uint32(cfg.KubeletCertLifetime() / time.Second),
 	}
 	appraisal, err := cfg.Appraisal(nil)
 	if err != nil {

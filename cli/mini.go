@@ -15,6 +15,7 @@ import (
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
@@ -74,6 +75,7 @@ func newMiniUpCmd() *cobra.Command {
 	f.StringVar(&opts.Dir, "dir", mini.DefaultDir, "directory for the cluster's state")
 	f.IntVar(&opts.ControlPlanes, "control-planes", 1, fmt.Sprintf("number of control planes (1 to %d; more than one puts haproxy in front of the API servers)", mini.MaxControlPlanes))
 	f.IntVar(&opts.Workers, "workers", 2, fmt.Sprintf("number of worker nodes (0 to %d)", mini.MaxWorkers))
+	f.DurationVar(&opts.KubeletCertLifetime, "kubelet-cert-lifetime", kubeadm.DefaultKubeletCertLifetime, "lifetime of kubelet certificates; kubelets renew at 70-90 % of it, approved after fresh evidence")
 	f.StringVar(&opts.BinDir, "bin", "", "directory of the gatehouse binaries (default: this binary's)")
 	f.StringVar(&opts.KubeBinDir, "kube-bin", "", "directory of the pinned Kubernetes binaries (default $GATEHOUSE_KUBE_BIN)")
 	f.StringVar(&opts.AddonBinDir, "addon-bin", "", "directory of CoreDNS and the registry built by hack/addon-binaries.sh (default $GATEHOUSE_ADDON_BIN)")

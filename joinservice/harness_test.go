@@ -252,10 +252,12 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		ControlPlaneLock: NewControlPlaneLock(client, testNamespace, ControlPlaneJoinTimeout, time.Now),
 		Bindings:         nodebinding.New(client, testNamespace, time.Now),
 		CA:               ca,
-		PKIDir:           h.pkiDir,
-		RateLimit:        opts.rate,
-		Log:              log,
-		Registerer:       h.reg,
+		// The cluster's kubelet certificate lifetime (TestJoin).
+		KubeletCertLifetime: 90 * time.Minute,
+		PKIDir:              h.pkiDir,
+		RateLimit:           opts.rate,
+		Log:                 log,
+		Registerer:          h.reg,
 	})
 	if err != nil {
 		t.Fatal(err)

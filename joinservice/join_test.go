@@ -76,6 +76,9 @@ func (h *harness) checkTicket(t testing.TB, resp *joinservicev1.IssueJoinTicketR
 			t.Errorf("kubelet certificate does not verify against the cluster CA for usage %v: %v", usage, err)
 		}
 	}
+	if life := time.Until(cert.NotAfter); life < 80*time.Minute || life > 90*time.Minute {
+		t.Errorf("kubelet certificate valid until %s, want the service's kubelet certificate lifetime of 90 minutes", cert.NotAfter)
+	}
 	if cert.Subject.CommonName != "system:node:"+name || !slices.Equal(cert.Subject.Organization, []string{"system:nodes"}) {
 		t.Errorf("kubelet certificate subject %s", cert.Subject)
 	}

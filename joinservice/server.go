@@ -80,6 +80,11 @@ type Config struct {
 	ControlPlaneLock controlPlaneLocker
 	Bindings         nameBinder
 	CA               *clusterpki.CA
+	// KubeletCertLifetime is the lifetime of the kubelet serving
+	// certificate a ticket carries, the cluster's kubelet certificate
+	// lifetime (the kubelet renews it through CSRs); 0 is
+	// clusterpki.KubeletCertValidity.
+	KubeletCertLifetime time.Duration
 	// PKIDir holds the ControlPlaneFiles (/etc/kubernetes/pki on a control plane).
 	PKIDir string
 	// RateLimit is the per-source budget of requests.
@@ -250,7 +255,7 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 			s.cfg.Log.Error("Releasing the control-plane join lock failed; it expires by itself", "node", kubelet.NodeName, "error", relErr.Error())
 		}
 	}
-	if resp.KubeletCert, err = s.cfg.CA.SignKubelet(kubelet, s.cfg.Now()); err != nil {
+	if resp.KubeletCert, err = s.cfg.CA.SignKubelet(kubelet, s.cfg.Now(), s.cfg.KubeletCertLifetime); err != nil {
 		undo()
 		return nil, refuse(codes.Internal, "internal", "%w", err)
 	}

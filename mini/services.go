@@ -70,7 +70,7 @@ func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.
 	data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
 		Name: "mini", KubernetesVersion: opts.KubernetesVersion, ReferenceValues: common, RoleReferenceValues: roles,
 		PCRs: PCRs, EKRoots: string(root), EKIntermediates: string(intermediate), ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
-		ControlPlaneEndpoint: controlPlaneEndpoint,
+		ControlPlaneEndpoint: controlPlaneEndpoint, KubeletCertLifetime: opts.KubeletCertLifetime,
 	})
 	if err != nil {
 		return err
@@ -159,7 +159,7 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 			return nil, fmt.Errorf("creating Secret %s: %w", name, err)
 		}
 	}
-	joinConfig, err := s.joinConfigValues(configPath, components)
+	joinConfig, lifetime, err := s.joinConfigValues(configPath, components)
 	if err != nil {
 		return nil, err
 	}
@@ -179,8 +179,9 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 			"port":      JoinPort,
 			"rateLimit": map[string]any{"rate": 5, "burst": 20},
 			// A local cluster shows a node's attestation state quickly.
-			"reattest":   map[string]any{"interval": "10s"},
-			"joinConfig": joinConfig,
+			"reattest":            map[string]any{"interval": "10s"},
+			"kubeletCertLifetime": lifetime.String(),
+			"joinConfig":          joinConfig,
 		}},
 	}
 	cfg, err := helm.Config(kubeconfig, charts.Namespace)
@@ -204,34 +205,35 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 
 // joinConfigValues are the join service chart's joinConfig values: the
 // cluster configuration's attestation policy, the measurement salt, the
-// API server endpoint, the version and the components nodes install.
-func (s *services) joinConfigValues(configPath string, components []*componentsv1.Component) (map[string]any, error) {
+// API server endpoint, the version and the components nodes install; and
+// the cluster's kubelet certificate lifetime.
+func (s *services) joinConfigValues(configPath string, components []*componentsv1.Component) (map[string]any, time.Duration, error) {
 	cfg, err := clusterconfig.Load(configPath)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	policy, err := yaml.Marshal(cfg.Attestation)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	state, err := clusterconfig.ReadState(filepath.Join(s.dir, clusterconfig.DefaultStateFile))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if _, err := hex.DecodeString(state.MeasurementSalt); err != nil {
-		return nil, fmt.Errorf("state file: measurement salt: %w", err)
+		return nil, 0, fmt.Errorf("state file: measurement salt: %w", err)
 	}
 	var list []json.RawMessage
 	for _, c := range components {
 		b, err := protojson.Marshal(c)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		list = append(list, b)
 	}
 	comps, err := json.Marshal(list)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	return map[string]any{
 		"attestation":          string(policy),
@@ -239,7 +241,7 @@ func (s *services) joinConfigValues(configPath string, components []*componentsv
 		"apiServerEndpoint":    s.apiServer,
 		"kubernetesVersion":    s.version,
 		"kubernetesComponents": string(comps),
-	}, nil
+	}, cfg.KubeletCertLifetime(), nil
 }
 
 // waitReady waits until the control plane and workers are Ready.

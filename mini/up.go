@@ -39,6 +39,10 @@ type Options struct {
 	ControlPlanes int
 	// Workers is the number of worker nodes (2, at most MaxWorkers).
 	Workers int
+	// KubeletCertLifetime is the cluster's kubeletCertificateLifetime
+	// (0: its default, 24 h). Kubelets renew at 70-90 % of it through CSRs
+	// the join service approves after fresh evidence.
+	KubeletCertLifetime time.Duration
 	// BinDir holds gatehouse, gatehouse-bootstrapper, gatehouse-joinservice,
 	// gatehouse-keyservice and gatehouse-pause.
 	BinDir string

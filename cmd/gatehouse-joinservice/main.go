@@ -27,6 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
@@ -70,6 +71,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		apiBurst       = flag.Int("kube-api-burst", 100, "Kubernetes API request burst")
 		reattestEvery  = flag.Duration("reattest-interval", continuous.DefaultInterval, "continuous attestation: how often every Node's fresh evidence is verified (±10 %); 0 turns it off (docs/continuous-attestation.md)")
 		evidencePort   = flag.Int("evidence-port", 9001, "the nodes' evidence endpoint port (gatehouse-bootstrapper serve-evidence)")
+		kubeletCertTTL = flag.Duration("kubelet-cert-lifetime", kubeadm.DefaultKubeletCertLifetime, "lifetime of the kubelet serving certificate a join ticket carries: the cluster's kubeletCertificateLifetime")
 	)
 	flag.Parse()
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -117,16 +119,17 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	keySource := joinservice.NewKeyServiceKeys(keyConn)
 	bindings := nodebinding.New(client, *namespace, time.Now)
 	srv, err := joinservice.NewServer(joinservice.Config{
-		Policy:           policy,
-		Keys:             keySource,
-		Tokens:           joinservice.NewTokens(client, time.Now),
-		ControlPlaneLock: joinservice.NewControlPlaneLock(client, *namespace, joinservice.ControlPlaneJoinTimeout, time.Now),
-		Bindings:         bindings,
-		CA:               ca,
-		PKIDir:           *pkiDir,
-		RateLimit:        connlimit.Rate{Rate: *rate, Burst: *burst},
-		Log:              log,
-		Registerer:       reg,
+		Policy:              policy,
+		Keys:                keySource,
+		Tokens:              joinservice.NewTokens(client, time.Now),
+		ControlPlaneLock:    joinservice.NewControlPlaneLock(client, *namespace, joinservice.ControlPlaneJoinTimeout, time.Now),
+		Bindings:            bindings,
+		CA:                  ca,
+		KubeletCertLifetime: *kubeletCertTTL,
+		PKIDir:              *pkiDir,
+		RateLimit:           connlimit.Rate{Rate: *rate, Burst: *burst},
+		Log:                 log,
+		Registerer:          reg,
 	})
 	if err != nil {
 		return err

@@ -17,12 +17,14 @@ import (
 	"text/template"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 )
 
@@ -49,6 +51,22 @@ type Config struct {
 	// means the first control plane's address: that cluster cannot add
 	// control planes later.
 	ControlPlaneEndpoint string `json:"controlPlaneEndpoint,omitempty"`
+	// KubeletCertificateLifetime is how long kubelet client and serving
+	// certificates are valid (kubelets renew them at 70-90 % of it, and
+	// Gatehouse approves a renewal only after the node's fresh evidence
+	// verifies: docs/continuous-attestation.md). Zero means
+	// kubeadm.DefaultKubeletCertLifetime (24 h); at least
+	// kubeadm.MinKubeletCertLifetime, at most a year.
+	KubeletCertificateLifetime metav1.Duration `json:"kubeletCertificateLifetime,omitempty"`
+}
+
+// KubeletCertLifetime is c.KubeletCertificateLifetime, or the default when
+// unset.
+func (c *Config) KubeletCertLifetime() time.Duration {
+	if c.KubeletCertificateLifetime.Duration == 0 {
+		return kubeadm.DefaultKubeletCertLifetime
+	}
+	return c.KubeletCertificateLifetime.Duration
 }
 
 // Networking holds the cluster's CIDRs.
@@ -122,6 +140,9 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("controlPlaneEndpoint: %w", err))
 		}
 	}
+	if err := kubeadm.CheckKubeletCertLifetime(c.KubeletCertLifetime()); err != nil {
+		errs = append(errs, fmt.Errorf("kubeletCertificateLifetime: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -193,6 +214,8 @@ type TemplateValues struct {
 	ServiceCIDR, PodCIDR string
 	// ControlPlaneEndpoint, when set, is the load balancer's host:port.
 	ControlPlaneEndpoint string
+	// KubeletCertLifetime, when set, is kubeletCertificateLifetime.
+	KubeletCertLifetime time.Duration
 }
 
 var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap{
@@ -320,6 +343,12 @@ apiServerCertSANs: []
 # for more than one control plane. Empty: the first control plane's address,
 # and no control plane can be added later.
 controlPlaneEndpoint: {{json .ControlPlaneEndpoint}}
+
+# Lifetime of kubelet client and serving certificates. Kubelets renew them at
+# 70-90 % of it; Gatehouse approves a renewal only while the node's fresh
+# evidence verifies, so a node that stops proving itself loses its credentials
+# within this long (docs/continuous-attestation.md).
+kubeletCertificateLifetime: {{if .KubeletCertLifetime}}{{.KubeletCertLifetime}}{{else}}24h{{end}}
 `))
 
 // Generate renders a commented configuration from v and checks that it

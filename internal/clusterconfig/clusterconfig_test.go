@@ -3,6 +3,7 @@ package clusterconfig_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
@@ -96,6 +97,37 @@ func TestControlPlaneEndpoint(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), "controlPlaneEndpoint: ") || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%q: got error %v, want one naming controlPlaneEndpoint and %q", tc.endpoint, err, tc.err)
+		}
+	}
+}
+
+// TestKubeletCertificateLifetime: the generated file states the lifetime
+// (24 h unless given), and one outside its bounds is refused by name.
+func TestKubeletCertificateLifetime(t *testing.T) {
+	values := clusterconfig.TemplateValues{
+		Name: "c", KubernetesVersion: "v1.36.4", ReferenceValues: `{"0": {"expected": "` + strings.Repeat("cd", 32) + `"}}`, PCRs: []int{0, 4, 15},
+		RoleReferenceValues: map[policy.Role]string{policy.RoleControlPlane: `{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`},
+		EKRoots:             string(testkit.NewCA(t, "root").PEM), ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
+	}
+	for _, tc := range []struct {
+		given, want time.Duration
+		err         string
+	}{
+		{0, 24 * time.Hour, ""},
+		{4 * time.Minute, 4 * time.Minute, ""},
+		{time.Minute, 0, "kubeletCertificateLifetime: kubelet certificate lifetime 1m0s is not within 2m0s and 8760h0m0s"},
+	} {
+		values.KubeletCertLifetime = tc.given
+		data, err := clusterconfig.Generate(values)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: %v, want an error containing %q", tc.given, err, tc.err)
+			}
+			continue
+		}
+		cfg, err := clusterconfig.Parse(data)
+		if err != nil || cfg.KubeletCertLifetime() != tc.want {
+			t.Errorf("%s: parsed back as %v (%v), want %s", tc.given, cfg.KubeletCertLifetime(), err, tc.want)
 		}
 	}
 }

@@ -43,8 +43,9 @@ const IdentityURI = "urn:gatehouse:joinservice"
 
 // Certificate lifetimes.
 const (
-	// KubeletCertValidity is how long an issued kubelet certificate is
-	// valid: a year, as kubeadm's; the kubelet rotates it before then.
+	// KubeletCertValidity is how long a kubelet certificate is valid when
+	// SignKubelet is given no lifetime: a year, as kubeadm's. Clusters set
+	// a shorter one (kubeadm.DefaultKubeletCertLifetime).
 	KubeletCertValidity = 365 * 24 * time.Hour
 	// identityValidity is how long the service's own certificate is valid;
 	// it is renewed at half its life.
@@ -207,14 +208,18 @@ func kubeletNodeName(subject pkix.Name) (string, error) {
 }
 
 // SignKubelet issues a kubelet client and serving certificate (DER) for a
-// checked request, valid for KubeletCertValidity from now.
-func (ca *CA) SignKubelet(req *KubeletRequest, now time.Time) ([]byte, error) {
+// checked request, valid for lifetime from now (KubeletCertValidity when
+// zero).
+func (ca *CA) SignKubelet(req *KubeletRequest, now time.Time, lifetime time.Duration) ([]byte, error) {
+	if lifetime <= 0 {
+		lifetime = KubeletCertValidity
+	}
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "system:node:" + req.NodeName, Organization: []string{"system:nodes"}},
 		DNSNames:    req.csr.DNSNames,
 		IPAddresses: req.csr.IPAddresses,
 		NotBefore:   now.Add(-clockSkew),
-		NotAfter:    now.Add(KubeletCertValidity),
+		NotAfter:    now.Add(lifetime),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 	}

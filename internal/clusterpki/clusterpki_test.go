@@ -114,7 +114,7 @@ func TestSignKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	der, err := ca.SignKubelet(req, time.Now())
+	der, err := ca.SignKubelet(req, time.Now(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestClusterIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubeletDER, err := ca.SignKubelet(req, now)
+	kubeletDER, err := ca.SignKubelet(req, now, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,6 +81,19 @@ func (ca *CA) SignAdmin(name string, now time.Time) (certPEM, keyPEM []byte, err
 // (PEM): user CN=name in groups O=groups, valid AdminCertValidity from now.
 // groups must not contain system:masters.
 func (ca *CA) SignClient(name string, groups []string, now time.Time) (certPEM, keyPEM []byte, err error) {
+	return ca.signClient(name, groups, now, AdminCertValidity)
+}
+
+// SignKubeletClient issues the kubelet client certificate (PEM) of node and
+// its new key (PEM), as the kubernetes.io/kube-apiserver-client-kubelet
+// signer would: CN=system:node:<node>, O=system:nodes, valid lifetime from
+// now. The first control plane's kubelet starts with it; later ones renew
+// through CSRs.
+func (ca *CA) SignKubeletClient(node string, now time.Time, lifetime time.Duration) (certPEM, keyPEM []byte, err error) {
+	return ca.signClient("system:node:"+node, []string{"system:nodes"}, now, lifetime)
+}
+
+func (ca *CA) signClient(name string, groups []string, now time.Time, lifetime time.Duration) (certPEM, keyPEM []byte, err error) {
 	for _, g := range groups {
 		if g == "system:masters" {
 			return nil, nil, errors.New("refusing to issue a system:masters certificate: it bypasses authorization")
@@ -93,7 +106,7 @@ func (ca *CA) SignClient(name string, groups []string, now time.Time) (certPEM, 
 	der, err := ca.sign(&x509.Certificate{
 		Subject:     pkix.Name{CommonName: name, Organization: groups},
 		NotBefore:   now.Add(-clockSkew),
-		NotAfter:    now.Add(AdminCertValidity),
+		NotAfter:    now.Add(lifetime),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}, key.Public())

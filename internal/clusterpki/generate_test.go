@@ -59,7 +59,7 @@ func TestGenerateCASignsAdminAndKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatalf("our own kubelet CSR is refused: %v", err)
 	}
-	der, err := ca.SignKubelet(req, now)
+	der, err := ca.SignKubelet(req, now, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

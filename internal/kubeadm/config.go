@@ -36,11 +36,18 @@ const (
 	AuditPolicyPath = "/etc/kubernetes/audit-policy.yaml"
 	// AuditLogDir holds the API server's audit log.
 	AuditLogDir = "/var/log/kubernetes/audit"
-	// KubeletCertPath and KubeletKeyPath hold the kubelet's serving
-	// certificate, signed by the cluster CA, when KubeletOptions.ServingCert
-	// is set.
-	KubeletCertPath = "/var/lib/kubelet/pki/gatehouse-kubelet.crt"
-	KubeletKeyPath  = "/var/lib/kubelet/pki/gatehouse-kubelet.key"
+	// KubeletPKIDir is the kubelet's certificate directory. With
+	// KubeletOptions.ServingCert, its serving certificate store
+	// (KubeletServingPrefix) starts with the certificate the cluster CA
+	// signed at join, and the kubelet renews it through CSRs.
+	KubeletPKIDir = "/var/lib/kubelet/pki"
+	// KubeletServingPrefix names the kubelet's serving certificate store's
+	// files: <prefix>-current.pem links to the certificate and key in PEM
+	// (client-go's certificate.NewFileStore, as the kubelet opens it).
+	KubeletServingPrefix = "kubelet-server"
+	// KubeletKubeconfigPath is the kubelet's kubeconfig (kubeadm's
+	// kubelet.conf).
+	KubeletKubeconfigPath = "/etc/kubernetes/kubelet.conf"
 	// PKIDir is kubeadm's certificates directory.
 	PKIDir = "/etc/kubernetes/pki"
 	// DefaultCRISocket is containerd's CRI endpoint.
@@ -123,10 +130,12 @@ type KubeletOptions struct {
 	AllowCgroupV1 bool
 	// AllowSwap lets the kubelet start on a host with swap on.
 	AllowSwap bool
-	// ServingCert makes the kubelet serve with the certificate at
-	// KubeletCertPath/KubeletKeyPath (signed by the cluster CA: the join
-	// ticket's, or one the init node signs for itself), and the API server
-	// verify kubelets against the cluster CA.
+	// ServingCert makes the kubelet serve with a certificate of the cluster
+	// CA: it starts with the one its serving certificate store in
+	// KubeletPKIDir holds (the join ticket's, or one the init node signs for
+	// itself) and renews it through kubernetes.io/kubelet-serving CSRs
+	// (serverTLSBootstrap), which Gatehouse approves only after fresh
+	// evidence. The API server verifies kubelets against the cluster CA.
 	ServingCert bool
 }
 
@@ -171,7 +180,7 @@ func (k KubeletOptions) kubeletConfiguration() *kubeletv1beta1.KubeletConfigurat
 		c.FailSwapOn = ptr.To(false)
 	}
 	if k.ServingCert {
-		c.TLSCertFile, c.TLSPrivateKeyFile = KubeletCertPath, KubeletKeyPath
+		c.ServerTLSBootstrap = true
 	}
 	return c
 }
@@ -200,6 +209,10 @@ type InitParams struct {
 	// KubeProxy configures the kube-proxy kubeadm's addon/kube-proxy
 	// phase deploys on every node.
 	KubeProxy KubeProxyOptions
+	// KubeletCertLifetime is the lifetime of the certificates the
+	// controller manager signs (cluster-signing-duration), kubelets' client
+	// and serving certificates among them; 0 is DefaultKubeletCertLifetime.
+	KubeletCertLifetime time.Duration
 	// InitToken is the bootstrap token "<id>.<secret>" kubeadm init
 	// creates (it always creates one; its bootstrap-token phase also sets up
 	// the RBAC and cluster-info that joins need). It expires after
@@ -236,12 +249,37 @@ func (k KubeProxyOptions) kubeProxyConfiguration() *kubeproxyv1alpha1.KubeProxyC
 	}
 }
 
+// Bounds of InitParams.KubeletCertLifetime. Kubelets renew at 70-90 % of
+// a certificate's life, so a lifetime bounds how long a node that stops
+// proving itself keeps its credentials (docs/continuous-attestation.md).
+const (
+	DefaultKubeletCertLifetime = 24 * time.Hour
+	MinKubeletCertLifetime     = 2 * time.Minute
+	MaxKubeletCertLifetime     = 365 * 24 * time.Hour
+)
+
+// CheckKubeletCertLifetime checks that d is within the bounds above.
+func CheckKubeletCertLifetime(d time.Duration) error {
+	if d < MinKubeletCertLifetime || d > MaxKubeletCertLifetime {
+		return fmt.Errorf("kubelet certificate lifetime %s is not within %s and %s", d, MinKubeletCertLifetime, MaxKubeletCertLifetime)
+	}
+	return nil
+}
+
+// kubeletCertLifetime is p.KubeletCertLifetime or the default.
+func (p InitParams) kubeletCertLifetime() time.Duration {
+	if p.KubeletCertLifetime == 0 {
+		return DefaultKubeletCertLifetime
+	}
+	return p.KubeletCertLifetime
+}
+
 // InitTokenTTL is the lifetime of InitParams.InitToken.
 const InitTokenTTL = 15 * time.Minute
 
 func (p InitParams) validate() error {
 	var errs []error
-	errs = append(errs, p.Node.validate(), p.Kubelet.validate())
+	errs = append(errs, p.Node.validate(), p.Kubelet.validate(), CheckKubeletCertLifetime(p.kubeletCertLifetime()))
 	if msgs := validation.IsDNS1123Label(p.ClusterName); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("cluster name %q: %v", p.ClusterName, msgs))
 	}
@@ -325,6 +363,7 @@ func (p InitParams) Render() ([]byte, error) {
 		},
 		ControllerManager: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs(
 			kubeadmv1beta4.Arg{Name: "terminated-pod-gc-threshold", Value: "1000"},
+			kubeadmv1beta4.Arg{Name: "cluster-signing-duration", Value: p.kubeletCertLifetime().String()},
 		)},
 		Scheduler: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs()},
 	}

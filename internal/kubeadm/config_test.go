@@ -141,7 +141,7 @@ func TestInitDryRun(t *testing.T) {
 	for _, want := range []string{
 		"--profiling=false", "--audit-policy-file=" + kubeadm.AuditPolicyPath, "--tls-min-version=VersionTLS12",
 		"--kubelet-certificate-authority=/etc/kubernetes/pki/ca.crt", "image: docker.io/local/kube-apiserver:v1.36.4",
-		"failCgroupV1: false", "cgroupRoot: /cp-0", "tlsCertFile: " + kubeadm.KubeletCertPath,
+		"failCgroupV1: false", "cgroupRoot: /cp-0", "serverTLSBootstrap: true", "--cluster-signing-duration=24h0m0s",
 		// The add-ons, with the kube-proxy settings of a node in a network namespace.
 		"image: docker.io/local/kube-proxy:v1.36.4", "image: docker.io/local/coredns:v1.14.2", "masqueradeAll: true", "maxPerCore: 0",
 	} {
@@ -216,6 +216,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 		{"SAN", func(p *kubeadm.InitParams) { p.CertSANs = []string{"not a name"} }, "SAN"},
 		{"cgroup driver", func(p *kubeadm.InitParams) { p.Kubelet.CgroupDriver = "none" }, "cgroup driver"},
 		{"init token", func(p *kubeadm.InitParams) { p.InitToken = "" }, "init bootstrap token"},
+		{"kubelet certificate lifetime", func(p *kubeadm.InitParams) { p.KubeletCertLifetime = time.Minute }, "kubelet certificate lifetime 1m0s"},
 	} {
 		p := initParams(addr)
 		tc.mutate(&p)

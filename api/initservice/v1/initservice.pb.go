@@ -46,8 +46,13 @@ type InitRequest struct {
 	// controlPlaneEndpoint; empty means the node's own address, and no
 	// control plane can join later.
 	ControlPlaneEndpoint string `protobuf:"bytes,10,opt,name=control_plane_endpoint,json=controlPlaneEndpoint,proto3" json:"control_plane_endpoint,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Lifetime of kubelet client and serving certificates in seconds (the
+	// controller manager's cluster-signing-duration; kubelets renew them at
+	// 70-90 % of it through CSRs that Gatehouse approves only after fresh
+	// evidence verifies, docs/continuous-attestation.md). 0 means 24 hours.
+	KubeletCertLifetimeSeconds uint32 `protobuf:"varint,11,opt,name=kubelet_cert_lifetime_seconds,json=kubeletCertLifetimeSeconds,proto3" json:"kubelet_cert_lifetime_seconds,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *InitRequest) Reset() {
@@ -148,6 +153,13 @@ func (x *InitRequest) GetControlPlaneEndpoint() string {
 		return x.ControlPlaneEndpoint
 	}
 	return ""
+}
+
+func (x *InitRequest) GetKubeletCertLifetimeSeconds() uint32 {
+	if x != nil {
+		return x.KubeletCertLifetimeSeconds
+	}
+	return 0
 }
 
 type InitResponse struct {
@@ -417,7 +429,7 @@ var File_initservice_v1_initservice_proto protoreflect.FileDescriptor
 
 const file_initservice_v1_initservice_proto_rawDesc = "" +
 	"\n" +
-	" initservice/v1/initservice.proto\x12\x18gatehouse.initservice.v1\x1a\x1ecomponents/v1/components.proto\"\xc2\x03\n" +
+	" initservice/v1/initservice.proto\x12\x18gatehouse.initservice.v1\x1a\x1ecomponents/v1/components.proto\"\x85\x04\n" +
 	"\vInitRequest\x12\x1f\n" +
 	"\vinit_secret\x18\x01 \x01(\fR\n" +
 	"initSecret\x12\x17\n" +
@@ -430,7 +442,8 @@ const file_initservice_v1_initservice_proto_rawDesc = "" +
 	"\fservice_cidr\x18\b \x01(\tR\vserviceCidr\x12\x19\n" +
 	"\bpod_cidr\x18\t \x01(\tR\apodCidr\x124\n" +
 	"\x16control_plane_endpoint\x18\n" +
-	" \x01(\tR\x14controlPlaneEndpoint\"\xe2\x01\n" +
+	" \x01(\tR\x14controlPlaneEndpoint\x12A\n" +
+	"\x1dkubelet_cert_lifetime_seconds\x18\v \x01(\rR\x1akubeletCertLifetimeSeconds\"\xe2\x01\n" +
 	"\fInitResponse\x12D\n" +
 	"\bprogress\x18\x01 \x01(\v2&.gatehouse.initservice.v1.InitProgressH\x00R\bprogress\x12A\n" +
 	"\asuccess\x18\x02 \x01(\v2%.gatehouse.initservice.v1.InitSuccessH\x00R\asuccess\x12A\n" +
