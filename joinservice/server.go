@@ -211,7 +211,7 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 		return nil, refuse(codes.PermissionDenied, "role_not_attested",
 			"the node asked to join as %s, but its evidence satisfies the reference values of %v only; a node's role comes from what it measures at boot (docs/joinservice.md, \"Roles from evidence\")", role, d.roles)
 	}
-	if err := kubelet.CheckNames(s.nodeNames(adm.join, d)); err != nil {
+	if err := kubelet.CheckNames(adm.join.NodeNames(d.sourceAddr)); err != nil {
 		return nil, refuse(codes.PermissionDenied, "name_not_owned", "%w", err)
 	}
 	binding, err := s.cfg.Bindings.Bind(ctx, kubelet.NodeName, d.peer.Identity)
@@ -275,16 +275,6 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 }
 
 // nodeNames are the names and addresses the caller of d owns under join.
-func (s *Server) nodeNames(join *joinconfig.JoinConfig, d *decision) clusterpki.NodeNames {
-	names := clusterpki.NodeNames{CIDRs: join.NodeCIDRs, DNSSuffixes: join.NodeDNSSuffixes}
-	if d.sourceAddr.IsValid() {
-		names.Addresses = []netip.Addr{d.sourceAddr}
-	}
-	if host, _, err := net.SplitHostPort(join.APIServerEndpoint); err == nil {
-		names.Reserved = []string{host}
-	}
-	return names
-}
 
 // IssueRejoinTicket gives an attested, already joined node the keys to
 // unlock its state disk. Errors as IssueJoinTicket's, without the CSR and

@@ -71,6 +71,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		apiBurst       = flag.Int("kube-api-burst", 100, "Kubernetes API request burst")
 		reattestEvery  = flag.Duration("reattest-interval", continuous.DefaultInterval, "continuous attestation: how often every Node's fresh evidence is verified (±10 %); 0 turns it off (docs/continuous-attestation.md)")
 		evidencePort   = flag.Int("evidence-port", 9001, "the nodes' evidence endpoint port (gatehouse-bootstrapper serve-evidence)")
+		approveCSRs    = flag.Bool("approve-kubelet-csrs", true, "approve kubelet client renewals and serving certificates only after the node's fresh evidence verifies, and remove kubeadm's automatic approval of client renewals (docs/continuous-attestation.md)")
 		kubeletCertTTL = flag.Duration("kubelet-cert-lifetime", kubeadm.DefaultKubeletCertLifetime, "lifetime of the kubelet serving certificate a join ticket carries: the cluster's kubeletCertificateLifetime")
 	)
 	flag.Parse()
@@ -151,14 +152,25 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err != nil {
 		return fmt.Errorf("connection limits: %w", err)
 	}
-	if *reattestEvery > 0 {
+	if *reattestEvery > 0 || *approveCSRs {
 		verifier := continuous.NewVerifier(policy, bindings, atls.FetchEvidence, continuous.ClusterID(keySource, policy), *evidencePort)
-		loop, err := continuous.NewLoop(continuous.LoopConfig{
-			Client: client, Verifier: verifier, Events: continuous.NewEventRecorder(ctx, client),
-			Interval: *reattestEvery, Log: log, Registerer: reg,
-		})
-		if err != nil {
-			return err
+		events := continuous.NewEventRecorder(ctx, client)
+		var loop *continuous.Loop
+		if *reattestEvery > 0 {
+			if loop, err = continuous.NewLoop(continuous.LoopConfig{
+				Client: client, Verifier: verifier, Events: events,
+				Interval: *reattestEvery, Log: log, Registerer: reg,
+			}); err != nil {
+				return err
+			}
+		}
+		var approver *continuous.Approver
+		if *approveCSRs {
+			if approver, err = continuous.NewApprover(continuous.ApproverConfig{
+				Client: client, Verifier: verifier, Events: events, Log: log, Registerer: reg,
+			}); err != nil {
+				return err
+			}
 		}
 		// The pod's name (the chart sets POD_NAME); on the host network
 		// the host name is every replica's.
@@ -168,7 +180,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 				return err
 			}
 		}
-		go continuous.RunElected(ctx, client, *namespace, identity, loop)
+		go continuous.RunElected(ctx, client, *namespace, identity, log, loop, approver)
 	}
 	httpServer := &http.Server{Addr: *httpListen, Handler: joinservice.HTTPHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
 	return serve.Run(ctx, log, "Join service", grpcServer, lis, httpServer, "clusterIdentity", ca.DiscoveryTokenCACertHash())

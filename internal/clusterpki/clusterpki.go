@@ -171,6 +171,30 @@ func ParseKubeletCSR(der []byte) (*KubeletRequest, error) {
 	return &KubeletRequest{csr: csr, NodeName: name}, nil
 }
 
+// ParseKubeletClientCSR parses and checks a DER PKCS#10 request for a
+// kubelet client certificate, the way the
+// kubernetes.io/kube-apiserver-client-kubelet signer constrains one
+// (Kubernetes docs, "Certificate Signing Requests"): its signature
+// verifies under a key ParseKubeletCSR accepts, the subject is exactly
+// O=system:nodes, CN=system:node:<name>, and it has no subject alternative
+// names. It returns the node name; errors name the field that is wrong.
+func ParseKubeletClientCSR(der []byte) (string, error) {
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return "", fmt.Errorf("certificate request does not parse as DER PKCS#10: %w", err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return "", fmt.Errorf("certificate request signature does not verify: %w", err)
+	}
+	if err := checkPublicKey(csr.PublicKey); err != nil {
+		return "", err
+	}
+	if len(csr.DNSNames)+len(csr.IPAddresses)+len(csr.URIs)+len(csr.EmailAddresses) > 0 {
+		return "", errors.New("certificate request has subject alternative names; a kubelet client certificate carries none")
+	}
+	return kubeletNodeName(csr.Subject)
+}
+
 func checkPublicKey(pub crypto.PublicKey) error {
 	switch k := pub.(type) {
 	case *ecdsa.PublicKey:

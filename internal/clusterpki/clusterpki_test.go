@@ -98,6 +98,57 @@ func TestParseKubeletCSR(t *testing.T) {
 	}
 }
 
+func TestParseKubeletClientCSR(t *testing.T) {
+	key := ecKey(t)
+	client := func(f func(*x509.CertificateRequest)) []byte {
+		tmpl := &x509.CertificateRequest{Subject: pkix.Name{CommonName: "system:node:worker-1", Organization: []string{"system:nodes"}}}
+		f(tmpl)
+		return csr(t, key, tmpl)
+	}
+	tampered := client(func(*x509.CertificateRequest) {})
+	tampered[len(tampered)-5] ^= 0xff
+	for _, tt := range []struct {
+		name    string
+		der     []byte
+		wantErr string
+	}{
+		{"valid", client(func(*x509.CertificateRequest) {}), ""},
+		{"garbage", []byte("not a csr"), "does not parse as DER PKCS#10"},
+		{"bad signature", tampered, "signature does not verify"},
+		{"with a SAN", client(func(r *x509.CertificateRequest) { r.DNSNames = []string{"worker-1"} }), "carries none"},
+		{"another group", client(func(r *x509.CertificateRequest) { r.Subject.Organization = []string{"system:masters"} }), "organization"},
+		{"not a node", client(func(r *x509.CertificateRequest) { r.Subject.CommonName = "admin" }), "does not start with \"system:node:\""},
+	} {
+		node, err := ParseKubeletClientCSR(tt.der)
+		if tt.wantErr == "" {
+			if err != nil || node != "worker-1" {
+				t.Errorf("%s: ParseKubeletClientCSR = %q, %v", tt.name, node, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%s: error = %v, want %q", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+// FuzzParseKubeletClientCSR feeds arbitrary bytes to the parser of kubelet
+// client CSRs, which any node's credentials can create.
+func FuzzParseKubeletClientCSR(f *testing.F) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(csr(f, key, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "system:node:w", Organization: []string{"system:nodes"}}}))
+	f.Add([]byte{0x30, 0x03, 0x02, 0x01, 0x00})
+	f.Fuzz(func(t *testing.T, der []byte) {
+		node, err := ParseKubeletClientCSR(der)
+		if err == nil && node == "" {
+			t.Fatal("accepted a request without a node name")
+		}
+	})
+}
+
 func newTestCA(t testing.TB) *CA {
 	t.Helper()
 	tc := testkit.NewCA(t, "kubernetes")

@@ -359,11 +359,11 @@ func NewEventRecorder(ctx context.Context, client kubernetes.Interface) events.E
 // runs the loop with.
 const LeaseName = "gatehouse-reattest"
 
-// RunElected runs l in the replica elected through the Lease LeaseName in
-// namespace (identity names this replica, e.g. its node), until ctx ends:
-// one loop per cluster, taken over within about 15 s when its replica
-// stops.
-func RunElected(ctx context.Context, client kubernetes.Interface, namespace, identity string, l *Loop) {
+// RunElected runs l and a (either may be nil) in the replica elected
+// through the Lease LeaseName in namespace (identity names this replica,
+// e.g. its pod), until ctx ends: one loop and one approver per cluster,
+// taken over within about 15 s when its replica stops.
+func RunElected(ctx context.Context, client kubernetes.Interface, namespace, identity string, log *slog.Logger, l *Loop, a *Approver) {
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: LeaseName, Namespace: namespace},
 		Client:     client.CoordinationV1(),
@@ -374,10 +374,19 @@ func RunElected(ctx context.Context, client kubernetes.Interface, namespace, ide
 		ReleaseOnCancel: true, Name: LeaseName,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
-				l.cfg.Log.Info("Leading continuous attestation", "identity", identity, "interval", l.cfg.Interval.String())
-				_ = l.Run(ctx)
+				log.Info("Leading continuous attestation", "identity", identity, "loop", l != nil, "approver", a != nil)
+				g, ctx := errgroup.WithContext(ctx)
+				if l != nil {
+					g.Go(func() error { return l.Run(ctx) })
+				}
+				if a != nil {
+					g.Go(func() error { return a.Run(ctx) })
+				}
+				if err := g.Wait(); err != nil && ctx.Err() == nil {
+					log.Error("Continuous attestation stopped", "error", err.Error())
+				}
 			},
-			OnStoppedLeading: func() { l.cfg.Log.Info("No longer leading continuous attestation", "identity", identity) },
+			OnStoppedLeading: func() { log.Info("No longer leading continuous attestation", "identity", identity) },
 		},
 	})
 }

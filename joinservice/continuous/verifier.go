@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
@@ -97,6 +99,9 @@ type Outcome struct {
 	Message string
 	// Identity is the attestation identity the evidence came from, when it verified.
 	Identity string
+	// Address is where the verified evidence was fetched: an address the
+	// machine answers at (attested TLS), when it verified.
+	Address netip.Addr
 }
 
 // policySource is the join service's live policy (*joinservice.Policy).
@@ -179,6 +184,9 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 		return out, nil
 	}
 	out.Identity = result.Identity
+	if ap, perr := netip.ParseAddrPort(addr); perr == nil {
+		out.Address = ap.Addr().Unmap()
+	}
 	if o, bad := v.checkMachine(ctx, out, node.Name, deny); bad {
 		return o, nil
 	}
@@ -212,6 +220,16 @@ func (v *Verifier) checkMachine(ctx context.Context, out Outcome, node string, d
 		return out, true
 	}
 	return out, false
+}
+
+// NodeNames returns the names and addresses a node that answered at addr
+// owns under the policy in force (joinconfig.JoinConfig.NodeNames).
+func (v *Verifier) NodeNames(addr netip.Addr) (clusterpki.NodeNames, error) {
+	join, _, err := v.policy.Current()
+	if err != nil {
+		return clusterpki.NodeNames{}, fmt.Errorf("%w: %w", ErrPolicyNotReady, err)
+	}
+	return join.NodeNames(addr), nil
 }
 
 // Settings returns what the policy in force says to do about failing

@@ -23,6 +23,7 @@ import (
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/components"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
@@ -76,6 +77,21 @@ const (
 	RestoreAdmin            = "admin"
 	DefaultUnreachableGrace = 5 * time.Minute
 )
+
+// NodeNames are the names and addresses a node at addr owns under this
+// config, the only ones its kubelet serving certificate may carry: addr
+// (the address it joined from, or answered evidence at), NodeCIDRs,
+// NodeDNSSuffixes, and never the API server endpoint's host.
+func (c *JoinConfig) NodeNames(addr netip.Addr) clusterpki.NodeNames {
+	names := clusterpki.NodeNames{CIDRs: c.NodeCIDRs, DNSSuffixes: c.NodeDNSSuffixes}
+	if addr.IsValid() {
+		names.Addresses = []netip.Addr{addr}
+	}
+	if host, _, err := net.SplitHostPort(c.APIServerEndpoint); err == nil {
+		names.Reserved = []string{host}
+	}
+	return names
+}
 
 // parseContinuousAttestation parses the key's YAML strictly, with defaults.
 func parseContinuousAttestation(data string) (ContinuousAttestation, error) {
