@@ -3,10 +3,14 @@ package bootstrapper
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +20,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
@@ -25,6 +31,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
 type fakeKubelet struct{ restarts atomic.Int32 }
@@ -217,10 +224,13 @@ func TestRunLockedRestartsKubeletOnly(t *testing.T) {
 // ID as before and restarts the kubelet.
 func TestRunRejoin(t *testing.T) {
 	ca, n, ticket := rebootedNode(t)
-	addr := startJoinService(t, n, &fakeJoinService{ca: ca, ticket: ticket})
+	js := &fakeJoinService{ca: ca, ticket: ticket}
+	addr := startJoinService(t, n, js)
 	f := newRunFixture(t, n, ca, addr)
 	vol := &recordingVolume{}
 	n.machine.State = vol
+	// The kubelet's credentials are good for an hour: the rejoin leaves them.
+	writeKubeletClient(t, n.machine, ca, time.Now(), time.Hour)
 	if err := awaitRun(t, f.run(t.Context())); err != nil {
 		t.Fatal(err)
 	}
@@ -236,4 +246,107 @@ func TestRunRejoin(t *testing.T) {
 	if f.kubelet.restarts.Load() != 1 || n.runner.subcommands() != "" {
 		t.Fatal("rejoin must only restart the kubelet")
 	}
+	if _, err := os.Stat(filepath.Join(n.machine.Root, bootstrapKubeconfig)); !os.IsNotExist(err) {
+		t.Errorf("a bootstrap kubeconfig was written, yet the kubelet's credentials were good (%v)", err)
+	}
+}
+
+// writeKubeletClient gives machine's kubelet a kubelet.conf for
+// https://10.0.0.1:6443 and a client certificate of ca valid lifetime from
+// notBefore.
+func writeKubeletClient(t *testing.T, machine *Machine, ca *clusterpki.CA, notBefore time.Time, lifetime time.Duration) {
+	t.Helper()
+	certPEM, keyPEM, err := ca.SignKubeletClient(machine.Node.Name, notBefore, lifetime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := machine.writeKubeletPair("kubelet-client", certPEM, keyPEM, notBefore); err != nil {
+		t.Fatal(err)
+	}
+	current := machine.path(kubeletClientCurrent)
+	kubeconfig := clientcmdapi.Config{
+		Clusters:       map[string]*clientcmdapi.Cluster{"c": {Server: "https://10.0.0.1:6443", CertificateAuthorityData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Certificate().Raw})}},
+		AuthInfos:      map[string]*clientcmdapi.AuthInfo{"kubelet": {ClientCertificate: current, ClientKey: current}},
+		Contexts:       map[string]*clientcmdapi.Context{"kubelet@c": {Cluster: "c", AuthInfo: "kubelet"}},
+		CurrentContext: "kubelet@c",
+	}
+	data, err := clientcmd.Write(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := machine.writeFile(kubeadm.KubeletKubeconfigPath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRunRejoinRenewsExpiredKubeletCredentials: a rejoining node asks for a
+// bootstrap token for its own name (before the node lock, while the join
+// service still answers it); a worker that was off for longer than the
+// kubelet certificate lifetime gives it to its kubelet in a bootstrap
+// kubeconfig for its API server; a control plane signs a new client
+// certificate with the cluster CA it holds, valid as long as the old one.
+func TestRunRejoinRenewsExpiredKubeletCredentials(t *testing.T) {
+	long := time.Now().Add(-48 * time.Hour)
+	t.Run("worker", func(t *testing.T) {
+		ca, n, ticket := rebootedNode(t)
+		js := &fakeJoinService{ca: ca, ticket: ticket}
+		f := newRunFixture(t, n, ca, startJoinService(t, n, js))
+		n.machine.State = &recordingVolume{}
+		writeKubeletClient(t, n.machine, ca, long, 24*time.Hour)
+		if err := awaitRun(t, f.run(t.Context())); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(js.renewedFor, []string{n.machine.Node.Name}) {
+			t.Fatalf("kubelet credentials renewed for %v, want [%s]", js.renewedFor, n.machine.Node.Name)
+		}
+		cfg, err := clientcmd.LoadFromFile(filepath.Join(n.machine.Root, bootstrapKubeconfig))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := cfg.Contexts[cfg.CurrentContext]
+		if ctx == nil || cfg.AuthInfos[ctx.AuthInfo].Token != rejoinToken || cfg.Clusters[ctx.Cluster].Server != "https://10.0.0.1:6443" {
+			t.Errorf("bootstrap kubeconfig %+v", cfg)
+		}
+		if got := fileMode(t, filepath.Join(n.machine.Root, bootstrapKubeconfig)); got != 0o600 {
+			t.Errorf("bootstrap kubeconfig (it holds a token) has mode %v", got)
+		}
+		if f.kubelet.restarts.Load() != 1 {
+			t.Error("the kubelet was not restarted")
+		}
+	})
+	t.Run("control plane", func(t *testing.T) {
+		ca, n, ticket := rebootedNode(t)
+		js := &fakeJoinService{ca: ca, ticket: ticket}
+		f := newRunFixture(t, n, ca, startJoinService(t, n, js))
+		n.machine.State = &recordingVolume{}
+		diskCA, caCert, caKey, err := clusterpki.GenerateCA(time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, data := range map[string][]byte{"ca.crt": caCert, "ca.key": caKey} {
+			if err := n.machine.writeFile(kubeadm.PKIDir+"/"+name, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		writeKubeletClient(t, n.machine, diskCA, long, 3*time.Hour)
+		if err := awaitRun(t, f.run(t.Context())); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(n.machine.Root, bootstrapKubeconfig)); !os.IsNotExist(err) {
+			t.Errorf("a control plane wrote a bootstrap kubeconfig (%v); it signs its own", err)
+		}
+		pair, err := tls.LoadX509KeyPair(filepath.Join(n.machine.Root, kubeletClientCurrent), filepath.Join(n.machine.Root, kubeletClientCurrent))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := pair.Leaf; c.NotAfter.Before(time.Now()) || c.NotAfter.Sub(c.NotBefore) != 3*time.Hour+clusterpki.ClockSkew ||
+			c.Subject.CommonName != "system:node:"+n.machine.Node.Name {
+			t.Errorf("renewed kubelet client certificate %s valid %s to %s, want its node's for 3 h from now", c.Subject, c.NotBefore, c.NotAfter)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(caCert)
+		if _, err := pair.Leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			t.Errorf("the renewed certificate does not chain to the cluster CA: %v", err)
+		}
+	})
 }

@@ -50,7 +50,12 @@ type fakeJoinService struct {
 	ticket      *joinservicev1.IssueJoinTicketResponse
 	// onIssue, if set, runs as a join ticket is returned.
 	onIssue func()
+	// renewedFor lists the node names rejoin tickets renewed kubelet
+	// credentials for; they carry rejoinToken.
+	renewedFor []string
 }
+
+const rejoinToken = "abcdef.0123456789abcdef"
 
 func (s *fakeJoinService) answer() error {
 	s.mu.Lock()
@@ -98,11 +103,18 @@ func (s *fakeJoinService) IssueJoinTicket(_ context.Context, req *joinservicev1.
 	return t, nil
 }
 
-func (s *fakeJoinService) IssueRejoinTicket(_ context.Context, _ *joinservicev1.IssueRejoinTicketRequest) (*joinservicev1.IssueRejoinTicketResponse, error) {
+func (s *fakeJoinService) IssueRejoinTicket(_ context.Context, req *joinservicev1.IssueRejoinTicketRequest) (*joinservicev1.IssueRejoinTicketResponse, error) {
 	if err := s.answer(); err != nil {
 		return nil, err
 	}
-	return &joinservicev1.IssueRejoinTicketResponse{StateDiskKey: s.ticket.GetStateDiskKey(), MeasurementSecret: s.ticket.GetMeasurementSecret()}, nil
+	resp := &joinservicev1.IssueRejoinTicketResponse{StateDiskKey: s.ticket.GetStateDiskKey(), MeasurementSecret: s.ticket.GetMeasurementSecret()}
+	if node := req.GetRenewKubeletCredentialsFor(); node != "" {
+		s.mu.Lock()
+		s.renewedFor = append(s.renewedFor, node)
+		s.mu.Unlock()
+		resp.KubeletBootstrapToken = rejoinToken
+	}
+	return resp, nil
 }
 
 // startJoinService serves fake for n's attester, signed by ca, and returns

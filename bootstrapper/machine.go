@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
@@ -90,25 +91,30 @@ func (s *Machine) writeFile(p string, data []byte, mode fs.FileMode) error {
 }
 
 // writeServingCert puts the kubelet serving certificate certDER with its
-// key in the kubelet's serving certificate store, as the kubelet's own
-// renewals do (client-go's certificate file store): a PEM file of both,
-// named after now, and the <prefix>-current.pem link to it, replaced
-// atomically. The kubelet serves with it and renews it through CSRs.
+// key in the kubelet's serving certificate store; the kubelet serves with
+// it and renews it through CSRs.
 func (s *Machine) writeServingCert(certDER, keyPEM []byte, now time.Time) error {
-	name := kubeadm.KubeletServingPrefix + "-" + now.UTC().Format("2006-01-02-15-04-05") + ".pem"
-	pair := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER}), keyPEM...)
-	if err := s.writeFile(kubeadm.KubeletPKIDir+"/"+name, pair, 0o600); err != nil {
+	return s.writeKubeletPair(kubeadm.KubeletServingPrefix, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER}), keyPEM, now)
+}
+
+// writeKubeletPair puts a certificate and key (PEM) in the kubelet's
+// certificate store of prefix as the kubelet's own renewals do (client-go's
+// certificate file store): a PEM file of both, named after now, and the
+// <prefix>-current.pem link to it, replaced atomically.
+func (s *Machine) writeKubeletPair(prefix string, certPEM, keyPEM []byte, now time.Time) error {
+	name := prefix + "-" + now.UTC().Format("2006-01-02-15-04-05") + ".pem"
+	if err := s.writeFile(kubeadm.KubeletPKIDir+"/"+name, append(slices.Clone(certPEM), keyPEM...), 0o600); err != nil {
 		return err
 	}
-	current := s.path(kubeadm.KubeletPKIDir + "/" + kubeadm.KubeletServingPrefix + "-current.pem")
+	current := s.path(kubeadm.KubeletPKIDir + "/" + prefix + "-current.pem")
 	tmp := current + ".tmp"
 	_ = os.Remove(tmp)
 	// Relative: the link resolves the same under Root and on the node.
 	if err := os.Symlink(name, tmp); err != nil {
-		return fmt.Errorf("linking the kubelet serving certificate: %w", err)
+		return fmt.Errorf("linking the kubelet's %s certificate: %w", prefix, err)
 	}
 	if err := os.Rename(tmp, current); err != nil {
-		return fmt.Errorf("linking the kubelet serving certificate: %w", err)
+		return fmt.Errorf("linking the kubelet's %s certificate: %w", prefix, err)
 	}
 	return nil
 }

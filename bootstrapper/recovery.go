@@ -108,6 +108,14 @@ func (s *recoveryServer) unlock(ctx context.Context, key []byte) error {
 	if err := cfg.Machine.unlockState(ctx, key); err != nil {
 		return fail(err)
 	}
+	// After an outage longer than the kubelet certificate lifetime, a
+	// control plane renews its kubelet's credentials with the cluster CA;
+	// a worker gets them at its next rejoin through a join service.
+	if cfg.Machine.kubeletClientExpiring(cfg.Now()) {
+		if err := renewKubeletCredentials(cfg.Machine, "", cfg.Now()); err != nil {
+			cfg.Machine.Log.Warn("Reboot this worker once a join service runs: it gets new kubelet credentials as it rejoins", "error", err.Error())
+		}
+	}
 	if err := cfg.Kubelet.Restart(ctx); err != nil {
 		return fail(fmt.Errorf("restarting the kubelet: %w", err))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
@@ -38,7 +39,11 @@ func (r *rejoin) run(ctx context.Context) error {
 	var ticket *joinservicev1.IssueRejoinTicketResponse
 	err = r.calls.call(ctx, "rejoin ticket", func(ctx context.Context, client joinservicev1.JoinServiceClient) error {
 		var err error
-		ticket, err = client.IssueRejoinTicket(ctx, &joinservicev1.IssueRejoinTicketRequest{DiskUuid: diskUUID})
+		// The kubelet's credentials can only be checked once the state
+		// disk is open, after the node lock, when the join service no
+		// longer answers: ask for a bootstrap token now, used only if they
+		// expired.
+		ticket, err = client.IssueRejoinTicket(ctx, &joinservicev1.IssueRejoinTicketRequest{DiskUuid: diskUUID, RenewKubeletCredentialsFor: machine.Node.Name})
 		return err
 	})
 	if err != nil {
@@ -61,10 +66,32 @@ func (r *rejoin) run(ctx context.Context) error {
 	if err := machine.unlockState(ctx, ticket.GetStateDiskKey()); err != nil {
 		return machine.markFailed(err, cfg.Now())
 	}
+	if machine.kubeletClientExpiring(cfg.Now()) {
+		if err := renewKubeletCredentials(machine, ticket.GetKubeletBootstrapToken(), cfg.Now()); err != nil {
+			return machine.markFailed(err, cfg.Now())
+		}
+	}
 	if err := cfg.Kubelet.Restart(ctx); err != nil {
 		return machine.markFailed(err, cfg.Now())
 	}
 	machine.recordStatus(PhaseDone, nil, cfg.Now())
 	machine.Log.Info("Rejoined: the state disk is unlocked and the kubelet runs")
 	return nil
+}
+
+// renewKubeletCredentials renews the kubelet's expired client
+// certificate (the node was off for longer than the kubelet certificate
+// lifetime): a control plane signs a new one with the cluster CA; a worker
+// writes the bootstrap kubeconfig with token, which the kubelet requests a
+// new certificate with.
+func renewKubeletCredentials(machine *Machine, token string, now time.Time) error {
+	if signed, err := machine.signKubeletClient(now); signed || err != nil {
+		machine.Log.Info("The kubelet's client certificate has expired; signed a new one with the cluster CA", "error", fmt.Sprint(err))
+		return err
+	}
+	if token == "" {
+		return errors.New("the kubelet's client certificate has expired, and the join service sent no bootstrap token for a new one")
+	}
+	machine.Log.Info("The kubelet's client certificate has expired; it requests a new one with the rejoin's bootstrap token")
+	return machine.writeBootstrapKubeconfig(token)
 }

@@ -281,6 +281,23 @@ func TestAttacks(t *testing.T) {
 			t.Fatal("the attacker got the victim's disk key")
 		}
 	})
+	// Kubelet credentials at rejoin are for the caller's own node name only.
+	for _, tc := range []struct{ name, node, code, reason string }{
+		{"another machine's node name", "victim-1", "PermissionDenied", "name_bound"},
+		{"a node name nobody holds", "nobody-1", "PermissionDenied", "name_bound"},
+		{"a malformed node name", "Victim_1", "InvalidArgument", "invalid_request"},
+	} {
+		t.Run("kubelet credentials at rejoin for "+tc.name+" are refused", func(t *testing.T) {
+			before := h.snapshot(t)
+			_, err := attacker.IssueRejoinTicket(ctx, &joinservicev1.IssueRejoinTicketRequest{DiskUuid: victimReq.GetDiskUuid(), RenewKubeletCredentialsFor: tc.node})
+			code := codes.PermissionDenied
+			if tc.code == "InvalidArgument" {
+				code = codes.InvalidArgument
+			}
+			h.refused(t, err, code, "IssueRejoinTicket", tc.reason)
+			h.assertNothingIssued(t, before)
+		})
+	}
 	t.Run("upper-case UUID gives the same key, not a second one (was open)", func(t *testing.T) {
 		resp, err := victim.IssueRejoinTicket(ctx, &joinservicev1.IssueRejoinTicketRequest{DiskUuid: strings.ToUpper(victimReq.GetDiskUuid())})
 		if err != nil {

@@ -157,6 +157,18 @@ func TestJoinTickets(t *testing.T) {
 	if !bytes.Equal(rejoin.GetStateDiskKey(), resp.GetStateDiskKey()) || !bytes.Equal(rejoin.GetMeasurementSecret(), resp.GetMeasurementSecret()) {
 		t.Error("rejoin keys differ from the join keys")
 	}
+	if rejoin.GetKubeletBootstrapToken() != "" {
+		t.Error("a rejoin that did not ask for kubelet credentials got a bootstrap token")
+	}
+	// Asking for kubelet credentials for its own name gives the node's
+	// bootstrap token (the one it has while it lasts): one per node.
+	renewal, err := client.IssueRejoinTicket(ctx, &joinservicev1.IssueRejoinTicketRequest{DiskUuid: worker.GetDiskUuid(), RenewKubeletCredentialsFor: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if renewal.GetKubeletBootstrapToken() != resp.GetToken() || len(h.tokenSecrets(t)) != 1 {
+		t.Errorf("kubelet credentials at rejoin: token %t, %d token Secrets; want the node's token", renewal.GetKubeletBootstrapToken() != "", len(h.tokenSecrets(t)))
+	}
 
 	// The real kubeadm discovers the cluster with the ticket's token and CA hash.
 	id := strings.SplitN(resp.GetToken(), ".", 2)[0]
@@ -229,8 +241,8 @@ func TestJoinTickets(t *testing.T) {
 	h.checkAudit(t, "IssueJoinTicket", "allowed", "allowed")
 	h.checkAudit(t, "IssueJoinTicket", "refused", "control_plane_busy")
 	h.checkAudit(t, "IssueRejoinTicket", "allowed", "allowed")
-	if got := testutil.ToFloat64(h.server.metrics.tokens); got != 5 {
-		t.Errorf("tokens_issued_total = %v, want 5", got)
+	if got := testutil.ToFloat64(h.server.metrics.tokens); got != 6 { // five joins and a rejoin's kubelet credentials
+		t.Errorf("tokens_issued_total = %v, want 6", got)
 	}
 	h.assertNoSecretsLogged(t, resp)
 }

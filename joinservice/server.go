@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
@@ -70,6 +72,7 @@ type controlPlaneLocker interface {
 // production.
 type nameBinder interface {
 	Bind(ctx context.Context, node, identity string) (nodebinding.Binding, error)
+	Identity(ctx context.Context, node string) (string, error)
 }
 
 // Config holds a Server's dependencies.
@@ -287,7 +290,8 @@ func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinservicev1.Issue
 }
 
 func (s *Server) issueRejoinTicket(ctx context.Context, req *joinservicev1.IssueRejoinTicketRequest, d *decision) (*joinservicev1.IssueRejoinTicketResponse, error) {
-	if _, err := s.admit(ctx, d); err != nil {
+	adm, err := s.admit(ctx, d)
+	if err != nil {
 		return nil, err
 	}
 	if err := strict(req); err != nil {
@@ -297,11 +301,51 @@ func (s *Server) issueRejoinTicket(ctx context.Context, req *joinservicev1.Issue
 	if err != nil {
 		return nil, err
 	}
+	if node := req.GetRenewKubeletCredentialsFor(); node != "" {
+		if err := s.checkRenewal(ctx, adm, d, node); err != nil {
+			return nil, err
+		}
+	}
 	diskKey, secret, err := s.keys(ctx, diskKeyID)
 	if err != nil {
 		return nil, err
 	}
-	return &joinservicev1.IssueRejoinTicketResponse{StateDiskKey: diskKey, MeasurementSecret: secret}, nil
+	resp := &joinservicev1.IssueRejoinTicketResponse{StateDiskKey: diskKey, MeasurementSecret: secret}
+	if d.node != "" {
+		// Last, as in a join: no refusal leaves a token behind.
+		token, err := s.cfg.Tokens.Issue(ctx, d.peer.Identity+"\x00"+d.node, "Gatehouse rejoin credentials for node "+d.node)
+		if err != nil {
+			return nil, refuse(codes.Unavailable, "api_error", "creating bootstrap token: %w", err)
+		}
+		s.metrics.tokens.Inc()
+		d.tokenID = token.ID
+		resp.KubeletBootstrapToken = token.String()
+	}
+	return resp, nil
+}
+
+// checkRenewal checks that a rejoining node may have new kubelet
+// credentials for node: a valid node name, not denied, bound to the
+// caller's identity (the machine that joined under it). It records node
+// in d.
+func (s *Server) checkRenewal(ctx context.Context, adm *admission, d *decision, node string) error {
+	if msgs := validation.IsDNS1123Subdomain(node); len(msgs) > 0 {
+		return refuse(codes.InvalidArgument, "invalid_request", "renew_kubelet_credentials_for %q is not a node name: %s", node, strings.Join(msgs, "; "))
+	}
+	d.node = node
+	if err := checkDenied(adm.deny, d); err != nil {
+		return err
+	}
+	bound, err := s.cfg.Bindings.Identity(ctx, node)
+	switch {
+	case errors.Is(err, nodebinding.ErrNotBound):
+		return refuse(codes.PermissionDenied, "name_bound", "%w: only the machine that joined as %s gets its credentials", err, node)
+	case err != nil:
+		return refuse(codes.Unavailable, "api_error", "%w", err)
+	case bound != d.peer.Identity:
+		return refuse(codes.PermissionDenied, "name_bound", "%w: node %s is another machine's", nodebinding.ErrNameBound, node)
+	}
+	return nil
 }
 
 // begin records the caller in d and counts the attempt.

@@ -50,8 +50,9 @@ const (
 	// identityValidity is how long the service's own certificate is valid;
 	// it is renewed at half its life.
 	identityValidity = 7 * 24 * time.Hour
-	// clockSkew backdates certificates so peers with slow clocks accept them.
-	clockSkew = 5 * time.Minute
+	// ClockSkew backdates certificates so peers with slow clocks accept them
+	// (the controller manager's signer backdates as much).
+	ClockSkew = 5 * time.Minute
 )
 
 // CA is the cluster CA (kubeadm's /etc/kubernetes/pki/ca.crt and ca.key). It
@@ -242,7 +243,7 @@ func (ca *CA) SignKubelet(req *KubeletRequest, now time.Time, lifetime time.Dura
 		Subject:     pkix.Name{CommonName: "system:node:" + req.NodeName, Organization: []string{"system:nodes"}},
 		DNSNames:    req.csr.DNSNames,
 		IPAddresses: req.csr.IPAddresses,
-		NotBefore:   now.Add(-clockSkew),
+		NotBefore:   now.Add(-ClockSkew),
 		NotAfter:    now.Add(lifetime),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
@@ -295,7 +296,7 @@ func (id *Identity) Certificate() (*tls.Certificate, error) {
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "gatehouse-joinservice"},
 		URIs:        []*url.URL{uri},
-		NotBefore:   now.Add(-clockSkew),
+		NotBefore:   now.Add(-ClockSkew),
 		NotAfter:    now.Add(identityValidity),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},

@@ -44,7 +44,7 @@ func GenerateCA(now time.Time) (ca *CA, certPEM, keyPEM []byte, err error) {
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               pkix.Name{CommonName: "kubernetes"},
-		NotBefore:             now.Add(-clockSkew),
+		NotBefore:             now.Add(-ClockSkew),
 		NotAfter:              now.Add(CAValidity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
 		BasicConstraintsValid: true,
@@ -105,7 +105,7 @@ func (ca *CA) signClient(name string, groups []string, now time.Time, lifetime t
 	}
 	der, err := ca.sign(&x509.Certificate{
 		Subject:     pkix.Name{CommonName: name, Organization: groups},
-		NotBefore:   now.Add(-clockSkew),
+		NotBefore:   now.Add(-ClockSkew),
 		NotAfter:    now.Add(lifetime),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},

@@ -284,9 +284,15 @@ func (x *ControlPlaneFile) GetData() []byte {
 type IssueRejoinTicketRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// UUID of the node's LUKS2 state disk.
-	DiskUuid      string `protobuf:"bytes,1,opt,name=disk_uuid,json=diskUuid,proto3" json:"disk_uuid,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DiskUuid string `protobuf:"bytes,1,opt,name=disk_uuid,json=diskUuid,proto3" json:"disk_uuid,omitempty"`
+	// Set when the node's kubelet client certificate has expired (or is about
+	// to), e.g. after the cluster was off for longer than the kubelet
+	// certificate lifetime: its node name, which must be bound to the
+	// caller's attestation identity. The ticket then carries a bootstrap
+	// token for the kubelet to request a new certificate with.
+	RenewKubeletCredentialsFor string `protobuf:"bytes,2,opt,name=renew_kubelet_credentials_for,json=renewKubeletCredentialsFor,proto3" json:"renew_kubelet_credentials_for,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *IssueRejoinTicketRequest) Reset() {
@@ -326,14 +332,24 @@ func (x *IssueRejoinTicketRequest) GetDiskUuid() string {
 	return ""
 }
 
+func (x *IssueRejoinTicketRequest) GetRenewKubeletCredentialsFor() string {
+	if x != nil {
+		return x.RenewKubeletCredentialsFor
+	}
+	return ""
+}
+
 type IssueRejoinTicketResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Key that unlocks the state disk. Secret.
 	StateDiskKey []byte `protobuf:"bytes,1,opt,name=state_disk_key,json=stateDiskKey,proto3" json:"state_disk_key,omitempty"`
 	// Secret the node's cluster ID is derived from. Secret.
 	MeasurementSecret []byte `protobuf:"bytes,2,opt,name=measurement_secret,json=measurementSecret,proto3" json:"measurement_secret,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Bootstrap token "<id>.<secret>" for the kubelet's new client
+	// certificate, when renew_kubelet_credentials_for was set. Secret.
+	KubeletBootstrapToken string `protobuf:"bytes,3,opt,name=kubelet_bootstrap_token,json=kubeletBootstrapToken,proto3" json:"kubelet_bootstrap_token,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *IssueRejoinTicketResponse) Reset() {
@@ -380,6 +396,13 @@ func (x *IssueRejoinTicketResponse) GetMeasurementSecret() []byte {
 	return nil
 }
 
+func (x *IssueRejoinTicketResponse) GetKubeletBootstrapToken() string {
+	if x != nil {
+		return x.KubeletBootstrapToken
+	}
+	return ""
+}
+
 var File_joinservice_v1_joinservice_proto protoreflect.FileDescriptor
 
 const file_joinservice_v1_joinservice_proto_rawDesc = "" +
@@ -404,12 +427,14 @@ const file_joinservice_v1_joinservice_proto_rawDesc = "" +
 	"\x13control_plane_files\x18\v \x03(\v2*.gatehouse.joinservice.v1.ControlPlaneFileR\x11controlPlaneFiles\":\n" +
 	"\x10ControlPlaneFile\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"7\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"z\n" +
 	"\x18IssueRejoinTicketRequest\x12\x1b\n" +
-	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\"p\n" +
+	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\x12A\n" +
+	"\x1drenew_kubelet_credentials_for\x18\x02 \x01(\tR\x1arenewKubeletCredentialsFor\"\xa8\x01\n" +
 	"\x19IssueRejoinTicketResponse\x12$\n" +
 	"\x0estate_disk_key\x18\x01 \x01(\fR\fstateDiskKey\x12-\n" +
-	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret2\x83\x02\n" +
+	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret\x126\n" +
+	"\x17kubelet_bootstrap_token\x18\x03 \x01(\tR\x15kubeletBootstrapToken2\x83\x02\n" +
 	"\vJoinService\x12v\n" +
 	"\x0fIssueJoinTicket\x120.gatehouse.joinservice.v1.IssueJoinTicketRequest\x1a1.gatehouse.joinservice.v1.IssueJoinTicketResponse\x12|\n" +
 	"\x11IssueRejoinTicket\x122.gatehouse.joinservice.v1.IssueRejoinTicketRequest\x1a3.gatehouse.joinservice.v1.IssueRejoinTicketResponseBEZCgithub.com/gatehouse-dev/gatehouse/api/joinservice/v1;joinservicev1b\x06proto3"
