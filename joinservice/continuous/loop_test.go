@@ -100,7 +100,7 @@ func (n *runningNode) identity(t *testing.T) string {
 }
 
 // joinConfig is a join config trusting the nodes' keys and expecting
-// what they boot, with PCR 4 overridden when pcr4 is set.
+// what they boot, accepting pcr4 too at PCR 4 when it is set.
 func joinConfig(t *testing.T, nodes []*runningNode, pcr4 []byte) *corev1.ConfigMap {
 	t.Helper()
 	ref := func(role policy.Role, pcrs ...int) map[string]any {
@@ -115,8 +115,8 @@ func joinConfig(t *testing.T, nodes []*runningNode, pcr4 []byte) *corev1.ConfigM
 		return out
 	}
 	common := ref(policy.RoleWorker, 4)
-	if pcr4 != nil {
-		common["4"] = map[string]any{"expected": hex.EncodeToString(pcr4)}
+	if pcr4 != nil { // accepted besides what the others measure
+		common["4"].(map[string]any)["alsoAccepted"] = []string{hex.EncodeToString(pcr4)}
 	}
 	var pinned []string
 	for _, n := range nodes {
@@ -315,7 +315,7 @@ func TestLoop(t *testing.T) {
 	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, impostor, posing, rebooted, rebootedImpostor}, pcr4)); err != nil {
 		t.Fatal(err)
 	}
-	round(map[string]string{"worker-good": ReasonVerified})
+	round(map[string]string{"worker-good": ReasonVerified, "worker-rebooted": ReasonRebooting}) // the others' value still holds
 	tainted(t, client, map[string]bool{"worker-good": false}) // restored automatically
 	if age := testutil.ToFloat64(loop.metrics.oldestSuccessAge); age <= 0 {
 		t.Errorf("oldest success age %v: the never-attested nodes count from their creation", age)

@@ -12,6 +12,11 @@
 //
 //	4:  {expected: "9f86d0…", warnOnly: false}
 //	15: {expected: "0000…", warnOnly: false}
+//	8:  {expected: "ab12…", alsoAccepted: ["cd34…"]}
+//
+// alsoAccepted lists further values accepted at an index: the old and the
+// new image during a rolling upgrade, or one node's measurement an
+// administrator accepted.
 //
 // Parsing is strict: unknown fields, non-hex values, and indices that are not
 // decimal integers are errors naming the index.
@@ -40,20 +45,31 @@ type Measurement struct {
 	Expected []byte
 	// WarnOnly makes a mismatch a warning instead of a failure.
 	WarnOnly bool
+	// AlsoAccepted are further accepted values.
+	AlsoAccepted [][]byte
 }
+
+// Accepts reports whether v is Expected or one of AlsoAccepted.
+func (m Measurement) Accepts(v []byte) bool {
+	return bytes.Equal(v, m.Expected) || slices.ContainsFunc(m.AlsoAccepted, func(a []byte) bool { return bytes.Equal(v, a) })
+}
+
+// Values returns Expected and AlsoAccepted.
+func (m Measurement) Values() [][]byte { return append([][]byte{m.Expected}, m.AlsoAccepted...) }
 
 // M maps an index to its reference value.
 type M map[uint32]Measurement
 
 // wireMeasurement is the file form of a Measurement.
 type wireMeasurement struct {
-	Expected *string `json:"expected"`
-	WarnOnly bool    `json:"warnOnly"`
+	Expected     *string  `json:"expected"`
+	WarnOnly     bool     `json:"warnOnly"`
+	AlsoAccepted []string `json:"alsoAccepted"`
 }
 
 // fieldNames are the only field names of wireMeasurement, matched exactly
 // (encoding/json alone would match them case-insensitively).
-var fieldNames = []string{"expected", "warnOnly"}
+var fieldNames = []string{"expected", "warnOnly", "alsoAccepted"}
 
 // Parse reads reference values from YAML or JSON. Every value must have
 // valueSize bytes (32 for tpm, 48 for sev-snp and tdx); 0 accepts any
@@ -81,7 +97,7 @@ func Parse(data []byte, valueSize int) (M, error) {
 		}
 		for name := range fields {
 			if !slices.Contains(fieldNames, name) {
-				return nil, fmt.Errorf("reference values: index %d: unknown field %q (known: expected, warnOnly)", index, name)
+				return nil, fmt.Errorf("reference values: index %d: unknown field %q (known: expected, warnOnly, alsoAccepted)", index, name)
 			}
 		}
 		var w wireMeasurement
@@ -91,14 +107,22 @@ func Parse(data []byte, valueSize int) (M, error) {
 		if w.Expected == nil {
 			return nil, fmt.Errorf("reference values: index %d has no expected value", index)
 		}
-		value, err := hex.DecodeString(*w.Expected)
-		if err != nil {
-			return nil, fmt.Errorf("reference values: index %d: expected value is not hex: %w", index, err)
+		var values [][]byte
+		for i, text := range append([]string{*w.Expected}, w.AlsoAccepted...) {
+			what := "expected value"
+			if i > 0 {
+				what = fmt.Sprintf("alsoAccepted[%d]", i-1)
+			}
+			value, err := hex.DecodeString(text)
+			if err != nil {
+				return nil, fmt.Errorf("reference values: index %d: %s is not hex: %w", index, what, err)
+			}
+			if len(value) == 0 || (valueSize != 0 && len(value) != valueSize) {
+				return nil, fmt.Errorf("reference values: index %d: %s has %d bytes, want %d", index, what, len(value), valueSize)
+			}
+			values = append(values, value)
 		}
-		if len(value) == 0 || (valueSize != 0 && len(value) != valueSize) {
-			return nil, fmt.Errorf("reference values: index %d: expected value has %d bytes, want %d", index, len(value), valueSize)
-		}
-		m[uint32(index)] = Measurement{Expected: value, WarnOnly: w.WarnOnly}
+		m[uint32(index)] = Measurement{Expected: values[0], WarnOnly: w.WarnOnly, AlsoAccepted: values[1:]}
 	}
 	return m, nil
 }
@@ -116,7 +140,15 @@ func reencode(fields map[string]json.RawMessage, v *wireMeasurement) error {
 func (m M) Marshal() ([]byte, error) {
 	var b strings.Builder
 	for _, index := range m.Indices() {
-		fmt.Fprintf(&b, "%d: {expected: %q, warnOnly: %t}\n", index, hex.EncodeToString(m[index].Expected), m[index].WarnOnly)
+		fmt.Fprintf(&b, "%d: {expected: %q, warnOnly: %t", index, hex.EncodeToString(m[index].Expected), m[index].WarnOnly)
+		if also := m[index].AlsoAccepted; len(also) > 0 {
+			quoted := make([]string, len(also))
+			for i, a := range also {
+				quoted[i] = strconv.Quote(hex.EncodeToString(a))
+			}
+			fmt.Fprintf(&b, ", alsoAccepted: [%s]", strings.Join(quoted, ", "))
+		}
+		b.WriteString("}\n")
 	}
 	return []byte(b.String()), nil
 }
@@ -163,7 +195,7 @@ func (m M) Compare(got map[uint32][]byte) (warnings []Mismatch, err error) {
 	for _, index := range m.Indices() {
 		ref := m[index]
 		value, ok := got[index]
-		if ok && bytes.Equal(value, ref.Expected) {
+		if ok && ref.Accepts(value) {
 			continue
 		}
 		mm := Mismatch{Index: index, Expected: ref.Expected, WarnOnly: ref.WarnOnly}

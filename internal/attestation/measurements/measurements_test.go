@@ -33,6 +33,14 @@ func TestParse(t *testing.T) {
 			size: 32,
 			want: M{7: {Expected: bytes.Repeat([]byte{0xaa}, 32)}},
 		},
+		{
+			name: "further accepted values",
+			in:   "4: {expected: " + h32a + ", alsoAccepted: [" + h32b + "]}\n",
+			size: 32,
+			want: M{4: {Expected: bytes.Repeat([]byte{0xaa}, 32), AlsoAccepted: [][]byte{bytes.Repeat([]byte{0xbb}, 32)}}},
+		},
+		{name: "a further value that is not hex is refused", in: "4: {expected: " + h32a + ", alsoAccepted: [" + h32b + ", xyz]}", size: 32, wantErr: "index 4: alsoAccepted[1] is not hex"},
+		{name: "a further value of the wrong size is refused", in: "4: {expected: " + h32a + ", alsoAccepted: [aabb]}", size: 32, wantErr: "index 4: alsoAccepted[0] has 2 bytes, want 32"},
 		{name: "unknown field is refused", in: "4: {expected: " + h32a + ", warnonly: true}", size: 32, wantErr: `unknown field "warnonly"`},
 		{name: "non-numeric index is refused", in: "pcr4: {expected: " + h32a + "}", size: 32, wantErr: `index "pcr4" is not a decimal integer`},
 		{name: "negative index is refused", in: "-1: {expected: " + h32a + "}", size: 32, wantErr: `index "-1" is not a decimal integer`},
@@ -60,7 +68,7 @@ func TestParse(t *testing.T) {
 				t.Fatalf("got %d indices, want %d", len(got), len(tt.want))
 			}
 			for i, w := range tt.want {
-				if !bytes.Equal(got[i].Expected, w.Expected) || got[i].WarnOnly != w.WarnOnly {
+				if !bytes.Equal(got[i].Expected, w.Expected) || got[i].WarnOnly != w.WarnOnly || !slices.EqualFunc(got[i].AlsoAccepted, w.AlsoAccepted, bytes.Equal) {
 					t.Errorf("index %d: got %+v, want %+v", i, got[i], w)
 				}
 			}
@@ -69,7 +77,8 @@ func TestParse(t *testing.T) {
 }
 
 func TestMarshalRoundTrip(t *testing.T) {
-	m := M{0: {Expected: bytes.Repeat([]byte{1}, 32)}, 23: {Expected: bytes.Repeat([]byte{2}, 32), WarnOnly: true}}
+	m := M{0: {Expected: bytes.Repeat([]byte{1}, 32)}, 23: {Expected: bytes.Repeat([]byte{2}, 32), WarnOnly: true},
+		4: {Expected: bytes.Repeat([]byte{3}, 32), AlsoAccepted: [][]byte{bytes.Repeat([]byte{4}, 32), bytes.Repeat([]byte{5}, 32)}}}
 	data, err := m.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +88,7 @@ func TestMarshalRoundTrip(t *testing.T) {
 		t.Fatalf("parsing %s: %v", data, err)
 	}
 	for i := range m {
-		if !bytes.Equal(back[i].Expected, m[i].Expected) || back[i].WarnOnly != m[i].WarnOnly {
+		if !bytes.Equal(back[i].Expected, m[i].Expected) || back[i].WarnOnly != m[i].WarnOnly || !slices.EqualFunc(back[i].AlsoAccepted, m[i].AlsoAccepted, bytes.Equal) {
 			t.Errorf("index %d: got %+v, want %+v", i, back[i], m[i])
 		}
 	}
@@ -87,17 +96,19 @@ func TestMarshalRoundTrip(t *testing.T) {
 
 func TestCompare(t *testing.T) {
 	a, b, c := []byte{0xa}, []byte{0xb}, []byte{0xc}
-	ref := M{1: {Expected: a}, 2: {Expected: b}, 3: {Expected: c, WarnOnly: true}, 4: {Expected: a}}
+	ref := M{1: {Expected: a}, 2: {Expected: b}, 3: {Expected: c, WarnOnly: true}, 4: {Expected: a}, 5: {Expected: a, AlsoAccepted: [][]byte{b}}}
 	tests := []struct {
 		name         string
 		got          map[uint32][]byte
 		wantEnforced []uint32
 		wantWarn     []uint32
 	}{
-		{name: "all match", got: map[uint32][]byte{1: a, 2: b, 3: c, 4: a, 9: c}},
-		{name: "every enforced mismatch is reported", got: map[uint32][]byte{1: b, 2: a, 3: c, 4: a}, wantEnforced: []uint32{1, 2}},
-		{name: "missing index is a mismatch", got: map[uint32][]byte{1: a, 2: b, 3: c}, wantEnforced: []uint32{4}},
-		{name: "warn-only mismatch is a warning", got: map[uint32][]byte{1: a, 2: b, 3: a, 4: a}, wantWarn: []uint32{3}},
+		{name: "all match", got: map[uint32][]byte{1: a, 2: b, 3: c, 4: a, 5: a, 9: c}},
+		{name: "a further accepted value matches", got: map[uint32][]byte{1: a, 2: b, 3: c, 4: a, 5: b}},
+		{name: "a value accepted nowhere is a mismatch", got: map[uint32][]byte{1: a, 2: b, 3: c, 4: a, 5: c}, wantEnforced: []uint32{5}},
+		{name: "every enforced mismatch is reported", got: map[uint32][]byte{1: b, 2: a, 3: c, 4: a, 5: a}, wantEnforced: []uint32{1, 2}},
+		{name: "missing index is a mismatch", got: map[uint32][]byte{1: a, 2: b, 3: c, 5: a}, wantEnforced: []uint32{4}},
+		{name: "warn-only mismatch is a warning", got: map[uint32][]byte{1: a, 2: b, 3: a, 4: a, 5: a}, wantWarn: []uint32{3}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -166,10 +166,10 @@ func parseRoles(in map[Role]RolePolicy, pcrs []int) (map[Role]measurements.M, er
 }
 
 // exclusive reports whether no measurements can satisfy both a and b: they
-// enforce different values at some index.
+// enforce disjoint sets of values at some index.
 func exclusive(a, b measurements.M) bool {
 	for index, ma := range a {
-		if mb, ok := b[index]; ok && !ma.WarnOnly && !mb.WarnOnly && string(ma.Expected) != string(mb.Expected) {
+		if mb, ok := b[index]; ok && !ma.WarnOnly && !mb.WarnOnly && !slices.ContainsFunc(ma.Values(), mb.Accepts) {
 			return true
 		}
 	}
