@@ -316,7 +316,7 @@ func TestLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	round(map[string]string{"worker-good": ReasonVerified, "worker-rebooted": ReasonRebooting}) // the others' value still holds
-	tainted(t, client, map[string]bool{"worker-good": false}) // restored automatically
+	tainted(t, client, map[string]bool{"worker-good": false})                                   // restored automatically
 	if age := testutil.ToFloat64(loop.metrics.oldestSuccessAge); age <= 0 {
 		t.Errorf("oldest success age %v: the never-attested nodes count from their creation", age)
 	}
