@@ -85,6 +85,8 @@ func TestServiceAccountReach(t *testing.T) {
 				{"approves kubelet client renewals", authorizationv1.ResourceAttributes{Verb: "approve", Group: "certificates.k8s.io", Resource: "signers", Name: "kubernetes.io/kube-apiserver-client-kubelet"}},
 				{"approves kubelet serving certificates", authorizationv1.ResourceAttributes{Verb: "approve", Group: "certificates.k8s.io", Resource: "signers", Name: "kubernetes.io/kubelet-serving"}},
 				{"removes kubeadm's automatic approval of renewals", authorizationv1.ResourceAttributes{Verb: "delete", Group: "rbac.authorization.k8s.io", Resource: "clusterrolebindings", Name: "kubeadm:node-autoapprove-certificate-rotation"}},
+				{"removes kubeadm's automatic approval of first certificates", authorizationv1.ResourceAttributes{Verb: "delete", Group: "rbac.authorization.k8s.io", Resource: "clusterrolebindings", Name: "kubeadm:node-autoapprove-bootstrap"}},
+				{"reads a bootstrap token's node", authorizationv1.ResourceAttributes{Namespace: "kube-system", Verb: "get", Resource: "secrets", Name: "bootstrap-token-abcdef"}},
 			},
 			cannot: []access{
 				{"read the master secret", secretsIn(Namespace, "get", "gatehouse-kms")},
@@ -105,7 +107,7 @@ func TestServiceAccountReach(t *testing.T) {
 				{"update Node status wholesale", authorizationv1.ResourceAttributes{Verb: "update", Resource: "nodes", Subresource: "status", Name: "cp-1"}},
 				{"create CSRs", authorizationv1.ResourceAttributes{Verb: "create", Group: "certificates.k8s.io", Resource: "certificatesigningrequests"}},
 				{"approve for a signer other than the kubelets'", authorizationv1.ResourceAttributes{Verb: "approve", Group: "certificates.k8s.io", Resource: "signers", Name: "kubernetes.io/kube-apiserver-client"}},
-				{"delete another ClusterRoleBinding", authorizationv1.ResourceAttributes{Verb: "delete", Group: "rbac.authorization.k8s.io", Resource: "clusterrolebindings", Name: "kubeadm:node-autoapprove-bootstrap"}},
+				{"delete another ClusterRoleBinding", authorizationv1.ResourceAttributes{Verb: "delete", Group: "rbac.authorization.k8s.io", Resource: "clusterrolebindings", Name: "kubeadm:kubelet-bootstrap"}},
 				{"escalate a Role", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "escalate", Group: "rbac.authorization.k8s.io", Resource: "roles"}},
 				{"bind a ClusterRole", authorizationv1.ResourceAttributes{Verb: "bind", Group: "rbac.authorization.k8s.io", Resource: "clusterroles"}},
 				{"impersonate users", authorizationv1.ResourceAttributes{Verb: "impersonate", Resource: "users"}},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,11 +31,16 @@ const (
 )
 
 // requestTokens derives a join request's token id and owner label from its
-// request key (the node's attestation identity and node name).
+// request key (the node's attestation identity, NUL, and node name), and
+// names the node on the Secret (bootstraptoken.AnnotationNode).
 var requestTokens = bootstraptoken.Issuer{
 	Label:       LabelJoinRequest,
 	IDDomain:    "gatehouse-token-id",
 	OwnerDomain: "gatehouse-join-request",
+	Annotations: func(key string) map[string]string {
+		_, node, _ := strings.Cut(key, "\x00")
+		return map[string]string{bootstraptoken.AnnotationNode: node}
+	},
 }
 
 // Tokens issues kubeadm bootstrap tokens as Secrets in kube-system.
@@ -56,7 +62,8 @@ func NewTokens(client kubernetes.Interface, now func() time.Time) *Tokens {
 type Token = bootstraptoken.Token
 
 // Issue returns the bootstrap token of the request identified by
-// requestKey: the existing one while it has tokenReuseMargin left, else a
+// requestKey (attestation identity, NUL, node name; the Secret names the
+// node in bootstraptoken.AnnotationNode): the existing one while it has tokenReuseMargin left, else a
 // new or renewed one with TokenTTL, authentication and signing usages and
 // the group TokenGroup. description is stored in the Secret (not secret).
 // A token id held by another owner's token is bootstraptoken.ErrIDTaken.

@@ -41,7 +41,15 @@ type Issuer struct {
 	IDDomain string
 	// OwnerDomain separates this issuer's owner label values from others'.
 	OwnerDomain string
+	// Annotations, when set, returns the annotations of the owner's
+	// Secret (e.g. AnnotationNode).
+	Annotations func(key string) map[string]string
 }
+
+// AnnotationNode, on a token Secret, names the one node the token was
+// issued to: the join service's tokens carry it, and the kubelet CSR
+// approver grants such a token a client certificate for that node only.
+const AnnotationNode = "gatehouse.dev/node"
 
 // ID is the token id of the owner with key.
 func (i Issuer) ID(key string) string { return DerivedID(i.IDDomain, key) }
@@ -70,7 +78,11 @@ func (i Issuer) NewSecret(key string, expiration time.Time, description string) 
 	if err != nil {
 		return Token{}, nil, err
 	}
-	return t, Secret(t, map[string]string{i.Label: i.OwnerLabel(key)}, description), nil
+	s := Secret(t, map[string]string{i.Label: i.OwnerLabel(key)}, description)
+	if i.Annotations != nil {
+		s.Annotations = i.Annotations(key)
+	}
+	return t, s, nil
 }
 
 // Ensure makes sure the owner with key has a token. It creates one expiring

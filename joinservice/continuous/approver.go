@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 )
 
@@ -34,12 +35,16 @@ const (
 	SignerKubeletServing = certificatesv1.KubeletServingSignerName
 )
 
-// AutoApprovalBinding is the ClusterRoleBinding through which kubeadm lets
-// the controller manager approve every node's client certificate renewal
-// (kubeadm's bootstrap-token phase creates it, `kubeadm upgrade apply`
-// again). The approver deletes it: a renewal is approved only after the
-// node's fresh evidence verifies.
-const AutoApprovalBinding = "kubeadm:node-autoapprove-certificate-rotation"
+// AutoApprovalBindings are the ClusterRoleBindings through which kubeadm
+// lets the controller manager approve every kubelet client certificate:
+// renewals by any node, and first certificates for any node name by any
+// bootstrap token (kubeadm's bootstrap-token phase creates them, `kubeadm
+// upgrade apply` again). The approver deletes them and decides instead.
+var AutoApprovalBindings = []string{"kubeadm:node-autoapprove-certificate-rotation", "kubeadm:node-autoapprove-bootstrap"}
+
+// bootstrapUserPrefix is the user name prefix of bootstrap tokens
+// (system:bootstrap:<token id>).
+const bootstrapUserPrefix = "system:bootstrap:"
 
 // nodeUserPrefix is the user name prefix of node credentials.
 const nodeUserPrefix = "system:node:"
@@ -48,6 +53,9 @@ const nodeUserPrefix = "system:node:"
 // Outcome reason (EvidenceRejected, IdentityChanged, ...).
 const (
 	ReasonApproved = "AttestedNode"
+	// ReasonApprovedJoin: a first client certificate, requested with a
+	// bootstrap token issued for that node (after its evidence verified).
+	ReasonApprovedJoin = "AttestedJoin"
 	// reasonMalformed: the request is not a kubelet certificate request.
 	reasonMalformed = "Malformed"
 	// reasonNotItsOwn: the requester is not the node the certificate names.
@@ -59,7 +67,14 @@ const (
 	reasonNoNode = "NoNode"
 	// reasonTainted: the Node is tainted TaintKey and not restored yet.
 	reasonTainted = "Unattested"
+	// reasonTokenInvalid: the bootstrap token's Secret is gone, expired,
+	// or not a token kubeadm lets join nodes.
+	reasonTokenInvalid = "TokenInvalid"
 )
+
+// joinGroup is the group of bootstrap tokens kubeadm lets request a
+// kubelet's first client certificate (bootstraptoken.Group).
+const joinGroup = bootstraptoken.Group
 
 // nodeChecker verifies a node's fresh evidence and tells the names it owns
 // (*Verifier).
@@ -183,17 +198,19 @@ func (a *Approver) Run(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// RemoveAutoApproval deletes AutoApprovalBinding when it exists.
+// RemoveAutoApproval deletes the AutoApprovalBindings that exist.
 func (a *Approver) RemoveAutoApproval(ctx context.Context) error {
-	err := a.cfg.Client.RbacV1().ClusterRoleBindings().Delete(ctx, AutoApprovalBinding, metav1.DeleteOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil
-	case err != nil:
-		return fmt.Errorf("deleting ClusterRoleBinding %s: %w", AutoApprovalBinding, err)
+	for _, name := range AutoApprovalBindings {
+		err := a.cfg.Client.RbacV1().ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return fmt.Errorf("deleting ClusterRoleBinding %s: %w", name, err)
+		}
+		a.cfg.Log.Warn("audit", "event", "reattest.autoapproval_removed", "binding", name,
+			"message", "kubelet client certificates are approved only for attested nodes, by the join service")
 	}
-	a.cfg.Log.Warn("audit", "event", "reattest.autoapproval_removed", "binding", AutoApprovalBinding,
-		"message", "kubelet client renewals are approved only after the node's fresh evidence verifies")
 	return nil
 }
 
@@ -201,12 +218,6 @@ func (a *Approver) RemoveAutoApproval(ctx context.Context) error {
 // this approver decides.
 func decidable(csr *certificatesv1.CertificateSigningRequest) bool {
 	if csr.Spec.SignerName != SignerKubeletClient && csr.Spec.SignerName != SignerKubeletServing {
-		return false
-	}
-	// A kubelet's first client certificate is requested with the bootstrap
-	// token the join service issued after verifying its evidence; the
-	// controller manager approves it (kubeadm's node-autoapprove-bootstrap).
-	if strings.HasPrefix(csr.Spec.Username, "system:bootstrap:") && csr.Spec.SignerName == SignerKubeletClient {
 		return false
 	}
 	for _, c := range csr.Status.Conditions {
@@ -228,7 +239,7 @@ func (a *Approver) Handle(ctx context.Context, csr *certificatesv1.CertificateSi
 	if err != nil {
 		return err
 	}
-	approved := reason == ReasonApproved
+	approved := reason == ReasonApproved || reason == ReasonApprovedJoin
 	cond := certificatesv1.CertificateSigningRequestCondition{
 		Type: certificatesv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: reason, Message: truncate(message, 512),
 		LastUpdateTime: metav1.NewTime(a.cfg.Now()),
@@ -264,6 +275,10 @@ func nodeName(n *corev1.Node) string {
 // decide returns the decision on csr: ReasonApproved or a denial's reason,
 // with a message, and the Node it is for when there is one.
 func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSigningRequest) (*corev1.Node, string, string, error) {
+	if tokenID, ok := strings.CutPrefix(csr.Spec.Username, bootstrapUserPrefix); ok && csr.Spec.SignerName == SignerKubeletClient {
+		reason, message, err := a.decideFirst(ctx, csr, tokenID)
+		return nil, reason, message, err
+	}
 	name, isNode := strings.CutPrefix(csr.Spec.Username, nodeUserPrefix)
 	if !isNode {
 		return nil, reasonNotItsOwn, fmt.Sprintf("requested by %q: only a node's own credentials may request its kubelet certificates", csr.Spec.Username), nil
@@ -320,6 +335,50 @@ func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSi
 		}
 	}
 	return node, ReasonApproved, fmt.Sprintf("fresh evidence of node %s verifies, from the machine that joined (%s)", name, o.Identity), nil
+}
+
+// decideFirst decides a kubelet's first client certificate, requested
+// with bootstrap token tokenID: the token must be valid and of kubeadm's
+// join group (what kubeadm's binding let the controller manager approve),
+// and a token the join service issued to one node (AnnotationNode) gets a
+// certificate for that node only. The token was issued after that node's
+// evidence verified and lives minutes; the Node does not exist yet.
+func (a *Approver) decideFirst(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, tokenID string) (string, string, error) {
+	block, rest := pem.Decode(csr.Spec.Request)
+	if block == nil || block.Type != "CERTIFICATE REQUEST" || len(strings.TrimSpace(string(rest))) > 0 {
+		return reasonMalformed, "the request is not one PEM CERTIFICATE REQUEST", nil
+	}
+	named, err := clusterpki.ParseKubeletClientCSR(block.Bytes)
+	if err == nil {
+		err = checkUsages(csr.Spec.Usages, certificatesv1.UsageClientAuth)
+	}
+	if err != nil {
+		return reasonMalformed, err.Error(), nil
+	}
+	if !slices.Contains(csr.Spec.Groups, joinGroup) {
+		return reasonTokenInvalid, fmt.Sprintf("bootstrap token %s is not in the join group %s", tokenID, joinGroup), nil
+	}
+	secret, err := a.cfg.Client.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, bootstraptoken.SecretName(tokenID), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return reasonTokenInvalid, fmt.Sprintf("bootstrap token %s no longer exists", tokenID), nil
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("reading bootstrap token %s: %w", tokenID, err)
+	}
+	token, ok := bootstraptoken.FromSecret(secret)
+	if !ok || !a.cfg.Now().Before(token.Expiration) {
+		return reasonTokenInvalid, fmt.Sprintf("bootstrap token %s is malformed or expired", tokenID), nil
+	}
+	node, issuedToOne := secret.Annotations[bootstraptoken.AnnotationNode]
+	if !issuedToOne {
+		// A token an administrator made (kubeadm token create) may join
+		// any node, as with kubeadm's binding.
+		return ReasonApprovedJoin, fmt.Sprintf("bootstrap token %s of kubeadm's join group, issued to no particular node, requested node %s", tokenID, named), nil
+	}
+	if named != node {
+		return reasonNotItsOwn, fmt.Sprintf("bootstrap token %s was issued to node %s, not %s", tokenID, node, named), nil
+	}
+	return ReasonApprovedJoin, fmt.Sprintf("bootstrap token %s was issued to node %s after its evidence verified", tokenID, node), nil
 }
 
 // checkUsages checks that usages hold want and otherwise only digital

@@ -33,6 +33,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -162,14 +163,49 @@ func TestApprover(t *testing.T) {
 	if err := tpm2.PCRExtend(compromised.rw, tpmutil.Handle(4), tpm2.AlgSHA256, bytes.Repeat([]byte{0xee}, 32), ""); err != nil {
 		t.Fatal(err)
 	}
-	// kubeadm's binding that lets the controller manager approve every
-	// renewal.
-	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: AutoApprovalBinding},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"},
-		Subjects:   []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: "system:nodes"}},
-	}, metav1.CreateOptions{}); err != nil {
+	// kubeadm's bindings that let the controller manager approve every
+	// kubelet client certificate, and the one that lets join tokens
+	// request them.
+	for _, b := range []struct{ name, role, group string }{
+		{AutoApprovalBindings[0], "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", "system:nodes"},
+		{AutoApprovalBindings[1], "system:certificates.k8s.io:certificatesigningrequests:nodeclient", joinGroup},
+		{"kubeadm:kubelet-bootstrap", "system:node-bootstrapper", joinGroup},
+	} {
+		if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: b.name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: b.role},
+			Subjects:   []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: b.group}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Bootstrap tokens: the join service's for worker-new (after its
+	// evidence verified), one an administrator made, one expired.
+	joinToken, err := joinservice.NewTokens(client, time.Now).Issue(ctx, good.identity(t)+"\x00worker-new", "join of worker-new")
+	if err != nil {
 		t.Fatal(err)
+	}
+	adminToken, err := bootstraptoken.New("admin0", time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	expiredToken, err := bootstraptoken.New("expire", time.Now().Add(-time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range []bootstraptoken.Token{adminToken, expiredToken} {
+		if _, err := client.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx, bootstraptoken.Secret(tok, nil, "made by hand"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	asToken := func(id string) kubernetes.Interface {
+		c := rest.CopyConfig(env.Config)
+		c.Impersonate = rest.ImpersonationConfig{UserName: bootstrapUserPrefix + id, Groups: []string{"system:bootstrappers", joinGroup, "system:authenticated"}}
+		client, err := kubernetes.NewForConfig(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client
 	}
 
 	// The approver's own client: the test's polling does not take its
@@ -231,6 +267,17 @@ func TestApprover(t *testing.T) {
 			csrPEM(t, nodeSubject("worker-ghost"), nil, nil), reasonNoNode},
 		{"user-asks-for-a-node", client, SignerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-good"), nil, nil), reasonNotItsOwn},
+		// First client certificates, with bootstrap tokens.
+		{"join-token-for-its-node", asToken(joinToken.ID), SignerKubeletClient, clientUsages,
+			csrPEM(t, nodeSubject("worker-new"), nil, nil), ReasonApprovedJoin},
+		{"join-token-for-another-node", asToken(joinToken.ID), SignerKubeletClient, clientUsages,
+			csrPEM(t, nodeSubject("worker-good"), nil, nil), reasonNotItsOwn},
+		{"admin-token", asToken(adminToken.ID), SignerKubeletClient, clientUsages,
+			csrPEM(t, nodeSubject("worker-hand"), nil, nil), ReasonApprovedJoin},
+		{"expired-token", asToken(expiredToken.ID), SignerKubeletClient, clientUsages,
+			csrPEM(t, nodeSubject("worker-late"), nil, nil), reasonTokenInvalid},
+		{"unknown-token", asToken("nonexi"), SignerKubeletClient, clientUsages,
+			csrPEM(t, nodeSubject("worker-ghost"), nil, nil), reasonTokenInvalid},
 	}
 	for _, r := range requests {
 		if _, err := r.requester.CertificatesV1().CertificateSigningRequests().Create(ctx, &certificatesv1.CertificateSigningRequest{
@@ -263,7 +310,7 @@ func TestApprover(t *testing.T) {
 	for _, r := range requests {
 		csr := decided[r.name]
 		wantType := certificatesv1.CertificateDenied
-		if r.reason == ReasonApproved {
+		if r.reason == ReasonApproved || r.reason == ReasonApprovedJoin {
 			wantType = certificatesv1.CertificateApproved
 		}
 		if len(csr.Status.Conditions) != 1 || csr.Status.Conditions[0].Type != wantType || csr.Status.Conditions[0].Reason != r.reason || csr.Status.Conditions[0].Message == "" {
@@ -295,15 +342,15 @@ func TestApprover(t *testing.T) {
 	if err != nil {
 		t.Errorf("no Warning Event for the denied renewal on Node worker-bad: %v", err)
 	}
-	if _, err := client.RbacV1().ClusterRoleBindings().Get(ctx, AutoApprovalBinding, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("kubeadm's %s is still there (%v): the controller manager would approve every renewal", AutoApprovalBinding, err)
+	for _, name := range AutoApprovalBindings {
+		if _, err := client.RbacV1().ClusterRoleBindings().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("kubeadm's %s is still there (%v): the controller manager would approve kubelet certificates unattested", name, err)
+		}
 	}
 }
 
-// TestDecidable: the approver decides pending kubelet CSRs except a
-// kubelet's first client certificate, requested with its bootstrap token
-// (the controller manager approves those, for tokens the join service
-// issued after attestation); never another signer's, never one decided.
+// TestDecidable: the approver decides pending kubelet CSRs, first client
+// certificates included; never another signer's, never one decided.
 func TestDecidable(t *testing.T) {
 	csr := func(signer, user string, conds ...certificatesv1.RequestConditionType) *certificatesv1.CertificateSigningRequest {
 		c := &certificatesv1.CertificateSigningRequest{Spec: certificatesv1.CertificateSigningRequestSpec{SignerName: signer, Username: user}}
@@ -320,7 +367,7 @@ func TestDecidable(t *testing.T) {
 		{"client renewal", csr(SignerKubeletClient, "system:node:a"), true},
 		{"serving", csr(SignerKubeletServing, "system:node:a"), true},
 		{"serving from a bootstrap token", csr(SignerKubeletServing, "system:bootstrap:abcdef"), true},
-		{"first client certificate", csr(SignerKubeletClient, "system:bootstrap:abcdef"), false},
+		{"first client certificate", csr(SignerKubeletClient, "system:bootstrap:abcdef"), true},
 		{"another signer", csr(certificatesv1.KubeAPIServerClientSignerName, "system:node:a"), false},
 		{"approved", csr(SignerKubeletClient, "system:node:a", certificatesv1.CertificateApproved), false},
 		{"denied", csr(SignerKubeletServing, "system:node:a", certificatesv1.CertificateDenied), false},
