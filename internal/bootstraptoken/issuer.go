@@ -46,8 +46,8 @@ type Issuer struct {
 	Annotations func(key string) map[string]string
 }
 
-// AnnotationNode, on a token Secret, names the one node the token was
-// issued to: the join service's tokens carry it, and the kubelet CSR
+// AnnotationNode is the annotation of a token Secret that names the one
+// node the token was issued to: the join service's tokens carry it, and the kubelet CSR
 // approver grants such a token a client certificate for that node only.
 const AnnotationNode = "gatehouse.dev/node"
 

@@ -83,7 +83,8 @@ func TestMiniCluster(t *testing.T) {
 		}
 	})
 	start := time.Now()
-	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--control-planes", "3", "--workers", "3", "--tamper", "worker-3")
+	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--control-planes", "3", "--workers", "3", "--tamper", "worker-3",
+		"--kubelet-cert-lifetime", kubeletCertLifetime.String())
 	if err != nil {
 		t.Fatalf("mini up: %v\n%s\n%s", err, out, nodeLogs(dir))
 	}
@@ -352,6 +353,14 @@ func TestMiniCluster(t *testing.T) {
 		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
 	})
 
+	t.Run("compromised running worker tainted, restored by policy", func(t *testing.T) {
+		testCompromisedWorker(ctx, t, dir, client, "worker-4", "worker-1")
+	})
+
+	t.Run("kubelet certificates renewed after fresh evidence", func(t *testing.T) {
+		testKubeletRenewal(ctx, t, client, "worker-1")
+	})
+
 	t.Run("rebooted node measuring otherwise stays out", func(t *testing.T) {
 		refusal := []string{`"verdict":"refused"`, `"reason":"measurement_mismatch"`}
 		audit := joinServiceLog(t, dir)
@@ -458,6 +467,13 @@ func TestMiniCluster(t *testing.T) {
 			}
 		}
 		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
+		// Kubelet client certificates live 3 minutes here: those that
+		// expired during the outage were renewed as the nodes came back.
+		for _, n := range []string{"cp-0", "cp-1", "cp-2", "worker-1", "worker-2"} {
+			if log, _ := os.ReadFile(filepath.Join(dir, "nodes", n, "logs", "bootstrapper.log")); strings.Contains(string(log), "client certificate has expired") {
+				t.Logf("%s's kubelet client certificate expired during the outage and was renewed", n)
+			}
+		}
 		if got := runPod(ctx, t, client, echo, "worker-1", []string{"cat", "/data/before-the-outage"}, data); got != "written before the outage\n" {
 			t.Fatalf("the hostPath file after the outage holds %q", got)
 		}

@@ -135,7 +135,14 @@ func runPod(ctx context.Context, t *testing.T, client kubernetes.Interface, imag
 		phase = p.Status.Phase
 		return phase == corev1.PodSucceeded || phase == corev1.PodFailed, nil
 	})
-	logs, logErr := client.CoreV1().Pods("default").GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	// The API server reads the log from the kubelet, whose serving
+	// certificate may be renewing (after an outage): retry for a while.
+	var logs []byte
+	var logErr error
+	_ = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		logs, logErr = client.CoreV1().Pods("default").GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		return logErr == nil, nil
+	})
 	if err != nil || phase != corev1.PodSucceeded {
 		t.Fatalf("pod %s (%v on %s) ended %q (%v); log (%v):\n%s", name, args, node, phase, err, logErr, logs)
 	}
