@@ -30,7 +30,7 @@ func newUpgradeApplyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "apply",
 		Short: "Upgrade the join and key service releases to this CLI's charts",
-		Long: "Back up every CRD and custom resource under gatehouse-upgrade/<timestamp>/backups,\n" +
+		Long: "Back up every CRD and custom resource under gatehouse-upgrade/<timestamp>-<random>/backups,\n" +
 			"then upgrade each Gatehouse Helm release to the chart built into this CLI, one at a\n" +
 			"time and atomically: a release that fails is rolled back. The cluster's own values\n" +
 			"are applied over the new chart's defaults. A chart may advance one minor version at\n" +
@@ -70,7 +70,7 @@ func newUpgradeApplyCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&opts.Kubeconfig, "kubeconfig", clusterconfig.DefaultKubeconfig, "admin kubeconfig")
 	f.StringVar(&opts.Namespace, "namespace", charts.Namespace, "namespace of the Gatehouse releases")
-	f.StringVar(&opts.BackupRoot, "backup-dir", "", "where gatehouse-upgrade/<timestamp>/backups is written (default: the current directory)")
+	f.StringVar(&opts.BackupRoot, "backup-dir", "", "where gatehouse-upgrade/<timestamp>-<random>/backups is written (default: the current directory)")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would change; change nothing")
 	f.DurationVar(&opts.Timeout, "timeout", 5*time.Minute, "time each release may take, waiting included")
 	f.StringVar(&chartsDir, "charts-dir", "", "directory holding gatehouse-joinservice/ and gatehouse-keyservice/ charts to use instead of the built-in ones")

@@ -17,17 +17,15 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// BackupDir returns root/gatehouse-upgrade/<timestamp>/backups.
-func BackupDir(root string, at time.Time) string {
-	return filepath.Join(root, "gatehouse-upgrade", at.UTC().Format("20060102T150405Z"), "backups")
-}
-
 // Backup writes every CRD (crds/<name>.yaml) and every custom resource
 // (resources/<crd>/<namespace>/<name>.yaml) of the cluster as YAML ready for
 // server-side apply (no resourceVersion, uid, managedFields or status), and
-// returns the directory. A failure leaves no partial backup named as done:
-// the directory is written under a temporary name and renamed at the end.
-func Backup(ctx context.Context, kubeconfig, root string, at time.Time) (string, error) {
+// returns the directory, root/gatehouse-upgrade/<at, UTC>-<random>/backups:
+// every run gets its own, even two started in the same second (or on two
+// machines writing to one shared disk: the directory is made with an
+// exclusive mkdir). A failure leaves nothing: the backup is written under
+// a temporary name, renamed at the end, and removed on error.
+func Backup(ctx context.Context, kubeconfig, root string, at time.Time) (dir string, err error) {
 	restCfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return "", err
@@ -40,9 +38,22 @@ func Backup(ctx context.Context, kubeconfig, root string, at time.Time) (string,
 	if err != nil {
 		return "", err
 	}
-	dir := BackupDir(root, at)
+	parent := filepath.Join(root, "gatehouse-upgrade")
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return "", err
+	}
+	run, err := os.MkdirTemp(parent, at.UTC().Format("20060102T150405Z")+"-*")
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(run)
+		}
+	}()
+	dir = filepath.Join(run, "backups")
 	tmp := dir + ".partial"
-	if err := os.MkdirAll(tmp, 0o700); err != nil {
+	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return "", err
 	}
 	crds, err := ext.ApiextensionsV1().CustomResourceDefinitions().List(ctx, metav1.ListOptions{})

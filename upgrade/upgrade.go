@@ -34,7 +34,7 @@ type Options struct {
 	Charts map[string]*chart.Chart
 	// Order is the order releases are upgraded in (keys of Charts).
 	Order []string
-	// BackupRoot is where gatehouse-upgrade/<timestamp>/backups is made.
+	// BackupRoot is where gatehouse-upgrade/<timestamp>-<random>/backups is made.
 	BackupRoot string
 	// DryRun prints what would change and changes nothing.
 	DryRun bool

@@ -3,9 +3,11 @@ package upgrade
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +86,15 @@ func kubectl(t *testing.T, env *testenv.Env, stdin string, args ...string) strin
 	return string(out)
 }
 
+// outcome is the outcome of the only release of results, or what came
+// instead.
+func outcome(results []Result) string {
+	if len(results) != 1 {
+		return fmt.Sprintf("%d results, want 1", len(results))
+	}
+	return results[0].Outcome
+}
+
 func TestApply(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
 	root := t.TempDir()
@@ -124,7 +135,7 @@ func TestApply(t *testing.T) {
 	t.Run("upgrade merges the cluster's values onto the new defaults", func(t *testing.T) {
 		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.2.0", "green", false)}
 		results, err := Apply(t.Context(), opts)
-		if err != nil || len(results) != 1 || results[0].Outcome != "upgraded" {
+		if err != nil || outcome(results) != "upgraded" {
 			t.Fatalf("Apply: %v %+v\n%s", err, results, &out)
 		}
 		if got := color(); got != "hi/green" {
@@ -158,7 +169,7 @@ func TestApply(t *testing.T) {
 		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.3.0", "red", false)}
 		results, err := Apply(t.Context(), opts)
 		opts.DryRun = false
-		if err != nil || results[0].Outcome != "would upgrade" {
+		if err != nil || outcome(results) != "would upgrade" {
 			t.Fatalf("dry run: %v %+v", err, results)
 		}
 		for _, want := range []string{"~ ConfigMap default/demo (changed)", `-  color: "green"`, `+  color: "red"`} {
@@ -177,7 +188,7 @@ func TestApply(t *testing.T) {
 	t.Run("a failed upgrade rolls back", func(t *testing.T) {
 		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.3.0", "red", true)}
 		results, err := Apply(t.Context(), opts)
-		if err == nil || results[0].Outcome != "rolled back" {
+		if err == nil || outcome(results) != "rolled back" {
 			t.Fatalf("bad chart: %v %+v", err, results)
 		}
 		deployed, err := cfg.Releases.Deployed("demo")
@@ -208,7 +219,7 @@ func TestApply(t *testing.T) {
 		dry := opts
 		dry.DryRun = true
 		results, err := Apply(t.Context(), dry)
-		if err != nil || results[0].Outcome != "would roll back and upgrade" {
+		if err != nil || outcome(results) != "would roll back and upgrade" {
 			t.Fatalf("dry run after an interruption: %v %+v\n%s", err, results, &out)
 		}
 		if still, err := cfg.Releases.Last("demo"); err != nil || still.Version != pending.Version || !still.Info.Status.IsPending() {
@@ -216,7 +227,7 @@ func TestApply(t *testing.T) {
 		}
 		out.Reset()
 		results, err = Apply(t.Context(), opts)
-		if err != nil || results[0].Outcome != "upgraded" || !strings.Contains(out.String(), "interrupted") {
+		if err != nil || outcome(results) != "upgraded" || !strings.Contains(out.String(), "interrupted") {
 			t.Fatalf("after an interruption: %v %+v\n%s", err, results, &out)
 		}
 		if got := color(); got != "hi/red" {
@@ -224,11 +235,39 @@ func TestApply(t *testing.T) {
 		}
 	})
 
+	t.Run("two upgrades in the same second keep their own backups", func(t *testing.T) {
+		before, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*", "backups"))
+		same := opts
+		at := time.Date(2026, 11, 25, 5, 0, 0, 0, time.UTC)
+		same.Now = func() time.Time { return at }
+		var dirs []string
+		for _, version := range []string{"0.3.1", "0.3.2"} {
+			out.Reset()
+			same.Charts = map[string]*chart.Chart{"demo": demoChart(version, "red", false)}
+			results, err := Apply(t.Context(), same)
+			if err != nil || outcome(results) != "upgraded" {
+				t.Fatalf("upgrade to %s at %s: %v (%s)\n%s", version, at, err, outcome(results), &out)
+			}
+			after, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*", "backups"))
+			fresh := slices.DeleteFunc(after, func(d string) bool { return slices.Contains(before, d) || slices.Contains(dirs, d) })
+			if len(fresh) != 1 || !strings.Contains(out.String(), fresh[0]) {
+				t.Fatalf("upgrade to %s made backups %v, want one new directory that the output names:\n%s", version, fresh, &out)
+			}
+			dirs = append(dirs, fresh[0])
+			if _, err := os.Stat(filepath.Join(fresh[0], "resources/widgets.example.com/default/w1.yaml")); err != nil {
+				t.Fatalf("backup %s is incomplete: %v", fresh[0], err)
+			}
+		}
+		if partial, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*", "*.partial")); len(partial) > 0 {
+			t.Errorf("partial backups left: %v", partial)
+		}
+	})
+
 	t.Run("skipping a minor version is refused before any change", func(t *testing.T) {
 		before, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*"))
 		opts.Charts = map[string]*chart.Chart{"demo": demoChart("0.5.0", "red", false)}
 		if _, err := Apply(t.Context(), opts); err == nil || !strings.Contains(err.Error(), "skips 1 minor version") {
-			t.Fatalf("0.3.0 → 0.5.0: %v", err)
+			t.Fatalf("0.3.2 → 0.5.0: %v", err)
 		}
 		if after, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*")); len(after) != len(before) {
 			t.Fatal("a refused upgrade wrote backups")
