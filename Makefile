@@ -52,6 +52,10 @@ lint: tools ## gofmt, go mod tidy, go vet and golangci-lint
 	go vet ./...
 	golangci-lint run ./...
 
+.PHONY: stress
+stress: tools ## Flake hunt: run each package's tests COUNT (20) times, with and without -race (PKGS, RUN narrow it)
+	hack/stress.sh $(or $(COUNT),20) $(if $(filter ./...,$(PKGS)),,$(PKGS))
+
 .PHONY: build
 build: ## Build the binaries into bin/
 	go build -o bin/ ./cmd/...
