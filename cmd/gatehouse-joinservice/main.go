@@ -153,12 +153,21 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return fmt.Errorf("connection limits: %w", err)
 	}
 	if *reattestEvery > 0 || *approveCSRs {
-		verifier := continuous.NewVerifier(policy, bindings, atls.FetchEvidence, continuous.ClusterID(keySource, policy), *evidencePort)
+		// Every check reads the node's binding, and every round the
+		// Nodes, from informers' caches rather than the API server
+		// (docs/continuous-attestation.md, "Cost").
+		bindingCache := nodebinding.NewCache(client, *namespace)
+		bindingCache.Start(ctx)
+		synced := []func(context.Context) error{bindingCache.WaitForCacheSync}
+		verifier := continuous.NewVerifier(policy, bindingCache, atls.FetchEvidence, continuous.ClusterID(keySource, policy), *evidencePort)
 		events := continuous.NewEventRecorder(ctx, client)
 		var loop *continuous.Loop
 		if *reattestEvery > 0 {
+			nodes := continuous.NewNodeCache(client)
+			nodes.Start(ctx)
+			synced = append(synced, nodes.WaitForCacheSync)
 			if loop, err = continuous.NewLoop(continuous.LoopConfig{
-				Client: client, Verifier: verifier, Events: events,
+				Client: client, Nodes: nodes, Verifier: verifier, Events: events,
 				Interval: *reattestEvery, Log: log, Registerer: reg,
 			}); err != nil {
 				return err
@@ -180,7 +189,16 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 				return err
 			}
 		}
-		go continuous.RunElected(ctx, client, *namespace, identity, log, loop, approver)
+		// A replica stands for election only once its caches hold every
+		// binding and Node: an empty cache would find every node unbound.
+		go func() {
+			for _, wait := range synced {
+				if wait(ctx) != nil {
+					return // only when ctx ends
+				}
+			}
+			continuous.RunElected(ctx, client, *namespace, identity, log, loop, approver)
+		}()
 	}
 	httpServer := &http.Server{Addr: *httpListen, Handler: joinservice.HTTPHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}
 	return serve.Run(ctx, log, "Join service", grpcServer, lis, httpServer, "clusterIdentity", ca.DiscoveryTokenCACertHash())

@@ -57,8 +57,14 @@ func (b *Store) Identity(ctx context.Context, node string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading the binding of node name %s: %w", node, err)
 	}
+	return boundIdentity(cm, node)
+}
+
+// boundIdentity is the identity binding cm gives node, or an error wrapping
+// ErrNotBound when cm does not name node with an identity.
+func boundIdentity(cm *corev1.ConfigMap, node string) (string, error) {
 	if cm.Data[KeyNode] != node || cm.Data[KeyIdentity] == "" {
-		return "", fmt.Errorf("%w: binding ConfigMap %s/%s does not name node %s with an identity", ErrNotBound, b.namespace, cm.Name, node)
+		return "", fmt.Errorf("%w: binding ConfigMap %s/%s does not name node %s with an identity", ErrNotBound, cm.Namespace, cm.Name, node)
 	}
 	return cm.Data[KeyIdentity], nil
 }

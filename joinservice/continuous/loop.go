@@ -32,9 +32,21 @@ type checker interface {
 	Settings() (joinconfig.ContinuousAttestation, error)
 }
 
+// nodeLister lists the Nodes a round checks (*NodeCache). The Nodes are
+// the cache's: the loop only reads them.
+type nodeLister interface {
+	List() ([]*corev1.Node, error)
+}
+
 // LoopConfig configures a Loop.
 type LoopConfig struct {
-	Client   kubernetes.Interface
+	// Client writes the Nodes' conditions and taints, and Events.
+	Client kubernetes.Interface
+	// Nodes lists the Nodes each round checks, from an informer's cache
+	// (NewNodeCache, started and synced): a round makes no API request
+	// unless an outcome changed. A Node whose cached copy lags behind the
+	// loop's own last write is at worst written again.
+	Nodes    nodeLister
 	Verifier checker
 	// Events records an Event on the Node at each change of outcome
 	// (NewEventRecorder).
@@ -71,8 +83,8 @@ type Loop struct {
 
 // NewLoop returns the loop; its metrics are registered with cfg.Registerer.
 func NewLoop(cfg LoopConfig) (*Loop, error) {
-	if cfg.Client == nil || cfg.Verifier == nil || cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
-		return nil, fmt.Errorf("continuous attestation: Client, Verifier, Events, Log and Registerer are required")
+	if cfg.Client == nil || cfg.Nodes == nil || cfg.Verifier == nil || cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
+		return nil, fmt.Errorf("continuous attestation: Client, Nodes, Verifier, Events, Log and Registerer are required")
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
@@ -114,7 +126,7 @@ func (l *Loop) Run(ctx context.Context) error {
 func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 	start := l.cfg.Now()
 	defer func() { l.metrics.roundSeconds.Observe(l.cfg.Now().Sub(start).Seconds()) }()
-	nodes, err := l.cfg.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	nodes, err := l.cfg.Nodes.List()
 	if err != nil {
 		return nil, fmt.Errorf("listing Nodes: %w", err)
 	}
@@ -124,12 +136,12 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 	}
 	// First every verdict, then the writes and actions: whether a control
 	// plane may be tainted depends on the others' verdicts.
-	outcomes := make([]Outcome, len(nodes.Items))
+	outcomes := make([]Outcome, len(nodes))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(l.cfg.Concurrency)
-	for i := range nodes.Items {
+	for i := range nodes {
 		g.Go(func() error {
-			o, err := l.cfg.Verifier.Check(gctx, &nodes.Items[i])
+			o, err := l.cfg.Verifier.Check(gctx, nodes[i])
 			if err != nil {
 				return err
 			}
@@ -142,16 +154,16 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 		return nil, err
 	}
 	attestedControlPlanes := 0
-	for i, n := range nodes.Items {
+	for i, n := range nodes {
 		if _, cp := n.Labels[labelControlPlane]; cp && outcomes[i].Attested {
 			attestedControlPlanes++
 		}
 	}
 	g, gctx = errgroup.WithContext(ctx)
 	g.SetLimit(l.cfg.Concurrency)
-	for i := range nodes.Items {
+	for i := range nodes {
 		g.Go(func() error {
-			node, err := l.record(gctx, &nodes.Items[i], outcomes[i])
+			node, err := l.record(gctx, nodes[i], outcomes[i])
 			if err != nil {
 				return err
 			}
@@ -164,7 +176,7 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 		})
 	}
 	err = g.Wait()
-	l.updateOldest(nodes.Items)
+	l.updateOldest(nodes)
 	return outcomes, err
 }
 
@@ -286,7 +298,7 @@ func (l *Loop) record(ctx context.Context, node *corev1.Node, o Outcome) (*corev
 
 // updateOldest sets the age of the oldest last success among nodes (a
 // node never verified counts from when it was created).
-func (l *Loop) updateOldest(nodes []corev1.Node) {
+func (l *Loop) updateOldest(nodes []*corev1.Node) {
 	now := l.cfg.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -227,13 +227,16 @@ func TestLoop(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	verifier := NewVerifier(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
-	loop, err := NewLoop(LoopConfig{Client: client, Verifier: verifier, Events: NewEventRecorder(ctx, client), Log: log, Registerer: reg})
+	// The caches production reads the Nodes and the bindings from.
+	nodes, bindingCache := startCaches(t, client)
+	verifier := NewVerifier(pol, bindingCache, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+	loop, err := NewLoop(LoopConfig{Client: client, Nodes: nodes, Verifier: verifier, Events: NewEventRecorder(ctx, client), Log: log, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	round := func(want map[string]string) {
 		t.Helper()
+		waitCached(t, client, nodes)
 		if _, err := loop.Round(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -319,6 +322,54 @@ func TestLoop(t *testing.T) {
 	tainted(t, client, map[string]bool{"worker-good": false})                                   // restored automatically
 	if age := testutil.ToFloat64(loop.metrics.oldestSuccessAge); age <= 0 {
 		t.Errorf("oldest success age %v: the never-attested nodes count from their creation", age)
+	}
+}
+
+// startCaches starts the caches of the Nodes and of the bindings in
+// namespace, and waits for their sync.
+func startCaches(t testing.TB, client kubernetes.Interface) (*NodeCache, *nodebinding.Cache) {
+	t.Helper()
+	nodes, bindings := NewNodeCache(client), nodebinding.NewCache(client, namespace)
+	nodes.Start(t.Context())
+	bindings.Start(t.Context())
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := nodes.WaitForCacheSync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := bindings.WaitForCacheSync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return nodes, bindings
+}
+
+// waitCached waits until the cache holds every Node as the API server
+// has it now: rounds run back to back here, faster than a round's own
+// writes might come back through the watch.
+func waitCached(t testing.TB, client kubernetes.Interface, nodes *NodeCache) {
+	t.Helper()
+	list, err := client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, n := range list.Items {
+		want[n.Name] = n.ResourceVersion
+	}
+	err = wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		cached, err := nodes.List()
+		if err != nil || len(cached) != len(want) {
+			return false, nil
+		}
+		for _, n := range cached {
+			if want[n.Name] != n.ResourceVersion {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("the Node cache did not catch up with the API server: %v", err)
 	}
 }
 
