@@ -3,6 +3,7 @@ package continuous
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/hex"
@@ -103,6 +104,16 @@ func (n *runningNode) identity(t *testing.T) string {
 // what they boot, accepting pcr4 too at PCR 4 when it is set.
 func joinConfig(t *testing.T, nodes []*runningNode, pcr4 []byte) *corev1.ConfigMap {
 	t.Helper()
+	var aks []crypto.PublicKey
+	for _, n := range nodes {
+		aks = append(aks, n.attester.AttestationKey())
+	}
+	return joinConfigPinning(t, aks, pcr4)
+}
+
+// joinConfigPinning is joinConfig trusting aks.
+func joinConfigPinning(t testing.TB, aks []crypto.PublicKey, pcr4 []byte) *corev1.ConfigMap {
+	t.Helper()
 	ref := func(role policy.Role, pcrs ...int) map[string]any {
 		r, err := tpm.ReferenceValues(bootArtefacts(role), pcrs)
 		if err != nil {
@@ -119,8 +130,8 @@ func joinConfig(t *testing.T, nodes []*runningNode, pcr4 []byte) *corev1.ConfigM
 		common["4"].(map[string]any)["alsoAccepted"] = []string{hex.EncodeToString(pcr4)}
 	}
 	var pinned []string
-	for _, n := range nodes {
-		spki, err := x509.MarshalPKIXPublicKey(n.attester.AttestationKey())
+	for _, ak := range aks {
+		spki, err := x509.MarshalPKIXPublicKey(ak)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,216 @@
+package continuous
+
+import (
+	"bufio"
+	"context"
+	"crypto"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm-tools/simulator"
+	"github.com/google/go-tpm/legacy/tpm2"
+	"github.com/google/go-tpm/tpmutil"
+
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
+)
+
+// BenchmarkReattest's simulated nodes run in a rig process of their own:
+// this test binary started again with envRig set. Their TPM quotes and TLS
+// server work are then accounted to that process, not to the loop's, and
+// with GATEHOUSE_BENCH_RIG_CPUS (a taskset CPU list) they run on other CPUs
+// than the loop and the API server (bench/reattest.sh).
+const (
+	envRig     = "GATEHOUSE_REATTEST_RIG"
+	envRigCPUs = "GATEHOUSE_BENCH_RIG_CPUS"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envRig) != "" {
+		if err := serveRig(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "reattest rig:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// rigSetup is the parent's first line: the nodes' evidence endpoints
+// (every address at Port) and the cluster ID their node lock holds, and
+// a nonce for one evidence the parent verifies on its own.
+type rigSetup struct {
+	Addrs     []string `json:"addrs"`
+	Port      int      `json:"port"`
+	ClusterID []byte   `json:"clusterID"`
+	Nonce     []byte   `json:"nonce"`
+}
+
+// rigHello is the rig's answer once every endpoint listens: the AK its
+// nodes attest with (PKIX DER), its attestation identity, and evidence for
+// the setup's nonce.
+type rigHello struct {
+	AK       []byte `json:"ak"`
+	Identity string `json:"identity"`
+	Evidence []byte `json:"evidence"`
+}
+
+// rigCPU answers every later line: the CPU time the rig has used.
+type rigCPU struct {
+	CPU time.Duration `json:"cpu"`
+}
+
+// serveRig boots this process's simulated TPM as a worker that took its
+// node lock, serves its evidence at every address of the setup as
+// gatehouse-bootstrapper serve-evidence does (atls.ServeEvidence), and
+// answers each further line with its CPU time until in ends. All nodes
+// share the one simulated TPM, so they share its AK: the go-tpm-tools
+// simulator is one TPM per process, and a TPM holds only a few loaded
+// keys at once.
+func serveRig(in io.Reader, out io.Writer) error {
+	lines := bufio.NewScanner(in)
+	if !lines.Scan() {
+		return fmt.Errorf("no setup: %w", lines.Err())
+	}
+	var setup rigSetup
+	if err := json.Unmarshal(lines.Bytes(), &setup); err != nil {
+		return fmt.Errorf("reading the setup: %w", err)
+	}
+	sim, err := simulator.Get()
+	if err != nil {
+		return err
+	}
+	defer sim.Close()
+	if _, err := tpmattester.MeasureBoot(sim, bootArtefacts(policy.RoleWorker)); err != nil {
+		return err
+	}
+	if err := tpm2.PCRExtend(sim, tpmutil.Handle(keys.NodeLockPCR), tpm2.AlgSHA256, setup.ClusterID, ""); err != nil {
+		return err
+	}
+	attester, err := tpmattester.New(sim, tpmattester.Options{PCRs: testPCRs})
+	if err != nil {
+		return err
+	}
+	defer attester.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, addr := range setup.Addrs {
+		lis, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(setup.Port)))
+		if err != nil {
+			return err
+		}
+		go func() { _ = atls.ServeEvidence(ctx, lis, attester) }()
+	}
+	ak, err := x509.MarshalPKIXPublicKey(attester.AttestationKey())
+	if err != nil {
+		return err
+	}
+	identity, err := attester.Identity()
+	if err != nil {
+		return err
+	}
+	evidence, err := attester.Attest(ctx, []byte("user data"), setup.Nonce)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(out)
+	if err := enc.Encode(rigHello{AK: ak, Identity: identity, Evidence: evidence}); err != nil {
+		return err
+	}
+	for lines.Scan() {
+		if err := enc.Encode(rigCPU{CPU: processCPU()}); err != nil {
+			return err
+		}
+	}
+	return lines.Err()
+}
+
+// rig is the parent's handle on a rig process.
+type rig struct {
+	in  io.WriteCloser
+	out *json.Decoder
+	rigHello
+	ak crypto.PublicKey
+}
+
+// startRig starts the rig process (pinned to $GATEHOUSE_BENCH_RIG_CPUS when
+// set) serving setup, and waits until its endpoints listen.
+func startRig(b *testing.B, setup rigSetup) *rig {
+	b.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	args := []string{self}
+	if cpus := os.Getenv(envRigCPUs); cpus != "" {
+		args = append([]string{"taskset", "--cpu-list", cpus}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), envRig+"=1")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("starting the reattest rig: %v", err)
+	}
+	r := &rig{in: in, out: json.NewDecoder(stdout)}
+	b.Cleanup(func() {
+		_ = in.Close()
+		if err := cmd.Wait(); err != nil {
+			b.Errorf("reattest rig: %v", err)
+		}
+	})
+	line, err := json.Marshal(setup)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := in.Write(append(line, '\n')); err != nil {
+		b.Fatal(err)
+	}
+	if err := r.out.Decode(&r.rigHello); err != nil {
+		b.Fatalf("reading the reattest rig's hello: %v", err)
+	}
+	if r.ak, err = x509.ParsePKIXPublicKey(r.AK); err != nil {
+		b.Fatal(err)
+	}
+	return r
+}
+
+// cpu returns the CPU time the rig process has used so far.
+func (r *rig) cpu(b *testing.B) time.Duration {
+	b.Helper()
+	if _, err := r.in.Write([]byte("cpu\n")); err != nil {
+		b.Fatal(err)
+	}
+	var c rigCPU
+	if err := r.out.Decode(&c); err != nil {
+		b.Fatalf("reading the reattest rig's CPU time: %v", err)
+	}
+	return c.CPU
+}
+
+// processCPU is the CPU time (user and system) this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
