@@ -74,9 +74,49 @@ func (r *Reconciler) commonInput(ctx context.Context, s *scope, role render.Role
 	if err := render.CheckBaseTemplate(in.KubernetesVersion, in.Arch); err != nil {
 		return in, err
 	}
+	if err := r.resolveUsers(ctx, s.config, spec); err != nil {
+		return in, err
+	}
 	var err error
 	in.Files, err = r.resolveFiles(ctx, s.config)
 	return in, err
+}
+
+// resolveUsers reads each user's passwdFrom Secret into passwd, as CABPK
+// does. Attested mode refuses it: its data carries no secrets.
+func (r *Reconciler) resolveUsers(ctx context.Context, config *bootstrapv1.KubeadmConfig, spec *bootstrapv1.KubeadmConfigSpec) error {
+	for i := range spec.Users {
+		u := &spec.Users[i]
+		if !u.PasswdFrom.IsDefined() {
+			continue
+		}
+		if spec.Attested != nil && spec.Attested.Enabled {
+			return specErrorf("user %s: attested mode carries no secrets: set passwd inline or drop passwdFrom", u.Name)
+		}
+		data, err := r.secretKey(ctx, config.Namespace, u.PasswdFrom.Secret.Name, u.PasswdFrom.Secret.Key, "user "+u.Name+": passwdFrom")
+		if err != nil {
+			return err
+		}
+		u.Passwd, u.PasswdFrom = string(data), cabpkv1.PasswdSource{}
+	}
+	return nil
+}
+
+// secretKey reads one key of a Secret in namespace ns that the spec names
+// (what says where, for the condition's message).
+func (r *Reconciler) secretKey(ctx context.Context, ns, name, key, what string) ([]byte, error) {
+	sec := &corev1.Secret{}
+	if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sec); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, specErrorf("%s: Secret %s does not exist", what, name)
+		}
+		return nil, fmt.Errorf("%s: reading Secret %s: %w", what, name, err)
+	}
+	data, ok := sec.Data[key]
+	if !ok {
+		return nil, specErrorf("%s: Secret %s has no key %q", what, name, key)
+	}
+	return data, nil
 }
 
 // version is the Machine's Kubernetes version, parsed.
@@ -277,16 +317,9 @@ func (r *Reconciler) resolveFiles(ctx context.Context, config *bootstrapv1.Kubea
 	for _, f := range config.Spec.Files {
 		rf := render.File{Path: f.Path, Owner: f.Owner, Permissions: f.Permissions}
 		if src := f.ContentFrom.Secret; src.Name != "" {
-			sec := &corev1.Secret{}
-			if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: src.Name}, sec); err != nil {
-				if apierrors.IsNotFound(err) {
-					return nil, specErrorf("file %s: Secret %s (contentFrom) does not exist", f.Path, src.Name)
-				}
-				return nil, fmt.Errorf("file %s: reading Secret %s: %w", f.Path, src.Name, err)
-			}
-			data, ok := sec.Data[src.Key]
-			if !ok {
-				return nil, specErrorf("file %s: Secret %s has no key %q", f.Path, src.Name, src.Key)
+			data, err := r.secretKey(ctx, config.Namespace, src.Name, src.Key, "file "+f.Path+": contentFrom")
+			if err != nil {
+				return nil, err
 			}
 			rf.Content, rf.Base64 = base64.StdEncoding.EncodeToString(data), true
 			out = append(out, rf)

@@ -6,18 +6,21 @@
 // sentinel. In attested mode the data holds no secret: it only configures
 // the machine's gatehouse-bootstrapper, which gets its token, keys and
 // certificates from the join service after attesting.
+//
+// Each field of CABPK's KubeadmConfigSpec means in both formats what it
+// means in upstream's cloud-config; docs/capi.md lists where the two
+// formats differ and why.
 package render
 
 import (
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 
+	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/cloudinit"
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 )
 
@@ -32,6 +35,9 @@ const (
 	SentinelPath = "/run/cluster-api/bootstrap-success.complete"
 	// BootstrapperEnvPath configures gatehouse-bootstrapper (attested mode).
 	BootstrapperEnvPath = "/etc/gatehouse/bootstrapper.env"
+	// BootstrapperUnit is gatehouse-bootstrapper's systemd unit, part of
+	// the machine image (config/systemd).
+	BootstrapperUnit = "gatehouse-bootstrapper.service"
 )
 
 // Role is what kubeadm does on the machine.
@@ -52,6 +58,8 @@ type File struct {
 
 // Input is everything the data is made from.
 type Input struct {
+	// Spec is the config's spec; its users' passwdFrom must be resolved
+	// into passwd (the controller reads the Secrets).
 	Spec *bootstrapv1.KubeadmConfigSpec
 	Role Role
 	// KubeadmConfig is the rendered kubeadm configuration (YAML); unused in
@@ -75,25 +83,21 @@ type Input struct {
 // components: the controller reports it as a condition.
 var ErrNoBaseTemplate = errors.New("no base template for this Kubernetes version")
 
-// steps is the format-neutral plan of the data.
+// steps is the format-neutral plan of the data: the spec's typed values,
+// which each format maps to its own fields.
 type steps struct {
-	files                 []File
-	bootCommands          [][]string
-	commands              [][]string
-	users                 []bootstrapv1User
-	ntpServers            []string
-	filesystems           []filesystem
-	mounts                [][]string
-	ignitionAdditionalCfg string
-}
-
-type bootstrapv1User struct {
-	Name, Shell, Groups string
-	Keys                []string
-}
-
-type filesystem struct {
-	Device, Format, Label, Path string
+	format bootstrapv1.Format
+	files  []File
+	users  []cabpkv1.User
+	ntp    cabpkv1.NTP
+	disks  cabpkv1.DiskSetup
+	mounts []cabpkv1.MountPoints
+	// bootCommands run early (cloud-init's bootcmd; first in Ignition).
+	bootCommands [][]string
+	// commands run in order: pre-kubeadm, kubeadm or the bootstrapper's
+	// start, post-kubeadm, the sentinel.
+	commands [][]string
+	butane   string
 }
 
 // Render returns the data in the spec's format.
@@ -102,7 +106,7 @@ func Render(in Input) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if in.Spec.Format == bootstrapv1.FormatIgnition {
+	if s.format == bootstrapv1.FormatIgnition {
 		return renderIgnition(s)
 	}
 	return renderCloudConfig(s)
@@ -136,36 +140,36 @@ func plan(in Input) (*steps, error) {
 		return nil, err
 	}
 	spec := in.Spec
-	s := &steps{files: append([]File(nil), in.Files...)}
+	s := &steps{format: spec.Format, files: append([]File(nil), in.Files...), users: spec.Users, ntp: spec.NTP,
+		disks: spec.DiskSetup, mounts: spec.Mounts}
+	if s.format == "" {
+		s.format = bootstrapv1.FormatCloudConfig
+	}
+	for _, u := range spec.Users {
+		if u.PasswdFrom.IsDefined() && u.Passwd == "" {
+			return nil, fmt.Errorf("user %s: passwdFrom is not resolved", u.Name)
+		}
+	}
 	for _, c := range spec.BootCommands {
 		s.bootCommands = append(s.bootCommands, shell(c))
 	}
-	for _, u := range spec.Users {
-		s.users = append(s.users, bootstrapv1User{Name: u.Name, Shell: u.Shell, Groups: u.Groups, Keys: u.SSHAuthorizedKeys})
-	}
-	s.ntpServers = spec.NTP.Servers
-	for _, fs := range spec.DiskSetup.Filesystems {
-		s.filesystems = append(s.filesystems, filesystem{Device: fs.Device, Format: fs.Filesystem, Label: fs.Label})
-	}
-	for _, m := range spec.Mounts {
-		s.mounts = append(s.mounts, []string(m))
-	}
 	if spec.Ignition != nil {
-		s.ignitionAdditionalCfg = spec.Ignition.AdditionalConfig
+		s.butane = spec.Ignition.AdditionalConfig
 	}
+	attested := spec.Attested != nil && spec.Attested.Enabled
 	s.files = append(s.files, File{Path: InstallScriptPath, Content: installScript(components), Permissions: "0700"})
 	s.commands = append(s.commands, []string{InstallScriptPath})
 	for _, c := range spec.PreKubeadmCommands {
 		s.commands = append(s.commands, shell(c))
 	}
-	if spec.Attested != nil && spec.Attested.Enabled {
+	if attested {
 		args, err := bootstrapperArgs(in)
 		if err != nil {
 			return nil, err
 		}
 		env := fmt.Sprintf("GATEHOUSE_BOOTSTRAPPER_ARGS=\"%s\"\n", strings.Join(args, " "))
 		s.files = append(s.files, File{Path: BootstrapperEnvPath, Content: env, Permissions: "0644"})
-		s.commands = append(s.commands, []string{"systemctl", "enable", "--now", "gatehouse-bootstrapper.service"})
+		s.commands = append(s.commands, []string{"systemctl", "enable", "--now", BootstrapperUnit})
 	} else {
 		if len(in.KubeadmConfig) == 0 {
 			return nil, errors.New("no kubeadm configuration to write")
@@ -180,7 +184,7 @@ func plan(in Input) (*steps, error) {
 	for _, c := range spec.PostKubeadmCommands {
 		s.commands = append(s.commands, shell(c))
 	}
-	if spec.Attested == nil || !spec.Attested.Enabled {
+	if !attested {
 		// In attested mode the bootstrapper writes it once the node joined.
 		s.commands = append(s.commands, shell("mkdir -p /run/cluster-api && echo success > "+SentinelPath))
 	}
@@ -227,83 +231,4 @@ func installScript(components []versions.Component) string {
 		}
 	}
 	return b.String()
-}
-
-func renderCloudConfig(s *steps) ([]byte, error) {
-	c := &cloudinit.Config{Mounts: s.mounts}
-	for _, f := range s.files {
-		cf := cloudinit.File{Path: f.Path, Content: f.Content, Owner: f.Owner, Permissions: f.Permissions}
-		if f.Base64 {
-			cf.Encoding = "b64"
-		}
-		c.WriteFiles = append(c.WriteFiles, cf)
-	}
-	for _, cmd := range s.bootCommands {
-		c.BootCmd = append(c.BootCmd, cloudinit.Command(cmd))
-	}
-	for _, cmd := range s.commands {
-		c.RunCmd = append(c.RunCmd, cloudinit.Command(cmd))
-	}
-	for _, u := range s.users {
-		c.Users = append(c.Users, cloudinit.User{Name: u.Name, Shell: u.Shell, Groups: u.Groups, SSHAuthorizedKeys: u.Keys})
-	}
-	if len(s.ntpServers) > 0 {
-		enabled := true
-		c.NTP = &cloudinit.NTP{Enabled: &enabled, Servers: s.ntpServers}
-	}
-	for _, fs := range s.filesystems {
-		c.FSSetup = append(c.FSSetup, cloudinit.FSSetup{Label: fs.Label, Filesystem: fs.Format, Device: fs.Device})
-	}
-	return c.Render()
-}
-
-func renderIgnition(s *steps) ([]byte, error) {
-	spec := ignition.Spec{Commands: s.commands, ButaneAdditions: s.ignitionAdditionalCfg}
-	for _, f := range s.files {
-		content := []byte(f.Content)
-		if f.Base64 {
-			var err error
-			if content, err = base64.StdEncoding.DecodeString(f.Content); err != nil {
-				return nil, fmt.Errorf("file %s: content is not base64: %w", f.Path, err)
-			}
-		}
-		mode := 0o644
-		if f.Permissions != "" {
-			m, err := strconv.ParseInt(f.Permissions, 8, 32)
-			if err != nil {
-				return nil, fmt.Errorf("file %s: permissions %q: %w", f.Path, f.Permissions, err)
-			}
-			mode = int(m)
-		}
-		spec.Files = append(spec.Files, ignition.File{Path: f.Path, Contents: content, Mode: mode, Owner: f.Owner})
-	}
-	// Ignition runs nothing early; boot commands run first in the unit.
-	spec.Commands = append(append([][]string{}, s.bootCommands...), spec.Commands...)
-	for _, u := range s.users {
-		iu := ignition.User{Name: u.Name, Shell: u.Shell, SSHAuthorizedKeys: u.Keys}
-		if u.Groups != "" {
-			iu.Groups = strings.Split(u.Groups, ",")
-		}
-		spec.Users = append(spec.Users, iu)
-	}
-	if len(s.ntpServers) > 0 {
-		var conf strings.Builder
-		for _, srv := range s.ntpServers {
-			fmt.Fprintf(&conf, "server %s iburst\n", srv)
-		}
-		spec.Files = append(spec.Files, ignition.File{Path: "/etc/chrony.d/gatehouse.conf", Contents: []byte(conf.String()), Mode: 0o644})
-	}
-	for _, fs := range s.filesystems {
-		spec.Filesystems = append(spec.Filesystems, ignition.Filesystem{Device: fs.Device, Format: fs.Format, Label: fs.Label})
-	}
-	for _, m := range s.mounts {
-		if len(m) >= 2 {
-			for i := range spec.Filesystems {
-				if "LABEL="+spec.Filesystems[i].Label == m[0] || spec.Filesystems[i].Device == m[0] {
-					spec.Filesystems[i].Path = m[1]
-				}
-			}
-		}
-	}
-	return ignition.Render(spec)
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	ignv3 "github.com/coreos/ignition/v2/config/v3_5"
+	ignv3types "github.com/coreos/ignition/v2/config/v3_5/types"
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
@@ -32,16 +33,24 @@ func CloudInitSchema(t testing.TB, data []byte) {
 	}
 }
 
+// Ignition parses data with Ignition's validator and fails the test on an
+// error or a fatal report.
+func Ignition(t testing.TB, data []byte) ignv3types.Config {
+	t.Helper()
+	cfg, report, err := ignv3.Parse(data)
+	if err != nil || report.IsFatal() {
+		t.Fatalf("Ignition validator: %v\n%s", err, report.String())
+	}
+	return cfg
+}
+
 // Files checks data (schema or validator) and returns the files it writes,
 // path to content.
 func Files(t testing.TB, format bootstrapv1.Format, data []byte) map[string][]byte {
 	t.Helper()
 	files := map[string][]byte{}
 	if format == bootstrapv1.FormatIgnition {
-		cfg, report, err := ignv3.Parse(data)
-		if err != nil || report.IsFatal() {
-			t.Fatalf("Ignition validator: %v\n%s", err, report.String())
-		}
+		cfg := Ignition(t, data)
 		for _, f := range cfg.Storage.Files {
 			if f.Contents.Source == nil {
 				continue

@@ -1,0 +1,206 @@
+package render
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	ignv3 "github.com/coreos/ignition/v2/config/v3_5"
+	"github.com/coreos/ignition/v2/config/v3_5/types"
+	"k8s.io/utils/ptr"
+	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
+)
+
+// SudoersPath holds the users' sudo rules in Ignition data (cloud-init
+// writes its own, /etc/sudoers.d/90-cloud-init-users). sudo skips files
+// in sudoers.d whose names contain a dot.
+const SudoersPath = "/etc/sudoers.d/90-gatehouse-users"
+
+// ChronyConfPath holds the NTP servers in Ignition data.
+const ChronyConfPath = "/etc/chrony.d/gatehouse.conf"
+
+// renderIgnition maps the plan to an Ignition config. Package
+// internal/bootstrapdata/ignition renders the files, the commands and
+// their unit; what it has no field for (users in full, sudo rules, disks,
+// file systems, mounts) is added to its output here, and the Butane
+// additions are merged over the result last, so they win.
+func renderIgnition(s *steps) ([]byte, error) {
+	base := ignition.Spec{}
+	for _, f := range s.files {
+		file, err := ignitionFile(f)
+		if err != nil {
+			return nil, err
+		}
+		base.Files = append(base.Files, file)
+	}
+	if len(s.ntp.Servers) > 0 {
+		var conf strings.Builder
+		for _, srv := range s.ntp.Servers {
+			fmt.Fprintf(&conf, "server %s iburst\n", srv)
+		}
+		base.Files = append(base.Files, ignition.File{Path: ChronyConfPath, Contents: []byte(conf.String()), Mode: 0o644})
+	}
+	users, err := ignitionUserCommands(s.users)
+	if err != nil {
+		return nil, err
+	}
+	// Ignition runs nothing early; account changes and boot commands run
+	// first in the unit.
+	base.Commands = append(append(append(base.Commands, users...), s.bootCommands...), s.commands...)
+	for _, fs := range s.disks.Filesystems {
+		base.Filesystems = append(base.Filesystems, ignition.Filesystem{Device: fs.Device, Format: fs.Filesystem, Label: fs.Label})
+	}
+	for _, m := range s.mounts {
+		if len(m) >= 2 {
+			for i := range base.Filesystems {
+				if "LABEL="+base.Filesystems[i].Label == m[0] || base.Filesystems[i].Device == m[0] {
+					base.Filesystems[i].Path = m[1]
+				}
+			}
+		}
+	}
+	out, err := ignition.Render(base)
+	if err != nil {
+		return nil, err
+	}
+	var cfg types.Config
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		return nil, fmt.Errorf("reading the rendered Ignition config: %w", err)
+	}
+	if err := addUsers(&cfg, s.users); err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(s.butane) != "" {
+		// Rendering only the additions translates them.
+		translated, err := ignition.Render(ignition.Spec{ButaneAdditions: s.butane})
+		if err != nil {
+			return nil, err
+		}
+		var additions types.Config
+		if err := json.Unmarshal(translated, &additions); err != nil {
+			return nil, fmt.Errorf("reading the translated Butane additions: %w", err)
+		}
+		cfg = ignv3.Merge(cfg, additions)
+	}
+	return finishIgnition(cfg)
+}
+
+// finishIgnition encodes cfg and checks it with coreos/ignition's
+// validator.
+func finishIgnition(cfg types.Config) ([]byte, error) {
+	out, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, report, err := ignv3.Parse(out); err != nil {
+		return nil, fmt.Errorf("the rendered Ignition config is invalid: %w: %s", err, report.String())
+	} else if report.IsFatal() {
+		return nil, fmt.Errorf("the rendered Ignition config is invalid: %s", report.String())
+	}
+	return out, nil
+}
+
+func ignitionFile(f File) (ignition.File, error) {
+	content := []byte(f.Content)
+	if f.Base64 {
+		var err error
+		if content, err = base64.StdEncoding.DecodeString(f.Content); err != nil {
+			return ignition.File{}, fmt.Errorf("file %s: content is not base64: %w", f.Path, err)
+		}
+	}
+	mode, err := fileMode(f)
+	if err != nil {
+		return ignition.File{}, err
+	}
+	return ignition.File{Path: f.Path, Contents: content, Mode: mode, Owner: f.Owner}, nil
+}
+
+// fileMode is f's octal permissions, 0644 when unset (cloud-init's
+// default).
+func fileMode(f File) (int, error) {
+	if f.Permissions == "" {
+		return 0o644, nil
+	}
+	m, err := strconv.ParseUint(f.Permissions, 8, 12)
+	if err != nil {
+		return 0, fmt.Errorf("file %s: permissions %q: %w", f.Path, f.Permissions, err)
+	}
+	return int(m), nil
+}
+
+// userName is what the account commands and the sudoers file may name:
+// useradd's portable names (no shell or sudoers metacharacters).
+var userName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]*\$?$`)
+
+// addUsers writes the users as Ignition users, with what cloud-init's
+// users module does beyond creating them: sudo rules in SudoersPath.
+func addUsers(cfg *types.Config, users []cabpkv1.User) error {
+	var sudoers strings.Builder
+	for _, u := range users {
+		pu := types.PasswdUser{Name: u.Name}
+		for g := range strings.SplitSeq(u.Groups, ",") {
+			if g = strings.TrimSpace(g); g != "" {
+				pu.Groups = append(pu.Groups, types.Group(g))
+			}
+		}
+		pu.Gecos, pu.HomeDir, pu.Shell = optional(u.Gecos), optional(u.HomeDir), optional(u.Shell)
+		pu.PasswordHash, pu.PrimaryGroup = optional(u.Passwd), optional(u.PrimaryGroup)
+		for _, k := range u.SSHAuthorizedKeys {
+			pu.SSHAuthorizedKeys = append(pu.SSHAuthorizedKeys, types.SSHAuthorizedKey(k))
+		}
+		cfg.Passwd.Users = append(cfg.Passwd.Users, pu)
+		if u.Sudo != "" {
+			if !userName.MatchString(u.Name) || strings.ContainsFunc(u.Sudo, isControl) {
+				return fmt.Errorf("user %q: a sudo rule needs a plain user name and a one-line rule", u.Name)
+			}
+			fmt.Fprintf(&sudoers, "%s %s\n", u.Name, u.Sudo)
+		}
+	}
+	if sudoers.Len() > 0 {
+		src := "data:;base64," + base64.StdEncoding.EncodeToString([]byte(sudoers.String()))
+		cfg.Storage.Files = append(cfg.Storage.Files, types.File{
+			Node:          types.Node{Path: SudoersPath, Overwrite: ptr.To(true)},
+			FileEmbedded1: types.FileEmbedded1{Contents: types.Resource{Source: &src}, Mode: ptr.To(0o440)},
+		})
+	}
+	return nil
+}
+
+// ignitionUserCommands do what Ignition's users have no field for:
+// lockPassword (cloud-init's lock_passwd, `passwd -l`) and inactive.
+// Ignition locks no password by itself, so an unset lockPassword leaves
+// the password usable, as in CABPK's Ignition.
+func ignitionUserCommands(users []cabpkv1.User) ([][]string, error) {
+	var cmds [][]string
+	for _, u := range users {
+		cmd := []string{"usermod"}
+		if ptr.Deref(u.LockPassword, false) {
+			cmd = append(cmd, "--lock")
+		}
+		if ptr.Deref(u.Inactive, false) {
+			cmd = append(cmd, "--inactive", "0")
+		}
+		if len(cmd) == 1 {
+			continue
+		}
+		if !userName.MatchString(u.Name) {
+			return nil, fmt.Errorf("user %q: lockPassword and inactive need a plain user name", u.Name)
+		}
+		cmds = append(cmds, append(cmd, u.Name))
+	}
+	return cmds, nil
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
