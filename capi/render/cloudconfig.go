@@ -28,9 +28,9 @@ func renderCloudConfig(s *steps) ([]byte, error) {
 			Inactive: inactiveDays(u.Inactive), SSHAuthorizedKeys: u.SSHAuthorizedKeys,
 		})
 	}
-	if len(s.ntp.Servers) > 0 {
-		enabled := true
-		c.NTP = &cloudinit.NTP{Enabled: &enabled, Servers: s.ntp.Servers}
+	if s.ntp.IsDefined() {
+		// Unset, cloud-init's ntp module is enabled; false skips it.
+		c.NTP = &cloudinit.NTP{Enabled: s.ntp.Enabled, Servers: s.ntp.Servers}
 	}
 	for _, fs := range s.disks.Filesystems {
 		c.FSSetup = append(c.FSSetup, cloudinit.FSSetup{Label: fs.Label, Filesystem: fs.Filesystem, Device: fs.Device})

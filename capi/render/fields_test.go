@@ -130,3 +130,26 @@ func TestUsers(t *testing.T) {
 		}
 	})
 }
+
+// TestNTP: ntp.enabled reaches cloud-init as given (unset means enabled);
+// false configures nothing in Ignition either.
+func TestNTP(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		ntp        cabpkv1.NTP
+		cloud      map[string]any
+		chronyConf string
+	}{
+		{"servers", cabpkv1.NTP{Servers: []string{"time.example.com"}},
+			map[string]any{"servers": []any{"time.example.com"}}, "server time.example.com iburst\n"},
+		{"disabled", cabpkv1.NTP{Enabled: ptr.To(false), Servers: []string{"time.example.com"}},
+			map[string]any{"enabled": false, "servers": []any{"time.example.com"}}, ""},
+		{"enabled with the image's servers", cabpkv1.NTP{Enabled: ptr.To(true)}, map[string]any{"enabled": true}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assertEqual(t, "ntp", cloudConfig(t, &bootstrapv1.KubeadmConfigSpec{NTP: tc.ntp})["ntp"], tc.cloud)
+			_, files := ignitionConfig(t, &bootstrapv1.KubeadmConfigSpec{NTP: tc.ntp})
+			assertEqual(t, "chrony configuration", string(files[ChronyConfPath]), tc.chronyConf)
+		})
+	}
+}

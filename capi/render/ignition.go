@@ -38,7 +38,8 @@ func renderIgnition(s *steps) ([]byte, error) {
 		}
 		base.Files = append(base.Files, file)
 	}
-	if len(s.ntp.Servers) > 0 {
+	if len(s.ntp.Servers) > 0 && ptr.Deref(s.ntp.Enabled, true) {
+		// enabled: false configures nothing, as cloud-init's ntp module.
 		var conf strings.Builder
 		for _, srv := range s.ntp.Servers {
 			fmt.Fprintf(&conf, "server %s iburst\n", srv)
