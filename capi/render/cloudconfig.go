@@ -32,9 +32,7 @@ func renderCloudConfig(s *steps) ([]byte, error) {
 		// Unset, cloud-init's ntp module is enabled; false skips it.
 		c.NTP = &cloudinit.NTP{Enabled: s.ntp.Enabled, Servers: s.ntp.Servers}
 	}
-	for _, fs := range s.disks.Filesystems {
-		c.FSSetup = append(c.FSSetup, cloudinit.FSSetup{Label: fs.Label, Filesystem: fs.Filesystem, Device: fs.Device})
-	}
+	cloudInitDisks(c, s.disks)
 	for _, m := range s.mounts {
 		c.Mounts = append(c.Mounts, []string(m))
 	}

@@ -153,3 +153,105 @@ func TestNTP(t *testing.T) {
 		})
 	}
 }
+
+// unitSettings reads a unit's key=value lines.
+func unitSettings(t *testing.T, cfg types.Config, name string) map[string]string {
+	t.Helper()
+	i := slices.IndexFunc(cfg.Systemd.Units, func(u types.Unit) bool { return u.Name == name })
+	if i < 0 || cfg.Systemd.Units[i].Contents == nil {
+		t.Fatalf("no unit %s among %v", name, cfg.Systemd.Units)
+	}
+	out := map[string]string{}
+	for line := range strings.SplitSeq(*cfg.Systemd.Units[i].Contents, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func disksSpec() *bootstrapv1.KubeadmConfigSpec {
+	return &bootstrapv1.KubeadmConfigSpec{
+		DiskSetup: cabpkv1.DiskSetup{
+			Partitions: []cabpkv1.Partition{{Device: "/dev/vdb", Layout: ptr.To(true), Overwrite: ptr.To(false), TableType: "gpt"}},
+			Filesystems: []cabpkv1.Filesystem{
+				{Device: "/dev/vdb", Filesystem: "ext4", Label: "etcd", Partition: "auto", Overwrite: ptr.To(true), ExtraOpts: []string{"-E", "lazy_itable_init=1"}},
+				{Device: "/dev/vdd", Filesystem: "xfs", Label: "data", Partition: "none", ReplaceFS: "ntfs"},
+			},
+		},
+		Mounts: []cabpkv1.MountPoints{
+			{"LABEL=etcd", "/var/lib/etcd", "ext4", "defaults,noatime"},
+			{"LABEL=data", "/var/lib/data"},
+			{"/dev/vde1", "/mnt/scratch disk", "auto", "nofail"}, // no file system of this data's
+			{"/dev/vdc2", "none", "swap", "sw"},
+		},
+	}
+}
+
+// TestDisks: partitions, every file system option and every mount reach
+// both formats: cloud-init's disk_setup, fs_setup and mounts as CABPK
+// writes them; Ignition's disks and file systems, and a unit per mount
+// with its options, also for mounts of no file system of this data.
+func TestDisks(t *testing.T) {
+	t.Run("cloud-config", func(t *testing.T) {
+		s := disksSpec()
+		s.DiskSetup.Partitions = append(s.DiskSetup.Partitions, cabpkv1.Partition{Device: "/dev/vdc", TableType: "mbr",
+			DiskLayout: []cabpkv1.PartitionSpec{{Percentage: 60}, {Percentage: 40, PartitionType: cabpkv1.PartitionTypeLinuxSwap}}})
+		cfg := cloudConfig(t, s)
+		assertEqual(t, "disk_setup", cfg["disk_setup"], jsonValue(t, map[string]any{
+			"/dev/vdb": map[string]any{"table_type": "gpt", "layout": true, "overwrite": false},
+			"/dev/vdc": map[string]any{"table_type": "mbr", "layout": []any{60, []any{40, 82}}},
+		}))
+		assertEqual(t, "fs_setup", cfg["fs_setup"], jsonValue(t, []map[string]any{
+			{"device": "/dev/vdb", "filesystem": "ext4", "label": "etcd", "partition": "auto", "overwrite": true, "extra_opts": []string{"-E", "lazy_itable_init=1"}},
+			{"device": "/dev/vdd", "filesystem": "xfs", "label": "data", "partition": "none", "replace_fs": "ntfs"},
+		}))
+		assertEqual(t, "mounts", cfg["mounts"], jsonValue(t, s.Mounts))
+	})
+	t.Run("ignition", func(t *testing.T) {
+		cfg, _ := ignitionConfig(t, disksSpec())
+		assertEqual(t, "disks", cfg.Storage.Disks, []types.Disk{{Device: "/dev/vdb", WipeTable: ptr.To(false), Partitions: []types.Partition{{Number: 1}}}})
+		assertEqual(t, "filesystems", cfg.Storage.Filesystems, []types.Filesystem{
+			{Device: "/dev/vdb1", Format: ptr.To("ext4"), Label: ptr.To("etcd"), WipeFilesystem: ptr.To(true), Options: []types.FilesystemOption{"-E", "lazy_itable_init=1"}},
+			{Device: "/dev/vdd", Format: ptr.To("xfs"), Label: ptr.To("data"), WipeFilesystem: ptr.To(true)},
+		})
+		for name, want := range map[string]map[string]string{
+			"var-lib-etcd.mount":        {"What": "/dev/disk/by-label/etcd", "Where": "/var/lib/etcd", "Type": "ext4", "Options": "defaults,noatime", "RequiredBy": "local-fs.target"},
+			"var-lib-data.mount":        {"What": "/dev/disk/by-label/data", "Where": "/var/lib/data", "Type": "xfs", "RequiredBy": "local-fs.target"},
+			`mnt-scratch\x20disk.mount`: {"What": "/dev/vde1", "Where": "/mnt/scratch disk", "Options": "nofail", "WantedBy": "local-fs.target"},
+			"dev-vdc2.swap":             {"What": "/dev/vdc2", "Options": "sw", "WantedBy": "swap.target"},
+		} {
+			assertEqual(t, name, unitSettings(t, cfg, name), want)
+		}
+	})
+	t.Run("ignition refuses what it cannot do", func(t *testing.T) {
+		for name, edit := range map[string]func(*bootstrapv1.KubeadmConfigSpec){
+			"percentages": func(s *bootstrapv1.KubeadmConfigSpec) {
+				s.DiskSetup.Partitions[0] = cabpkv1.Partition{Device: "/dev/vdb", DiskLayout: []cabpkv1.PartitionSpec{{Percentage: 100}}}
+			},
+			"mbr":                func(s *bootstrapv1.KubeadmConfigSpec) { s.DiskSetup.Partitions[0].TableType = "mbr" },
+			"datasource alias":   func(s *bootstrapv1.KubeadmConfigSpec) { s.Mounts[0][0] = "ephemeral0" },
+			"no mount point":     func(s *bootstrapv1.KubeadmConfigSpec) { s.Mounts[0] = cabpkv1.MountPoints{"/dev/vdb"} },
+			"relative":           func(s *bootstrapv1.KubeadmConfigSpec) { s.Mounts[0][1] = "var/lib/etcd" },
+			"unknown partition":  func(s *bootstrapv1.KubeadmConfigSpec) { s.DiskSetup.Filesystems[0].Partition = "first" },
+			"two-line option":    func(s *bootstrapv1.KubeadmConfigSpec) { s.Mounts[0][3] = "defaults\nExecStartPre=/bin/evil" },
+			"trailing backslash": func(s *bootstrapv1.KubeadmConfigSpec) { s.Mounts[0][0] = `/dev/vdb\` },
+		} {
+			s := disksSpec()
+			edit(s)
+			s.Format = bootstrapv1.FormatIgnition
+			if _, err := Render(input(s, RoleJoin)); err == nil {
+				t.Errorf("%s: rendered", name)
+			}
+		}
+	})
+}
+
+func TestPartitionPath(t *testing.T) {
+	for dev, want := range map[string]string{"/dev/vdb": "/dev/vdb2", "/dev/nvme0n1": "/dev/nvme0n1p2", "/dev/disk/by-id/virtio-data": "/dev/disk/by-id/virtio-data-part2"} {
+		assertEqual(t, dev, partitionPath(dev, "2"), want)
+	}
+	for p, want := range map[string]string{"/": "-", "/var/lib/etcd": "var-lib-etcd", "/mnt/a-b": `mnt-a\x2db`, "/srv/.hidden": "srv-.hidden", "/.x": `\x2ex`, "/mnt/scratch disk": `mnt-scratch\x20disk`, "/dev/vdc2": "dev-vdc2"} {
+		assertEqual(t, p, escapePath(p), want)
+	}
+}

@@ -53,18 +53,6 @@ func renderIgnition(s *steps) ([]byte, error) {
 	// Ignition runs nothing early; account changes and boot commands run
 	// first in the unit.
 	base.Commands = append(append(append(base.Commands, users...), s.bootCommands...), s.commands...)
-	for _, fs := range s.disks.Filesystems {
-		base.Filesystems = append(base.Filesystems, ignition.Filesystem{Device: fs.Device, Format: fs.Filesystem, Label: fs.Label})
-	}
-	for _, m := range s.mounts {
-		if len(m) >= 2 {
-			for i := range base.Filesystems {
-				if "LABEL="+base.Filesystems[i].Label == m[0] || base.Filesystems[i].Device == m[0] {
-					base.Filesystems[i].Path = m[1]
-				}
-			}
-		}
-	}
 	out, err := ignition.Render(base)
 	if err != nil {
 		return nil, err
@@ -74,6 +62,9 @@ func renderIgnition(s *steps) ([]byte, error) {
 		return nil, fmt.Errorf("reading the rendered Ignition config: %w", err)
 	}
 	if err := addUsers(&cfg, s.users); err != nil {
+		return nil, err
+	}
+	if err := addIgnitionStorage(&cfg, s.disks, s.mounts); err != nil {
 		return nil, err
 	}
 	if strings.TrimSpace(s.butane) != "" {
