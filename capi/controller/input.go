@@ -311,62 +311,72 @@ func (r *Reconciler) clusterCAHash(ctx context.Context, s *scope) (string, error
 }
 
 // resolveFiles turns the spec's files into render files: Secret contents
-// read, encodings undone.
+// read, encodings checked. Gzip stays compressed in the data (cloud-init's
+// gz+b64, Ignition's compression), so it shrinks the data as it does with
+// CABPK.
 func (r *Reconciler) resolveFiles(ctx context.Context, config *bootstrapv1.KubeadmConfig) ([]render.File, error) {
 	var out []render.File
 	for _, f := range config.Spec.Files {
-		rf := render.File{Path: f.Path, Owner: f.Owner, Permissions: f.Permissions}
+		rf := render.File{Path: f.Path, Owner: f.Owner, Permissions: f.Permissions, Append: ptr.Deref(f.Append, false)}
+		content := f.Content
 		if src := f.ContentFrom.Secret; src.Name != "" {
 			data, err := r.secretKey(ctx, config.Namespace, src.Name, src.Key, "file "+f.Path+": contentFrom")
 			if err != nil {
 				return nil, err
 			}
-			rf.Content, rf.Base64 = base64.StdEncoding.EncodeToString(data), true
-			out = append(out, rf)
-			continue
+			if f.Encoding == "" {
+				// Any bytes: carried as base64.
+				rf.Content, rf.Encoding = base64.StdEncoding.EncodeToString(data), render.EncodingBase64
+				out = append(out, rf)
+				continue
+			}
+			// The encoding says how the Secret holds the content, as in CABPK.
+			content = string(data)
 		}
-		content, err := decodeContent(f)
-		if err != nil {
+		var err error
+		if rf.Content, rf.Encoding, err = decodeContent(content, f.Encoding); err != nil {
 			return nil, specErrorf("file %s: %v", f.Path, err)
 		}
-		rf.Content, rf.Base64 = content, f.Encoding != ""
 		out = append(out, rf)
 	}
 	return out, nil
 }
 
-// decodeContent returns inline content as given, or base64 of its bytes
-// when it is base64, gzip or gzip+base64 encoded.
-func decodeContent(f cabpkv1.File) (string, error) {
-	raw := []byte(f.Content)
-	switch f.Encoding {
+// decodeContent checks content in its CABPK encoding and returns it in the
+// render encoding that carries it unchanged: text, base64, or base64 of
+// gzip.
+func decodeContent(content string, encoding cabpkv1.Encoding) (string, render.Encoding, error) {
+	switch encoding {
 	case "":
-		return f.Content, nil
+		return content, render.EncodingNone, nil
 	case cabpkv1.Base64:
-		if _, err := base64.StdEncoding.DecodeString(f.Content); err != nil {
-			return "", fmt.Errorf("content is not base64: %w", err)
+		if _, err := base64.StdEncoding.DecodeString(content); err != nil {
+			return "", "", fmt.Errorf("content is not base64: %w", err)
 		}
-		return f.Content, nil
+		return content, render.EncodingBase64, nil
 	case cabpkv1.GzipBase64:
-		b, err := base64.StdEncoding.DecodeString(f.Content)
+		raw, err := base64.StdEncoding.DecodeString(content)
 		if err != nil {
-			return "", fmt.Errorf("content is not base64: %w", err)
+			return "", "", fmt.Errorf("content is not base64: %w", err)
 		}
-		raw = b
-		fallthrough
+		return content, render.EncodingGzipBase64, checkGzip(raw)
 	case cabpkv1.Gzip:
-		zr, err := gzip.NewReader(bytes.NewReader(raw))
-		if err != nil {
-			return "", fmt.Errorf("content is not gzip: %w", err)
-		}
-		out, err := io.ReadAll(io.LimitReader(zr, 16<<20))
-		if err != nil {
-			return "", fmt.Errorf("content is not gzip: %w", err)
-		}
-		return base64.StdEncoding.EncodeToString(out), nil
+		return base64.StdEncoding.EncodeToString([]byte(content)), render.EncodingGzipBase64, checkGzip([]byte(content))
 	default:
-		return "", fmt.Errorf("unknown encoding %q", f.Encoding)
+		return "", "", fmt.Errorf("unknown encoding %q", encoding)
 	}
+}
+
+// checkGzip reads gzip data through to its checksum.
+func checkGzip(raw []byte) error {
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return fmt.Errorf("content is not gzip: %w", err)
+	}
+	if _, err := io.Copy(io.Discard, io.LimitReader(zr, 64<<20)); err != nil {
+		return fmt.Errorf("content is not gzip: %w", err)
+	}
+	return nil
 }
 
 func renderFiles(files []cabpkv1.File) []render.File {

@@ -9,9 +9,12 @@ import (
 func renderCloudConfig(s *steps) ([]byte, error) {
 	c := &cloudinit.Config{}
 	for _, f := range s.files {
-		cf := cloudinit.File{Path: f.Path, Content: f.Content, Owner: f.Owner, Permissions: f.Permissions}
-		if f.Base64 {
+		cf := cloudinit.File{Path: f.Path, Content: f.Content, Owner: f.Owner, Permissions: f.Permissions, Append: f.Append}
+		switch f.Encoding {
+		case EncodingBase64:
 			cf.Encoding = "b64"
+		case EncodingGzipBase64:
+			cf.Encoding = "gz+b64"
 		}
 		c.WriteFiles = append(c.WriteFiles, cf)
 	}

@@ -1,6 +1,9 @@
 package render
 
 import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
 	"reflect"
 	"slices"
 	"strings"
@@ -253,5 +256,71 @@ func TestPartitionPath(t *testing.T) {
 	}
 	for p, want := range map[string]string{"/": "-", "/var/lib/etcd": "var-lib-etcd", "/mnt/a-b": `mnt-a\x2db`, "/srv/.hidden": "srv-.hidden", "/.x": `\x2ex`, "/mnt/scratch disk": `mnt-scratch\x20disk`, "/dev/vdc2": "dev-vdc2"} {
 		assertEqual(t, p, escapePath(p), want)
+	}
+}
+
+func gzipBase64(t *testing.T, s string) string {
+	t.Helper()
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	if _, err := zw.Write([]byte(s)); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(b.Bytes())
+}
+
+// TestFiles: append adds to the machine's file (or the data's earlier one)
+// instead of replacing it, and gzip stays compressed in both formats.
+func TestFiles(t *testing.T) {
+	big := strings.Repeat(`{"key": "value"}`, 1000)
+	packed := gzipBase64(t, big)
+	files := []File{
+		{Path: "/etc/hosts", Content: "10.0.0.5 registry.example\n", Append: true},
+		{Path: "/etc/motd", Content: "first\n", Permissions: "0600"},
+		{Path: "/etc/motd", Content: "second\n", Append: true},
+		{Path: "/opt/big.json", Content: packed, Encoding: EncodingGzipBase64},
+	}
+	for _, format := range []bootstrapv1.Format{bootstrapv1.FormatCloudConfig, bootstrapv1.FormatIgnition} {
+		in := input(&bootstrapv1.KubeadmConfigSpec{Format: format}, RoleJoin)
+		in.Files = files
+		data, err := Render(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(data) > len(big)/2 {
+			t.Errorf("%s: %d bytes of data, the gzip file was not kept compressed", format, len(data))
+		}
+		got := rendertest.Files(t, format, data)
+		assertEqual(t, string(format)+" /opt/big.json", string(got["/opt/big.json"]), big)
+		assertEqual(t, string(format)+" /etc/motd", string(got["/etc/motd"]), "first\nsecond\n")
+		if format == bootstrapv1.FormatCloudConfig {
+			var cfg struct {
+				WriteFiles []map[string]any `json:"write_files"`
+			}
+			if err := yaml.Unmarshal(data, &cfg); err != nil {
+				t.Fatal(err)
+			}
+			assertEqual(t, "write_files[0]", cfg.WriteFiles[0], map[string]any{"path": "/etc/hosts", "content": "10.0.0.5 registry.example\n", "append": true})
+			assertEqual(t, "write_files[3]", cfg.WriteFiles[3], map[string]any{"path": "/opt/big.json", "content": packed, "encoding": "gz+b64"})
+			continue
+		}
+		cfg := rendertest.Ignition(t, data)
+		byPath := map[string]types.File{}
+		for _, f := range cfg.Storage.Files {
+			byPath[f.Path] = f
+		}
+		hosts := byPath["/etc/hosts"]
+		if ptr.Deref(hosts.Overwrite, false) || hosts.Contents.Source != nil || len(hosts.Append) != 1 || hosts.Mode != nil {
+			t.Errorf("/etc/hosts is not appended to: %+v", hosts)
+		}
+		if motd := byPath["/etc/motd"]; len(motd.Append) != 1 || ptr.Deref(motd.Mode, 0) != 0o600 {
+			t.Errorf("/etc/motd: %+v", motd)
+		}
+		if c := byPath["/opt/big.json"].Contents.Compression; ptr.Deref(c, "") != "gzip" {
+			t.Errorf("/opt/big.json compression %v", c)
+		}
 	}
 }

@@ -30,22 +30,16 @@ const ChronyConfPath = "/etc/chrony.d/gatehouse.conf"
 // file systems, mounts) is added to its output here, and the Butane
 // additions are merged over the result last, so they win.
 func renderIgnition(s *steps) ([]byte, error) {
-	base := ignition.Spec{}
-	for _, f := range s.files {
-		file, err := ignitionFile(f)
-		if err != nil {
-			return nil, err
-		}
-		base.Files = append(base.Files, file)
-	}
+	files := s.files
 	if len(s.ntp.Servers) > 0 && ptr.Deref(s.ntp.Enabled, true) {
 		// enabled: false configures nothing, as cloud-init's ntp module.
 		var conf strings.Builder
 		for _, srv := range s.ntp.Servers {
 			fmt.Fprintf(&conf, "server %s iburst\n", srv)
 		}
-		base.Files = append(base.Files, ignition.File{Path: ChronyConfPath, Contents: []byte(conf.String()), Mode: 0o644})
+		files = append(files[:len(files):len(files)], File{Path: ChronyConfPath, Content: conf.String(), Permissions: "0644"})
 	}
+	base := ignition.Spec{}
 	users, err := ignitionUserCommands(s.users)
 	if err != nil {
 		return nil, err
@@ -60,6 +54,9 @@ func renderIgnition(s *steps) ([]byte, error) {
 	var cfg types.Config
 	if err := json.Unmarshal(out, &cfg); err != nil {
 		return nil, fmt.Errorf("reading the rendered Ignition config: %w", err)
+	}
+	if err := addFiles(&cfg, files); err != nil {
+		return nil, err
 	}
 	if err := addUsers(&cfg, s.users); err != nil {
 		return nil, err
@@ -97,19 +94,63 @@ func finishIgnition(cfg types.Config) ([]byte, error) {
 	return out, nil
 }
 
-func ignitionFile(f File) (ignition.File, error) {
+// addFiles writes the files; appends go to the file's append list, after
+// what an earlier file of the same path writes.
+func addFiles(cfg *types.Config, files []File) error {
+	byPath := map[string]int{}
+	for _, f := range files {
+		res, err := ignitionResource(f)
+		if err != nil {
+			return err
+		}
+		if i, ok := byPath[f.Path]; ok && f.Append {
+			cfg.Storage.Files[i].Append = append(cfg.Storage.Files[i].Append, res)
+			continue
+		}
+		if _, ok := byPath[f.Path]; ok {
+			return fmt.Errorf("file %s is written twice", f.Path)
+		}
+		out := types.File{Node: types.Node{Path: f.Path}}
+		if f.Append {
+			out.Append = []types.Resource{res}
+		} else {
+			out.Overwrite, out.Contents = ptr.To(true), res
+		}
+		if f.Permissions != "" || !f.Append {
+			// An append without permissions keeps the file's mode.
+			mode, err := fileMode(f)
+			if err != nil {
+				return err
+			}
+			out.Mode = &mode
+		}
+		if user, group, ok := strings.Cut(f.Owner, ":"); f.Owner != "" {
+			out.User.Name = optional(user)
+			if ok {
+				out.Group.Name = optional(group)
+			}
+		}
+		byPath[f.Path] = len(cfg.Storage.Files)
+		cfg.Storage.Files = append(cfg.Storage.Files, out)
+	}
+	return nil
+}
+
+// ignitionResource is f's content as an Ignition data URL, gzip-compressed
+// when f is.
+func ignitionResource(f File) (types.Resource, error) {
 	content := []byte(f.Content)
-	if f.Base64 {
+	if f.Encoding != EncodingNone {
 		var err error
 		if content, err = base64.StdEncoding.DecodeString(f.Content); err != nil {
-			return ignition.File{}, fmt.Errorf("file %s: content is not base64: %w", f.Path, err)
+			return types.Resource{}, fmt.Errorf("file %s: content is not base64: %w", f.Path, err)
 		}
 	}
-	mode, err := fileMode(f)
-	if err != nil {
-		return ignition.File{}, err
+	res := types.Resource{Source: ptr.To("data:;base64," + base64.StdEncoding.EncodeToString(content))}
+	if f.Encoding == EncodingGzipBase64 {
+		res.Compression = ptr.To("gzip")
 	}
-	return ignition.File{Path: f.Path, Contents: content, Mode: mode, Owner: f.Owner}, nil
+	return res, nil
 }
 
 // fileMode is f's octal permissions, 0644 when unset (cloud-init's
@@ -154,11 +195,7 @@ func addUsers(cfg *types.Config, users []cabpkv1.User) error {
 		}
 	}
 	if sudoers.Len() > 0 {
-		src := "data:;base64," + base64.StdEncoding.EncodeToString([]byte(sudoers.String()))
-		cfg.Storage.Files = append(cfg.Storage.Files, types.File{
-			Node:          types.Node{Path: SudoersPath, Overwrite: ptr.To(true)},
-			FileEmbedded1: types.FileEmbedded1{Contents: types.Resource{Source: &src}, Mode: ptr.To(0o440)},
-		})
+		return addFiles(cfg, []File{{Path: SudoersPath, Content: sudoers.String(), Permissions: "0440"}})
 	}
 	return nil
 }

@@ -49,11 +49,27 @@ const (
 	RoleJoin Role = "join"
 )
 
+// Encoding says how a File's Content holds the bytes to write.
+type Encoding string
+
+// Encodings.
+const (
+	// EncodingNone: Content is the text to write.
+	EncodingNone Encoding = ""
+	// EncodingBase64: Content is base64 of the bytes to write.
+	EncodingBase64 Encoding = "base64"
+	// EncodingGzipBase64: Content is base64 of the gzip-compressed bytes;
+	// the data carries them compressed and the machine decompresses them.
+	EncodingGzipBase64 Encoding = "gzip+base64"
+)
+
 // File is a file with its content resolved (contentFrom Secrets read).
 type File struct {
 	Path, Content, Owner, Permissions string
-	// Base64 says Content is base64 of the bytes to write.
-	Base64 bool
+	Encoding                          Encoding
+	// Append adds the content to the end of the file, which the machine
+	// or an earlier file of the data may already have.
+	Append bool
 }
 
 // Input is everything the data is made from.

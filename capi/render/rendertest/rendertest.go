@@ -4,7 +4,10 @@
 package rendertest
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/base64"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,17 +48,26 @@ func Ignition(t testing.TB, data []byte) ignv3types.Config {
 }
 
 // Files checks data (schema or validator) and returns the files it writes,
-// path to content.
+// path to content: decompressed, appends added to what the data writes
+// before them (on a machine without the file).
 func Files(t testing.TB, format bootstrapv1.Format, data []byte) map[string][]byte {
 	t.Helper()
 	files := map[string][]byte{}
 	if format == bootstrapv1.FormatIgnition {
 		cfg := Ignition(t, data)
 		for _, f := range cfg.Storage.Files {
-			if f.Contents.Source == nil {
-				continue
+			var content []byte
+			for _, res := range append([]ignv3types.Resource{f.Contents}, f.Append...) {
+				if res.Source == nil {
+					continue
+				}
+				b := dataURL(t, *res.Source)
+				if res.Compression != nil && *res.Compression == "gzip" {
+					b = gunzip(t, f.Path, b)
+				}
+				content = append(content, b...)
 			}
-			files[f.Path] = dataURL(t, *f.Contents.Source)
+			files[f.Path] = content
 		}
 		return files
 	}
@@ -63,6 +75,7 @@ func Files(t testing.TB, format bootstrapv1.Format, data []byte) map[string][]by
 	var cfg struct {
 		WriteFiles []struct {
 			Path, Content, Encoding string
+			Append                  bool
 		} `json:"write_files"`
 	}
 	if err := yaml.Unmarshal(data, &cfg); err != nil {
@@ -70,15 +83,34 @@ func Files(t testing.TB, format bootstrapv1.Format, data []byte) map[string][]by
 	}
 	for _, f := range cfg.WriteFiles {
 		content := []byte(f.Content)
-		if slices.Contains([]string{"b64", "base64"}, f.Encoding) {
+		if slices.Contains([]string{"b64", "base64", "gz+b64", "gzip+base64"}, f.Encoding) {
 			var err error
 			if content, err = base64.StdEncoding.DecodeString(f.Content); err != nil {
 				t.Fatalf("%s: %v", f.Path, err)
 			}
 		}
+		if strings.HasPrefix(f.Encoding, "gz") {
+			content = gunzip(t, f.Path, content)
+		}
+		if f.Append {
+			content = append(files[f.Path], content...)
+		}
 		files[f.Path] = content
 	}
 	return files
+}
+
+func gunzip(t testing.TB, path string, b []byte) []byte {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return out
 }
 
 // Text is the data with every file's content appended, so both formats
