@@ -3,6 +3,8 @@ package continuous
 import (
 	"context"
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
@@ -39,14 +41,16 @@ import (
 const envBenchNodes = "GATEHOUSE_BENCH_REATTEST_NODES"
 
 // BenchmarkReattest measures what continuous attestation costs the server
-// side at scale. N simulated nodes (GATEHOUSE_BENCH_REATTEST_NODES, 500 by
+// side at scale. n simulated nodes (GATEHOUSE_BENCH_REATTEST_NODES, 500 by
 // default), each a Node of a real API server with its own loopback
-// address 127.3.x.y as InternalIP and a binding to its machine's identity,
-// serve real TPM evidence at the evidence port from a rig process of their
-// own (see serveRig). The loop runs in this process as in the join
-// service: Nodes and bindings from informers' caches, evidence fetched
-// over attested TLS (atls.FetchEvidence), the client's rate limits the
-// join service's defaults (50/s, burst 100).
+// address 127.3.x.y as InternalIP and a binding to its machine's
+// identity, serve real TPM evidence at the evidence port from a rig
+// process of their own (see serveRig): one simulated TPM, whose AK every
+// node attests with and every binding names, pinned by the policy among n
+// AKs as in a cluster of n nodes with pinned keys. The loop runs in this
+// process as in the join service: Nodes and bindings from informers'
+// caches, evidence fetched over attested TLS (atls.FetchEvidence), the
+// client's rate limits the join service's defaults (50/s, burst 100).
 //
 // It measures, as server CPU (this process, kube-apiserver and etcd,
 // from getrusage and /proc) per re-verification:
@@ -95,11 +99,7 @@ func BenchmarkReattest(b *testing.B) {
 	}
 	port := probe.Addr().(*net.TCPAddr).Port
 	_ = probe.Close()
-	addrs := make([]string, n)
-	for i := range addrs {
-		addrs[i] = fmt.Sprintf("127.3.%d.%d", i/250, i%250+1)
-	}
-	r := startRig(b, rigSetup{Addrs: addrs, Port: port, ClusterID: clusterID, Nonce: nonce})
+	r := startRig(b, rigSetup{Nodes: n, Port: port, ClusterID: clusterID, Nonce: nonce})
 
 	log := slog.New(slog.DiscardHandler)
 	reg := prometheus.NewRegistry()
@@ -107,7 +107,19 @@ func BenchmarkReattest(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := pol.ApplyJoinConfig(joinConfigPinning(b, []crypto.PublicKey{r.ak}, nil)); err != nil {
+	// The policy pins n AKs, as a cluster of n nodes with pinned keys
+	// would: n-1 others, and the rig's in the middle, where a node's key
+	// is on average.
+	var aks []crypto.PublicKey
+	for range n - 1 {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			b.Fatal(err)
+		}
+		aks = append(aks, k.Public())
+	}
+	aks = slices.Insert(aks, len(aks)/2, r.ak)
+	if err := pol.ApplyJoinConfig(joinConfigPinning(b, aks, nil)); err != nil {
 		b.Fatal(err)
 	}
 	if err := pol.ApplyDenyList(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gatehouse-deny-list"},
@@ -117,7 +129,7 @@ func BenchmarkReattest(b *testing.B) {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	nodeBytes := createNodes(b, admin, addrs, r.Identity)
+	nodeBytes := createNodes(b, admin, n, r.Identity)
 
 	nodes, bindings := startCaches(b, client)
 	verifier := NewVerifier(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
@@ -257,16 +269,16 @@ func reattestRound(b *testing.B, loop *Loop, n int) {
 	}
 }
 
-// createNodes binds a node name per address to identity and creates its
-// Node, with that address as InternalIP and a kubelet's status besides. It
+// createNodes binds n node names to identity and creates their Nodes,
+// node i with rigAddr(i) as InternalIP and a kubelet's status besides. It
 // returns the size of one Node's JSON.
-func createNodes(b *testing.B, client kubernetes.Interface, addrs []string, identity string) int {
+func createNodes(b *testing.B, client kubernetes.Interface, n int, identity string) int {
 	b.Helper()
 	bindings := nodebinding.New(client, namespace, time.Now)
 	g, ctx := errgroup.WithContext(b.Context())
 	g.SetLimit(32)
 	var size atomic.Int64
-	for i, addr := range addrs {
+	for i := range n {
 		g.Go(func() error {
 			name := fmt.Sprintf("worker-%05d", i)
 			if _, err := bindings.Bind(ctx, name, identity); err != nil {
@@ -277,7 +289,7 @@ func createNodes(b *testing.B, client kubernetes.Interface, addrs []string, iden
 			if err != nil {
 				return err
 			}
-			created.Status = kubeletStatus(name, addr)
+			created.Status = kubeletStatus(name, rigAddr(i))
 			updated, err := client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
 			if err != nil {
 				return err

@@ -48,13 +48,13 @@ func TestMain(m *testing.M) {
 }
 
 // rigSetup is the parent's first line: the nodes' evidence endpoints
-// (every address at Port) and the cluster ID their node lock holds, and
-// a nonce for one evidence the parent verifies on its own.
+// (rigAddr of each node at Port) and the cluster ID their node lock holds,
+// and a nonce for one evidence the parent verifies on its own.
 type rigSetup struct {
-	Addrs     []string `json:"addrs"`
-	Port      int      `json:"port"`
-	ClusterID []byte   `json:"clusterID"`
-	Nonce     []byte   `json:"nonce"`
+	Nodes     int    `json:"nodes"`
+	Port      int    `json:"port"`
+	ClusterID []byte `json:"clusterID"`
+	Nonce     []byte `json:"nonce"`
 }
 
 // rigHello is the rig's answer once every endpoint listens: the AK its
@@ -105,8 +105,8 @@ func serveRig(in io.Reader, out io.Writer) error {
 	defer attester.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	for _, addr := range setup.Addrs {
-		lis, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(setup.Port)))
+	for i := range setup.Nodes {
+		lis, err := net.Listen("tcp", net.JoinHostPort(rigAddr(i), strconv.Itoa(setup.Port)))
 		if err != nil {
 			return err
 		}
@@ -135,6 +135,10 @@ func serveRig(in io.Reader, out io.Writer) error {
 	}
 	return lines.Err()
 }
+
+// rigAddr is node i's address: 127.3.0.1 to 127.3.255.250, its own on
+// loopback (Linux routes all of 127.0.0.0/8 there).
+func rigAddr(i int) string { return fmt.Sprintf("127.3.%d.%d", i/250, i%250+1) }
 
 // rig is the parent's handle on a rig process.
 type rig struct {
