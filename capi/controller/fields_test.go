@@ -3,10 +3,14 @@ package controller_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -91,5 +95,67 @@ func TestPasswdFrom(t *testing.T) {
 	if c := condition(cfg, controller.ConditionDataSecretAvailable); c == nil || c.Reason != controller.ReasonInvalidSpec ||
 		!strings.Contains(c.Message, "passwdFrom") || cfg.Status.DataSecretName != nil {
 		t.Fatalf("attested passwdFrom: condition %+v, data %v", c, cfg.Status.DataSecretName)
+	}
+}
+
+// controlPlaneCRD installs a control plane kind of Cluster API's contract
+// (the CRD's contract label), whose objects carry spec.version.
+func (e *env) controlPlaneCRD(t *testing.T) {
+	t.Helper()
+	crd := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+		"metadata": map[string]any{"name": "testcontrolplanes.controlplane.gatehouse.test",
+			"labels": map[string]any{clusterv1.GroupVersion.String(): "v1alpha1"}},
+		"spec": map[string]any{
+			"group": "controlplane.gatehouse.test", "scope": "Namespaced",
+			"names": map[string]any{"kind": "TestControlPlane", "listKind": "TestControlPlaneList", "plural": "testcontrolplanes", "singular": "testcontrolplane"},
+			"versions": []any{map[string]any{"name": "v1alpha1", "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
+		},
+	}}
+	if err := e.Client.Create(t.Context(), crd); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// TestTemplateFiles: a contentFormat Template file is rendered with the
+// version of the Cluster's control plane (its spec.version, "v"-prefixed),
+// as CABPK renders it.
+func TestTemplateFiles(t *testing.T) {
+	e := newEnv(t)
+	ns := e.Namespace(t)
+	ctx := t.Context()
+	e.controlPlaneCRD(t)
+	cp := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "controlplane.gatehouse.test/v1alpha1", "kind": "TestControlPlane",
+		"metadata": map[string]any{"namespace": ns, "name": "cp"}, "spec": map[string]any{"version": "1.36.4"}}}
+	deadline := time.Now().Add(20 * time.Second)
+	for err := e.Client.Create(ctx, cp); err != nil; err = e.Client.Create(ctx, cp) {
+		if time.Now().After(deadline) {
+			t.Fatalf("creating the control plane object: %v", err) // the CRD was never established
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cluster := e.Cluster(t, ns, "c1", true)
+	e.SeedCA(t, cluster)
+	cluster.Spec.ControlPlaneRef = clusterv1.ContractVersionedObjectReference{APIGroup: "controlplane.gatehouse.test", Kind: "TestControlPlane", Name: "cp"}
+	if err := e.Client.Update(ctx, cluster); err != nil {
+		t.Fatal(err)
+	}
+	_, cfg, err := e.Machine(ctx, cluster, "worker", false, bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatIgnition, Files: []cabpkv1.File{
+		{Path: "/etc/cp-version", Content: "control plane {{ .controlPlane.version }}\n", ContentFormat: cabpkv1.FileContentFormatTemplate},
+		{Path: "/etc/raw", Content: "{{ .controlPlane.version }}\n"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.reconcileOnce(t, e.reconciler(controller.Config{}), cfg); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := e.dataFiles(t, cfg)
+	if got := string(files["/etc/cp-version"]); got != "control plane v1.36.4\n" {
+		t.Errorf("template rendered %q", got)
+	}
+	if got := string(files["/etc/raw"]); got != "{{ .controlPlane.version }}\n" {
+		t.Errorf("a Raw file was changed: %q", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
@@ -56,13 +57,18 @@ func TestResolveFiles(t *testing.T) {
 			render.File{Path: "/a", Content: b64([]byte{0, 1, 2}), Encoding: render.EncodingBase64}},
 		{"Secret holding base64", cabpkv1.File{Path: "/a", ContentFrom: fromSecret, Encoding: cabpkv1.Base64}, []byte(b64([]byte("hi"))),
 			render.File{Path: "/a", Content: b64([]byte("hi")), Encoding: render.EncodingBase64}},
+		{"template without a control plane", cabpkv1.File{Path: "/a", ContentFormat: cabpkv1.FileContentFormatTemplate,
+			Content: "{{ if .controlPlane }}{{ .controlPlane.version }}{{ else }}none{{ end }}"}, nil,
+			render.File{Path: "/a", Content: "none"}},
+		{"template from a Secret", cabpkv1.File{Path: "/a", ContentFrom: fromSecret, ContentFormat: cabpkv1.FileContentFormatTemplate},
+			[]byte("{{ len . }} variables"), render.File{Path: "/a", Content: b64([]byte("0 variables")), Encoding: render.EncodingBase64}},
 		{"Secret holding gzip", cabpkv1.File{Path: "/a", ContentFrom: fromSecret, Encoding: cabpkv1.Gzip}, gz.Bytes(),
 			render.File{Path: "/a", Content: b64(gz.Bytes()), Encoding: render.EncodingGzipBase64}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Reconciler{apiReader: secretReader{data: map[string][]byte{"k": tc.secret}}}
-			got, err := r.resolveFiles(t.Context(), &bootstrapv1.KubeadmConfig{Spec: bootstrapv1.KubeadmConfigSpec{Files: []cabpkv1.File{tc.file}}})
+			got, err := r.resolveFiles(t.Context(), &bootstrapv1.KubeadmConfig{Spec: bootstrapv1.KubeadmConfigSpec{Files: []cabpkv1.File{tc.file}}}, &clusterv1.Cluster{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,9 +79,14 @@ func TestResolveFiles(t *testing.T) {
 	}
 	r := &Reconciler{}
 	_, err := r.resolveFiles(t.Context(), &bootstrapv1.KubeadmConfig{Spec: bootstrapv1.KubeadmConfigSpec{Files: []cabpkv1.File{
-		{Path: "/a", Content: b64([]byte("not gzip")), Encoding: cabpkv1.GzipBase64}}}})
+		{Path: "/a", Content: b64([]byte("not gzip")), Encoding: cabpkv1.GzipBase64}}}}, &clusterv1.Cluster{})
 	var se *specError
 	if !errors.As(err, &se) {
 		t.Fatalf("gzip+base64 that is not gzip: %v, want a spec error", err)
+	}
+	_, err = r.resolveFiles(t.Context(), &bootstrapv1.KubeadmConfig{Spec: bootstrapv1.KubeadmConfigSpec{Files: []cabpkv1.File{
+		{Path: "/a", Content: "{{ .controlPlane.version", ContentFormat: cabpkv1.FileContentFormatTemplate}}}}, &clusterv1.Cluster{})
+	if !errors.As(err, &se) {
+		t.Fatalf("a broken template: %v, want a spec error", err)
 	}
 }

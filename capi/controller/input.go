@@ -1,12 +1,8 @@
 package controller
 
 import (
-	"bytes"
-	"compress/gzip"
 	"context"
-	"encoding/base64"
 	"fmt"
-	"io"
 
 	"github.com/blang/semver/v4"
 	corev1 "k8s.io/api/core/v1"
@@ -78,45 +74,8 @@ func (r *Reconciler) commonInput(ctx context.Context, s *scope, role render.Role
 		return in, err
 	}
 	var err error
-	in.Files, err = r.resolveFiles(ctx, s.config)
+	in.Files, err = r.resolveFiles(ctx, s.config, s.cluster)
 	return in, err
-}
-
-// resolveUsers reads each user's passwdFrom Secret into passwd, as CABPK
-// does. Attested mode refuses it: its data carries no secrets.
-func (r *Reconciler) resolveUsers(ctx context.Context, config *bootstrapv1.KubeadmConfig, spec *bootstrapv1.KubeadmConfigSpec) error {
-	for i := range spec.Users {
-		u := &spec.Users[i]
-		if !u.PasswdFrom.IsDefined() {
-			continue
-		}
-		if spec.Attested != nil && spec.Attested.Enabled {
-			return specErrorf("user %s: attested mode carries no secrets: set passwd inline or drop passwdFrom", u.Name)
-		}
-		data, err := r.secretKey(ctx, config.Namespace, u.PasswdFrom.Secret.Name, u.PasswdFrom.Secret.Key, "user "+u.Name+": passwdFrom")
-		if err != nil {
-			return err
-		}
-		u.Passwd, u.PasswdFrom = string(data), cabpkv1.PasswdSource{}
-	}
-	return nil
-}
-
-// secretKey reads one key of a Secret in namespace ns that the spec names
-// (what says where, for the condition's message).
-func (r *Reconciler) secretKey(ctx context.Context, ns, name, key, what string) ([]byte, error) {
-	sec := &corev1.Secret{}
-	if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sec); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, specErrorf("%s: Secret %s does not exist", what, name)
-		}
-		return nil, fmt.Errorf("%s: reading Secret %s: %w", what, name, err)
-	}
-	data, ok := sec.Data[key]
-	if !ok {
-		return nil, specErrorf("%s: Secret %s has no key %q", what, name, key)
-	}
-	return data, nil
 }
 
 // version is the Machine's Kubernetes version, parsed.
@@ -308,75 +267,6 @@ func (r *Reconciler) clusterCAHash(ctx context.Context, s *scope) (string, error
 		return kubeadm.DiscoveryTokenCACertHashPEM(c.CertificateAuthorityData)
 	}
 	return "", nil
-}
-
-// resolveFiles turns the spec's files into render files: Secret contents
-// read, encodings checked. Gzip stays compressed in the data (cloud-init's
-// gz+b64, Ignition's compression), so it shrinks the data as it does with
-// CABPK.
-func (r *Reconciler) resolveFiles(ctx context.Context, config *bootstrapv1.KubeadmConfig) ([]render.File, error) {
-	var out []render.File
-	for _, f := range config.Spec.Files {
-		rf := render.File{Path: f.Path, Owner: f.Owner, Permissions: f.Permissions, Append: ptr.Deref(f.Append, false)}
-		content := f.Content
-		if src := f.ContentFrom.Secret; src.Name != "" {
-			data, err := r.secretKey(ctx, config.Namespace, src.Name, src.Key, "file "+f.Path+": contentFrom")
-			if err != nil {
-				return nil, err
-			}
-			if f.Encoding == "" {
-				// Any bytes: carried as base64.
-				rf.Content, rf.Encoding = base64.StdEncoding.EncodeToString(data), render.EncodingBase64
-				out = append(out, rf)
-				continue
-			}
-			// The encoding says how the Secret holds the content, as in CABPK.
-			content = string(data)
-		}
-		var err error
-		if rf.Content, rf.Encoding, err = decodeContent(content, f.Encoding); err != nil {
-			return nil, specErrorf("file %s: %v", f.Path, err)
-		}
-		out = append(out, rf)
-	}
-	return out, nil
-}
-
-// decodeContent checks content in its CABPK encoding and returns it in the
-// render encoding that carries it unchanged: text, base64, or base64 of
-// gzip.
-func decodeContent(content string, encoding cabpkv1.Encoding) (string, render.Encoding, error) {
-	switch encoding {
-	case "":
-		return content, render.EncodingNone, nil
-	case cabpkv1.Base64:
-		if _, err := base64.StdEncoding.DecodeString(content); err != nil {
-			return "", "", fmt.Errorf("content is not base64: %w", err)
-		}
-		return content, render.EncodingBase64, nil
-	case cabpkv1.GzipBase64:
-		raw, err := base64.StdEncoding.DecodeString(content)
-		if err != nil {
-			return "", "", fmt.Errorf("content is not base64: %w", err)
-		}
-		return content, render.EncodingGzipBase64, checkGzip(raw)
-	case cabpkv1.Gzip:
-		return base64.StdEncoding.EncodeToString([]byte(content)), render.EncodingGzipBase64, checkGzip([]byte(content))
-	default:
-		return "", "", fmt.Errorf("unknown encoding %q", encoding)
-	}
-}
-
-// checkGzip reads gzip data through to its checksum.
-func checkGzip(raw []byte) error {
-	zr, err := gzip.NewReader(bytes.NewReader(raw))
-	if err != nil {
-		return fmt.Errorf("content is not gzip: %w", err)
-	}
-	if _, err := io.Copy(io.Discard, io.LimitReader(zr, 64<<20)); err != nil {
-		return fmt.Errorf("content is not gzip: %w", err)
-	}
-	return nil
 }
 
 func renderFiles(files []cabpkv1.File) []render.File {
