@@ -108,7 +108,7 @@ func (e *env) dataFiles(t *testing.T, c *bootstrapv1.KubeadmConfig) (map[string]
 	if s.Type != clusterv1.ClusterSecretType || string(s.Data["format"]) != string(c.Spec.Format) || !metav1.IsControlledBy(s, c) {
 		t.Fatalf("data Secret %s: type %q, format %q (want %q), owners %v", s.Name, s.Type, s.Data["format"], c.Spec.Format, s.OwnerReferences)
 	}
-	return rendertest.Files(t, c.Spec.Format, s.Data["value"]), rendertest.Text(t, c.Spec.Format, s.Data["value"])
+	return rendertest.FilesAndText(t, c.Spec.Format, s.Data["value"])
 }
 
 // kubeadmValidate runs the real `kubeadm config validate` on a config.

@@ -1,8 +1,21 @@
 package render
 
 import (
+	"bytes"
+	"fmt"
+	"regexp"
+	"strings"
+
 	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/cloudinit"
 )
+
+// JinjaHeader is the first line of cloud-config data, before
+// "#cloud-config": cloud-init renders the document as a Jinja template
+// with the instance's metadata before reading it, so values such as
+// {{ ds.meta_data.local_hostname }} in the kubeadm configuration, files or
+// commands expand (CABPK's header; cloud-init's "Instance metadata"
+// documentation).
+const JinjaHeader = "## template: jinja\n"
 
 // renderCloudConfig maps the plan to cloud-init's modules the way CABPK's
 // cloud-config does.
@@ -39,7 +52,54 @@ func renderCloudConfig(s *steps) ([]byte, error) {
 	for _, m := range s.mounts {
 		c.Mounts = append(c.Mounts, []string(m))
 	}
-	return c.Render()
+	out, err := c.Render()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkJinja(out); err != nil {
+		return nil, err
+	}
+	return append([]byte(JinjaHeader), out...), nil
+}
+
+// checkJinja refuses a document Jinja cannot parse because a delimiter is
+// not closed: cloud-init would drop the whole user data at boot. Shell's
+// ${#var}, for one, opens a Jinja comment; {% raw %}…{% endraw %} keeps
+// text as it is.
+func checkJinja(doc []byte) error {
+	for i := 0; i < len(doc)-1; i++ {
+		if doc[i] != '{' {
+			continue
+		}
+		var closer string
+		switch doc[i+1] {
+		case '{':
+			closer = "}}"
+		case '%':
+			closer = "%}"
+		case '#':
+			closer = "#}"
+		default:
+			continue
+		}
+		end := bytes.Index(doc[i+2:], []byte(closer))
+		if end < 0 {
+			return fmt.Errorf("the cloud-config is a Jinja template (%s) and line %d opens %q without a %q: "+
+				"write %q inside {%% raw %%}…{%% endraw %%} (shell's ${#var}, for one, opens a Jinja comment)",
+				strings.TrimSpace(JinjaHeader), bytes.Count(doc[:i], []byte("\n"))+2, doc[i:i+2], closer, doc[i:i+2])
+		}
+		tag := bytes.Trim(doc[i+2:i+2+end], " \t-+")
+		i += 2 + end + 1
+		if closer == "%}" && string(tag) == "raw" {
+			// Skip to the closing tag, whose whitespace control may vary.
+			m := rawEnd.FindIndex(doc[i:])
+			if m == nil {
+				return fmt.Errorf("the cloud-config is a Jinja template and a {%% raw %%} block is not closed by {%% endraw %%}")
+			}
+			i += m[1] - 1
+		}
+	}
+	return nil
 }
 
 // inactiveDays is cloud-init's (and useradd's) inactive value for CABPK's
@@ -52,3 +112,5 @@ func inactiveDays(inactive *bool) string {
 	}
 	return ""
 }
+
+var rawEnd = regexp.MustCompile(`\{%[-+]?\s*endraw\s*[-+]?%\}`)

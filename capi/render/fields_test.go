@@ -324,3 +324,53 @@ func TestFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestJinja: cloud-config is a Jinja template, so instance metadata in the
+// kubeadm configuration, files and commands expands when cloud-init
+// renders it (checked with the real `cloud-init devel render`); a document
+// Jinja cannot parse is refused at render time instead of at boot.
+func TestJinja(t *testing.T) {
+	s := &bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatCloudConfig, PreKubeadmCommands: []string{
+		"hostnamectl set-hostname {{ ds.meta_data.local_hostname }}",
+		// Not at the end of the line: cloud-init's Jinja drops the newline
+		// after a block tag (trim_blocks).
+		"echo {% raw %}${#PATH}{% endraw %} characters",
+	}}
+	in := input(s, RoleJoin)
+	in.KubeadmConfig = []byte("apiVersion: kubeadm.k8s.io/v1beta4\nkind: JoinConfiguration\nnodeRegistration:\n  name: '{{ ds.meta_data.local_hostname }}'\n")
+	in.Files = append(in.Files, File{Path: "/etc/node-name", Content: "{{ v1.local_hostname }}\n"})
+	data, err := Render(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(data), JinjaHeader+"#cloud-config\n") {
+		t.Fatalf("the data does not start with the Jinja header:\n%s", data)
+	}
+	rendertest.CloudInitSchema(t, data)
+	rendered := rendertest.RenderJinja(t, data, []byte(`{"v1": {"local_hostname": "node-7"}, "ds": {"meta_data": {"local_hostname": "node-7"}}}`))
+	var cfg struct {
+		RunCmd     [][]string                       `json:"runcmd"`
+		WriteFiles []struct{ Path, Content string } `json:"write_files"`
+	}
+	if err := yaml.Unmarshal(rendered, &cfg); err != nil {
+		t.Fatalf("parsing the rendered cloud-config: %v\n%s", err, rendered)
+	}
+	files := map[string]string{}
+	for _, f := range cfg.WriteFiles {
+		files[f.Path] = f.Content
+	}
+	if !strings.Contains(files[KubeadmConfigPath], "name: 'node-7'\n") || files["/etc/node-name"] != "node-7\n" {
+		t.Errorf("instance metadata did not expand: kubeadm config %q, /etc/node-name %q", files[KubeadmConfigPath], files["/etc/node-name"])
+	}
+	if !slices.ContainsFunc(cfg.RunCmd, func(c []string) bool { return slices.Contains(c, "hostnamectl set-hostname node-7") }) ||
+		!slices.ContainsFunc(cfg.RunCmd, func(c []string) bool { return slices.Contains(c, "echo ${#PATH} characters") }) {
+		t.Errorf("commands after rendering: %q", cfg.RunCmd)
+	}
+
+	for _, bad := range []string{"echo ${#PATH}", "echo {{ unclosed", "{% raw %} never closed"} {
+		s := &bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatCloudConfig, PostKubeadmCommands: []string{bad}}
+		if _, err := Render(input(s, RoleJoin)); err == nil || !strings.Contains(err.Error(), "Jinja") {
+			t.Errorf("%q: %v, want a refusal naming Jinja", bad, err)
+		}
+	}
+}

@@ -23,9 +23,21 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/components"
 )
 
-// CloudInitSchema fails the test unless `cloud-init schema` accepts data.
+// InstanceData is the instance metadata CloudInitSchema renders Jinja
+// cloud-config with (cloud-init's instance-data.json, reduced).
+var InstanceData = []byte(`{"v1": {"local_hostname": "node-0", "instance_id": "i-0"}, "ds": {"meta_data": {"local_hostname": "node-0", "instance-id": "i-0"}}}`)
+
+// jinjaHeader starts cloud-config that is a Jinja template.
+const jinjaHeader = "## template: jinja\n"
+
+// CloudInitSchema fails the test unless `cloud-init schema` accepts data;
+// Jinja cloud-config is first rendered with InstanceData by `cloud-init
+// devel render`, as cloud-init renders it at boot.
 func CloudInitSchema(t testing.TB, data []byte) {
 	t.Helper()
+	if bytes.HasPrefix(data, []byte(jinjaHeader)) {
+		data = RenderJinja(t, data, InstanceData)
+	}
 	f := filepath.Join(t.TempDir(), "user-data")
 	if err := os.WriteFile(f, data, 0o600); err != nil {
 		t.Fatal(err)
@@ -34,6 +46,29 @@ func CloudInitSchema(t testing.TB, data []byte) {
 	if err != nil || !strings.Contains(string(out), "Valid cloud-config") {
 		t.Fatalf("cloud-init schema: %v\n%s", err, out)
 	}
+}
+
+// RenderJinja renders Jinja cloud-config with instance data (JSON of
+// cloud-init's instance-data.json) by `cloud-init devel render`, as
+// cloud-init does at boot, and fails the test when cloud-init cannot.
+func RenderJinja(t testing.TB, data, instanceData []byte) []byte {
+	t.Helper()
+	dir := t.TempDir()
+	ud, id := filepath.Join(dir, "user-data"), filepath.Join(dir, "instance-data.json")
+	if err := os.WriteFile(ud, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(id, instanceData, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), "cloud-init", "devel", "render", "--instance-data", id, ud)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("cloud-init devel render: %v\n%s", err, stderr.Bytes())
+	}
+	return out
 }
 
 // Ignition parses data with Ignition's validator and fails the test on an
@@ -117,6 +152,13 @@ func gunzip(t testing.TB, path string, b []byte) []byte {
 // can be searched as text.
 func Text(t testing.TB, format bootstrapv1.Format, data []byte) string {
 	t.Helper()
+	_, text := FilesAndText(t, format, data)
+	return text
+}
+
+// FilesAndText is Files and Text, checking data once.
+func FilesAndText(t testing.TB, format bootstrapv1.Format, data []byte) (map[string][]byte, string) {
+	t.Helper()
 	files := Files(t, format, data)
 	var b strings.Builder
 	b.Write(data)
@@ -129,7 +171,7 @@ func Text(t testing.TB, format bootstrapv1.Format, data []byte) string {
 		b.WriteString("\n== " + p + "\n")
 		b.Write(files[p])
 	}
-	return b.String()
+	return files, b.String()
 }
 
 func dataURL(t testing.TB, src string) []byte {
