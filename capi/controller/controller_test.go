@@ -111,6 +111,15 @@ func (e *env) dataFiles(t *testing.T, c *bootstrapv1.KubeadmConfig) (map[string]
 	return rendertest.FilesAndText(t, c.Spec.Format, s.Data["value"])
 }
 
+// kubeadmConfig is the kubeadm configuration among a data's files, in
+// either format's place.
+func kubeadmConfig(files map[string][]byte) []byte {
+	if c, ok := files[render.IgnitionKubeadmConfigPath]; ok {
+		return c
+	}
+	return files[render.KubeadmConfigPath]
+}
+
 // kubeadmValidate runs the real `kubeadm config validate` on a config.
 func kubeadmValidate(t *testing.T, config []byte) {
 	t.Helper()
@@ -192,11 +201,11 @@ func TestInitJoinOrdering(t *testing.T) {
 		t.Fatal(err)
 	}
 	files, text := e.dataFiles(t, initCfg)
-	kubeadmValidate(t, files[render.KubeadmConfigPath])
+	kubeadmValidate(t, kubeadmConfig(files))
 	for _, want := range []string{"kind: InitConfiguration", "kind: ClusterConfiguration", "controlPlaneEndpoint: 10.0.0.1:6443",
 		"clusterName: c1", "kubernetesVersion: " + controllertest.KubernetesVersion, "podSubnet: 10.244.0.0/16", "serviceSubnet: 10.96.0.0/12", "dnsDomain: cluster.example"} {
-		if !strings.Contains(string(files[render.KubeadmConfigPath]), want) {
-			t.Errorf("init kubeadm config lacks %q:\n%s", want, files[render.KubeadmConfigPath])
+		if !strings.Contains(string(kubeadmConfig(files)), want) {
+			t.Errorf("init kubeadm config lacks %q:\n%s", want, kubeadmConfig(files))
 		}
 	}
 	if _, ok := files["/etc/kubernetes/pki/ca.key"]; !ok || !strings.Contains(text, "init") {
@@ -226,7 +235,7 @@ func TestInitJoinOrdering(t *testing.T) {
 		}
 		t.Run(c.Name, func(t *testing.T) {
 			files, _ := e.dataFiles(t, c)
-			join := files[render.KubeadmConfigPath]
+			join := kubeadmConfig(files)
 			kubeadmValidate(t, join)
 			if !strings.Contains(string(join), "kind: JoinConfiguration") || !strings.Contains(string(join), "caCertHashes:") ||
 				!strings.Contains(string(join), "apiServerEndpoint: 10.0.0.1:6443") {
@@ -281,9 +290,9 @@ func (e *env) tokenSecret(t *testing.T, c *bootstrapv1.KubeadmConfig) (*corev1.S
 
 func (e *env) tokenSecretFrom(t *testing.T, files map[string][]byte) (*corev1.Secret, error) {
 	t.Helper()
-	m := regexp.MustCompile(`token: ([a-z0-9]{6})\.([a-z0-9]{16})`).FindStringSubmatch(string(files[render.KubeadmConfigPath]))
+	m := regexp.MustCompile(`token: ([a-z0-9]{6})\.([a-z0-9]{16})`).FindStringSubmatch(string(kubeadmConfig(files)))
 	if m == nil {
-		t.Fatalf("no bootstrap token in the join config:\n%s", files[render.KubeadmConfigPath])
+		t.Fatalf("no bootstrap token in the join config:\n%s", kubeadmConfig(files))
 	}
 	s := &corev1.Secret{}
 	err := e.Client.Get(t.Context(), client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: "bootstrap-token-" + m[1]}, s)
@@ -513,7 +522,7 @@ func TestUserDataStore(t *testing.T) {
 				}
 			}
 			files := rendertest.Files(t, tc.format, full)
-			if !strings.Contains(string(files[render.KubeadmConfigPath]), "kind: JoinConfiguration") {
+			if !strings.Contains(string(kubeadmConfig(files)), "kind: JoinConfiguration") {
 				t.Fatalf("the bucket object lacks the join configuration")
 			}
 			token, err := e.tokenSecretFrom(t, files)

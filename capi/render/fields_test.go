@@ -374,3 +374,21 @@ func TestJinja(t *testing.T) {
 		}
 	}
 }
+
+// TestIgnitionKubeadmConfigUnderEtc: Ignition writes the kubeadm
+// configuration where CABPK's Ignition does, under /etc: Ignition writes
+// from the initramfs, and nothing it writes under /run survives.
+func TestIgnitionKubeadmConfigUnderEtc(t *testing.T) {
+	cfg, files := ignitionConfig(t, spec(bootstrapv1.FormatIgnition))
+	for _, f := range cfg.Storage.Files {
+		if strings.HasPrefix(f.Path, "/run/") {
+			t.Errorf("Ignition writes %s, which does not survive", f.Path)
+		}
+	}
+	if !strings.Contains(string(files[IgnitionKubeadmConfigPath]), "kind: JoinConfiguration") {
+		t.Fatalf("no kubeadm configuration at %s", IgnitionKubeadmConfigPath)
+	}
+	if script := string(files[ignition.ScriptPath]); !strings.Contains(script, "'kubeadm' 'join' '--config' '"+IgnitionKubeadmConfigPath+"'") {
+		t.Errorf("kubeadm does not read %s:\n%s", IgnitionKubeadmConfigPath, script)
+	}
+}

@@ -26,8 +26,15 @@ import (
 
 // Paths on the machine.
 const (
-	// KubeadmConfigPath holds the kubeadm configuration.
+	// KubeadmConfigPath holds the kubeadm configuration in cloud-config
+	// data (CABPK's path): cloud-init writes it at boot, after /run is
+	// mounted.
 	KubeadmConfigPath = "/run/kubeadm/kubeadm.yaml"
+	// IgnitionKubeadmConfigPath holds it in Ignition data (CABPK's
+	// Ignition path). Ignition writes files from the initramfs, before the
+	// real root's /run is mounted, so nothing it writes under /run
+	// survives.
+	IgnitionKubeadmConfigPath = "/etc/kubeadm.yml"
 	// InstallScriptPath downloads and checks the pinned binaries.
 	InstallScriptPath = "/etc/gatehouse/install-kubernetes.sh"
 	// SentinelPath is CABPK's bootstrap success sentinel
@@ -39,6 +46,15 @@ const (
 	// the machine image (config/systemd).
 	BootstrapperUnit = "gatehouse-bootstrapper.service"
 )
+
+// KubeadmConfigPathFor is where data of format writes the kubeadm
+// configuration.
+func KubeadmConfigPathFor(format bootstrapv1.Format) string {
+	if format == bootstrapv1.FormatIgnition {
+		return IgnitionKubeadmConfigPath
+	}
+	return KubeadmConfigPath
+}
 
 // Role is what kubeadm does on the machine.
 type Role string
@@ -190,8 +206,9 @@ func plan(in Input) (*steps, error) {
 		if len(in.KubeadmConfig) == 0 {
 			return nil, errors.New("no kubeadm configuration to write")
 		}
-		s.files = append(s.files, File{Path: KubeadmConfigPath, Content: string(in.KubeadmConfig), Owner: "root:root", Permissions: "0640"})
-		kubeadm := []string{"kubeadm", string(in.Role), "--config", KubeadmConfigPath}
+		path := KubeadmConfigPathFor(s.format)
+		s.files = append(s.files, File{Path: path, Content: string(in.KubeadmConfig), Owner: "root:root", Permissions: "0640"})
+		kubeadm := []string{"kubeadm", string(in.Role), "--config", path}
 		if spec.Verbosity != nil {
 			kubeadm = append(kubeadm, "--v", strconv.Itoa(int(*spec.Verbosity)))
 		}

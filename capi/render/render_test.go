@@ -52,7 +52,7 @@ func TestRender(t *testing.T) {
 					rendertest.CloudInitSchema(t, data)
 				}
 				text := rendertest.Text(t, format, data)
-				for _, want := range []string{KubeadmConfigPath, "kind: JoinConfiguration", SentinelPath, "time.example.com",
+				for _, want := range []string{KubeadmConfigPathFor(format), "kind: JoinConfiguration", SentinelPath, "time.example.com",
 					"ssh-ed25519 AAAA ops", "BEGIN CERTIFICATE", InstallScriptPath} {
 					if !strings.Contains(text, want) {
 						t.Errorf("data lacks %q", want)

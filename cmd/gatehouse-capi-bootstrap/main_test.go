@@ -251,7 +251,7 @@ func workerData(t *testing.T, e *controllertest.Env, cluster *clusterv1.Cluster,
 	if s.Type != clusterv1.ClusterSecretType || string(s.Data["format"]) != string(format) || !metav1.IsControlledBy(s, cfg) {
 		t.Fatalf("%s's data Secret %s: type %q, format %q (want %q), owners %v", name, s.Name, s.Type, s.Data["format"], format, s.OwnerReferences)
 	}
-	join := string(rendertest.Files(t, format, s.Data["value"])[render.KubeadmConfigPath])
+	join := string(rendertest.Files(t, format, s.Data["value"])[render.KubeadmConfigPathFor(format)])
 	if !strings.Contains(join, "kind: JoinConfiguration") || !strings.Contains(join, "token: ") {
 		t.Fatalf("%s's data has no join configuration with a bootstrap token:\n%s", name, join)
 	}
