@@ -159,3 +159,29 @@ func TestTemplateFiles(t *testing.T) {
 		t.Errorf("a Raw file was changed: %q", got)
 	}
 }
+
+// TestContainerLinuxConfig: CABPK's ignition.containerLinuxConfig is
+// accepted by the API server (strict decoding of a CABPK spec works) and
+// refused with an InvalidSpec condition saying how to write it as Butane.
+func TestContainerLinuxConfig(t *testing.T) {
+	e := newEnv(t)
+	ns := e.Namespace(t)
+	cluster := e.Cluster(t, ns, "c1", true)
+	e.SeedCA(t, cluster)
+	_, cfg, err := e.Machine(t.Context(), cluster, "worker", false, bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatIgnition,
+		Ignition: &bootstrapv1.IgnitionSpec{ContainerLinuxConfig: cabpkv1.ContainerLinuxConfig{AdditionalConfig: "storage:\n  files: []\n"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Spec.Ignition.ContainerLinuxConfig.AdditionalConfig == "" {
+		t.Fatal("the API server pruned containerLinuxConfig")
+	}
+	if err := e.reconcileOnce(t, e.reconciler(controller.Config{}), cfg); err != nil {
+		t.Fatal(err)
+	}
+	c := condition(cfg, controller.ConditionDataSecretAvailable)
+	if c == nil || c.Reason != controller.ReasonInvalidSpec || !strings.Contains(c.Message, "Butane") ||
+		!strings.Contains(c.Message, "additionalConfig") || cfg.Status.DataSecretName != nil {
+		t.Fatalf("condition %+v, data %v", c, cfg.Status.DataSecretName)
+	}
+}

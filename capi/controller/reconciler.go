@@ -389,8 +389,12 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 	}
 	data, err := render.Render(in)
 	if err != nil {
-		if errors.Is(err, render.ErrNoBaseTemplate) {
+		switch {
+		case errors.Is(err, render.ErrNoBaseTemplate):
 			setWaiting(s.config, ReasonNoBaseTemplate, err.Error())
+			return reconcile.Result{}, nil
+		case errors.Is(err, render.ErrContainerLinuxConfig):
+			setWaiting(s.config, ReasonInvalidSpec, err.Error())
 			return reconcile.Result{}, nil
 		}
 		setWaiting(s.config, ReasonRenderFailed, err.Error())

@@ -115,6 +115,15 @@ type Input struct {
 // components: the controller reports it as a condition.
 var ErrNoBaseTemplate = errors.New("no base template for this Kubernetes version")
 
+// ErrContainerLinuxConfig refuses CABPK's ignition.containerLinuxConfig:
+// the message says how to write it as Butane. The controller reports it as
+// an InvalidSpec condition.
+var ErrContainerLinuxConfig = errors.New("spec.ignition.containerLinuxConfig is CABPK's Container Linux Config, which becomes Ignition v2, " +
+	"and this provider writes Ignition v3: write the same additions as Butane in spec.ignition.additionalConfig, starting with " +
+	"\"variant: flatcar\" and \"version: 1.1.0\". passwd.users, systemd.units and storage.files keep their shape (drop a file's " +
+	"\"filesystem: root\"); a storage.filesystems entry takes the fields of its \"mount\" directly; CLC's flannel, etcd, docker, " +
+	"update and locksmith sections become systemd units or files")
+
 // steps is the format-neutral plan of the data: the spec's typed values,
 // which each format maps to its own fields.
 type steps struct {
@@ -186,6 +195,9 @@ func plan(in Input) (*steps, error) {
 		s.bootCommands = append(s.bootCommands, shell(c))
 	}
 	if spec.Ignition != nil {
+		if spec.Ignition.ContainerLinuxConfig.IsDefined() {
+			return nil, ErrContainerLinuxConfig
+		}
 		s.butane = spec.Ignition.AdditionalConfig
 	}
 	attested := spec.Attested != nil && spec.Attested.Enabled

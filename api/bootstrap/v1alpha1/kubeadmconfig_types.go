@@ -99,6 +99,12 @@ type IgnitionSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=32768
 	AdditionalConfig string `json:"additionalConfig,omitempty"`
+	// ContainerLinuxConfig is CABPK's field for Container Linux Config
+	// additions, which become Ignition v2. It is accepted so that CABPK's
+	// specs decode, and refused with the InvalidSpec condition, whose
+	// message says how to write it as Butane in AdditionalConfig.
+	// +optional
+	ContainerLinuxConfig cabpkv1.ContainerLinuxConfig `json:"containerLinuxConfig,omitempty,omitzero"`
 }
 
 // UserDataStore is an S3-compatible bucket.
