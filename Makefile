@@ -63,6 +63,8 @@ build: ## Build the binaries into bin/
 .PHONY: unit
 unit: tools ## Run the tests (needs `make setup` first for the Kubernetes binaries)
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
+	@# The CAPI provider's parity test against upstream CABPK's renderers: a module of its own (docs/capi-parity.md).
+	$(if $(filter ./...,$(PKGS)),cd test/capiparity && GATEHOUSE_KUBE_BIN=$$(../../hack/kube-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) ./...)
 
 .PHONY: fuzz
 fuzz: ## Run every go test -fuzz target for FUZZTIME (default 5s) each
