@@ -220,6 +220,8 @@ func mountDevice(dev string) (string, error) {
 		return "/dev/disk/" + dir + "/" + v, nil
 	}
 	switch {
+	case dev == "":
+		return "", fmt.Errorf("the device is empty")
 	case kernelName.MatchString(dev):
 		return "/dev/" + dev, nil
 	case dev == "ami" || dev == "root" || dev == "swap" || !strings.Contains(dev, ":") && (strings.HasPrefix(dev, "ephemeral") || strings.HasPrefix(dev, "ebs")):

@@ -1,6 +1,7 @@
 package render
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -46,7 +47,10 @@ func renderIgnition(s *steps) ([]byte, error) {
 	}
 	// Ignition runs nothing early; account changes and boot commands run
 	// first in the unit.
-	base.Commands = append(append(append(base.Commands, users...), s.bootCommands...), s.commands...)
+	base.Commands = append(append(users, s.bootCommands...), s.commands...)
+	if s.onlyStartsBootstrapper && len(base.Commands) == 1 {
+		base.Commands = nil
+	}
 	out, err := ignition.Render(base)
 	if err != nil {
 		return nil, err
@@ -57,6 +61,9 @@ func renderIgnition(s *steps) ([]byte, error) {
 	}
 	if err := addFiles(&cfg, files); err != nil {
 		return nil, err
+	}
+	if s.onlyStartsBootstrapper && base.Commands == nil {
+		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: BootstrapperUnit, Enabled: ptr.To(true)})
 	}
 	if err := addUsers(&cfg, s.users); err != nil {
 		return nil, err
@@ -79,10 +86,14 @@ func renderIgnition(s *steps) ([]byte, error) {
 	return finishIgnition(cfg)
 }
 
-// finishIgnition encodes cfg and checks it with coreos/ignition's
-// validator.
+// finishIgnition encodes cfg without its empty objects and lists, and
+// checks it with coreos/ignition's validator.
 func finishIgnition(cfg types.Config) ([]byte, error) {
-	out, err := json.Marshal(cfg)
+	full, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	out, err := compactJSON(full)
 	if err != nil {
 		return nil, err
 	}
@@ -233,3 +244,44 @@ func optional(s string) *string {
 }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// compactJSON drops the empty objects and lists (and nulls) of a JSON
+// document: Ignition's types encode every unset section as {}, which means
+// the same as no section at all and makes up a third of small configs.
+func compactJSON(doc []byte) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	v, _ = prune(v)
+	return json.Marshal(v)
+}
+
+// prune returns v without empty members; keep is false when v itself is
+// empty.
+func prune(v any) (out any, keep bool) {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, member := range t {
+			if p, ok := prune(member); ok {
+				t[k] = p
+			} else {
+				delete(t, k)
+			}
+		}
+		return t, len(t) > 0
+	case []any:
+		kept := t[:0]
+		for _, item := range t {
+			if p, ok := prune(item); ok {
+				kept = append(kept, p)
+			}
+		}
+		return kept, len(kept) > 0
+	case nil:
+		return nil, false
+	}
+	return v, true
+}

@@ -138,7 +138,10 @@ type steps struct {
 	// commands run in order: pre-kubeadm, kubeadm or the bootstrapper's
 	// start, post-kubeadm, the sentinel.
 	commands [][]string
-	butane   string
+	// onlyStartsBootstrapper says commands only start the bootstrapper:
+	// Ignition enables its unit instead of running a script.
+	onlyStartsBootstrapper bool
+	butane                 string
 }
 
 // Render returns the data in the spec's format.
@@ -201,18 +204,22 @@ func plan(in Input) (*steps, error) {
 		s.butane = spec.Ignition.AdditionalConfig
 	}
 	attested := spec.Attested != nil && spec.Attested.Enabled
-	s.files = append(s.files, File{Path: InstallScriptPath, Content: installScript(components), Permissions: "0700"})
-	s.commands = append(s.commands, []string{InstallScriptPath})
+	if !attested {
+		// An attested machine's bootstrapper installs the components the
+		// join service (or `gatehouse init`) pins, once it has attested.
+		s.files = append(s.files, File{Path: InstallScriptPath, Content: installScript(components), Permissions: "0700"})
+		s.commands = append(s.commands, []string{InstallScriptPath})
+	}
 	for _, c := range spec.PreKubeadmCommands {
 		s.commands = append(s.commands, shell(c))
 	}
 	if attested {
-		args, err := bootstrapperArgs(in)
+		env, err := bootstrapperEnv(in)
 		if err != nil {
 			return nil, err
 		}
-		env := fmt.Sprintf("GATEHOUSE_BOOTSTRAPPER_ARGS=\"%s\"\n", strings.Join(args, " "))
 		s.files = append(s.files, File{Path: BootstrapperEnvPath, Content: env, Permissions: "0644"})
+		s.onlyStartsBootstrapper = len(s.commands) == 0 && len(spec.PostKubeadmCommands) == 0
 		s.commands = append(s.commands, []string{"systemctl", "enable", "--now", BootstrapperUnit})
 	} else {
 		if len(in.KubeadmConfig) == 0 {
@@ -234,27 +241,6 @@ func plan(in Input) (*steps, error) {
 		s.commands = append(s.commands, shell("mkdir -p /run/cluster-api && echo success > "+SentinelPath))
 	}
 	return s, nil
-}
-
-// bootstrapperArgs are gatehouse-bootstrapper's flags in attested mode. The
-// init machine gets no join endpoints: it waits for `gatehouse init` over
-// attested TLS. Joining machines pin the cluster CA by its hash.
-func bootstrapperArgs(in Input) ([]string, error) {
-	args := []string{"--success-file", SentinelPath}
-	if in.Role == RoleInit {
-		return args, nil
-	}
-	if len(in.Spec.Attested.JoinEndpoints) == 0 {
-		return nil, errors.New("attested join: no join endpoints (spec.attested.joinEndpoints)")
-	}
-	if !strings.HasPrefix(in.ClusterCAHash, "sha256:") {
-		return nil, errors.New("attested join: no cluster CA hash (sha256:<hex>) to pin the join service to")
-	}
-	args = append(args, "--join-endpoints", strings.Join(in.Spec.Attested.JoinEndpoints, ","), "--cluster-ca-hash", in.ClusterCAHash)
-	if in.ControlPlane {
-		args = append(args, "--control-plane")
-	}
-	return args, nil
 }
 
 func shell(line string) []string { return []string{"/bin/sh", "-c", line} }
