@@ -18,24 +18,19 @@ import (
 	"github.com/gatehouse-dev/gatehouse/capi/userdatastore"
 )
 
-// storeData writes the data Secret (or the bucket object and a stub).
-func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte) error {
+// storeData writes the data Secret, or the object in store (the config's
+// opened userDataStore, whose CA is caPEM) and a stub.
+func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte, store ObjectStore, caPEM []byte) error {
 	format := s.config.Spec.Format
 	if format == "" {
 		format = bootstrapv1.FormatCloudConfig
 	}
 	if ds := s.config.Spec.UserDataStore; ds != nil {
-		store, caPEM, err := r.openStore(ctx, s.config)
-		if err != nil {
-			return err
-		}
-		if err := r.ensureFinalizer(ctx, s, false); err != nil {
-			return err
-		}
 		key := objectKey(s.config)
 		if err := store.Put(ctx, key, data); err != nil {
 			return dataStoreErrorf("storing the bootstrap data in bucket %s at %s: %v", ds.Bucket, ds.Endpoint, err)
 		}
+		var err error
 		if data, err = stub(ctx, store, ds, format, key, caPEM); err != nil {
 			return err
 		}

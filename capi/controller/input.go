@@ -152,12 +152,17 @@ func (r *Reconciler) joinInput(ctx context.Context, s *scope, in *render.Input) 
 	if w, err := r.discovery(ctx, s, &in.Spec.JoinConfiguration); w != nil || err != nil {
 		return w, err
 	}
+	return nil, joinConfiguration(in, v)
+}
+
+// joinConfiguration is kubeadm's JoinConfiguration of the input's spec.
+func joinConfiguration(in *render.Input, v semver.Version) error {
 	join, err := kubeadmtypes.MarshalJoinConfigurationForVersion(&in.Spec.JoinConfiguration, v)
 	if err != nil {
-		return nil, specErrorf("rendering the kubeadm JoinConfiguration: %v", err)
+		return specErrorf("rendering the kubeadm JoinConfiguration: %v", err)
 	}
 	in.KubeadmConfig = []byte(join)
-	return nil, nil
+	return nil
 }
 
 // initConfiguration is kubeadm's ClusterConfiguration and InitConfiguration
@@ -192,7 +197,9 @@ func initConfiguration(s *scope, spec *bootstrapv1.KubeadmConfigSpec, version se
 
 // discovery fills in the join's bootstrap token discovery: the API server
 // endpoint from the Cluster, the CA hash from the cluster CA and, unless
-// the spec brings its own, a bootstrap token made for this config.
+// the spec brings its own, a bootstrap token for this config. The token is
+// only made here, not created: the reconciler creates it in the workload
+// cluster once the data has rendered (issueToken).
 func (r *Reconciler) discovery(ctx context.Context, s *scope, join *cabpkv1.JoinConfiguration) (*wait, error) {
 	if join.Discovery.File.IsDefined() {
 		return nil, nil
@@ -214,25 +221,13 @@ func (r *Reconciler) discovery(ctx context.Context, s *scope, join *cabpkv1.Join
 	if bt.Token != "" {
 		return nil, nil
 	}
-	if err := r.ensureFinalizer(ctx, s, true); err != nil {
-		return nil, err
-	}
-	wc, err := r.workload.ClientFor(ctx, s.clusterKey())
+	tok, sec, err := configTokens.NewSecret(string(s.config.UID), r.clock.Now().Add(r.tokenTTL),
+		"bootstrap token of KubeadmConfig "+s.config.Namespace+"/"+s.config.Name)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("making the Machine's bootstrap token: %w", err)
 	}
-	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
-	token, created, err := t.ensure(ctx, s.config.UID, "bootstrap token of KubeadmConfig "+s.config.Namespace+"/"+s.config.Name)
-	if err != nil {
-		return nil, fmt.Errorf("creating the Machine's bootstrap token: %w", err)
-	}
-	bt.Token = token
-	if created {
-		r.tokenChecks.Store(s.config.UID, r.clock.Now().Add(r.tokenTTL/2))
-	} else {
-		// A token found again (a retry) may be older: check it next pass.
-		r.tokenChecks.Delete(s.config.UID)
-	}
+	bt.Token = tok.String()
+	s.token = &pendingToken{token: tok.String(), secret: sec}
 	return nil, nil
 }
 

@@ -48,15 +48,35 @@ var configTokens = bootstraptoken.Issuer{
 	OwnerDomain: "gatehouse-capi-token-owner",
 }
 
-// ensure returns the config's token "<id>.<secret>", creating it with the
-// TTL when it does not exist (created is then true). A token id held by a
-// token that is not the config's is bootstraptoken.ErrIDTaken.
-func (t *tokens) ensure(ctx context.Context, uid types.UID, description string) (token string, created bool, err error) {
-	tok, existing, err := configTokens.Ensure(ctx, workloadSecrets{t.client}, string(uid), t.now().Add(t.ttl), description)
-	if err != nil {
-		return "", false, err
+// pendingToken is a config's bootstrap token, made for its data but not
+// yet created in the workload cluster.
+type pendingToken struct {
+	// token is "<id>.<secret>".
+	token  string
+	secret *corev1.Secret
+}
+
+// create creates the config's token Secret and returns the token. When the
+// config's token exists already (an earlier reconcile created it and its
+// result was lost), it returns that one with created false, so that a
+// config never has two tokens.
+func (t *tokens) create(ctx context.Context, uid types.UID, p *pendingToken) (token string, created bool, err error) {
+	err = t.client.Create(ctx, p.secret)
+	if err == nil {
+		return p.token, true, nil
 	}
-	return tok.String(), existing == nil, nil
+	if !apierrors.IsAlreadyExists(err) {
+		return "", false, fmt.Errorf("creating bootstrap token Secret %s: %w", p.secret.Name, err)
+	}
+	s, err := t.owned(ctx, uid)
+	if err != nil {
+		return "", false, fmt.Errorf("bootstrap token Secret %s: %w", p.secret.Name, err)
+	}
+	old, ok := bootstraptoken.FromSecret(s)
+	if !ok {
+		return "", false, fmt.Errorf("bootstrap token Secret %s is malformed", s.Name)
+	}
+	return old.String(), false, nil
 }
 
 // owned reads the config's token Secret; errTokenGone when it does not
