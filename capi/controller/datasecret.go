@@ -21,10 +21,7 @@ import (
 // storeData writes the data Secret, or the object in store (the config's
 // opened userDataStore, whose CA is caPEM) and a stub.
 func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte, store ObjectStore, caPEM []byte) error {
-	format := s.config.Spec.Format
-	if format == "" {
-		format = bootstrapv1.FormatCloudConfig
-	}
+	format := dataFormat(s.config)
 	if ds := s.config.Spec.UserDataStore; ds != nil {
 		key := objectKey(s.config)
 		if err := store.Put(ctx, key, data); err != nil {
@@ -34,6 +31,9 @@ func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte, store
 		if data, err = stub(ctx, store, ds, format, key, caPEM); err != nil {
 			return err
 		}
+	}
+	if err := checkSize(s.config, data, format); err != nil {
+		return err
 	}
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
@@ -47,6 +47,9 @@ func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte, store
 		Data: map[string][]byte{"value": data, "format": []byte(format)},
 	}
 	if err := r.client.Create(ctx, sec); err != nil {
+		if apierrors.IsRequestEntityTooLargeError(err) {
+			return &sizeError{msg: fmt.Sprintf("the API server refused the %d-byte data Secret as too large (%v): %s", len(data), err, sizeFix)}
+		}
 		if !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating the data Secret: %w", err)
 		}
@@ -67,6 +70,14 @@ func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte, store
 	s.config.Status.DataSecretName = ptr.To(sec.Name)
 	s.config.Status.Initialization = &bootstrapv1.Initialization{DataSecretCreated: ptr.To(true)}
 	return nil
+}
+
+// dataFormat is the config's format, cloud-config when unset.
+func dataFormat(config *bootstrapv1.KubeadmConfig) bootstrapv1.Format {
+	if config.Spec.Format == "" {
+		return bootstrapv1.FormatCloudConfig
+	}
+	return config.Spec.Format
 }
 
 // stub is the small data pointing at the bucket object.
@@ -136,4 +147,41 @@ func (r *Reconciler) openStore(ctx context.Context, config *bootstrapv1.KubeadmC
 		return nil, nil, &dataStoreError{err: err}
 	}
 	return store, caPEM, nil
+}
+
+// DefaultMaxUserDataSize is the user-data limit of a config without
+// spec.maxUserDataSize: 16 KiB raw, the smallest common cloud limit
+// (Amazon EC2's).
+const DefaultMaxUserDataSize = 16 << 10
+
+// sizeFix is what a too large data can do instead.
+const sizeFix = "keep the data in a bucket with spec.userDataStore (the Machine then gets a small stub), " +
+	"or make it smaller, e.g. gzip large files (files[].encoding: gzip+base64)"
+
+// sizeError is data too large for the Machine's user data or for the data
+// Secret, reported as the UserDataTooLarge condition.
+type sizeError struct{ msg string }
+
+func (e *sizeError) Error() string { return e.msg }
+
+// checkSize refuses data (raw, the Secret's "value") over the config's
+// user-data limit or over what a Secret holds beside the format key.
+func checkSize(config *bootstrapv1.KubeadmConfig, data []byte, format bootstrapv1.Format) error {
+	limit := int64(DefaultMaxUserDataSize)
+	if q := config.Spec.MaxUserDataSize; q != nil {
+		if limit = q.Value(); limit <= 0 {
+			return specErrorf("spec.maxUserDataSize %s is not a positive size", q)
+		}
+	}
+	size, secretLimit := int64(len(data)), int64(corev1.MaxSecretSize-len(format))
+	switch {
+	case size > limit && limit <= secretLimit:
+		return &sizeError{msg: fmt.Sprintf("the bootstrap data is %d bytes raw, over the user-data limit of %d bytes "+
+			"(spec.maxUserDataSize; unset it is 16Ki, the smallest common cloud limit, and you may raise it to what your infrastructure takes): %s",
+			size, limit, sizeFix)}
+	case size > secretLimit:
+		return &sizeError{msg: fmt.Sprintf("the bootstrap data is %d bytes raw, over the %d bytes a Kubernetes Secret holds with it: %s",
+			size, secretLimit, sizeFix)}
+	}
+	return nil
 }

@@ -88,6 +88,7 @@ const (
 	ReasonCertificatesAvailable          = "CertificatesAvailable"
 	ReasonCertificatesGenerationFailed   = "CertificatesGenerationFailed"
 	ReasonUserDataStoreFailed            = "UserDataStoreFailed"
+	ReasonUserDataTooLarge               = "UserDataTooLarge"
 )
 
 // Finalizer is set on KubeadmConfigs that own something outside their own
@@ -403,14 +404,17 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 		setWaiting(s.config, ReasonRenderFailed, err.Error())
 		return reconcile.Result{}, nil
 	}
-	// Only data that renders gets anything made outside the config: its
-	// bucket object, its token, and the finalizer that cleans them up.
+	// Only data that renders and fits gets anything made outside the
+	// config: its bucket object, its token, and the finalizer that cleans
+	// them up. (A token is as long as the placeholder it replaces.)
 	var store ObjectStore
 	var caPEM []byte
 	if s.config.Spec.UserDataStore != nil {
 		if store, caPEM, err = r.openStore(ctx, s.config); err != nil {
 			return storeFailed(s, err)
 		}
+	} else if err := checkSize(s.config, data, dataFormat(s.config)); err != nil {
+		return storeFailed(s, err)
 	}
 	if s.token != nil {
 		if data, err = r.issueToken(ctx, s, &in, data); err != nil {
@@ -429,15 +433,19 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 }
 
 // storeFailed reports a failure to store the data: a bucket's as the
-// UserDataStoreFailed condition (retried), the user's objects' as
-// InvalidSpec.
+// UserDataStoreFailed condition (retried), data too large as
+// UserDataTooLarge, the user's objects' as InvalidSpec.
 func storeFailed(s *scope, err error) (reconcile.Result, error) {
 	var dse *dataStoreError
 	var se *specError
+	var size *sizeError
 	switch {
 	case errors.As(err, &dse):
 		setWaiting(s.config, ReasonUserDataStoreFailed, dse.Error())
 		return reconcile.Result{RequeueAfter: waitRequeue}, nil
+	case errors.As(err, &size):
+		setWaiting(s.config, ReasonUserDataTooLarge, size.Error())
+		return reconcile.Result{}, nil
 	case errors.As(err, &se):
 		setWaiting(s.config, ReasonInvalidSpec, se.Error())
 		return reconcile.Result{}, nil

@@ -282,6 +282,7 @@ func TestFiles(t *testing.T) {
 		{Path: "/etc/motd", Content: "first\n", Permissions: "0600"},
 		{Path: "/etc/motd", Content: "second\n", Append: true},
 		{Path: "/opt/big.json", Content: packed, Encoding: EncodingGzipBase64},
+		{Path: "/etc/plain.conf", Content: strings.Repeat("option = value\n", 100)},
 	}
 	for _, format := range []bootstrapv1.Format{bootstrapv1.FormatCloudConfig, bootstrapv1.FormatIgnition} {
 		in := input(&bootstrapv1.KubeadmConfigSpec{Format: format}, RoleJoin)
@@ -322,6 +323,11 @@ func TestFiles(t *testing.T) {
 		if c := byPath["/opt/big.json"].Contents.Compression; ptr.Deref(c, "") != "gzip" {
 			t.Errorf("/opt/big.json compression %v", c)
 		}
+		// Ignition data compresses what gzip makes smaller.
+		if c := byPath["/etc/plain.conf"].Contents.Compression; ptr.Deref(c, "") != "gzip" {
+			t.Errorf("/etc/plain.conf compression %v", c)
+		}
+		assertEqual(t, "/etc/plain.conf", string(got["/etc/plain.conf"]), strings.Repeat("option = value\n", 100))
 	}
 }
 

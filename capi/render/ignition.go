@@ -2,6 +2,7 @@ package render
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -148,7 +149,8 @@ func addFiles(cfg *types.Config, files []File) error {
 }
 
 // ignitionResource is f's content as an Ignition data URL, gzip-compressed
-// when f is.
+// when f is, or when that makes the data URL shorter (Ignition
+// decompresses it; user data is small on most clouds).
 func ignitionResource(f File) (types.Resource, error) {
 	content := []byte(f.Content)
 	if f.Encoding != EncodingNone {
@@ -157,11 +159,43 @@ func ignitionResource(f File) (types.Resource, error) {
 			return types.Resource{}, fmt.Errorf("file %s: content is not base64: %w", f.Path, err)
 		}
 	}
-	res := types.Resource{Source: ptr.To("data:;base64," + base64.StdEncoding.EncodeToString(content))}
 	if f.Encoding == EncodingGzipBase64 {
+		return dataResource(content, true), nil
+	}
+	if len(content) >= minGzip {
+		if packed, err := gzipBytes(content); err == nil && len(packed) < len(content) {
+			return dataResource(packed, true), nil
+		}
+	}
+	return dataResource(content, false), nil
+}
+
+// minGzip is the content size from which gzip may pay for its header.
+const minGzip = 128
+
+func dataResource(b []byte, gzipped bool) types.Resource {
+	res := types.Resource{Source: ptr.To("data:;base64," + base64.StdEncoding.EncodeToString(b))}
+	if gzipped {
 		res.Compression = ptr.To("gzip")
 	}
-	return res, nil
+	return res
+}
+
+// gzipBytes compresses b; the same input gives the same output (no time
+// in the header).
+func gzipBytes(b []byte) ([]byte, error) {
+	var out bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&out, gzip.BestCompression)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := zw.Write(b); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
 }
 
 // fileMode is f's octal permissions, 0644 when unset (cloud-init's

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 )
@@ -81,6 +82,14 @@ type KubeadmConfigSpec struct {
 	// bucket; the data Secret then holds only a stub pointing at it.
 	// +optional
 	UserDataStore *UserDataStore `json:"userDataStore,omitempty"`
+	// MaxUserDataSize is the most bootstrap data, raw, that the Machine's
+	// infrastructure takes as user data: larger data gets the
+	// UserDataTooLarge condition, naming the fix, instead of a Secret.
+	// Unset means 16Ki, the smallest common cloud limit. With
+	// UserDataStore it applies to the stub. The data Secret's own limit
+	// (1Mi) applies regardless.
+	// +optional
+	MaxUserDataSize *resource.Quantity `json:"maxUserDataSize,omitempty"`
 	// Architecture of the Machine's CPU; it picks the pinned binaries.
 	// +optional
 	// +kubebuilder:default=amd64

@@ -188,6 +188,11 @@ func (in *KubeadmConfigSpec) DeepCopyInto(out *KubeadmConfigSpec) {
 		*out = new(UserDataStore)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.MaxUserDataSize != nil {
+		in, out := &in.MaxUserDataSize, &out.MaxUserDataSize
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.Attested != nil {
 		in, out := &in.Attested, &out.Attested
 		*out = new(AttestedSpec)
