@@ -26,11 +26,12 @@ const SudoersPath = "/etc/sudoers.d/90-gatehouse-users"
 // ChronyConfPath holds the NTP servers in Ignition data.
 const ChronyConfPath = "/etc/chrony.d/gatehouse.conf"
 
-// renderIgnition maps the plan to an Ignition config. Package
-// internal/bootstrapdata/ignition renders the files, the commands and
-// their unit; what it has no field for (users in full, sudo rules, disks,
-// file systems, mounts) is added to its output here, and the Butane
-// additions are merged over the result last, so they win.
+// renderIgnition maps the plan to an Ignition config (spec
+// ignition.Version) of coreos/ignition's types: files, users, disks, file
+// systems, mount units, and the commands in a script run by a oneshot
+// unit, as Ignition itself runs nothing. Package
+// internal/bootstrapdata/ignition translates the Butane additions, which
+// are merged over the result last, so they win.
 func renderIgnition(s *steps) ([]byte, error) {
 	files := s.files
 	if len(s.ntp.Servers) > 0 && ptr.Deref(s.ntp.Enabled, true) {
@@ -41,30 +42,22 @@ func renderIgnition(s *steps) ([]byte, error) {
 		}
 		files = append(files[:len(files):len(files)], File{Path: ChronyConfPath, Content: conf.String(), Permissions: "0644"})
 	}
-	base := ignition.Spec{}
 	users, err := ignitionUserCommands(s.users)
 	if err != nil {
 		return nil, err
 	}
 	// Ignition runs nothing early; account changes and boot commands run
 	// first in the unit.
-	base.Commands = append(append(users, s.bootCommands...), s.commands...)
-	if s.onlyStartsBootstrapper && len(base.Commands) == 1 {
-		base.Commands = nil
-	}
-	out, err := ignition.Render(base)
-	if err != nil {
-		return nil, err
-	}
-	var cfg types.Config
-	if err := json.Unmarshal(out, &cfg); err != nil {
-		return nil, fmt.Errorf("reading the rendered Ignition config: %w", err)
+	commands := append(append(users, s.bootCommands...), s.commands...)
+	cfg := types.Config{Ignition: types.Ignition{Version: ignition.Version}}
+	if s.onlyStartsBootstrapper && len(commands) == 1 {
+		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: BootstrapperUnit, Enabled: ptr.To(true)})
+	} else if len(commands) > 0 {
+		files = append(files[:len(files):len(files)], File{Path: ignition.ScriptPath, Content: "#!/bin/sh\nset -eu\n" + shellScript(commands), Permissions: "0700"})
+		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: ignition.CommandsUnit, Enabled: ptr.To(true), Contents: ptr.To(commandsUnit)})
 	}
 	if err := addFiles(&cfg, files); err != nil {
 		return nil, err
-	}
-	if s.onlyStartsBootstrapper && base.Commands == nil {
-		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: BootstrapperUnit, Enabled: ptr.To(true)})
 	}
 	if err := addUsers(&cfg, s.users); err != nil {
 		return nil, err
@@ -85,6 +78,27 @@ func renderIgnition(s *steps) ([]byte, error) {
 		cfg = ignv3.Merge(cfg, additions)
 	}
 	return finishIgnition(cfg)
+}
+
+// commandsUnit runs the commands script once, after the network is up,
+// until the bootstrap succeeded (CABPK's sentinel).
+const commandsUnit = "[Unit]\nDescription=Gatehouse bootstrap commands\nWants=network-online.target\nAfter=network-online.target\n" +
+	"ConditionPathExists=!" + SentinelPath + "\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=" + ignition.ScriptPath +
+	"\n\n[Install]\nWantedBy=multi-user.target\n"
+
+// shellScript quotes each argv for sh, one command a line.
+func shellScript(cmds [][]string) string {
+	var b strings.Builder
+	for _, argv := range cmds {
+		for i, a := range argv {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString("'" + strings.ReplaceAll(a, "'", `'"'"'`) + "'")
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
 }
 
 // finishIgnition encodes cfg without its empty objects and lists, and
@@ -110,8 +124,9 @@ func finishIgnition(cfg types.Config) ([]byte, error) {
 // what an earlier file of the same path writes.
 func addFiles(cfg *types.Config, files []File) error {
 	byPath := map[string]int{}
+	var z compressor
 	for _, f := range files {
-		res, err := ignitionResource(f)
+		res, err := z.resource(f)
 		if err != nil {
 			return err
 		}
@@ -148,10 +163,17 @@ func addFiles(cfg *types.Config, files []File) error {
 	return nil
 }
 
-// ignitionResource is f's content as an Ignition data URL, gzip-compressed
-// when f is, or when that makes the data URL shorter (Ignition
-// decompresses it; user data is small on most clouds).
-func ignitionResource(f File) (types.Resource, error) {
+// compressor gzips file contents for one render: a gzip writer costs
+// most of a megabyte of tables, so one serves all files.
+type compressor struct {
+	zw  *gzip.Writer
+	out bytes.Buffer
+}
+
+// resource is f's content as an Ignition data URL, gzip-compressed when f
+// is, or when that makes the data URL shorter (Ignition decompresses it;
+// user data is small on most clouds).
+func (z *compressor) resource(f File) (types.Resource, error) {
 	content := []byte(f.Content)
 	if f.Encoding != EncodingNone {
 		var err error
@@ -163,7 +185,7 @@ func ignitionResource(f File) (types.Resource, error) {
 		return dataResource(content, true), nil
 	}
 	if len(content) >= minGzip {
-		if packed, err := gzipBytes(content); err == nil && len(packed) < len(content) {
+		if packed, err := z.gzip(content); err == nil && len(packed) < len(content) {
 			return dataResource(packed, true), nil
 		}
 	}
@@ -181,21 +203,22 @@ func dataResource(b []byte, gzipped bool) types.Resource {
 	return res
 }
 
-// gzipBytes compresses b; the same input gives the same output (no time
-// in the header).
-func gzipBytes(b []byte) ([]byte, error) {
-	var out bytes.Buffer
-	zw, err := gzip.NewWriterLevel(&out, gzip.BestCompression)
-	if err != nil {
+// gzip compresses b; the same input gives the same output (no time in the
+// header). The result is valid until the next call.
+func (z *compressor) gzip(b []byte) ([]byte, error) {
+	z.out.Reset()
+	if z.zw == nil {
+		z.zw = gzip.NewWriter(&z.out)
+	} else {
+		z.zw.Reset(&z.out)
+	}
+	if _, err := z.zw.Write(b); err != nil {
 		return nil, err
 	}
-	if _, err := zw.Write(b); err != nil {
+	if err := z.zw.Close(); err != nil {
 		return nil, err
 	}
-	if err := zw.Close(); err != nil {
-		return nil, err
-	}
-	return out.Bytes(), nil
+	return z.out.Bytes(), nil
 }
 
 // fileMode is f's octal permissions, 0644 when unset (cloud-init's
