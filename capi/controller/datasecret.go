@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net/url"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
 	"github.com/gatehouse-dev/gatehouse/capi/userdatastore"
@@ -184,4 +186,25 @@ func checkSize(config *bootstrapv1.KubeadmConfig, data []byte, format bootstrapv
 			size, secretLimit, sizeFix)}
 	}
 	return nil
+}
+
+// storeFailed reports a failure to store the data: a bucket's as the
+// UserDataStoreFailed condition (retried), data too large as
+// UserDataTooLarge, the user's objects' as InvalidSpec.
+func storeFailed(s *scope, err error) (reconcile.Result, error) {
+	var dse *dataStoreError
+	var se *specError
+	var size *sizeError
+	switch {
+	case errors.As(err, &dse):
+		setWaiting(s.config, ReasonUserDataStoreFailed, dse.Error())
+		return reconcile.Result{RequeueAfter: waitRequeue}, nil
+	case errors.As(err, &size):
+		setWaiting(s.config, ReasonUserDataTooLarge, size.Error())
+		return reconcile.Result{}, nil
+	case errors.As(err, &se):
+		setWaiting(s.config, ReasonInvalidSpec, se.Error())
+		return reconcile.Result{}, nil
+	}
+	return reconcile.Result{}, err
 }

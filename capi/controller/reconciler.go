@@ -432,64 +432,6 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 	return r.reconcileToken(ctx, s)
 }
 
-// storeFailed reports a failure to store the data: a bucket's as the
-// UserDataStoreFailed condition (retried), data too large as
-// UserDataTooLarge, the user's objects' as InvalidSpec.
-func storeFailed(s *scope, err error) (reconcile.Result, error) {
-	var dse *dataStoreError
-	var se *specError
-	var size *sizeError
-	switch {
-	case errors.As(err, &dse):
-		setWaiting(s.config, ReasonUserDataStoreFailed, dse.Error())
-		return reconcile.Result{RequeueAfter: waitRequeue}, nil
-	case errors.As(err, &size):
-		setWaiting(s.config, ReasonUserDataTooLarge, size.Error())
-		return reconcile.Result{}, nil
-	case errors.As(err, &se):
-		setWaiting(s.config, ReasonInvalidSpec, se.Error())
-		return reconcile.Result{}, nil
-	}
-	return reconcile.Result{}, err
-}
-
-// issueToken creates the join's bootstrap token in the workload cluster,
-// after the finalizer that deletes it is on the config, and returns the
-// data carrying it: rendered again with the config's existing token when
-// an earlier reconcile created one.
-func (r *Reconciler) issueToken(ctx context.Context, s *scope, in *render.Input, data []byte) ([]byte, error) {
-	wc, err := r.workload.ClientFor(ctx, s.clusterKey())
-	if err != nil {
-		return nil, err
-	}
-	if err := r.ensureFinalizer(ctx, s, true); err != nil {
-		return nil, err
-	}
-	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
-	token, created, err := t.create(ctx, s.config.UID, s.token)
-	if err != nil {
-		return nil, fmt.Errorf("creating the Machine's bootstrap token: %w", err)
-	}
-	if created {
-		r.tokenChecks.Store(s.config.UID, r.clock.Now().Add(r.tokenTTL/2))
-		return data, nil
-	}
-	// A token found again (a retry) may be older: check it next pass.
-	r.tokenChecks.Delete(s.config.UID)
-	if token == s.token.token {
-		return data, nil
-	}
-	v, err := version(s, in)
-	if err != nil {
-		return nil, err
-	}
-	in.Spec.JoinConfiguration.Discovery.BootstrapToken.Token = token
-	if err := joinConfiguration(in, v); err != nil {
-		return nil, err
-	}
-	return render.Render(*in)
-}
-
 // managesToken says the config's data carries a token this controller made.
 func managesToken(s *scope) bool {
 	return s.config.Status.DataSecretName != nil && s.config.Annotations[annotationManagedToken] == "true"

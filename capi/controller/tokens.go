@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/gatehouse-dev/gatehouse/capi/render"
 	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 )
 
@@ -151,4 +152,41 @@ func (w workloadSecrets) Get(ctx context.Context, name string) (*corev1.Secret, 
 		return nil, err
 	}
 	return s, nil
+}
+
+// issueToken creates the join's bootstrap token in the workload cluster,
+// after the finalizer that deletes it is on the config, and returns the
+// data carrying it: rendered again with the config's existing token when
+// an earlier reconcile created one.
+func (r *Reconciler) issueToken(ctx context.Context, s *scope, in *render.Input, data []byte) ([]byte, error) {
+	wc, err := r.workload.ClientFor(ctx, s.clusterKey())
+	if err != nil {
+		return nil, err
+	}
+	if err := r.ensureFinalizer(ctx, s, true); err != nil {
+		return nil, err
+	}
+	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
+	token, created, err := t.create(ctx, s.config.UID, s.token)
+	if err != nil {
+		return nil, fmt.Errorf("creating the Machine's bootstrap token: %w", err)
+	}
+	if created {
+		r.tokenChecks.Store(s.config.UID, r.clock.Now().Add(r.tokenTTL/2))
+		return data, nil
+	}
+	// A token found again (a retry) may be older: check it next pass.
+	r.tokenChecks.Delete(s.config.UID)
+	if token == s.token.token {
+		return data, nil
+	}
+	v, err := version(s, in)
+	if err != nil {
+		return nil, err
+	}
+	in.Spec.JoinConfiguration.Discovery.BootstrapToken.Token = token
+	if err := joinConfiguration(in, v); err != nil {
+		return nil, err
+	}
+	return render.Render(*in)
 }
