@@ -34,6 +34,12 @@ func renderCloudConfig(s *steps) ([]byte, error) {
 	for _, cmd := range s.bootCommands {
 		c.BootCmd = append(c.BootCmd, cloudinit.Command(cmd))
 	}
+	if len(s.commands) > 0 {
+		// runcmd is one sh script: stop at the first failure, as Ignition's
+		// script does, so the success sentinel (last) is only written once
+		// every command, kubeadm's among them, succeeded.
+		c.RunCmd = append(c.RunCmd, cloudinit.Command{"set", "-e"})
+	}
 	for _, cmd := range s.commands {
 		c.RunCmd = append(c.RunCmd, cloudinit.Command(cmd))
 	}

@@ -153,6 +153,11 @@ func mountUnit(m cabpkv1.MountPoints, filesystems []types.Filesystem) (types.Uni
 	if err != nil {
 		return types.Unit{}, err
 	}
+	if fs := labelled(m[0], filesystems); fs != nil {
+		// A file system's label alone (as CAPZ's templates write it): its
+		// device, as CABPK's Ignition resolves it.
+		what = fs.Device
+	}
 	where, typ, opts := m[1], field(m, 2), field(m, 3)
 	var b strings.Builder
 	if typ == "swap" || where == "none" || where == "swap" {
@@ -190,6 +195,20 @@ func mountUnit(m cabpkv1.MountPoints, filesystems []types.Filesystem) (types.Uni
 	}
 	b.WriteString("\n[Install]\n" + install + "=local-fs.target\n")
 	return types.Unit{Name: escapePath(where) + ".mount", Enabled: ptr.To(true), Contents: ptr.To(b.String())}, nil
+}
+
+// labelled is the file system this data makes whose label is name, or nil;
+// a name with '=' or '/' is a tag or a path, never a label.
+func labelled(name string, filesystems []types.Filesystem) *types.Filesystem {
+	if strings.ContainsAny(name, "=/") {
+		return nil
+	}
+	for i := range filesystems {
+		if l := filesystems[i].Label; l != nil && *l == name {
+			return &filesystems[i]
+		}
+	}
+	return nil
 }
 
 func field(m cabpkv1.MountPoints, i int) string {

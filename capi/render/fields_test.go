@@ -184,7 +184,7 @@ func disksSpec() *bootstrapv1.KubeadmConfigSpec {
 		},
 		Mounts: []cabpkv1.MountPoints{
 			{"LABEL=etcd", "/var/lib/etcd", "ext4", "defaults,noatime"},
-			{"LABEL=data", "/var/lib/data"},
+			{"data", "/var/lib/data"},                            // a label alone, as CAPZ's templates write it
 			{"/dev/vde1", "/mnt/scratch disk", "auto", "nofail"}, // no file system of this data's
 			{"/dev/vdc2", "none", "swap", "sw"},
 		},
@@ -194,7 +194,9 @@ func disksSpec() *bootstrapv1.KubeadmConfigSpec {
 // TestDisks: partitions, every file system option and every mount reach
 // both formats: cloud-init's disk_setup, fs_setup and mounts as CABPK
 // writes them; Ignition's disks and file systems, and a unit per mount
-// with its options, also for mounts of no file system of this data.
+// with its options, also for mounts of no file system of this data; a
+// mount naming a file system by its label alone gets that file system's
+// device, as CABPK's Ignition resolves it.
 func TestDisks(t *testing.T) {
 	t.Run("cloud-config", func(t *testing.T) {
 		s := disksSpec()
@@ -220,7 +222,7 @@ func TestDisks(t *testing.T) {
 		})
 		for name, want := range map[string]map[string]string{
 			"var-lib-etcd.mount":        {"What": "/dev/disk/by-label/etcd", "Where": "/var/lib/etcd", "Type": "ext4", "Options": "defaults,noatime", "RequiredBy": "local-fs.target"},
-			"var-lib-data.mount":        {"What": "/dev/disk/by-label/data", "Where": "/var/lib/data", "Type": "xfs", "RequiredBy": "local-fs.target"},
+			"var-lib-data.mount":        {"What": "/dev/vdd", "Where": "/var/lib/data", "Type": "xfs", "RequiredBy": "local-fs.target"},
 			`mnt-scratch\x20disk.mount`: {"What": "/dev/vde1", "Where": "/mnt/scratch disk", "Options": "nofail", "WantedBy": "local-fs.target"},
 			"dev-vdc2.swap":             {"What": "/dev/vdc2", "Options": "sw", "WantedBy": "swap.target"},
 		} {

@@ -244,10 +244,15 @@ func cloudConfigModel(data []byte, o modelOptions) (map[string]any, error) {
 	for _, c := range list(doc["runcmd"]) {
 		lines = append(lines, commandLine(c))
 	}
+	// cloud-init runs runcmd as one script, which goes on after a failure
+	// unless its first line is "set -e".
+	stops := len(lines) > 0 && (lines[0] == "set -e" || lines[0] == "set -eu")
+	if stops {
+		lines = lines[1:]
+	}
 	steps, configPath, chained := commandSteps(lines)
 	m["runcmd"] = steps
-	// cloud-init runs runcmd as one script that goes on after a failure.
-	m["sentinelOnlyAfterKubeadmSucceeded"] = sentinelAfterKubeadm(steps, chained, false)
+	m["sentinelOnlyAfterKubeadmSucceeded"] = sentinelAfterKubeadm(steps, chained, stops)
 	var boot []string
 	for _, c := range list(doc["bootcmd"]) {
 		boot = append(boot, commandLine(c))
