@@ -9,6 +9,9 @@
 # controller manager) is pinned to CPU 0 and the rig to the others, so the
 # rig's TPM quotes and TLS clients do not take the server's CPU; set
 # GATEHOUSE_BENCH_PIN=0 to let everything share all CPUs.
+# GATEHOUSE_BENCH_PROFILE=<absolute dir> writes CPU profiles of the service
+# process and kube-apiserver for each phase (profiling costs CPU; take the
+# figures from a run without it).
 # Usage: bench/joinservice.sh [rounds per run, default 5x] [runs, default 3]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -27,5 +30,8 @@ else
   echo "server side and rig share all $cpus CPUs"
 fi
 cd joinservice
+# The machine may be shared: the load before and after says how much.
+echo "load before: $(uptime)"
 "${pin[@]}" "$bin/joinservice.test" -test.run '^$' -test.bench 'BenchmarkJoinStorm' \
   -test.benchtime "${1:-5x}" -test.count "${2:-3}" 2>&1 | grep -Ev '^[IWE][0-9]{4} '
+echo "load after: $(uptime)"

@@ -11,8 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -203,10 +206,43 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// serverCPU is the CPU time used so far by the server side of the
-// benchmark: this process (join service, key service, the raw-rate client)
-// and the API server, etcd and kube-controller-manager.
-func serverCPU(t testing.TB, h *harness) time.Duration {
+// cpuSplit is CPU time by process of the benchmark's server side:
+// "service" is this process (join service, key service, the raw-rate
+// client), the others are named as testenv.Env.PIDs names them (etcd,
+// kube-apiserver, kube-controller-manager).
+type cpuSplit map[string]time.Duration
+
+// serverCPU is the CPU time used so far by each process of the server side.
+func serverCPU(t testing.TB, h *harness) cpuSplit {
 	t.Helper()
-	return processCPU() + testenv.ProcessesCPU(t, h.env.PIDs())
+	split := cpuSplit{"service": processCPU()}
+	for name, pid := range h.env.PIDs() {
+		split[name] = testenv.ProcessesCPU(t, map[string]int{name: pid})
+	}
+	return split
+}
+
+// total is the CPU time of all processes in s.
+func (s cpuSplit) total() time.Duration {
+	var d time.Duration
+	for _, v := range s {
+		d += v
+	}
+	return d
+}
+
+// add adds to s what each process used between before and after.
+func (s cpuSplit) add(before, after cpuSplit) {
+	for name, d := range after {
+		s[name] += d - before[name]
+	}
+}
+
+// perOp formats s divided by ops, by process in name order, in ms.
+func (s cpuSplit) perOp(ops int) string {
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(s)) {
+		parts = append(parts, fmt.Sprintf("%s %.2f", name, float64(s[name].Microseconds())/1e3/float64(ops)))
+	}
+	return strings.Join(parts, ", ") + fmt.Sprintf(" (total %.2f) ms", float64(s.total().Microseconds())/1e3/float64(ops))
 }
