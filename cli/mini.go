@@ -73,6 +73,7 @@ func newMiniUpCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Dir, "dir", mini.DefaultDir, "directory for the cluster's state")
+	f.IntVar((*int)(&opts.Network), "network", int(mini.DefaultNetwork), fmt.Sprintf("the cluster's network on this machine (0 to %d): bridge ghmini<network>, 10.88.<network>.0/24; clusters on different networks (and directories) run side by side", mini.MaxNetwork))
 	f.IntVar(&opts.ControlPlanes, "control-planes", 1, fmt.Sprintf("number of control planes (1 to %d; more than one puts haproxy in front of the API servers)", mini.MaxControlPlanes))
 	f.IntVar(&opts.Workers, "workers", 2, fmt.Sprintf("number of worker nodes (0 to %d)", mini.MaxWorkers))
 	f.DurationVar(&opts.KubeletCertLifetime, "kubelet-cert-lifetime", kubeadm.DefaultKubeletCertLifetime, "lifetime of kubelet certificates; kubelets renew at 70-90 % of it, approved after fresh evidence")
@@ -101,8 +102,9 @@ func newMiniLoadCmd() *cobra.Command {
 		Use:   "load IMAGE.tar",
 		Short: "Push the images of an archive (docker save) into the local cluster's registry",
 		Long: "Push every image of the archive (as docker save or podman save writes it) into the local\n" +
-			"cluster's registry at " + mini.RegistryAddress + ", keeping its repository and tag: an image saved as\n" +
-			"example.com/team/app:1 is pulled by pods as " + mini.RegistryAddress + "/team/app:1.",
+			"cluster's registry at " + mini.DefaultNetwork.RegistryAddress() + " (10.88.<network>.1:5000 on another --network), keeping its\n" +
+			"repository and tag: an image saved as example.com/team/app:1 is pulled by pods as\n" +
+			mini.DefaultNetwork.RegistryAddress() + "/team/app:1.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			_, err := mini.Load(cmd.Context(), dir, args[0], cmd.OutOrStdout())

@@ -138,10 +138,6 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	return nil
 }
 
-// stateMapperName is the device-mapper name of node's opened state disk,
-// unique on the machine (where device-mapper exists).
-func stateMapperName(node string) string { return "gatehouse-state-" + node }
-
 func pcrList() string {
 	var s []string
 	for _, p := range PCRs {
@@ -240,7 +236,7 @@ func routePods(ctx context.Context, spec *NodeSpec) error {
 	var batch strings.Builder
 	for i := range MaxControlPlanes + MaxWorkers {
 		if cidr := podCIDR(i); cidr != spec.PodCIDR {
-			fmt.Fprintf(&batch, "route replace %s via %s\n", cidr, nodeIP(i))
+			fmt.Fprintf(&batch, "route replace %s via %s\n", cidr, spec.Network.NodeIP(i))
 		}
 	}
 	cmd := exec.CommandContext(ctx, "ip", "-batch", "-")
@@ -282,7 +278,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 func startContainerd(ctx context.Context, spec *NodeSpec, procs *processes) error {
 	cfg := filepath.Join(spec.Dir, "containerd.toml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, containerdConfig, spec.PauseImage, RegistryAddress), 0o644); err != nil { //nolint:gosec // not secret
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, containerdConfig, spec.PauseImage, spec.Network.RegistryAddress()), 0o644); err != nil { //nolint:gosec // not secret
 		return err
 	}
 	procs.start(ctx, "containerd", "containerd", "--config", cfg)
@@ -358,7 +354,7 @@ func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 	args := []string{
 		"--node-name", spec.Name, "--advertise-address", spec.IP,
 		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--state-disk", spec.StateDisk,
-		"--state-disk-mapper-name", stateMapperName(spec.Name), "--state-disk-mount", "/run/gatehouse/state",
+		"--state-disk-mapper-name", spec.Network.stateMapperName(spec.Name), "--state-disk-mount", "/run/gatehouse/state",
 		"--init-listen", fmt.Sprintf("%s:%d", spec.IP, InitPort), "--init-secret-hash-file", spec.InitSecretHashFile,
 		"--cgroup-driver", "cgroupfs", "--cgroup-root", spec.CgroupRoot, "--allow-cgroup-v1", "--allow-swap",
 		"--image-repository", ImageRepository, "--image-pull-policy", "Never",

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -31,7 +32,7 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 	for i := len(rec.Nodes) - 1; i >= 0; i-- {
 		n := rec.Nodes[i]
 		fmt.Fprintf(out, "Removing node %s\n", n.Name)
-		errs = append(errs, stopNode(ctx, n)...)
+		errs = append(errs, stopNode(ctx, rec.Network, n)...)
 		if n.LoopDevice != "" {
 			if err := run(ctx, "losetup", "--detach", n.LoopDevice); err != nil && !strings.Contains(err.Error(), "No such") {
 				errs = append(errs, err)
@@ -45,9 +46,17 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 				errs = append(errs, err)
 			}
 		}
+		// A host directory the node's agent created as a mountpoint stays
+		// while another local cluster runs: removing it would take that
+		// cluster's nodes' bind mounts on it with it (the kernel detaches
+		// the mounts on a removed directory in every mount namespace).
 		if data, err := os.ReadFile(filepath.Join(n.Dir, mountpointsFile)); err == nil {
-			for _, mp := range strings.Fields(string(data)) {
-				_ = os.Remove(mp) //nolint:gosec // a mountpoint the agent recorded creating; removed only if still empty
+			if others, err := otherNetworks(rec.Network); err != nil {
+				errs = append(errs, err)
+			} else if len(others) == 0 {
+				for _, mp := range strings.Fields(string(data)) {
+					_ = os.Remove(mp) //nolint:gosec // a mountpoint the agent recorded creating; removed only if still empty
+				}
 			}
 		}
 	}
@@ -66,11 +75,21 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 	return errors.Join(errs...)
 }
 
-// stopNode stops every process of node n, as a power cut would: its agent
+// otherNetworks lists the networks other than own where a local cluster
+// runs (its bridge exists).
+func otherNetworks(own Network) ([]Network, error) {
+	running, err := RunningNetworks()
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(running, func(n Network) bool { return n == own }), nil
+}
+
+// stopNode stops every process of node n on network nw, as a power cut would: its agent
 // (which stops its TPM, containerd and kubelet), whatever is left in its
 // mount namespace, and its pods' processes in its cgroups, whose tree it
 // removes. Its network, disks and directories stay.
-func stopNode(ctx context.Context, n NodeRecord) []error {
+func stopNode(ctx context.Context, nw Network, n NodeRecord) []error {
 	var errs []error
 	if n.AgentPID > 0 {
 		_ = syscall.Kill(n.AgentPID, syscall.SIGTERM)
@@ -91,10 +110,10 @@ func stopNode(ctx context.Context, n NodeRecord) []error {
 	}
 	// Where device-mapper exists the node's state disk is mapped; with its
 	// mount namespace gone, nothing holds the mapping: a power cut.
-	if _, err := os.Stat("/dev/mapper/" + stateMapperName(n.Name)); err == nil {
-		mapping := "/dev/mapper/" + stateMapperName(n.Name)
+	if _, err := os.Stat("/dev/mapper/" + nw.stateMapperName(n.Name)); err == nil {
+		mapping := "/dev/mapper/" + nw.stateMapperName(n.Name)
 		err := poll(ctx, 200*time.Millisecond, 10*time.Second, "closing "+mapping, func() (bool, error) {
-			return run(ctx, "cryptsetup", "close", stateMapperName(n.Name)) == nil, nil
+			return run(ctx, "cryptsetup", "close", nw.stateMapperName(n.Name)) == nil, nil
 		})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
@@ -169,7 +188,7 @@ func Status(ctx context.Context, dir string, out io.Writer) error {
 	}
 	fmt.Fprintln(out)
 	if rec.LoadBalancerPID > 0 {
-		fmt.Fprintf(out, "API servers' load balancer: haproxy at %s, running: %t\n", loadBalancerEndpoint(), syscall.Kill(rec.LoadBalancerPID, 0) == nil)
+		fmt.Fprintf(out, "API servers' load balancer: haproxy at %s, running: %t\n", rec.Network.loadBalancerEndpoint(), syscall.Kill(rec.LoadBalancerPID, 0) == nil)
 	}
 	members, err := EtcdMembers(ctx, dir)
 	if err != nil {

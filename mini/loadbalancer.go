@@ -15,27 +15,19 @@ import (
 )
 
 // The API servers' load balancer of a cluster with more than one control
-// plane: Debian's haproxy on the host, at LoadBalancerIP on the cluster
-// bridge, configured as kubeadm's HA guide does ("Options for software
+// plane: Debian's haproxy on the host, at the network's LoadBalancerIP on
+// the cluster bridge, configured as kubeadm's HA guide does ("Options for software
 // load balancing", docs/quickstart.md "High availability"): TCP passed
 // through to every control plane's API server, each health-checked with
 // GET /healthz over TLS. It is the cluster's controlPlaneEndpoint.
-const (
-	LoadBalancerIP = subnet + ".2"
-	apiServerPort  = 6443
-)
+const apiServerPort = 6443
 
-// loadBalancerEndpoint is the controlPlaneEndpoint the load balancer serves.
-func loadBalancerEndpoint() string {
-	return net.JoinHostPort(LoadBalancerIP, fmt.Sprint(apiServerPort))
-}
-
-// haproxyConfig is the load balancer's configuration for the API servers
-// at backends (IPs). A server is taken out after two failed checks a
+// haproxyConfig is the load balancer's configuration on network nw for the
+// API servers at backends (IPs). A server is taken out after two failed checks a
 // second apart and put back after two good ones, so a stopped control
 // plane stops getting connections within about two seconds; connections
 // refused on the way are retried on another server (redispatch).
-func haproxyConfig(backends []string) string {
+func haproxyConfig(nw Network, backends []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `# Written by gatehouse mini up: the API servers' load balancer.
 global
@@ -61,30 +53,32 @@ backend apiservers
     http-check expect status 200
     balance roundrobin
     default-server inter 1s fall 2 rise 2
-`, loadBalancerEndpoint())
+`, nw.loadBalancerEndpoint())
 	for _, ip := range backends {
 		fmt.Fprintf(&b, "    server %s %s check verify none\n", ip, net.JoinHostPort(ip, fmt.Sprint(apiServerPort)))
 	}
 	return b.String()
 }
 
-// startLoadBalancer gives the host LoadBalancerIP on the bridge and starts
-// haproxy there for the API servers at backends, recorded in rec.
+// startLoadBalancer gives the host the LoadBalancerIP of rec's network on
+// its bridge and starts haproxy there for the API servers at backends,
+// recorded in rec.
 func startLoadBalancer(ctx context.Context, rec *Record, backends []string) error {
-	if err := run(ctx, "ip", "addr", "add", LoadBalancerIP+"/24", "dev", bridgeName); err != nil {
+	nw := rec.Network
+	if err := run(ctx, "ip", "addr", "add", nw.LoadBalancerIP()+"/24", "dev", nw.Bridge()); err != nil {
 		return err
 	}
 	cfg := filepath.Join(rec.Dir, "haproxy.cfg")
-	if err := os.WriteFile(cfg, []byte(haproxyConfig(backends)), 0o644); err != nil { //nolint:gosec // addresses only
+	if err := os.WriteFile(cfg, []byte(haproxyConfig(nw, backends)), 0o644); err != nil { //nolint:gosec // addresses only
 		return err
 	}
 	if out, err := exec.CommandContext(ctx, "haproxy", "-c", "-f", cfg).CombinedOutput(); err != nil {
 		return fmt.Errorf("haproxy refuses its configuration %s: %w\n%s", cfg, err, out)
 	}
 	// -db: stay in the foreground, so the recorded PID is haproxy's.
-	return startHostProcess(ctx, rec, &rec.LoadBalancerPID, "haproxy", "listen on "+loadBalancerEndpoint(), []string{"haproxy", "-db", "-f", cfg},
+	return startHostProcess(ctx, rec, &rec.LoadBalancerPID, "haproxy", "listen on "+nw.loadBalancerEndpoint(), []string{"haproxy", "-db", "-f", cfg},
 		func() (bool, error) {
-			c, err := net.DialTimeout("tcp", loadBalancerEndpoint(), time.Second)
+			c, err := net.DialTimeout("tcp", nw.loadBalancerEndpoint(), time.Second)
 			if err != nil {
 				return false, nil
 			}
@@ -92,11 +86,11 @@ func startLoadBalancer(ctx context.Context, rec *Record, backends []string) erro
 		})
 }
 
-// waitLoadBalancer waits until the load balancer routes to a ready API
-// server: haproxy takes a server in after two good health checks a second
+// waitLoadBalancer waits until the load balancer of network nw routes to a
+// ready API server: haproxy takes a server in after two good health checks a second
 // apart, so right after kubeadm init it may still refuse. caFile is the
 // cluster CA.
-func waitLoadBalancer(ctx context.Context, caFile string) error {
+func waitLoadBalancer(ctx context.Context, nw Network, caFile string) error {
 	ca, err := os.ReadFile(caFile)
 	if err != nil {
 		return err
@@ -108,7 +102,7 @@ func waitLoadBalancer(ctx context.Context, caFile string) error {
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true, TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 	}}
-	url := "https://" + loadBalancerEndpoint() + "/readyz"
+	url := "https://" + nw.loadBalancerEndpoint() + "/readyz"
 	return poll(ctx, 200*time.Millisecond, 2*time.Minute, "the load balancer to route to a ready API server", func() (bool, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {

@@ -42,7 +42,7 @@ func RebootNode(ctx context.Context, dir, name string, tamper bool, out io.Write
 		return err
 	}
 	fmt.Fprintf(out, "Stopping every process of %s\n", name)
-	if errs := stopNode(ctx, nr); len(errs) > 0 {
+	if errs := stopNode(ctx, rec.Network, nr); len(errs) > 0 {
 		return fmt.Errorf("stopping %s: %w", name, errors.Join(errs...))
 	}
 	if err := createCgroup(spec.CgroupRoot); err != nil {
@@ -77,7 +77,7 @@ func Stop(ctx context.Context, dir string, out io.Writer) error {
 	var errs []error
 	for i := len(rec.Nodes) - 1; i >= 0; i-- {
 		fmt.Fprintf(out, "Stopping %s\n", rec.Nodes[i].Name)
-		errs = append(errs, stopNode(ctx, rec.Nodes[i])...)
+		errs = append(errs, stopNode(ctx, rec.Network, rec.Nodes[i])...)
 		rec.Nodes[i].AgentPID, rec.Nodes[i].AgentMountNS = 0, ""
 	}
 	errs = append(errs, rec.save())

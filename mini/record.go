@@ -16,17 +16,19 @@ import (
 // namespace, link, loop device, cgroup and file. It is saved after each
 // change (mini.json in the cluster directory).
 type Record struct {
-	Created    time.Time `json:"created"`
-	Dir        string    `json:"dir"`
-	Bridge     string    `json:"bridge,omitempty"`
-	Kubeconfig string    `json:"kubeconfig,omitempty"`
+	Created time.Time `json:"created"`
+	Dir     string    `json:"dir"`
+	// Network is where the cluster lives on the host; its Bridge is made.
+	Network    Network `json:"network,omitempty"`
+	Bridge     string  `json:"bridge,omitempty"`
+	Kubeconfig string  `json:"kubeconfig,omitempty"`
 	// JoinEndpoints and CACertHash are what a joining node is given: every
 	// control plane's join service and the cluster CA's hash.
 	JoinEndpoints []string `json:"joinEndpoints,omitempty"`
 	CACertHash    string   `json:"caCertHash,omitempty"`
 	// LoadBalancerPID is the API servers' haproxy (more than one control plane).
 	LoadBalancerPID int `json:"loadBalancerPID,omitempty"`
-	// RegistryPID is the local image registry (RegistryAddress).
+	// RegistryPID is the local image registry (Network.RegistryAddress).
 	RegistryPID int          `json:"registryPID,omitempty"`
 	Nodes       []NodeRecord `json:"nodes"`
 }

@@ -18,12 +18,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// RegistryAddress is the local image registry: the CNCF distribution
-// registry, built from its pinned module (hack/addon-binaries.sh), on the
-// host's address on the cluster bridge, over plain HTTP. Every node's
-// containerd pulls from it; `gatehouse mini load` pushes to it. Images are
-// named RegistryAddress/<repository>:<tag>.
-const RegistryAddress = subnet + ".1:5000"
+// The local image registry is the CNCF distribution registry, built from
+// its pinned module (hack/addon-binaries.sh), at the cluster network's
+// RegistryAddress (the host's address on the cluster bridge), over plain
+// HTTP. Every node's containerd pulls from it; `gatehouse mini load`
+// pushes to it.
 
 // registryConfig is the registry's configuration: storage under dir.
 const registryConfig = `version: 0.1
@@ -41,18 +40,19 @@ http:
 // startRegistry starts the registry binary (of addonBin) for the cluster of
 // rec and waits until it answers, recording its PID.
 func startRegistry(ctx context.Context, rec *Record, addonBin string) error {
+	address := rec.Network.RegistryAddress()
 	storage := filepath.Join(rec.Dir, "registry")
 	if err := os.MkdirAll(storage, 0o700); err != nil {
 		return err
 	}
 	cfg := filepath.Join(rec.Dir, "registry.yaml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, registryConfig, storage, RegistryAddress), 0o600); err != nil {
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, registryConfig, storage, address), 0o600); err != nil {
 		return err
 	}
 	client := &http.Client{Timeout: time.Second}
-	return startHostProcess(ctx, rec, &rec.RegistryPID, "registry", "answer at "+RegistryAddress,
+	return startHostProcess(ctx, rec, &rec.RegistryPID, "registry", "answer at "+address,
 		[]string{filepath.Join(addonBin, "registry"), "serve", cfg}, func() (bool, error) {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+RegistryAddress+"/v2/", nil)
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+"/v2/", nil)
 			if err != nil {
 				return false, err
 			}
@@ -141,7 +141,7 @@ func Load(ctx context.Context, dir, path string, out io.Writer) ([]string, error
 			if err != nil {
 				return nil, fmt.Errorf("%s: image %s: %w", path, t, err)
 			}
-			dst, err := name.NewTag(RegistryAddress+"/"+tag.RepositoryStr()+":"+tag.TagStr(), name.Insecure)
+			dst, err := name.NewTag(rec.Network.RegistryAddress()+"/"+tag.RepositoryStr()+":"+tag.TagStr(), name.Insecure)
 			if err != nil {
 				return nil, err
 			}

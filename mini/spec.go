@@ -16,8 +16,10 @@ import (
 // NodeSpec is what a node agent needs, written by Up as node.json.
 type NodeSpec struct {
 	Name string `json:"name"`
-	// IP is the node's address on the cluster bridge.
-	IP string `json:"ip"`
+	// Network is the cluster's network; IP is the node's address on its
+	// bridge.
+	Network Network `json:"network,omitempty"`
+	IP      string  `json:"ip"`
 	// Gateway is the bridge's address on the host.
 	Gateway string `json:"gateway"`
 	// Dir is the node's directory on the host.

@@ -32,6 +32,10 @@ const DefaultDir = "/var/lib/gatehouse-mini"
 type Options struct {
 	// Dir is the cluster directory (DefaultDir).
 	Dir string
+	// Network is where the cluster lives on the host (DefaultNetwork): its
+	// bridge, addresses and host-wide names. Clusters on different networks
+	// run side by side.
+	Network Network
 	// ControlPlanes is the number of control planes (1, at most
 	// MaxControlPlanes). With more than one, an haproxy load balancer is
 	// the cluster's controlPlaneEndpoint and control planes 2..N join
@@ -65,13 +69,6 @@ type Options struct {
 	// admin kubeconfig, state and master secret files into dir.
 	Init func(ctx context.Context, dir, config, node, initSecretFile string, components []*componentsv1.Component) error
 }
-
-// network of the cluster bridge: the host is .1, the load balancer .2,
-// node i is .10+i.
-const (
-	bridgeName = "ghmini0"
-	subnet     = "10.88.0"
-)
 
 // Limits of a local cluster's size: node addresses and pod ranges are
 // numbered in one /24 each.
@@ -153,13 +150,16 @@ func (u *up) preflight() error {
 	if n := u.opts.Workers; n < 0 || n > MaxWorkers {
 		return fmt.Errorf("--workers %d: a local cluster has 0 to %d workers", n, MaxWorkers)
 	}
+	if err := u.opts.Network.Valid(); err != nil {
+		return err
+	}
 	if running, err := exists(u.opts.Dir); err != nil {
 		return err
 	} else if running {
-		return fmt.Errorf("a local cluster already runs from %s; run `gatehouse mini down` first", u.opts.Dir)
+		return fmt.Errorf("a local cluster already runs from %s; run `gatehouse mini down%s` first", u.opts.Dir, dirFlag(u.opts.Dir))
 	}
-	if _, err := net.InterfaceByName(bridgeName); err == nil {
-		return fmt.Errorf("a local cluster already runs (its bridge %s exists), from another directory; run `gatehouse mini down --dir <its directory>` first", bridgeName)
+	if err := networkFree(u.opts.Network); err != nil {
+		return err
 	}
 	if err := CheckPrerequisites(); err != nil {
 		return fmt.Errorf("this machine lacks what a local cluster needs:\n%w", err)
@@ -173,7 +173,7 @@ func (u *up) createRecord() error {
 	if err := os.MkdirAll(u.opts.Dir, 0o700); err != nil {
 		return err
 	}
-	u.rec = &Record{Created: time.Now().UTC(), Dir: u.opts.Dir}
+	u.rec = &Record{Created: time.Now().UTC(), Dir: u.opts.Dir, Network: u.opts.Network}
 	return u.rec.save()
 }
 
@@ -207,26 +207,35 @@ func (u *up) createTPMCA(ctx context.Context) error {
 // API servers' load balancer when there is more than one control plane,
 // and the init secret files.
 func (u *up) createNetwork(ctx context.Context) error {
-	u.p.step("Creating the cluster network (bridge %s, %s.0/24)", bridgeName, subnet)
-	if err := run(ctx, "ip", "link", "add", bridgeName, "type", "bridge"); err != nil {
+	nw := u.opts.Network
+	u.p.step("Creating the cluster network (bridge %s, %s)", nw.Bridge(), nw.CIDR())
+	if err := run(ctx, "ip", "link", "add", nw.Bridge(), "type", "bridge"); err != nil {
+		// Another `mini up` on this network took it since the preflight.
+		if nerr := networkFree(nw); nerr != nil {
+			return nerr
+		}
 		return err
 	}
-	u.rec.Bridge = bridgeName
+	u.rec.Bridge = nw.Bridge()
 	if err := u.rec.save(); err != nil {
 		return err
 	}
-	if err := run(ctx, "ip", "addr", "add", subnet+".1/24", "dev", bridgeName); err != nil {
+	// The alias names the cluster, for another mini up's refusal.
+	if err := run(ctx, "ip", "link", "set", "dev", nw.Bridge(), "alias", aliasPrefix+u.opts.Dir); err != nil {
 		return err
 	}
-	if err := run(ctx, "ip", "link", "set", bridgeName, "up"); err != nil {
+	if err := run(ctx, "ip", "addr", "add", nw.HostIP()+"/24", "dev", nw.Bridge()); err != nil {
+		return err
+	}
+	if err := run(ctx, "ip", "link", "set", nw.Bridge(), "up"); err != nil {
 		return err
 	}
 	if u.opts.ControlPlanes > 1 {
 		var backends []string
 		for i := range u.opts.ControlPlanes {
-			backends = append(backends, nodeIP(i))
+			backends = append(backends, nw.NodeIP(i))
 		}
-		u.p.step("Starting the API servers' load balancer (haproxy) at %s for %d control planes", loadBalancerEndpoint(), len(backends))
+		u.p.step("Starting the API servers' load balancer (haproxy) at %s for %d control planes", nw.loadBalancerEndpoint(), len(backends))
 		if err := startLoadBalancer(ctx, u.rec, backends); err != nil {
 			return err
 		}
@@ -238,7 +247,7 @@ func (u *up) createNetwork(ctx context.Context) error {
 
 // startRegistry starts the local image registry every node pulls from.
 func (u *up) startRegistry(ctx context.Context) error {
-	u.p.step("Starting the local image registry at %s (gatehouse mini load pushes to it)", RegistryAddress)
+	u.p.step("Starting the local image registry at %s (gatehouse mini load pushes to it)", u.opts.Network.RegistryAddress())
 	return startRegistry(ctx, u.rec, u.opts.AddonBinDir)
 }
 
@@ -250,23 +259,22 @@ func (u *up) newSpec(i int, name string) *NodeSpec {
 		manifest = u.opts.BootManifest(name, bytes.Clone(manifest))
 	}
 	s := &NodeSpec{
-		Gateway: subnet + ".1", BinDir: u.opts.BinDir, KubeBinDir: u.opts.KubeBinDir, Images: u.archive, PauseImage: u.pause,
+		Network: u.opts.Network, Gateway: u.opts.Network.HostIP(), BinDir: u.opts.BinDir, KubeBinDir: u.opts.KubeBinDir, Images: u.archive, PauseImage: u.pause,
 		BootManifest: manifest, InitSecretHashFile: u.hashFile, TPMCA: u.tpmCA.Dir,
 	}
 	s.place(u.opts.Dir, i, name)
 	return s
 }
 
-// place makes s node i of the cluster in dir, named name: its address,
-// pod range, directory, namespace and cgroup.
+// place makes s node i of the cluster in dir on s.Network, named name:
+// its address, pod range, directory, namespace and cgroup.
 func (s *NodeSpec) place(dir string, i int, name string) {
-	s.Name, s.IP, s.PodCIDR = name, nodeIP(i), podCIDR(i)
-	s.Dir, s.NetNS, s.CgroupRoot = filepath.Join(dir, "nodes", name), "gh-"+name, "/gh-"+name
+	s.Name, s.IP, s.PodCIDR = name, s.Network.NodeIP(i), podCIDR(i)
+	s.Dir, s.NetNS, s.CgroupRoot = filepath.Join(dir, "nodes", name), s.Network.hostName(name), "/"+s.Network.hostName(name)
 }
 
-// nodeIP is node i's address, podCIDR its pod range.
-func nodeIP(i int) string { return fmt.Sprintf("%s.%d", subnet, 10+i) }
-
+// podCIDR is node i's pod range; pod ranges are private to a cluster's
+// nodes (routed on its bridge only), so every network uses the same.
 func podCIDR(i int) string { return fmt.Sprintf("10.244.%d.0/24", i) }
 
 // controlPlaneEndpoint is the cluster's controlPlaneEndpoint: the load
@@ -274,9 +282,9 @@ func podCIDR(i int) string { return fmt.Sprintf("10.244.%d.0/24", i) }
 // server.
 func (u *up) controlPlaneEndpoint() string {
 	if u.opts.ControlPlanes > 1 {
-		return loadBalancerEndpoint()
+		return u.opts.Network.loadBalancerEndpoint()
 	}
-	return net.JoinHostPort(nodeIP(0), fmt.Sprint(apiServerPort))
+	return net.JoinHostPort(u.opts.Network.NodeIP(0), fmt.Sprint(apiServerPort))
 }
 
 // initControlPlane writes the cluster configuration, starts the control
@@ -296,7 +304,7 @@ func (u *up) initControlPlane(ctx context.Context) error {
 	u.config = filepath.Join(u.opts.Dir, "gatehouse-config.yaml")
 	endpoint := ""
 	if u.opts.ControlPlanes > 1 {
-		endpoint = loadBalancerEndpoint()
+		endpoint = u.opts.Network.loadBalancerEndpoint()
 	}
 	if err := writeClusterConfig(u.config, u.opts, u.manifest, u.tpmCA, endpoint); err != nil {
 		return err
@@ -311,7 +319,7 @@ func (u *up) initControlPlane(ctx context.Context) error {
 	}
 	if u.opts.ControlPlanes > 1 {
 		u.p.step("Waiting for the load balancer to route to %s's API server", u.cp.Name)
-		return waitLoadBalancer(ctx, filepath.Join(u.cp.rootDir(), "etc/kubernetes/pki/ca.crt"))
+		return waitLoadBalancer(ctx, u.opts.Network, filepath.Join(u.cp.rootDir(), "etc/kubernetes/pki/ca.crt"))
 	}
 	return nil
 }
@@ -333,7 +341,7 @@ func (u *up) installServices(ctx context.Context) error {
 func (u *up) startJoiners(ctx context.Context) error {
 	var endpoints []string
 	for i := range u.opts.ControlPlanes {
-		endpoints = append(endpoints, net.JoinHostPort(nodeIP(i), fmt.Sprint(JoinPort)))
+		endpoints = append(endpoints, net.JoinHostPort(u.opts.Network.NodeIP(i), fmt.Sprint(JoinPort)))
 	}
 	// What `gatehouse mini node add` needs to make another worker.
 	u.rec.JoinEndpoints, u.rec.CACertHash = endpoints, u.svc.caHash
@@ -554,7 +562,7 @@ func startNode(ctx context.Context, binDir string, rec *Record, s *NodeSpec) err
 		return err
 	}
 	nr.NetNS = s.NetNS
-	veth := "gh" + strings.ReplaceAll(strings.TrimPrefix(s.Name, "worker-"), "cp-", "c") + "h"
+	veth := s.Network.hostVeth(s.Name)
 	if err := run(ctx, "ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", s.NetNS); err != nil {
 		return err
 	}
@@ -563,7 +571,7 @@ func startNode(ctx context.Context, binDir string, rec *Record, s *NodeSpec) err
 		return err
 	}
 	for _, args := range [][]string{
-		{"link", "set", veth, "master", bridgeName},
+		{"link", "set", veth, "master", s.Network.Bridge()},
 		{"link", "set", veth, "up"},
 		{"-n", s.NetNS, "addr", "add", s.IP + "/24", "dev", "eth0"},
 		{"-n", s.NetNS, "link", "set", "eth0", "up"},

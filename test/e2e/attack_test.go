@@ -74,7 +74,7 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient("10.88.0.10:9090", grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(nodeIP(t, dir, "cp-0")+":9090", grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}

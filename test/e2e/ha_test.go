@@ -125,7 +125,7 @@ func readyz(ctx context.Context, client *http.Client, url string) error {
 func watchAPI(ctx context.Context, t *testing.T, dir string) (stop func() (failed, total int64)) {
 	t.Helper()
 	client := apiServerClient(t, dir)
-	url := "https://" + mini.LoadBalancerIP + ":6443"
+	url := "https://" + clusterNetwork(t, dir).LoadBalancerIP() + ":6443"
 	var failed, total atomic.Int64
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -76,19 +77,25 @@ func TestMiniCluster(t *testing.T) {
 		t.Fatalf("this machine cannot run a local cluster (make setup installs what is missing):\n%v", err)
 	}
 	bin := buildBinaries(t)
+	// A directory and a network of its own: a cluster the user started
+	// with `make mini-up` (network 0, /var/lib/gatehouse-mini) runs on.
 	dir := filepath.Join(t.TempDir(), "mini")
+	network, err := mini.FreeNetwork(mini.DefaultNetwork + 1)
+	if err != nil {
+		t.Fatalf("no network for the test's cluster (`gatehouse mini down --dir <dir>` removes a cluster that holds one): %v", err)
+	}
 	t.Cleanup(func() {
 		if out, err := gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
 			t.Errorf("cleanup: mini down: %v\n%s", err, out)
 		}
 	})
 	start := time.Now()
-	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--control-planes", "3", "--workers", "3", "--tamper", "worker-3",
+	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)), "--control-planes", "3", "--workers", "3", "--tamper", "worker-3",
 		"--kubelet-cert-lifetime", kubeletCertLifetime.String())
 	if err != nil {
 		t.Fatalf("mini up: %v\n%s\n%s", err, out, nodeLogs(dir))
 	}
-	t.Logf("mini up took %s:\n%s", time.Since(start).Round(time.Second), out)
+	t.Logf("mini up on network %d took %s:\n%s", network, time.Since(start).Round(time.Second), out)
 	for _, want := range []string{"Node cp-0 is Ready", "Node cp-1 is Ready", "Node cp-2 is Ready", "Node worker-1 is Ready", "Node worker-2 is Ready", "The cluster is up", "kubeconfig:"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("mini up output lacks %q", want)
@@ -109,7 +116,7 @@ func TestMiniCluster(t *testing.T) {
 			"cp-0": "Verified", "cp-1": "Verified", "cp-2": "Verified", "worker-1": "Verified", "worker-2": "Verified",
 		})
 		kubeconfig, err := os.ReadFile(filepath.Join(dir, "gatehouse-admin.conf"))
-		if err != nil || !strings.Contains(string(kubeconfig), "server: https://"+mini.LoadBalancerIP+":6443") {
+		if err != nil || !strings.Contains(string(kubeconfig), "server: https://"+network.LoadBalancerIP()+":6443") {
 			t.Errorf("the admin kubeconfig does not point at the load balancer (%v):\n%s", err, kubeconfig)
 		}
 		for _, w := range []string{"worker-1", "worker-2"} {
@@ -488,6 +495,16 @@ func TestMiniCluster(t *testing.T) {
 		t.Fatalf("mini down: %v\n%s", err, out)
 	}
 	assertNothingLeft(t, rec)
+}
+
+// clusterNetwork is the network of the local cluster in dir.
+func clusterNetwork(t *testing.T, dir string) mini.Network {
+	t.Helper()
+	rec, err := mini.ReadRecord(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec.Network
 }
 
 // readySince reports whether node is Ready with a heartbeat after t.

@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/gatehouse-dev/gatehouse/mini"
 	"github.com/gatehouse-dev/gatehouse/mini/images"
 )
 
@@ -42,7 +41,7 @@ func echoImage(t *testing.T, bin, dir string) string {
 		t.Fatal(err)
 	}
 	out, err := gatehouse(t, bin, "mini", "load", "--dir", dir, archive)
-	want := mini.RegistryAddress + "/e2e/echo:1"
+	want := clusterNetwork(t, dir).RegistryAddress() + "/e2e/echo:1"
 	if err != nil || !strings.Contains(out, "Loaded "+want) {
 		t.Fatalf("mini load: %v\n%s", err, out)
 	}
