@@ -15,8 +15,12 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: setup
-setup: ## Install Debian packages, the pinned Go tools and the pinned Kubernetes binaries
+setup: ## Install what the local cluster needs: its Debian packages, the pinned Kubernetes binaries, CoreDNS and the registry
 	hack/setup.sh
+
+.PHONY: setup-test
+setup-test: ## `setup`, and what only the tests need: their Debian packages, the pinned Go tools, MinIO, upstream CABPK and clusterctl
+	hack/setup.sh --test
 
 .PHONY: kube-binaries
 kube-binaries: ## Build the pinned Kubernetes binaries and etcd into the cache (no-op when cached)
@@ -58,10 +62,10 @@ stress: tools ## Flake hunt: run each package's tests COUNT (20) times, with and
 
 .PHONY: build
 build: ## Build the binaries into bin/
-	go build -o bin/ ./cmd/...
+	hack/build.sh
 
 .PHONY: unit
-unit: tools ## Run the tests (needs `make setup` first for the Kubernetes binaries)
+unit: tools ## Run the tests (needs `make setup-test` first)
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
 	@# The CAPI provider's parity test against upstream CABPK's renderers: a module of its own (docs/capi-parity.md).
 	$(if $(filter ./...,$(PKGS)),cd test/capiparity && GATEHOUSE_KUBE_BIN=$$(../../hack/kube-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) ./...)
@@ -71,10 +75,10 @@ fuzz: ## Run every go test -fuzz target for FUZZTIME (default 5s) each
 	hack/fuzz.sh
 
 .PHONY: test
-test: setup check-generate lint unit fuzz ## Set up the machine, check generated code, lint, run every test with -race, fuzz briefly
+test: setup-test check-generate lint unit fuzz ## Set up the machine for the tests, check generated code, lint, run every test with -race, fuzz briefly
 
 .PHONY: mini-up
-mini-up: setup build ## Set up the machine and start a local attested cluster (1 control plane + 2 workers)
+mini-up: setup build ## Set up what the local cluster needs and start one (1 control plane + 2 workers)
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) bin/gatehouse mini up
 
 .PHONY: mini-down

@@ -18,6 +18,9 @@ TOOLS=(
 	github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c
 )
 
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib/progress.sh
+source "$here/lib/progress.sh"
 cache_root=${GATEHOUSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gatehouse}
 bin="$cache_root/tools/bin"
 mkdir -p "$bin"
@@ -28,8 +31,7 @@ for tool in "${TOOLS[@]}"; do
 	if [[ -f "$stamp" && -x "$bin/$name" ]]; then
 		continue
 	fi
-	printf '[go-tools] installing %s\n' "$tool" >&2
-	GOBIN="$bin" go install "$tool"
+	progress_run go-tools "installing $tool" -1 env GOBIN="$bin" go install -v "$tool"
 	rm -f "$bin/.$name@"*
 	touch "$stamp"
 done

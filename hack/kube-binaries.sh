@@ -13,6 +13,8 @@ ETCD_VERSION=v3.6.8
 COMPONENTS=(kubelet kubeadm kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib/progress.sh
+source "$here/lib/progress.sh"
 tools="$here/tools"
 cache_root=${GATEHOUSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gatehouse}
 # The tools module's content is part of the key, so a changed main or pin rebuilds.
@@ -35,7 +37,7 @@ exec 9>"$cache_root/kubernetes/.lock"
 flock 9
 cached
 
-log "building Kubernetes $KUBE_VERSION and etcd $ETCD_VERSION into $bin (cold: ~5-8 min on 2 cores)"
+log "building Kubernetes $KUBE_VERSION and etcd $ETCD_VERSION from source into $bin, once (cold: about 8 min on 2 cores)"
 tmp="$bin.tmp.$$"
 rm -rf "$tmp"
 mkdir -p "$tmp"
@@ -55,16 +57,14 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 cd "$tools"
-log "downloading modules"
-go mod download
-start=$SECONDS
-log "compiling kube (kubelet, kubeadm, kubectl, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy)"
-CGO_ENABLED=0 go build -trimpath -ldflags "${ldflags[*]}" -o "$tmp/kube" ./cmd/kube
-log "compiled kube in $((SECONDS - start))s"
-start=$SECONDS
-log "compiling etcd"
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" ./cmd/etcd
-log "compiled etcd in $((SECONDS - start))s"
+export CGO_ENABLED=0
+progress_run kube-binaries "downloading the modules of Kubernetes and etcd" 0 go mod download
+total=$(go list -deps ./cmd/kube | wc -l)
+progress_run kube-binaries "compiling kube (kubelet, kubeadm, kubectl, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy in one binary)" "$total" \
+	go build -v -trimpath -ldflags "${ldflags[*]}" -o "$tmp/kube" ./cmd/kube
+total=$(go list -deps ./cmd/etcd | wc -l)
+progress_run kube-binaries "compiling etcd (most of its packages are kube's, compiled already)" "$total" \
+	go build -v -trimpath -ldflags "-s -w" -o "$tmp/etcd" ./cmd/etcd
 for c in "${COMPONENTS[@]}"; do
 	ln -s kube "$tmp/$c"
 done

@@ -1,20 +1,47 @@
 #!/usr/bin/env bash
-# Prepares a fresh Debian machine (as root) for building and testing Gatehouse:
-# Debian packages, the pinned Go tools, the pinned Kubernetes binaries, the
-# local cluster's add-ons (CoreDNS, registry) and the pinned upstream Cluster
-# API programs (hack/capi-tools.sh).
-# Idempotent and fast when everything is already there.
+# Prepares a fresh Debian machine (as root).
+#
+#   hack/setup.sh         what the local cluster (make mini-up) needs: the
+#                         Debian packages it and the build use, the pinned
+#                         Kubernetes binaries and the cluster's add-ons
+#                         (CoreDNS, registry)
+#   hack/setup.sh --test  that, and what only the tests need (make test): the
+#                         tests' Debian packages, the pinned Go tools (MinIO
+#                         among them) and the pinned upstream Cluster API
+#                         programs (hack/capi-tools.sh)
+#
+# Idempotent and fast when everything is already there. Every step longer
+# than a few seconds says what it does while it runs.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib/progress.sh
+source "$here/lib/progress.sh"
 
-# Debian packages the build, the tests and the local cluster use.
-PACKAGES=(ca-certificates git make gcc util-linux mount iproute2 iptables libssl-dev swtpm swtpm-tools softhsm2 cryptsetup-bin containerd runc containernetworking-plugins haproxy cloud-init)
+test=false
+case "${1:-}" in
+"") ;;
+--test) test=true ;;
+*)
+	echo "usage: $0 [--test]" >&2
+	exit 2
+	;;
+esac
+
+# Debian packages the build and the local cluster use: the C toolchain for
+# cgo (PKCS#11 in the key service), and what mini.CheckPrerequisites names.
+PACKAGES=(ca-certificates git make gcc libc6-dev util-linux mount iproute2 iptables
+	swtpm swtpm-tools cryptsetup-bin containerd runc containernetworking-plugins haproxy)
+# Debian packages only the tests use: OpenSSL's headers for the TPM
+# simulator's cgo, SoftHSM2 for PKCS#11, cloud-init for `cloud-init schema`.
+TEST_PACKAGES=(libssl-dev softhsm2 cloud-init)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+wanted=("${PACKAGES[@]}")
+if $test; then wanted+=("${TEST_PACKAGES[@]}"); fi
 missing=()
-for p in "${PACKAGES[@]}"; do
+for p in "${wanted[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
@@ -22,15 +49,19 @@ if ((${#missing[@]})); then
 		log "missing Debian packages: ${missing[*]}; run as root or install them with apt-get"
 		exit 1
 	fi
-	log "installing Debian packages: ${missing[*]}"
+	start=$SECONDS
+	log "installing Debian packages: ${missing[*]} (apt-get prints each download and install)"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq >&2
-	apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+	apt-get update -q >&2
+	apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+	log "Debian packages installed in $(progress_elapsed $((SECONDS - start)))"
 fi
 
 command -v go >/dev/null || { log "Go is not on PATH; install Go 1.26 (see docs/development.md)"; exit 1; }
 
-log "Go tools: $("$here/go-tools.sh")"
 log "Kubernetes binaries: $("$here/kube-binaries.sh")"
 log "Local cluster add-ons (CoreDNS, registry): $("$here/addon-binaries.sh")"
-log "Cluster API tools (upstream CABPK, clusterctl): $("$here/capi-tools.sh")"
+if $test; then
+	log "Go tools: $("$here/go-tools.sh")"
+	log "Cluster API tools (upstream CABPK, clusterctl; cold: about 3 min): $("$here/capi-tools.sh")"
+fi

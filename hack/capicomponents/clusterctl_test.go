@@ -64,16 +64,16 @@ func clusterctl(t *testing.T) string {
 			}
 		}
 		if path == "" {
-			t.Fatalf("no clusterctl %s in %s: run `make setup` (hack/capi-tools.sh builds it), or set %s to a clusterctl %s binary",
+			t.Fatalf("no clusterctl %s in %s: run `make setup-test` (hack/capi-tools.sh builds it), or set %s to a clusterctl %s binary",
 				want, filepath.Join(cache, "capi-tools"), clusterctlEnv, want)
 		}
 	}
 	out, err := exec.CommandContext(t.Context(), path, "version", "-o", "short").Output()
 	if err != nil {
-		t.Fatalf("%s version: %v: run `make setup` (hack/capi-tools.sh), or set %s to a clusterctl %s binary", path, err, clusterctlEnv, want)
+		t.Fatalf("%s version: %v: run `make setup-test` (hack/capi-tools.sh), or set %s to a clusterctl %s binary", path, err, clusterctlEnv, want)
 	}
 	if got := strings.TrimSpace(string(out)); got != want {
-		t.Fatalf("%s is clusterctl %s, want %s (go.mod's sigs.k8s.io/cluster-api): run `make setup`", path, got, want)
+		t.Fatalf("%s is clusterctl %s, want %s (go.mod's sigs.k8s.io/cluster-api): run `make setup-test`", path, got, want)
 	}
 	return path
 }

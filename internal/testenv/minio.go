@@ -113,11 +113,11 @@ func StartMinIO(t testing.TB, opts MinIOOptions) *MinIO {
 // MinIOBin returns the minio server binary: $GATEHOUSE_MINIO_BIN, else
 // $GATEHOUSE_CACHE/tools/bin/minio (GATEHOUSE_CACHE defaults to
 // ${XDG_CACHE_HOME:-$HOME/.cache}/gatehouse, where hack/go-tools.sh
-// installs it), else minio on PATH. The error says to run `make setup`.
+// installs it), else minio on PATH. The error says to run `make setup-test`.
 func MinIOBin() (string, error) {
 	if bin := os.Getenv(MinIOBinEnv); bin != "" {
 		if !executable(bin) {
-			return "", fmt.Errorf("%s=%s is not an executable file: unset it and run `make setup`, which installs the pinned MinIO", MinIOBinEnv, bin)
+			return "", fmt.Errorf("%s=%s is not an executable file: unset it and run `make setup-test`, which installs the pinned MinIO", MinIOBinEnv, bin)
 		}
 		return bin, nil
 	}
@@ -135,7 +135,7 @@ func MinIOBin() (string, error) {
 	if bin, err := exec.LookPath("minio"); err == nil {
 		return bin, nil
 	}
-	return "", fmt.Errorf("the minio server binary is not installed (not in %s, %s/tools/bin or PATH): run `make setup` "+
+	return "", fmt.Errorf("the minio server binary is not installed (not in %s, %s/tools/bin or PATH): run `make setup-test` "+
 		"(hack/go-tools.sh installs the pinned MinIO)", MinIOBinEnv, cache)
 }
 

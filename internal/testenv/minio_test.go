@@ -32,9 +32,9 @@ func TestMinIOBin(t *testing.T) {
 		wantErr string
 	}{
 		{name: "the environment variable wins", env: exe, cache: cache, want: exe},
-		{name: "a non-executable file named by the variable is refused", env: notExe, cache: cache, wantErr: "run `make setup`"},
+		{name: "a non-executable file named by the variable is refused", env: notExe, cache: cache, wantErr: "run `make setup-test`"},
 		{name: "the cache is used when the variable is unset", cache: cache, want: cached},
-		{name: "nothing found says to run make setup", cache: filepath.Join(dir, "empty"), wantErr: "run `make setup`"},
+		{name: "nothing found says to run make setup-test", cache: filepath.Join(dir, "empty"), wantErr: "run `make setup-test`"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

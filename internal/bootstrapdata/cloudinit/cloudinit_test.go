@@ -15,7 +15,7 @@ func schemaCheck(t *testing.T, data []byte) (string, error) {
 	t.Helper()
 	bin, err := exec.LookPath("cloud-init")
 	if err != nil {
-		t.Fatal("cloud-init is not installed (Debian package cloud-init; make setup installs it)")
+		t.Fatal("cloud-init is not installed (Debian package cloud-init; make setup-test installs it)")
 	}
 	f := filepath.Join(t.TempDir(), "user-data")
 	if err := os.WriteFile(f, data, 0o600); err != nil {

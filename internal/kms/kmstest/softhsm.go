@@ -21,7 +21,7 @@ const SoftHSMModule = "/usr/lib/softhsm/libsofthsm2.so"
 func NewSoftHSM(t *testing.T) *kms.PKCS11URI {
 	t.Helper()
 	if _, err := os.Stat(SoftHSMModule); err != nil {
-		t.Fatalf("SoftHSM2 is not installed (%v): install the Debian package softhsm2 (make setup does)", err)
+		t.Fatalf("SoftHSM2 is not installed (%v): install the Debian package softhsm2 (make setup-test does)", err)
 	}
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")
