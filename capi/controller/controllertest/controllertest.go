@@ -1,8 +1,8 @@
 // Package controllertest sets up what the bootstrap provider's controller
 // reconciles, for tests of package capi/controller and of the manager
 // binary: a real API server (envtest) with Cluster API's core CRDs and
-// ours, Clusters with their kubeconfig and CA Secrets, and Machines with
-// their KubeadmConfigs.
+// ours, Clusters with their kubeconfig and CA Secrets, and Machines and
+// MachinePools with their KubeadmConfigs.
 package controllertest
 
 import (
@@ -206,6 +206,41 @@ func (e *Env) Machine(ctx context.Context, cluster *clusterv1.Cluster, name stri
 		return nil, nil, fmt.Errorf("creating KubeadmConfig %s: %w", name, err)
 	}
 	return m, cfg, nil
+}
+
+// MachinePool creates a MachinePool of cluster with replicas replicas and
+// its KubeadmConfig with spec, owned by it, both named name, as Cluster
+// API's MachinePool controller adopts the config its template names. It
+// returns an error rather than failing the test so that it can run in
+// other goroutines.
+func (e *Env) MachinePool(ctx context.Context, cluster *clusterv1.Cluster, name string, replicas int32, spec bootstrapv1.KubeadmConfigSpec) (*clusterv1.MachinePool, *bootstrapv1.KubeadmConfig, error) {
+	labels := map[string]string{clusterv1.ClusterNameLabel: cluster.Name}
+	mp := &clusterv1.MachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: name, Labels: labels},
+		Spec: clusterv1.MachinePoolSpec{
+			ClusterName: cluster.Name,
+			Replicas:    ptr.To(replicas),
+			Template: clusterv1.MachineTemplateSpec{Spec: clusterv1.MachineSpec{
+				ClusterName: cluster.Name,
+				Version:     KubernetesVersion,
+				Bootstrap: clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: bootstrapv1.GroupVersion.Group, Kind: "KubeadmConfig", Name: name}},
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "TestMachinePool", Name: name},
+			}},
+		},
+	}
+	if err := e.Client.Create(ctx, mp); err != nil {
+		return nil, nil, fmt.Errorf("creating MachinePool %s: %w", name, err)
+	}
+	cfg := &bootstrapv1.KubeadmConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: name, Labels: labels,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "MachinePool", Name: mp.Name, UID: mp.UID}}},
+		Spec: spec,
+	}
+	if err := e.Client.Create(ctx, cfg); err != nil {
+		return nil, nil, fmt.Errorf("creating KubeadmConfig %s: %w", name, err)
+	}
+	return mp, cfg, nil
 }
 
 // WaitFor polls the KubeadmConfigs of namespace ns until ok holds for them
