@@ -34,7 +34,7 @@ func (e *env) configTokens(t *testing.T, c *bootstrapv1.KubeadmConfig) []string 
 // TestNothingBeforeRender: a join whose data cannot be rendered or stored
 // gets its condition and nothing else: no bootstrap token in the workload
 // cluster, no finalizer, no token annotation, also after another
-// reconcile.
+// reconcile; for a Machine's config and a MachinePool's alike.
 func TestNothingBeforeRender(t *testing.T) {
 	e := newEnv(t)
 	ns := e.Namespace(t)
@@ -57,30 +57,45 @@ func TestNothingBeforeRender(t *testing.T) {
 		{"bucket-credentials-missing", bootstrapv1.KubeadmConfigSpec{UserDataStore: &bootstrapv1.UserDataStore{
 			Endpoint: "s3.example.com", Bucket: "bootstrap", CredentialsSecret: "missing"}}, controller.ReasonUserDataStoreFailed},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			_, cfg, err := e.Machine(ctx, cluster, tc.name, false, tc.spec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for range 2 {
-				if err := e.reconcileOnce(t, r, cfg); err != nil {
+	owners := []struct {
+		kind string
+		make func(name string, spec bootstrapv1.KubeadmConfigSpec) (*bootstrapv1.KubeadmConfig, error)
+	}{
+		{"Machine", func(name string, spec bootstrapv1.KubeadmConfigSpec) (*bootstrapv1.KubeadmConfig, error) {
+			_, cfg, err := e.Machine(ctx, cluster, name, false, spec)
+			return cfg, err
+		}},
+		{"MachinePool", func(name string, spec bootstrapv1.KubeadmConfigSpec) (*bootstrapv1.KubeadmConfig, error) {
+			_, cfg, err := e.MachinePool(ctx, cluster, name, 3, spec)
+			return cfg, err
+		}},
+	}
+	for _, o := range owners {
+		for _, tc := range tests {
+			t.Run(o.kind+"/"+tc.name, func(t *testing.T) {
+				cfg, err := o.make(strings.ToLower(o.kind)+"-"+tc.name, tc.spec)
+				if err != nil {
 					t.Fatal(err)
 				}
-			}
-			if c := condition(cfg, controller.ConditionDataSecretAvailable); c == nil || c.Reason != tc.reason || cfg.Status.DataSecretName != nil {
-				t.Fatalf("condition %+v, data %v; want reason %s and no data", c, cfg.Status.DataSecretName, tc.reason)
-			}
-			if slices.Contains(cfg.Finalizers, controller.Finalizer) {
-				t.Errorf("finalizers %v", cfg.Finalizers)
-			}
-			if _, ok := cfg.Annotations["bootstrap.gatehouse.dev/managed-bootstrap-token"]; ok {
-				t.Errorf("annotations %v", cfg.Annotations)
-			}
-			if tokens := e.configTokens(t, cfg); len(tokens) > 0 {
-				t.Errorf("bootstrap tokens %v were created for data that does not exist", tokens)
-			}
-		})
+				for range 2 {
+					if err := e.reconcileOnce(t, r, cfg); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if c := condition(cfg, controller.ConditionDataSecretAvailable); c == nil || c.Reason != tc.reason || cfg.Status.DataSecretName != nil {
+					t.Fatalf("condition %+v, data %v; want reason %s and no data", c, cfg.Status.DataSecretName, tc.reason)
+				}
+				if slices.Contains(cfg.Finalizers, controller.Finalizer) {
+					t.Errorf("finalizers %v", cfg.Finalizers)
+				}
+				if _, ok := cfg.Annotations["bootstrap.gatehouse.dev/managed-bootstrap-token"]; ok {
+					t.Errorf("annotations %v", cfg.Annotations)
+				}
+				if tokens := e.configTokens(t, cfg); len(tokens) > 0 {
+					t.Errorf("bootstrap tokens %v were created for data that does not exist", tokens)
+				}
+			})
+		}
 	}
 }
 

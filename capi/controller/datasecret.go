@@ -48,30 +48,51 @@ func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte, store
 		Type: clusterv1.ClusterSecretType,
 		Data: map[string][]byte{"value": data, "format": []byte(format)},
 	}
+	// A config with data has its Secret: a MachinePool's token rotation
+	// rewrites it, under the same name.
+	if s.config.Status.DataSecretName != nil {
+		return r.rewriteData(ctx, s, sec)
+	}
 	if err := r.client.Create(ctx, sec); err != nil {
 		if apierrors.IsRequestEntityTooLargeError(err) {
-			return &sizeError{msg: fmt.Sprintf("the API server refused the %d-byte data Secret as too large (%v): %s", len(data), err, sizeFix)}
+			return tooLargeForAPIServer(data, err)
 		}
 		if !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating the data Secret: %w", err)
 		}
-		// A retry after a lost status update: the Secret must be this config's.
-		existing := &corev1.Secret{}
-		if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(sec), existing); err != nil {
-			return fmt.Errorf("reading the data Secret: %w", err)
-		}
-		if !metav1.IsControlledBy(existing, s.config) {
-			return specErrorf("Secret %s exists and does not belong to this KubeadmConfig: delete or rename it", sec.Name)
-		}
-		patch := client.MergeFrom(existing.DeepCopy())
-		existing.Data = sec.Data
-		if err := r.client.Patch(ctx, existing, patch); err != nil {
-			return fmt.Errorf("updating the data Secret: %w", err)
+		// A retry after a lost status update.
+		if err := r.rewriteData(ctx, s, sec); err != nil {
+			return err
 		}
 	}
 	s.config.Status.DataSecretName = ptr.To(sec.Name)
 	s.config.Status.Initialization = &bootstrapv1.Initialization{DataSecretCreated: ptr.To(true)}
 	return nil
+}
+
+// rewriteData writes sec's data into the existing data Secret, which must
+// be the config's.
+func (r *Reconciler) rewriteData(ctx context.Context, s *scope, sec *corev1.Secret) error {
+	existing := &corev1.Secret{}
+	if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(sec), existing); err != nil {
+		return fmt.Errorf("reading the data Secret: %w", err)
+	}
+	if !metav1.IsControlledBy(existing, s.config) {
+		return specErrorf("Secret %s exists and does not belong to this KubeadmConfig: delete or rename it", sec.Name)
+	}
+	patch := client.MergeFrom(existing.DeepCopy())
+	existing.Data = sec.Data
+	if err := r.client.Patch(ctx, existing, patch); err != nil {
+		if apierrors.IsRequestEntityTooLargeError(err) {
+			return tooLargeForAPIServer(sec.Data["value"], err)
+		}
+		return fmt.Errorf("updating the data Secret: %w", err)
+	}
+	return nil
+}
+
+func tooLargeForAPIServer(data []byte, err error) error {
+	return &sizeError{msg: fmt.Sprintf("the API server refused the %d-byte data Secret as too large (%v): %s", len(data), err, sizeFix)}
 }
 
 // dataFormat is the config's format, cloud-config when unset.

@@ -59,13 +59,13 @@ func (r *Reconciler) renderInput(ctx context.Context, s *scope, role render.Role
 // architecture (amd64 by default) and files.
 func (r *Reconciler) commonInput(ctx context.Context, s *scope, role render.Role) (render.Input, error) {
 	spec := s.config.Spec.DeepCopy()
-	in := render.Input{Spec: spec, Role: role, KubernetesVersion: s.machine.Spec.Version, Arch: spec.Architecture,
+	in := render.Input{Spec: spec, Role: role, KubernetesVersion: s.owner.version(), Arch: spec.Architecture,
 		ControlPlane: s.controlPlane()}
 	if in.Arch == "" {
 		in.Arch = "amd64"
 	}
 	if in.KubernetesVersion == "" {
-		return in, specErrorf("Machine %s has no spec.version: set the Kubernetes version", s.machine.Name)
+		return in, specErrorf("%s %s has no %s: set the Kubernetes version", s.owner.kind(), s.owner.name(), s.owner.versionField())
 	}
 	if err := render.CheckBaseTemplate(in.KubernetesVersion, in.Arch); err != nil {
 		return in, err
@@ -78,11 +78,11 @@ func (r *Reconciler) commonInput(ctx context.Context, s *scope, role render.Role
 	return in, err
 }
 
-// version is the Machine's Kubernetes version, parsed.
+// version is the owner's Kubernetes version, parsed.
 func version(s *scope, in *render.Input) (semver.Version, error) {
 	v, err := semver.ParseTolerant(in.KubernetesVersion)
 	if err != nil {
-		return v, specErrorf("Machine %s: spec.version %q is not a Kubernetes version", s.machine.Name, in.KubernetesVersion)
+		return v, specErrorf("%s %s: %s %q is not a Kubernetes version", s.owner.kind(), s.owner.name(), s.owner.versionField(), in.KubernetesVersion)
 	}
 	return v, nil
 }
@@ -173,7 +173,7 @@ func initConfiguration(s *scope, spec *bootstrapv1.KubeadmConfigSpec, version se
 		cc.ControlPlaneEndpoint = s.cluster.Spec.ControlPlaneEndpoint.String()
 	}
 	network := s.cluster.Spec.ClusterNetwork
-	data := &upstream.AdditionalData{ClusterName: ptr.To(s.cluster.Name), KubernetesVersion: ptr.To(s.machine.Spec.Version)}
+	data := &upstream.AdditionalData{ClusterName: ptr.To(s.cluster.Name), KubernetesVersion: ptr.To(s.owner.version())}
 	if network.ServiceDomain != "" {
 		data.DNSDomain = ptr.To(network.ServiceDomain)
 	}
@@ -221,13 +221,12 @@ func (r *Reconciler) discovery(ctx context.Context, s *scope, join *cabpkv1.Join
 	if bt.Token != "" {
 		return nil, nil
 	}
-	tok, sec, err := configTokens.NewSecret(string(s.config.UID), r.clock.Now().Add(r.tokenTTL),
-		"bootstrap token of KubeadmConfig "+s.config.Namespace+"/"+s.config.Name)
+	p, err := newToken(s.config, s.rotation, r.clock.Now().Add(r.tokenTTL))
 	if err != nil {
-		return nil, fmt.Errorf("making the Machine's bootstrap token: %w", err)
+		return nil, fmt.Errorf("making the %s's bootstrap token: %w", s.owner.kind(), err)
 	}
-	bt.Token = tok.String()
-	s.token = &pendingToken{token: tok.String(), secret: sec}
+	bt.Token = p.token
+	s.token = p
 	return nil, nil
 }
 

@@ -1,7 +1,7 @@
 // Package controller is the Cluster API bootstrap provider's controller: it
-// turns each KubeadmConfig (bootstrap.gatehouse.dev) into its Machine's
-// bootstrap data Secret, following the Cluster API bootstrap provider
-// contract (cluster-api.sigs.k8s.io, "Contract rules for
+// turns each KubeadmConfig (bootstrap.gatehouse.dev) into the bootstrap data
+// Secret of its Machine or MachinePool, following the Cluster API bootstrap
+// provider contract (cluster-api.sigs.k8s.io, "Contract rules for
 // BootstrapConfig") and CABPK's orchestration:
 //
 //   - nothing is rendered before the Cluster's infrastructure is
@@ -18,6 +18,11 @@
 //     Secrets or generated (Cluster API's certificate conventions);
 //   - joining Machines get a bootstrap token in the workload cluster,
 //     extended until their node has joined and deleted after;
+//   - a MachinePool's config always renders a worker's join, whose token
+//     is kept valid for as long as the pool exists (any instance may boot
+//     from it at any time): extended while the pool scales, and rotated
+//     (a new token, the data Secret rewritten) once it is gone, or nearly
+//     expired once every replica has joined;
 //   - the data goes into a Secret named after the config (type
 //     cluster.x-k8s.io/secret, keys "value" and "format"), named in
 //     status.dataSecretName with status.initialization.dataSecretCreated,
@@ -39,8 +44,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -166,38 +169,28 @@ func New(o Config) *Reconciler {
 }
 
 // SetupWithManager registers the controller: it watches KubeadmConfigs,
-// the Machines that own them and their Clusters.
+// the Machines and MachinePools that own them and their Clusters.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		// The controller's own status patches need no reconcile.
 		For(&bootstrapv1.KubeadmConfig{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{},
 			predicate.AnnotationChangedPredicate{}, predicate.LabelChangedPredicate{}, ownerOrDeletionChanged()))).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(machineToConfig)).
+		Watches(&clusterv1.MachinePool{}, handler.EnqueueRequestsFromMapFunc(machinePoolToConfig)).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToConfigs)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Named("kubeadmconfig").
 		Complete(r)
 }
 
-// ownerOrDeletionChanged passes updates that set owners (the Machine
-// adopting its config) or start a deletion; neither changes the generation.
+// ownerOrDeletionChanged passes updates that set owners (the Machine or
+// MachinePool adopting its config) or start a deletion; neither changes the
+// generation.
 func ownerOrDeletionChanged() predicate.Funcs {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		return !equality.Semantic.DeepEqual(e.ObjectOld.GetOwnerReferences(), e.ObjectNew.GetOwnerReferences()) ||
 			e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
 	}}
-}
-
-func machineToConfig(_ context.Context, o client.Object) []reconcile.Request {
-	m, ok := o.(*clusterv1.Machine)
-	if !ok {
-		return nil
-	}
-	ref := m.Spec.Bootstrap.ConfigRef
-	if ref.Kind != "KubeadmConfig" || ref.APIGroup != bootstrapv1.GroupVersion.Group || ref.Name == "" {
-		return nil
-	}
-	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}}}
 }
 
 // clusterToConfigs wakes every config of a Cluster that has no data yet, or
@@ -221,7 +214,7 @@ func (r *Reconciler) clusterToConfigs(ctx context.Context, o client.Object) []re
 // scope is what one reconcile works on.
 type scope struct {
 	config  *bootstrapv1.KubeadmConfig
-	machine *clusterv1.Machine
+	owner   owner
 	cluster *clusterv1.Cluster
 	// patch writes config's changes at the end of the reconcile (Cluster
 	// API's patch helper); nil when nothing more is to be written.
@@ -229,6 +222,9 @@ type scope struct {
 	// token is the join's bootstrap token when this controller makes it:
 	// created in the workload cluster only once the data has rendered.
 	token *pendingToken
+	// rotation is the number of the token the data is rendered with: 0,
+	// or a MachinePool's rotated token (tokenRotation).
+	rotation int
 }
 
 func (s *scope) clusterKey() client.ObjectKey { return client.ObjectKeyFromObject(s.cluster) }
@@ -237,14 +233,11 @@ func (s *scope) attested() bool {
 	return s.config.Spec.Attested != nil && s.config.Spec.Attested.Enabled
 }
 
-func (s *scope) controlPlane() bool {
-	_, ok := s.machine.Labels[clusterv1.MachineControlPlaneLabel]
-	return ok
-}
+func (s *scope) controlPlane() bool { return s.owner.controlPlane() }
 
 // +kubebuilder:rbac:groups=bootstrap.gatehouse.dev,resources=kubeadmconfigs;kubeadmconfigs/status;kubeadmconfigs/finalizers,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=bootstrap.gatehouse.dev,resources=kubeadmconfigtemplates,verbs=get;list;watch
-// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status;machines;machines/status,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status;machines;machines/status;machinepools;machinepools/status,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
@@ -280,26 +273,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 		}
 	}()
 
-	machine, gone, err := r.ownerMachine(ctx, config)
+	owner, gone, err := r.ownerOf(ctx, config)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if gone {
-		// The Machine is deleted; the garbage collector deletes the config
+		// The owner is deleted; the garbage collector deletes the config
 		// too, but do not wait for it to clean up tokens and objects.
 		s.patch = nil
 		return reconcile.Result{}, client.IgnoreNotFound(r.client.Delete(ctx, config, client.Preconditions{UID: &config.UID}))
 	}
-	if machine == nil {
-		setWaiting(config, ReasonWaitingForOwner, "waiting for a Machine to own this config")
+	if owner.object() == nil {
+		setWaiting(config, ReasonWaitingForOwner, "waiting for a Machine or MachinePool to own this config")
 		return reconcile.Result{}, nil
 	}
 	cluster := &clusterv1.Cluster{}
-	if err := r.client.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: machine.Spec.ClusterName}, cluster); err != nil {
-		return reconcile.Result{}, fmt.Errorf("reading Cluster %s: %w", machine.Spec.ClusterName, err)
+	if err := r.client.Get(ctx, client.ObjectKey{Namespace: config.Namespace, Name: owner.clusterName()}, cluster); err != nil {
+		return reconcile.Result{}, fmt.Errorf("reading Cluster %s: %w", owner.clusterName(), err)
 	}
-	s.machine, s.cluster = machine, cluster
-	log = log.WithValues("Machine", klog.KObj(machine), "Cluster", klog.KObj(cluster))
+	s.owner, s.cluster = owner, cluster
+	log = log.WithValues(owner.kind(), klog.KObj(owner.object()), "Cluster", klog.KObj(cluster))
 	ctx = ctrl.LoggerInto(ctx, log)
 	if annotations.IsPaused(cluster, config) {
 		// Only the Paused condition changes while paused.
@@ -320,7 +313,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 			setWaiting(config, ReasonWaitingForControlPlane, "waiting for the control plane to be initialised")
 			return reconcile.Result{}, nil
 		}
-		if !r.initLock.Lock(ctx, cluster, machine) {
+		if !r.initLock.Lock(ctx, cluster, owner.machine) {
 			setWaiting(config, ReasonWaitingForInitLock, "another control-plane Machine holds the init lock; waiting for the control plane to be initialised")
 			return reconcile.Result{RequeueAfter: waitRequeue}, nil
 		}
@@ -331,36 +324,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 		r.initLock.Unlock(ctx, cluster)
 	}
 	return r.reconcileData(ctx, s, render.RoleJoin)
-}
-
-// ownerMachine returns the config's owner Machine; gone is true when the
-// config names an owner Machine that no longer exists.
-func (r *Reconciler) ownerMachine(ctx context.Context, config *bootstrapv1.KubeadmConfig) (machine *clusterv1.Machine, gone bool, err error) {
-	for _, ref := range config.OwnerReferences {
-		// Any version of cluster.x-k8s.io: older owners wrote v1beta1.
-		if gv, err := schema.ParseGroupVersion(ref.APIVersion); err != nil || ref.Kind != "Machine" || gv.Group != clusterv1.GroupVersion.Group {
-			continue
-		}
-		m := &clusterv1.Machine{}
-		key := client.ObjectKey{Namespace: config.Namespace, Name: ref.Name}
-		if err := r.client.Get(ctx, key, m); err != nil {
-			if !apierrors.IsNotFound(err) {
-				return nil, false, fmt.Errorf("reading Machine %s: %w", ref.Name, err)
-			}
-			// The cache may lag behind a new Machine: ask the API server.
-			if err := r.apiReader.Get(ctx, key, m); err != nil {
-				if apierrors.IsNotFound(err) {
-					return nil, true, nil
-				}
-				return nil, false, fmt.Errorf("reading Machine %s: %w", ref.Name, err)
-			}
-		}
-		if m.UID != ref.UID {
-			return nil, true, nil
-		}
-		return m, false, nil
-	}
-	return nil, false, nil
 }
 
 // reconcileData renders the data and stores it.
@@ -374,35 +337,45 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 		setDataAvailable(s.config)
 		return r.reconcileToken(ctx, s)
 	}
+	if ok, res, err := r.writeData(ctx, s, role); !ok {
+		return res, err
+	}
+	return r.reconcileToken(ctx, s)
+}
+
+// writeData renders the data and stores it: the data Secret is created, or
+// rewritten when the config has data already (a MachinePool's token
+// rotation). ok is false when no data was written; the condition then says
+// why, and res and err are the reconcile's.
+func (r *Reconciler) writeData(ctx context.Context, s *scope, role render.Role) (ok bool, res reconcile.Result, err error) {
 	in, w, err := r.renderInput(ctx, s, role)
 	if err != nil {
 		var se *specError
 		switch {
 		case errors.Is(err, render.ErrNoBaseTemplate):
 			setWaiting(s.config, ReasonNoBaseTemplate, err.Error())
-			return reconcile.Result{}, nil
+			return false, reconcile.Result{}, nil
 		case errors.As(err, &se):
 			setWaiting(s.config, ReasonInvalidSpec, se.Error())
-			return reconcile.Result{}, nil
+			return false, reconcile.Result{}, nil
 		}
-		return reconcile.Result{}, err
+		return false, reconcile.Result{}, err
 	}
 	if w != nil {
 		setWaiting(s.config, w.reason, w.message)
-		return reconcile.Result{RequeueAfter: waitRequeue}, nil
+		return false, reconcile.Result{RequeueAfter: waitRequeue}, nil
 	}
 	data, err := render.Render(in)
 	if err != nil {
 		switch {
 		case errors.Is(err, render.ErrNoBaseTemplate):
 			setWaiting(s.config, ReasonNoBaseTemplate, err.Error())
-			return reconcile.Result{}, nil
 		case errors.Is(err, render.ErrContainerLinuxConfig):
 			setWaiting(s.config, ReasonInvalidSpec, err.Error())
-			return reconcile.Result{}, nil
+		default:
+			setWaiting(s.config, ReasonRenderFailed, err.Error())
 		}
-		setWaiting(s.config, ReasonRenderFailed, err.Error())
-		return reconcile.Result{}, nil
+		return false, reconcile.Result{}, nil
 	}
 	// Only data that renders and fits gets anything made outside the
 	// config: its bucket object, its token, and the finalizer that cleans
@@ -411,25 +384,28 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 	var caPEM []byte
 	if s.config.Spec.UserDataStore != nil {
 		if store, caPEM, err = r.openStore(ctx, s.config); err != nil {
-			return storeFailed(s, err)
+			res, err := storeFailed(s, err)
+			return false, res, err
 		}
 	} else if err := checkSize(s.config, data, dataFormat(s.config)); err != nil {
-		return storeFailed(s, err)
+		res, err := storeFailed(s, err)
+		return false, res, err
 	}
 	if s.token != nil {
 		if data, err = r.issueToken(ctx, s, &in, data); err != nil {
-			return reconcile.Result{}, err
+			return false, reconcile.Result{}, err
 		}
 	} else if store != nil {
 		if err := r.ensureFinalizer(ctx, s, false); err != nil {
-			return reconcile.Result{}, err
+			return false, reconcile.Result{}, err
 		}
 	}
 	if err := r.storeData(ctx, s, data, store, caPEM); err != nil {
-		return storeFailed(s, err)
+		res, err := storeFailed(s, err)
+		return false, res, err
 	}
 	setDataAvailable(s.config)
-	return r.reconcileToken(ctx, s)
+	return true, reconcile.Result{}, nil
 }
 
 // managesToken says the config's data carries a token this controller made.
@@ -442,12 +418,16 @@ func managesToken(s *scope) bool {
 const annotationManagedToken = "bootstrap.gatehouse.dev/managed-bootstrap-token" //nolint:gosec // an annotation name, not a credential
 
 // reconcileToken extends the Machine's bootstrap token until its node has
-// joined, then deletes it.
+// joined, then deletes it; a MachinePool's is kept valid for as long as the
+// pool exists (reconcilePoolToken).
 func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Result, error) {
 	if !managesToken(s) {
 		return reconcile.Result{}, nil
 	}
-	joined := s.machine.Status.NodeRef.IsDefined()
+	if s.owner.pool != nil {
+		return r.reconcilePoolToken(ctx, s)
+	}
+	joined := s.owner.joined()
 	now := r.clock.Now()
 	if due, ok := r.tokenChecks.Load(s.config.UID); ok && !joined && now.Before(due.(time.Time)) {
 		return reconcile.Result{RequeueAfter: due.(time.Time).Sub(now)}, nil
@@ -471,7 +451,7 @@ func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Re
 		}
 		return reconcile.Result{}, nil
 	}
-	next, err := t.refresh(ctx, s.config.UID)
+	next, err := t.refresh(ctx, s.config.UID, tokenRotation(s.config))
 	if errors.Is(err, errTokenGone) {
 		r.tokenChecks.Delete(s.config.UID)
 		setWaiting(s.config, ReasonBootstrapTokenExpired,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,19 +13,25 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
 	"github.com/gatehouse-dev/gatehouse/capi/render"
 	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 )
 
-// Bootstrap tokens for Machines joining with `kubeadm join`
-// (internal/bootstraptoken).
+// Bootstrap tokens for Machines and MachinePools joining with `kubeadm
+// join` (internal/bootstraptoken).
 const (
 	// DefaultTokenTTL is a bootstrap token's lifetime; the controller keeps
-	// extending it until the Machine's node has joined.
+	// extending it until the Machine's node has joined, and keeps a
+	// MachinePool's token valid for as long as the pool exists.
 	DefaultTokenTTL = 15 * time.Minute
 	// labelTokenOwner marks token Secrets with their KubeadmConfig (a hash
-	// of its UID), so a retried create finds its own token.
+	// of its UID), so a retried create finds its own token and a deleted
+	// config's tokens are found to delete.
 	labelTokenOwner = "bootstrap.gatehouse.dev/kubeadm-config" //nolint:gosec // a label name, not a credential
+	// annotationTokenRotation counts a MachinePool config's token
+	// rotations: its data carries token number n (tokenKey); absent, 0.
+	annotationTokenRotation = "bootstrap.gatehouse.dev/bootstrap-token-rotation" //nolint:gosec // an annotation name, not a credential
 )
 
 // errTokenGone: the token Secret no longer exists (it expired and the
@@ -32,21 +39,58 @@ const (
 var errTokenGone = errors.New("bootstrap token is gone")
 
 // tokens manages the bootstrap tokens of KubeadmConfigs in a workload
-// cluster. A config's token id is derived from its UID, so creating is
+// cluster. A config's token id is derived from its UID (and, for a
+// MachinePool's rotated tokens, the rotation's number), so creating is
 // idempotent: a retry after a lost response finds the token it created
-// instead of leaving an orphan, and each config has at most one token.
+// instead of leaving an orphan, and the data carries one token at a time.
 type tokens struct {
 	client client.Client
 	now    func() time.Time
 	ttl    time.Duration
 }
 
-// configTokens derives a KubeadmConfig's token id and owner label from its
-// UID.
+// configTokens derives a KubeadmConfig's token ids (from tokenKey) and
+// owner label (from its UID).
 var configTokens = bootstraptoken.Issuer{
 	Label:       labelTokenOwner,
 	IDDomain:    "gatehouse-capi-token-id",
 	OwnerDomain: "gatehouse-capi-token-owner",
+}
+
+// tokenKey is what a config's token id derives from: its UID for its first
+// token, the UID and n for a MachinePool's n-th rotated one.
+func tokenKey(uid types.UID, rotation int) string {
+	if rotation == 0 {
+		return string(uid)
+	}
+	return string(uid) + "/" + strconv.Itoa(rotation)
+}
+
+// tokenName is the name of a config's token Secret in kube-system.
+func tokenName(uid types.UID, rotation int) string {
+	return configTokens.SecretName(tokenKey(uid, rotation))
+}
+
+// tokenRotation is the number of the token a config's data carries.
+func tokenRotation(config *bootstrapv1.KubeadmConfig) int {
+	n, err := strconv.Atoi(config.Annotations[annotationTokenRotation])
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// newToken makes token number rotation of config, expiring at expiration,
+// and its Secret, labelled with the config's owner label whatever the
+// number. For rotation 0 it is configTokens.NewSecret's.
+func newToken(config *bootstrapv1.KubeadmConfig, rotation int, expiration time.Time) (*pendingToken, error) {
+	tok, err := bootstraptoken.New(configTokens.ID(tokenKey(config.UID, rotation)), expiration)
+	if err != nil {
+		return nil, err
+	}
+	sec := bootstraptoken.Secret(tok, map[string]string{labelTokenOwner: configTokens.OwnerLabel(string(config.UID))},
+		"bootstrap token of KubeadmConfig "+config.Namespace+"/"+config.Name)
+	return &pendingToken{token: tok.String(), secret: sec}, nil
 }
 
 // pendingToken is a config's bootstrap token, made for its data but not
@@ -69,7 +113,7 @@ func (t *tokens) create(ctx context.Context, uid types.UID, p *pendingToken) (to
 	if !apierrors.IsAlreadyExists(err) {
 		return "", false, fmt.Errorf("creating bootstrap token Secret %s: %w", p.secret.Name, err)
 	}
-	s, err := t.owned(ctx, uid)
+	s, err := t.owned(ctx, uid, p.secret.Name)
 	if err != nil {
 		return "", false, fmt.Errorf("bootstrap token Secret %s: %w", p.secret.Name, err)
 	}
@@ -80,10 +124,10 @@ func (t *tokens) create(ctx context.Context, uid types.UID, p *pendingToken) (to
 	return old.String(), false, nil
 }
 
-// owned reads the config's token Secret; errTokenGone when it does not
-// exist or is not the config's.
-func (t *tokens) owned(ctx context.Context, uid types.UID) (*corev1.Secret, error) {
-	s, err := workloadSecrets{t.client}.Get(ctx, configTokens.SecretName(string(uid)))
+// owned reads the config's token Secret of that name; errTokenGone when it
+// does not exist or is not the config's.
+func (t *tokens) owned(ctx context.Context, uid types.UID, name string) (*corev1.Secret, error) {
+	s, err := workloadSecrets{t.client}.Get(ctx, name)
 	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, errTokenGone
@@ -96,23 +140,31 @@ func (t *tokens) owned(ctx context.Context, uid types.UID) (*corev1.Secret, erro
 	return s, nil
 }
 
-// refresh extends the config's token to now+TTL once less than half the
-// TTL is left, and returns when it next needs looking at. It returns
-// errTokenGone when the token Secret no longer exists.
-func (t *tokens) refresh(ctx context.Context, uid types.UID) (time.Duration, error) {
-	s, err := t.owned(ctx, uid)
+// refresh extends the config's token number rotation to now+TTL once less
+// than half the TTL is left, and returns when it next needs looking at. It
+// returns errTokenGone when the token Secret no longer exists or has
+// expired.
+func (t *tokens) refresh(ctx context.Context, uid types.UID, rotation int) (time.Duration, error) {
+	s, err := t.owned(ctx, uid, tokenName(uid, rotation))
 	if err != nil {
 		return 0, err
 	}
-	now := t.now()
 	tok, ok := bootstraptoken.FromSecret(s)
 	if !ok {
 		return 0, fmt.Errorf("bootstrap token Secret %s is malformed", s.Name)
 	}
+	return t.extend(ctx, s, tok)
+}
+
+// extend extends a token expiring in less than half the TTL to now+TTL,
+// and returns when it next needs looking at; errTokenGone when it has
+// expired.
+func (t *tokens) extend(ctx context.Context, s *corev1.Secret, tok bootstraptoken.Token) (time.Duration, error) {
+	now := t.now()
 	if !tok.Expiration.After(now) {
 		return 0, errTokenGone
 	}
-	if left := tok.Expiration.Sub(now); left >= t.ttl/2 {
+	if left := tok.Expiration.Sub(now); left > t.ttl/2 {
 		return left - t.ttl/2, nil
 	}
 	patch := client.MergeFrom(s.DeepCopy())
@@ -123,15 +175,32 @@ func (t *tokens) refresh(ctx context.Context, uid types.UID) (time.Duration, err
 	return t.ttl / 2, nil
 }
 
-// remove deletes the config's token; a missing one is fine.
-func (t *tokens) remove(ctx context.Context, uid types.UID) error {
-	s, err := t.owned(ctx, uid)
-	if errors.Is(err, errTokenGone) {
-		return nil
+// list returns the config's token Secrets: its current one and, for a
+// MachinePool, the ones rotation replaced that are not deleted yet.
+func (t *tokens) list(ctx context.Context, uid types.UID) ([]corev1.Secret, error) {
+	var list corev1.SecretList
+	if err := t.client.List(ctx, &list, client.InNamespace(metav1.NamespaceSystem),
+		client.MatchingLabels{labelTokenOwner: configTokens.OwnerLabel(string(uid))}); err != nil {
+		return nil, fmt.Errorf("listing bootstrap token Secrets: %w", err)
 	}
+	return list.Items, nil
+}
+
+// remove deletes every token of the config; none is fine.
+func (t *tokens) remove(ctx context.Context, uid types.UID) error {
+	list, err := t.list(ctx, uid)
 	if err != nil {
 		return err
 	}
+	for i := range list {
+		if err := t.delete(ctx, &list[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *tokens) delete(ctx context.Context, s *corev1.Secret) error {
 	if err := t.client.Delete(ctx, s, client.Preconditions{UID: &s.UID}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting bootstrap token Secret %s: %w", s.Name, err)
 	}
@@ -169,7 +238,7 @@ func (r *Reconciler) issueToken(ctx context.Context, s *scope, in *render.Input,
 	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
 	token, created, err := t.create(ctx, s.config.UID, s.token)
 	if err != nil {
-		return nil, fmt.Errorf("creating the Machine's bootstrap token: %w", err)
+		return nil, fmt.Errorf("creating the %s's bootstrap token: %w", s.owner.kind(), err)
 	}
 	if created {
 		r.tokenChecks.Store(s.config.UID, r.clock.Now().Add(r.tokenTTL/2))
