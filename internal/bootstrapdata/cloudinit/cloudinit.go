@@ -1,17 +1,19 @@
 // Package cloudinit renders cloud-config user data (cloud-init's
 // "#cloud-config" YAML, https://cloudinit.readthedocs.io/en/latest/reference/modules.html)
 // from typed structures, never from string templates, so every value is
-// quoted and escaped by the YAML encoder. Tests check the output with
-// cloud-init's own `cloud-init schema`.
+// written in a YAML style that holds it as it is (yaml.go). Tests check the
+// output with cloud-init's own `cloud-init schema`.
 package cloudinit
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path"
+	"reflect"
 	"strings"
-
-	"sigs.k8s.io/yaml"
+	"unicode/utf8"
 )
 
 // Header is the first line cloud-init requires of cloud-config user data.
@@ -132,8 +134,47 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("command %d is empty", i))
 		}
 	}
+	for i, m := range c.Mounts {
+		// cc_mounts: a device, then up to five fstab fields.
+		if len(m) == 0 || len(m) > 6 {
+			errs = append(errs, fmt.Errorf("mounts[%d]: %q has %d fields, not 1 to 6 (device, mount point, type, options, dump, pass)", i, m, len(m)))
+		}
+	}
+	walkStrings(reflect.ValueOf(c).Elem(), func(s string) {
+		if !utf8.ValidString(s) {
+			errs = append(errs, fmt.Errorf("%q is not UTF-8 text, which cloud-config is: encode such a file's content as base64", s))
+		}
+	})
 	return errors.Join(errs...)
 }
+
+// walkStrings calls fn with each string in v.
+func walkStrings(v reflect.Value, fn func(string)) {
+	switch v.Kind() {
+	case reflect.String:
+		fn(v.String())
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			walkStrings(v.Elem(), fn)
+		}
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			walkStrings(v.Index(i), fn)
+		}
+	case reflect.Map:
+		for it := v.MapRange(); it.Next(); {
+			walkStrings(it.Key(), fn)
+			walkStrings(it.Value(), fn)
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			walkStrings(v.Field(i), fn)
+		}
+	}
+}
+
+// Strings calls fn with each string the document holds.
+func (c *Config) Strings(fn func(string)) { walkStrings(reflect.ValueOf(c).Elem(), fn) }
 
 func octalMode(s string) bool {
 	s = strings.TrimPrefix(s, "0")
@@ -153,9 +194,15 @@ func (c *Config) Render() ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("cloud-config: %w", err)
 	}
-	body, err := yaml.Marshal(c)
+	j, err := json.Marshal(c)
 	if err != nil {
 		return nil, fmt.Errorf("encoding cloud-config: %w", err)
 	}
-	return append([]byte(Header), body...), nil
+	dec := json.NewDecoder(bytes.NewReader(j))
+	dec.UseNumber()
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("encoding cloud-config: %w", err)
+	}
+	return append([]byte(Header), encode(doc)...), nil
 }
