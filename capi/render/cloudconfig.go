@@ -1,7 +1,6 @@
 package render
 
 import (
-	"bytes"
 	"fmt"
 	"regexp"
 	"strings"
@@ -58,55 +57,89 @@ func renderCloudConfig(s *steps) ([]byte, error) {
 	for _, m := range s.mounts {
 		c.Mounts = append(c.Mounts, []string(m))
 	}
+	var jinjaErr error
+	c.Strings(func(v string) {
+		if err := checkJinja(v); err != nil && jinjaErr == nil {
+			jinjaErr = err
+		}
+	})
+	if jinjaErr != nil {
+		return nil, jinjaErr
+	}
 	out, err := c.Render()
 	if err != nil {
-		return nil, err
-	}
-	if err := checkJinja(out); err != nil {
 		return nil, err
 	}
 	return append([]byte(JinjaHeader), out...), nil
 }
 
-// checkJinja refuses a document Jinja cannot parse because a delimiter is
-// not closed: cloud-init would drop the whole user data at boot. Shell's
-// ${#var}, for one, opens a Jinja comment; {% raw %}…{% endraw %} keeps
-// text as it is.
-func checkJinja(doc []byte) error {
-	for i := 0; i < len(doc)-1; i++ {
-		if doc[i] != '{' {
+// checkJinja refuses a value whose Jinja cloud-init could not render, or
+// whose Jinja would reach beyond the value into the YAML around it: the
+// whole document is one template, rendered before it is read. Each
+// construct opened in the value must close in it, {% raw %} and blocks
+// ({% if %}…{% endif %}) too (shell's ${#var}, for one, opens a Jinja
+// comment); whitespace control (-) must not strip past the value's ends;
+// a block tag or comment must not end a value on a line of its own YAML,
+// where Jinja would remove the line break after it (trim_blocks). The
+// value must be text YAML writes as it is, so that Jinja sees it as
+// written. {% raw %}…{% endraw %} keeps text as it is.
+func checkJinja(v string) error {
+	if !strings.Contains(v, "{{") && !strings.Contains(v, "{%") && !strings.Contains(v, "{#") {
+		return nil
+	}
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("the cloud-config is a Jinja template (%s) and the value %.80q %s: write literal text inside {%% raw %%}…{%% endraw %%}",
+			strings.TrimSpace(JinjaHeader), v, fmt.Sprintf(format, args...))
+	}
+	if !cloudinit.Verbatim(v) {
+		return fail("holds Jinja and characters YAML must escape, which Jinja would see escaped")
+	}
+	var blocks []string
+	for i := 0; i < len(v)-1; i++ {
+		closer, ok := map[string]string{"{{": "}}", "{%": "%}", "{#": "#}"}[v[i:i+2]]
+		if !ok {
 			continue
 		}
-		var closer string
-		switch doc[i+1] {
-		case '{':
-			closer = "}}"
-		case '%':
-			closer = "%}"
-		case '#':
-			closer = "#}"
-		default:
-			continue
+		n := strings.Index(v[i+2:], closer)
+		if n < 0 {
+			return fail("opens %q without a %q (shell's ${#var}, for one, opens a Jinja comment)", v[i:i+2], closer)
 		}
-		end := bytes.Index(doc[i+2:], []byte(closer))
-		if end < 0 {
-			return fmt.Errorf("the cloud-config is a Jinja template (%s) and line %d opens %q without a %q: "+
-				"write %q inside {%% raw %%}…{%% endraw %%} (shell's ${#var}, for one, opens a Jinja comment)",
-				strings.TrimSpace(JinjaHeader), bytes.Count(doc[:i], []byte("\n"))+2, doc[i:i+2], closer, doc[i:i+2])
+		inner, end := v[i+2:i+2+n], i+2+n+2
+		if strings.HasPrefix(inner, "-") && strings.TrimSpace(v[:i]) == "" || strings.HasSuffix(inner, "-") && strings.TrimSpace(v[end:]) == "" {
+			return fail("strips whitespace (-) past its own ends")
 		}
-		tag := bytes.Trim(doc[i+2:i+2+end], " \t-+")
-		i += 2 + end + 1
-		if closer == "%}" && string(tag) == "raw" {
-			// Skip to the closing tag, whose whitespace control may vary.
-			m := rawEnd.FindIndex(doc[i:])
-			if m == nil {
-				return fmt.Errorf("the cloud-config is a Jinja template and a {%% raw %%} block is not closed by {%% endraw %%}")
+		if closer == "%}" {
+			words := strings.Fields(strings.Trim(inner, "-+"))
+			switch tag := append(words, "")[0]; {
+			case tag == "raw":
+				m := rawEnd.FindStringIndex(v[end:])
+				if m == nil {
+					return fail("opens {%% raw %%} without {%% endraw %%}")
+				}
+				end += m[1]
+			case jinjaBlocks[tag] && (tag != "set" || !strings.Contains(inner, "=")):
+				blocks = append(blocks, tag)
+			case strings.HasPrefix(tag, "end") && jinjaBlocks[tag[3:]]:
+				if len(blocks) == 0 || blocks[len(blocks)-1] != tag[3:] {
+					return fail("closes {%% %s %%} it did not open", tag)
+				}
+				blocks = blocks[:len(blocks)-1]
 			}
-			i += m[1] - 1
 		}
+		if closer != "}}" && (v[end:] == "" || v[end:] == "\n") && !cloudinit.SingleQuoted(v) {
+			return fail("ends with a block tag or comment, after which Jinja would remove the line break of the YAML (put the tag inside the line)")
+		}
+		i = end - 1
+	}
+	if len(blocks) > 0 {
+		return fail("leaves {%% %s %%} open: a block must close in the value that opens it", blocks[len(blocks)-1])
 	}
 	return nil
 }
+
+// jinjaBlocks are the Jinja tags that open a block ended by end<tag>.
+var jinjaBlocks = map[string]bool{"if": true, "for": true, "macro": true, "call": true, "filter": true, "block": true, "with": true,
+	"autoescape": true, "set": true}
 
 // inactiveDays is cloud-init's (and useradd's) inactive value for CABPK's
 // inactive flag: "0", the account is disabled as soon as its password

@@ -375,7 +375,8 @@ func TestJinja(t *testing.T) {
 		t.Errorf("commands after rendering: %q", cfg.RunCmd)
 	}
 
-	for _, bad := range []string{"echo ${#PATH}", "echo {{ unclosed", "{% raw %} never closed"} {
+	for _, bad := range []string{"echo ${#PATH}", "echo {{ unclosed", "{% raw %} never closed", "{% if x %}a block closed elsewhere",
+		"echo 'a' {% if true %}b{% endif %}", "{{- 'strips into the YAML' }}", "{{ x -}}", "{{ x }}\u0085"} {
 		s := &bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatCloudConfig, PostKubeadmCommands: []string{bad}}
 		if _, err := Render(input(s, RoleJoin)); err == nil || !strings.Contains(err.Error(), "Jinja") {
 			t.Errorf("%q: %v, want a refusal naming Jinja", bad, err)

@@ -13,8 +13,13 @@
 package render
 
 import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -193,6 +198,23 @@ func plan(in Input) (*steps, error) {
 		if u.PasswdFrom.IsDefined() && u.Passwd == "" {
 			return nil, fmt.Errorf("user %s: passwdFrom is not resolved", u.Name)
 		}
+		// Both formats write the rule as a line of a sudoers file, which a
+		// line break would end and a trailing backslash continue.
+		if strings.ContainsFunc(u.Sudo, isControl) || strings.HasSuffix(u.Sudo, `\`) {
+			return nil, fmt.Errorf("user %q: the sudo rule %q must be one line without a trailing backslash", u.Name, u.Sudo)
+		}
+	}
+	for i, srv := range spec.NTP.Servers {
+		// Each server becomes a line "server <name> iburst" of the time
+		// daemon's configuration.
+		if !ntpServer.MatchString(srv) {
+			return nil, fmt.Errorf("ntp.servers[%d] %q: a server is a host name or an IP address", i, srv)
+		}
+	}
+	for _, f := range in.Files {
+		if err := checkContent(f); err != nil {
+			return nil, err
+		}
 	}
 	for _, c := range spec.BootCommands {
 		s.bootCommands = append(s.bootCommands, shell(c))
@@ -244,6 +266,39 @@ func plan(in Input) (*steps, error) {
 }
 
 func shell(line string) []string { return []string{"/bin/sh", "-c", line} }
+
+// ntpServer is a host name or an IP address.
+var ntpServer = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9.])?$`)
+
+// maxFileSize bounds what a gzip file's content may inflate to when it is
+// checked (a Secret holds at most 1 MiB).
+const maxFileSize = 64 << 20
+
+// checkContent refuses a file whose content is not what its encoding
+// says: the machine could not write it.
+func checkContent(f File) error {
+	switch f.Encoding {
+	case EncodingNone:
+		return nil
+	case EncodingBase64, EncodingGzipBase64:
+	default:
+		return fmt.Errorf("file %s: unknown encoding %q", f.Path, f.Encoding)
+	}
+	raw, err := base64.StdEncoding.DecodeString(f.Content)
+	if err != nil {
+		return fmt.Errorf("file %s: content is not base64: %w", f.Path, err)
+	}
+	if f.Encoding == EncodingGzipBase64 {
+		zr, err := gzip.NewReader(bytes.NewReader(raw))
+		if err != nil {
+			return fmt.Errorf("file %s: content is not gzip: %w", f.Path, err)
+		}
+		if _, err := io.Copy(io.Discard, io.LimitReader(zr, maxFileSize)); err != nil {
+			return fmt.Errorf("file %s: content is not gzip: %w", f.Path, err)
+		}
+	}
+	return nil
+}
 
 // installScript downloads each pinned component, checks its sha256 before
 // installing it, and retries transient failures.

@@ -138,6 +138,29 @@ func TestRenderRefuses(t *testing.T) {
 	if _, err := Render(in); err == nil || !strings.Contains(err.Error(), "permissions") {
 		t.Fatalf("bad permissions: %v", err)
 	}
+	// What the fuzzer found (FuzzRender*): in both formats.
+	for _, format := range []bootstrapv1.Format{bootstrapv1.FormatCloudConfig, bootstrapv1.FormatIgnition} {
+		for name, tc := range map[string]struct {
+			edit func(*Input)
+			want string
+		}{
+			"NTP server with a line break": {func(in *Input) { in.Spec.NTP.Servers = []string{"x iburst\nallow all"} }, "ntp.servers[0]"},
+			"NTP server with options":      {func(in *Input) { in.Spec.NTP.Servers = []string{"x prefer"} }, "ntp.servers[0]"},
+			"sudo rule continued":          {func(in *Input) { in.Spec.Users = []cabpkv1.User{{Name: "ops", Sudo: `ALL=(ALL) ALL \`}} }, "sudo rule"},
+			"sudo rule on two lines":       {func(in *Input) { in.Spec.Users = []cabpkv1.User{{Name: "ops", Sudo: "ALL\nroot ALL=(ALL) ALL"}} }, "sudo rule"},
+			"content not base64":           {func(in *Input) { in.Files = []File{{Path: "/x", Content: "!", Encoding: EncodingBase64}} }, "not base64"},
+			"content not gzip":             {func(in *Input) { in.Files = []File{{Path: "/x", Content: "eA==", Encoding: EncodingGzipBase64}} }, "not gzip"},
+			"unknown encoding":             {func(in *Input) { in.Files = []File{{Path: "/x", Content: "x", Encoding: "rot13"}} }, "unknown encoding"},
+			"mount entry without fields":   {func(in *Input) { in.Spec.Mounts = []cabpkv1.MountPoints{nil} }, "mounts[0]"},
+		} {
+			in := input(spec(format), RoleJoin)
+			in.Spec.Mounts, in.Spec.DiskSetup = nil, cabpkv1.DiskSetup{}
+			tc.edit(&in)
+			if _, err := Render(in); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s, %s: %v, want an error naming %q", format, name, err, tc.want)
+			}
+		}
+	}
 }
 
 // BenchmarkRender is the render time of one config per format and role,
