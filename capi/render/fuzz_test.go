@@ -735,11 +735,10 @@ func checkMountUnit(t *testing.T, u types.Unit, m cabpkv1.MountPoints) {
 	}
 }
 
-// scriptWord is one single-quoted word of the commands script.
-var scriptWord = regexp.MustCompile(`^'((?:[^']|'"'"')*)'( |$)`)
-
 // scriptCommands reads back the commands of the Ignition commands script:
-// after its two first lines, one command a line of single-quoted words.
+// after its two first lines, single-quoted words (a quote written '"'"'),
+// separated by a space, each command ending with a line break outside the
+// quotes.
 func scriptCommands(t *testing.T, script string) [][]string {
 	t.Helper()
 	rest, ok := strings.CutPrefix(script, "#!/bin/sh\nset -eu\n")
@@ -747,17 +746,38 @@ func scriptCommands(t *testing.T, script string) [][]string {
 		t.Fatalf("the commands script starts %q", script[:min(len(script), 40)])
 	}
 	var cmds [][]string
-	for line := range strings.SplitSeq(strings.TrimSuffix(rest, "\n"), "\n") {
-		var argv []string
-		for line != "" {
-			m := scriptWord.FindStringSubmatch(line)
-			if m == nil {
-				t.Fatalf("the commands script has a line that is not quoted words: %q", line)
-			}
-			argv = append(argv, strings.ReplaceAll(m[1], `'"'"'`, "'"))
-			line = line[len(m[0]):]
+	var argv []string
+	for rest != "" {
+		if !strings.HasPrefix(rest, "'") {
+			t.Fatalf("the commands script has %q where a quoted word starts", rest[:min(len(rest), 40)])
 		}
-		cmds = append(cmds, argv)
+		var word strings.Builder
+		rest = rest[1:]
+		for {
+			n := strings.IndexByte(rest, '\'')
+			if n < 0 {
+				t.Fatal("the commands script ends in a quoted word")
+			}
+			word.WriteString(rest[:n])
+			rest = rest[n+1:]
+			if !strings.HasPrefix(rest, `"'"'`) {
+				break
+			}
+			word.WriteByte('\'')
+			rest = rest[4:]
+		}
+		argv = append(argv, word.String())
+		switch {
+		case strings.HasPrefix(rest, " "):
+			rest = rest[1:]
+		case strings.HasPrefix(rest, "\n"):
+			cmds, argv, rest = append(cmds, argv), nil, rest[1:]
+		default:
+			t.Fatalf("the commands script has %q after a quoted word", rest[:min(len(rest), 40)])
+		}
+	}
+	if argv != nil {
+		t.Fatal("the commands script's last command has no line break")
 	}
 	return cmds
 }

@@ -211,6 +211,19 @@ func plan(in Input) (*steps, error) {
 			return nil, fmt.Errorf("ntp.servers[%d] %q: a server is a host name or an IP address", i, srv)
 		}
 	}
+	devices := map[string]bool{}
+	for i, p := range spec.DiskSetup.Partitions {
+		// cloud-init's disk_setup is keyed by device.
+		if p.Device == "" || devices[p.Device] {
+			return nil, fmt.Errorf("diskSetup.partitions[%d]: device %q is empty or partitioned twice", i, p.Device)
+		}
+		devices[p.Device] = true
+	}
+	for i, fs := range spec.DiskSetup.Filesystems {
+		if fs.Device == "" || fs.Filesystem == "" {
+			return nil, fmt.Errorf("diskSetup.filesystems[%d]: a file system needs a device and a type", i)
+		}
+	}
 	for _, f := range in.Files {
 		if err := checkContent(f); err != nil {
 			return nil, err
