@@ -27,6 +27,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -249,11 +250,39 @@ func TestInitJoinOrdering(t *testing.T) {
 			if !strings.Contains(string(join), "token: ") {
 				t.Errorf("join config without a bootstrap token:\n%s", join)
 			}
+			// A worker joins with Cluster API's uninitialized taint, which
+			// the Machine controller removes once it synced the labels
+			// (CABPK's joinWorker); a control plane without it.
+			if got := uninitializedTaints(t, join); got != map[bool]int{true: 0, false: 1}[cp] {
+				t.Errorf("control plane %v: %d %s taints in the join, want %d:\n%s", cp, got, clusterv1.NodeUninitializedTaint.Key,
+					map[bool]int{true: 0, false: 1}[cp], join)
+			}
 		})
 	}
 	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-lock"}, &corev1.ConfigMap{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the init lock is still held once the control plane is initialised: %v", err)
 	}
+}
+
+// uninitializedTaints counts Cluster API's uninitialized taint in a
+// kubeadm JoinConfiguration.
+func uninitializedTaints(t *testing.T, join []byte) int {
+	t.Helper()
+	var doc struct {
+		NodeRegistration struct {
+			Taints []corev1.Taint `json:"taints"`
+		} `json:"nodeRegistration"`
+	}
+	if err := yaml.Unmarshal(join, &doc); err != nil {
+		t.Fatalf("parsing the JoinConfiguration: %v", err)
+	}
+	n := 0
+	for _, taint := range doc.NodeRegistration.Taints {
+		if taint.MatchTaint(&clusterv1.NodeUninitializedTaint) {
+			n++
+		}
+	}
+	return n
 }
 
 // TestNoBaseTemplate: a Kubernetes version without pinned components gets

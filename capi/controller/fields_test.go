@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/clientcmd"
 	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -184,4 +185,61 @@ func TestContainerLinuxConfig(t *testing.T) {
 		!strings.Contains(c.Message, "additionalConfig") || cfg.Status.DataSecretName != nil {
 		t.Fatalf("condition %+v, data %v", c, cfg.Status.DataSecretName)
 	}
+}
+
+// TestDiscoveryFile: a join with file discovery whose kubeconfig the spec
+// describes gets that kubeconfig at kubeConfigPath, with the Cluster's
+// endpoint and CA filled in, as CABPK writes it, and no bootstrap token.
+func TestDiscoveryFile(t *testing.T) {
+	e := newEnv(t)
+	ns := e.Namespace(t)
+	ctx := t.Context()
+	cluster := e.Cluster(t, ns, "c1", true)
+	e.SeedCA(t, cluster)
+	ca := &corev1.Secret{}
+	if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-ca"}, ca); err != nil {
+		t.Fatal(err)
+	}
+	r := e.reconciler(controller.Config{})
+	const path = "/etc/kubernetes/discovery.conf"
+	fileDiscovery := func() bootstrapv1.KubeadmConfigSpec {
+		return bootstrapv1.KubeadmConfigSpec{JoinConfiguration: cabpkv1.JoinConfiguration{Discovery: cabpkv1.Discovery{File: cabpkv1.FileDiscovery{
+			KubeConfigPath: path,
+			KubeConfig: cabpkv1.FileDiscoveryKubeConfig{User: cabpkv1.KubeConfigUser{Exec: cabpkv1.KubeConfigAuthExec{
+				Command: "/usr/local/bin/token-helper", Args: []string{"--cluster", "c1"}}}},
+		}}}}
+	}
+	for _, format := range []bootstrapv1.Format{bootstrapv1.FormatCloudConfig, bootstrapv1.FormatIgnition} {
+		spec := fileDiscovery()
+		spec.Format = format
+		_, cfg, err := e.Machine(ctx, cluster, "worker-"+string(format), false, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.reconcileOnce(t, r, cfg); err != nil {
+			t.Fatal(err)
+		}
+		files, _ := e.dataFiles(t, cfg)
+		kc, err := clientcmd.Load(files[path])
+		if err != nil {
+			t.Fatalf("%s: the discovery kubeconfig at %s does not load: %v\n%s", format, path, err, files[path])
+		}
+		c, u := kc.Clusters[kc.Contexts[kc.CurrentContext].Cluster], kc.AuthInfos[kc.Contexts[kc.CurrentContext].AuthInfo]
+		if c == nil || u == nil || u.Exec == nil {
+			t.Fatalf("%s: discovery kubeconfig without the current context's cluster and exec user:\n%s", format, files[path])
+		}
+		if c.Server != "https://10.0.0.1:6443" || string(c.CertificateAuthorityData) != string(ca.Data["tls.crt"]) {
+			t.Errorf("%s: discovery kubeconfig's server %q and CA %q; want https://10.0.0.1:6443 and the c1-ca certificate", format, c.Server, c.CertificateAuthorityData)
+		}
+		if u.Exec.Command != "/usr/local/bin/token-helper" || u.Exec.APIVersion != "client.authentication.k8s.io/v1" || u.Exec.InteractiveMode != "Never" {
+			t.Errorf("%s: exec user %+v; want the spec's command, API version client.authentication.k8s.io/v1 and interactive mode Never", format, u.Exec)
+		}
+		if join := string(kubeadmConfig(files)); !strings.Contains(join, "kubeConfigPath: "+path) || strings.Contains(join, "bootstrapToken") {
+			t.Errorf("%s: the join does not discover through the file alone:\n%s", format, join)
+		}
+		if tokens := e.configTokens(t, cfg); len(tokens) != 0 {
+			t.Errorf("%s: bootstrap tokens %v for a file discovery join, want none", format, tokens)
+		}
+	}
+
 }

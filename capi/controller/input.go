@@ -50,9 +50,25 @@ func (r *Reconciler) renderInput(ctx context.Context, s *scope, role render.Role
 		w, err := r.joinControlPlaneInput(ctx, s, &in)
 		return in, w, err
 	default:
+		addUninitializedTaint(&in.Spec.JoinConfiguration.NodeRegistration)
 		w, err := r.joinInput(ctx, s, &in)
 		return in, w, err
 	}
+}
+
+// addUninitializedTaint adds Cluster API's node.cluster.x-k8s.io/uninitialized
+// NoSchedule taint to a worker's join, as CABPK's joinWorker does: nothing
+// schedules on the node until Cluster API's Machine controller has synced
+// the Machine's labels to it and removed the taint. Only the rendered copy
+// of the spec changes.
+func addUninitializedTaint(reg *cabpkv1.NodeRegistrationOptions) {
+	taints := ptr.Deref(reg.Taints, nil)
+	for _, t := range taints {
+		if t.MatchTaint(&clusterv1.NodeUninitializedTaint) {
+			return
+		}
+	}
+	reg.Taints = ptr.To(append(taints[:len(taints):len(taints)], clusterv1.NodeUninitializedTaint))
 }
 
 // commonInput is what every role's data has: the spec, version,
@@ -149,7 +165,7 @@ func (r *Reconciler) joinInput(ctx context.Context, s *scope, in *render.Input) 
 	if err != nil {
 		return nil, err
 	}
-	if w, err := r.discovery(ctx, s, &in.Spec.JoinConfiguration); w != nil || err != nil {
+	if w, err := r.discovery(ctx, s, in); w != nil || err != nil {
 		return w, err
 	}
 	return nil, joinConfiguration(in, v)
@@ -200,9 +216,10 @@ func initConfiguration(s *scope, spec *bootstrapv1.KubeadmConfigSpec, version se
 // the spec brings its own, a bootstrap token for this config. The token is
 // only made here, not created: the reconciler creates it in the workload
 // cluster once the data has rendered (issueToken).
-func (r *Reconciler) discovery(ctx context.Context, s *scope, join *cabpkv1.JoinConfiguration) (*wait, error) {
+func (r *Reconciler) discovery(ctx context.Context, s *scope, in *render.Input) (*wait, error) {
+	join := &in.Spec.JoinConfiguration
 	if join.Discovery.File.IsDefined() {
-		return nil, nil
+		return r.discoveryFile(ctx, s, in)
 	}
 	bt := &join.Discovery.BootstrapToken
 	if bt.APIServerEndpoint == "" {
@@ -235,12 +252,12 @@ func (r *Reconciler) discovery(ctx context.Context, s *scope, join *cabpkv1.Join
 // on the first node) from the workload cluster's kube-public/cluster-info.
 // It is "" when neither exists.
 func (r *Reconciler) clusterCAHash(ctx context.Context, s *scope) (string, error) {
-	ca, err := secret.GetFromNamespacedName(ctx, fallbackReader{cached: r.client, direct: r.apiReader}, s.clusterKey(), secret.ClusterCA)
-	if err == nil {
-		return kubeadm.DiscoveryTokenCACertHashPEM(ca.Data[secret.TLSCrtDataName])
-	}
-	if !apierrors.IsNotFound(err) {
-		return "", fmt.Errorf("reading the cluster CA Secret: %w", err)
+	caPEM, err := r.clusterCACert(ctx, s)
+	if err != nil || caPEM != nil {
+		if err != nil {
+			return "", err
+		}
+		return kubeadm.DiscoveryTokenCACertHashPEM(caPEM)
 	}
 	if !s.attested() {
 		return "", nil
@@ -261,6 +278,22 @@ func (r *Reconciler) clusterCAHash(ctx context.Context, s *scope) (string, error
 		return kubeadm.DiscoveryTokenCACertHashPEM(c.CertificateAuthorityData)
 	}
 	return "", nil
+}
+
+// clusterCACert is the cluster CA certificate (PEM) of the "<cluster>-ca"
+// Secret, or nil when there is no such Secret.
+func (r *Reconciler) clusterCACert(ctx context.Context, s *scope) ([]byte, error) {
+	ca, err := secret.GetFromNamespacedName(ctx, fallbackReader{cached: r.client, direct: r.apiReader}, s.clusterKey(), secret.ClusterCA)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the cluster CA Secret: %w", err)
+	}
+	if len(ca.Data[secret.TLSCrtDataName]) == 0 {
+		return nil, fmt.Errorf("the cluster CA Secret %s has no %s", ca.Name, secret.TLSCrtDataName)
+	}
+	return ca.Data[secret.TLSCrtDataName], nil
 }
 
 func renderFiles(files []cabpkv1.File) []render.File {

@@ -4,9 +4,6 @@ package capiparity
 type status string
 
 const (
-	// issue19 differences are expected to go with issue 19's points 2–5:
-	// remove them here (and regenerate docs/capi-parity.md) once fixed.
-	issue19 status = "to fix (issue 19)"
 	// deliberate differences stay: Gatehouse means them (its own Ignition
 	// v3 and pinned binaries, or CABPK's behaviour is a bug).
 	deliberate status = "deliberate"
@@ -54,12 +51,6 @@ var differences = []known{
 		Samples:  []string{"base/init", "base/join", "base/join-cp"},
 		Status:   deliberate,
 		Note:     "Pinned binaries: the data downloads the Machine version's kubeadm, kubelet, kubectl, crictl and CNI plugins and checks each sha256 (docs/capi.md); CABPK expects them in the image."},
-	{Format: cloudConfig, Path: "kubeadmConfig[JoinConfiguration].nodeRegistration.taints",
-		Ours:     "null",
-		Upstream: "[{\"effect\":\"NoSchedule\",\"key\":\"node.cluster.x-k8s.io/uninitialized\"}]",
-		Samples:  []string{"base/join"},
-		Status:   open,
-		Note:     "CABPK adds node.cluster.x-k8s.io/uninitialized:NoSchedule to a worker's join, so nothing schedules on the node before Cluster API has synced the Machine's labels and removed it; ours does not."},
 	{Format: cloudConfig, Path: "kubeadmConfigPath",
 		Ours:     "\"/run/kubeadm/kubeadm.yaml\"",
 		Upstream: "\"/run/kubeadm/kubeadm-join-config.yaml\"",
@@ -78,18 +69,6 @@ var differences = []known{
 		Samples:  []string{"users: inactive"},
 		Status:   deliberate,
 		Note:     "cloud-init's inactive is a number of days: its schema refuses CABPK's boolean and its useradd call ignores it; ours writes 0 (the account is disabled once its password expires)."},
-	{Format: cloudConfig, Path: "kubeadmConfig[JoinConfiguration].nodeRegistration.taints[]",
-		Ours:     "—",
-		Upstream: "{\"effect\":\"NoSchedule\",\"key\":\"node.cluster.x-k8s.io/uninitialized\"}",
-		Samples:  []string{"joinConfiguration"},
-		Status:   open,
-		Note:     "CABPK adds node.cluster.x-k8s.io/uninitialized:NoSchedule to a worker's join, so nothing schedules on the node before Cluster API has synced the Machine's labels and removed it; ours does not."},
-	{Format: cloudConfig, Path: "files[/etc/kubernetes/discovery.conf]",
-		Ours:     "—",
-		Upstream: "{\"append\":false,\"content\":\"…\",\"defer\":false,\"owner\":\"root:root\",\"permissions\":\"0640\"}",
-		Samples:  []string{"joinConfiguration.discovery.file: authProvider", "joinConfiguration.discovery.file: exec"},
-		Status:   open,
-		Note:     "For joinConfiguration.discovery.file.kubeConfig CABPK writes the kubeconfig at kubeConfigPath (server and CA defaulted from the Cluster); ours writes nothing, so kubeadm join finds no discovery file."},
 	{Format: ignitionFmt, Path: "commands[]",
 		Ours:     "\"/etc/gatehouse/install-kubernetes.sh\"",
 		Upstream: "—",
@@ -156,12 +135,6 @@ var differences = []known{
 		Samples:  []string{"base/init", "base/join", "base/join-cp"},
 		Status:   deliberate,
 		Note:     "Ignition v3 (spec 3.5.0, docs/capi.md); CABPK renders Ignition v2.3 from a Container Linux Config (its experimental Ignition support)."},
-	{Format: ignitionFmt, Path: "kubeadmConfig[JoinConfiguration].nodeRegistration.taints",
-		Ours:     "null",
-		Upstream: "[{\"effect\":\"NoSchedule\",\"key\":\"node.cluster.x-k8s.io/uninitialized\"}]",
-		Samples:  []string{"base/join"},
-		Status:   open,
-		Note:     "CABPK adds node.cluster.x-k8s.io/uninitialized:NoSchedule to a worker's join, so nothing schedules on the node before Cluster API has synced the Machine's labels and removed it; ours does not."},
 	{Format: ignitionFmt, Path: "(data)",
 		Ours:     "\"rendered\"",
 		Upstream: "\"upstream: building Ignition config: converting generated CLC to Ignition: error parsing Container Linux Config: warning at line 20, column 7\\nmode unspecified for file, defaulting to 0644\"",
@@ -318,16 +291,4 @@ var differences = []known{
 		Samples:  []string{"ignition.containerLinuxConfig"},
 		Status:   deliberate,
 		Note:     "CABPK's containerLinuxConfig becomes Ignition v2 (Container Linux Config); ours writes Ignition v3 and refuses it with a condition saying to write the additions as Butane in ignition.additionalConfig (issue 19 point 2 allows either)."},
-	{Format: ignitionFmt, Path: "kubeadmConfig[JoinConfiguration].nodeRegistration.taints[]",
-		Ours:     "—",
-		Upstream: "{\"effect\":\"NoSchedule\",\"key\":\"node.cluster.x-k8s.io/uninitialized\"}",
-		Samples:  []string{"joinConfiguration"},
-		Status:   open,
-		Note:     "CABPK adds node.cluster.x-k8s.io/uninitialized:NoSchedule to a worker's join, so nothing schedules on the node before Cluster API has synced the Machine's labels and removed it; ours does not."},
-	{Format: ignitionFmt, Path: "files[/etc/kubernetes/discovery.conf]",
-		Ours:     "—",
-		Upstream: "{\"append\":false,\"contents\":\"…\",\"group\":\"root\",\"mode\":\"0640\",\"overwrite\":true,\"user\":\"root\"}",
-		Samples:  []string{"joinConfiguration.discovery.file: authProvider", "joinConfiguration.discovery.file: exec"},
-		Status:   open,
-		Note:     "For joinConfiguration.discovery.file.kubeConfig CABPK writes the kubeconfig at kubeConfigPath (server and CA defaulted from the Cluster); ours writes nothing, so kubeadm join finds no discovery file."},
 }

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -288,9 +291,60 @@ func models(s sample, format, clusterName string, ours, upstream rendered) (mean
 			return m, fmt.Errorf("upstream: %w", err)
 		}
 	}
+	kubeconfigMeanings(m.ours)
+	kubeconfigMeanings(m.upstream)
 	scrub(m.ours, clusterName)
 	scrub(m.upstream, clusterName)
 	return m, nil
+}
+
+// kubeconfigMeanings replaces the content of each file that is a
+// kubeconfig (the discovery file) by what clientcmd loads from it, so
+// that field order, apiVersion/kind lines and base64 do not count.
+func kubeconfigMeanings(model map[string]any) {
+	files, _ := model["files"].(keyed)
+	for _, f := range files {
+		fm, ok := f.(map[string]any)
+		if !ok {
+			continue
+		}
+		for _, key := range []string{"content", "contents"} {
+			content, ok := fm[key].(string)
+			if !ok {
+				continue
+			}
+			if cfg, err := clientcmd.Load([]byte(content)); err == nil && len(cfg.Clusters) > 0 {
+				fm[key] = kubeconfigMeaning(cfg)
+			}
+		}
+	}
+}
+
+func kubeconfigMeaning(cfg *clientcmdapi.Config) map[string]any {
+	clusters, users, contexts := map[string]any{}, map[string]any{}, map[string]any{}
+	for name, c := range cfg.Clusters {
+		clusters[name] = map[string]any{"server": c.Server, "tlsServerName": c.TLSServerName, "insecureSkipTLSVerify": c.InsecureSkipTLSVerify,
+			"certificateAuthorityData": string(c.CertificateAuthorityData), "proxyURL": c.ProxyURL}
+	}
+	for name, u := range cfg.AuthInfos {
+		user := map[string]any{}
+		if p := u.AuthProvider; p != nil {
+			user["authProvider"] = map[string]any{"name": p.Name, "config": p.Config}
+		}
+		if e := u.Exec; e != nil {
+			env := map[string]string{}
+			for _, v := range e.Env {
+				env[v.Name] = v.Value
+			}
+			user["exec"] = map[string]any{"command": e.Command, "args": e.Args, "env": env, "apiVersion": e.APIVersion,
+				"provideClusterInfo": e.ProvideClusterInfo, "interactiveMode": string(e.InteractiveMode)}
+		}
+		users[name] = user
+	}
+	for name, c := range cfg.Contexts {
+		contexts[name] = map[string]any{"cluster": c.Cluster, "user": c.AuthInfo, "namespace": c.Namespace}
+	}
+	return map[string]any{"clusters": clusters, "users": users, "contexts": contexts, "currentContext": cfg.CurrentContext}
 }
 
 // differences lists where the two sides' meanings differ.
