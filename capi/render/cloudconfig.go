@@ -53,7 +53,9 @@ func renderCloudConfig(s *steps) ([]byte, error) {
 		// Unset, cloud-init's ntp module is enabled; false skips it.
 		c.NTP = &cloudinit.NTP{Enabled: s.ntp.Enabled, Servers: s.ntp.Servers}
 	}
-	cloudInitDisks(c, s.disks)
+	if err := cloudInitDisks(c, s.disks); err != nil {
+		return nil, err
+	}
 	for _, m := range s.mounts {
 		c.Mounts = append(c.Mounts, []string(m))
 	}

@@ -19,7 +19,7 @@ import (
 // storage.filesystems, and a systemd mount (or swap) unit per mount.
 
 // cloudInitDisks maps the disk setup to cloud-init's cc_disk_setup.
-func cloudInitDisks(c *cloudinit.Config, d cabpkv1.DiskSetup) {
+func cloudInitDisks(c *cloudinit.Config, d cabpkv1.DiskSetup) error {
 	for _, p := range d.Partitions {
 		ds := cloudinit.DiskSetup{TableType: p.TableType, Overwrite: p.Overwrite}
 		switch {
@@ -41,10 +41,23 @@ func cloudInitDisks(c *cloudinit.Config, d cabpkv1.DiskSetup) {
 		}
 		c.DiskSetup[p.Device] = ds
 	}
-	for _, fs := range d.Filesystems {
+	for i, fs := range d.Filesystems {
+		// cloud-init's partition is auto, any, none or a number, as CABPK
+		// writes it.
+		var partition any
+		switch p := fs.Partition; {
+		case p == "":
+		case p == "auto" || p == "any" || p == "none":
+			partition = p
+		case digits.MatchString(p) && len(p) < 4:
+			partition, _ = strconv.Atoi(p)
+		default:
+			return fmt.Errorf("diskSetup.filesystems[%d]: partition %q is auto, any, none or a number", i, p)
+		}
 		c.FSSetup = append(c.FSSetup, cloudinit.FSSetup{Label: fs.Label, Filesystem: fs.Filesystem, Device: fs.Device,
-			Partition: fs.Partition, Overwrite: fs.Overwrite, ReplaceFS: fs.ReplaceFS, ExtraOpts: fs.ExtraOpts})
+			Partition: partition, Overwrite: fs.Overwrite, ReplaceFS: fs.ReplaceFS, ExtraOpts: fs.ExtraOpts})
 	}
+	return nil
 }
 
 // partitionTypeCode is cloud-init's partition type for CABPK's name (MBR

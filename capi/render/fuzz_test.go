@@ -244,8 +244,11 @@ func checkCloudConfig(t *testing.T, in Input, data []byte, seeding bool) {
 			return // the spec's own template decides what the YAML becomes
 		}
 	}
-	if res.Error != "" {
+	if res.Error != "" && !partitionNumbers.MatchString(res.Error) {
 		t.Fatalf("cloud-init refuses the data: %s\n%s", res.Error, data)
+	}
+	if res.Error != "" {
+		return
 	}
 	rendered := mapStrings(want, func(s string) string {
 		if hasJinja(s) {
@@ -266,6 +269,11 @@ func checkCloudConfig(t *testing.T, in Input, data []byte, seeding bool) {
 		}
 	}
 }
+
+// partitionNumbers are the only errors of Debian's cloud-init 22.4 schema:
+// it takes no partition number, which cloud-init's cc_disk_setup reads
+// (the schema of later releases does).
+var partitionNumbers = regexp.MustCompile(`(?s)^SchemaValidationError: Cloud config schema errors: fs_setup\.[0-9]+\.partition: [0-9]+ is not valid under any of the given schemas(, fs_setup\.[0-9]+\.partition: [0-9]+ is not valid under any of the given schemas)*( Cloud config schema deprecations:.*)?$`)
 
 // jsonDiff names the first place where two JSON-shaped values differ.
 func jsonDiff(at string, got, want any) string {
@@ -488,6 +496,9 @@ func expectedCloudConfig(in Input) any {
 			if v != "" {
 				m[k] = v
 			}
+		}
+		if n, err := strconv.Atoi(fs.Partition); err == nil {
+			m["partition"] = n
 		}
 		if fs.Overwrite != nil {
 			m["overwrite"] = *fs.Overwrite

@@ -95,7 +95,8 @@ type FSSetup struct {
 	Label      string   `json:"label,omitempty"`
 	Filesystem string   `json:"filesystem"`
 	Device     string   `json:"device"`
-	Partition  string   `json:"partition,omitempty"`
+	// Partition is auto, any, none, or a partition number (an int).
+	Partition  any      `json:"partition,omitempty"`
 	Overwrite  *bool    `json:"overwrite,omitempty"`
 	ReplaceFS  string   `json:"replace_fs,omitempty"`
 	ExtraOpts  []string `json:"extra_opts,omitempty"`

@@ -57,7 +57,7 @@ func writeMapping(b *bytes.Buffer, m map[string]any, indent int, inline bool) {
 		if i > 0 || !inline {
 			b.WriteString(strings.Repeat(" ", indent))
 		}
-		b.WriteString(scalar(k, indent))
+		b.WriteString(key(k))
 		b.WriteByte(':')
 		switch v := m[k].(type) {
 		case map[string]any:
@@ -125,6 +125,17 @@ func scalar(v any, indent int) string {
 		return str(t, indent)
 	}
 	panic(fmt.Sprintf("cloudinit: cannot write %T", v))
+}
+
+// key is a mapping key, on its line: plain, single- or double-quoted.
+func key(k string) string {
+	switch {
+	case plainSafe(k) && !jinja(k):
+		return k
+	case SingleQuoted(k):
+		return "'" + k + "'"
+	}
+	return doubleQuoted(k)
 }
 
 func str(s string, indent int) string {
