@@ -92,14 +92,14 @@ type DiskSetup struct {
 
 // FSSetup creates one file system.
 type FSSetup struct {
-	Label      string   `json:"label,omitempty"`
-	Filesystem string   `json:"filesystem"`
-	Device     string   `json:"device"`
+	Label      string `json:"label,omitempty"`
+	Filesystem string `json:"filesystem"`
+	Device     string `json:"device"`
 	// Partition is auto, any, none, or a partition number (an int).
-	Partition  any      `json:"partition,omitempty"`
-	Overwrite  *bool    `json:"overwrite,omitempty"`
-	ReplaceFS  string   `json:"replace_fs,omitempty"`
-	ExtraOpts  []string `json:"extra_opts,omitempty"`
+	Partition any      `json:"partition,omitempty"`
+	Overwrite *bool    `json:"overwrite,omitempty"`
+	ReplaceFS string   `json:"replace_fs,omitempty"`
+	ExtraOpts []string `json:"extra_opts,omitempty"`
 }
 
 // Validate checks what cloud-init would only find at boot: absolute, clean
