@@ -214,14 +214,14 @@ func plan(in Input) (*steps, error) {
 	devices := map[string]bool{}
 	for i, p := range spec.DiskSetup.Partitions {
 		// cloud-init's disk_setup is keyed by device.
-		if p.Device == "" || devices[p.Device] {
-			return nil, fmt.Errorf("diskSetup.partitions[%d]: device %q is empty or partitioned twice", i, p.Device)
+		if p.Device == "" || strings.ContainsFunc(p.Device, isControl) || devices[p.Device] {
+			return nil, fmt.Errorf("diskSetup.partitions[%d]: device %q is empty, not one line or partitioned twice", i, p.Device)
 		}
 		devices[p.Device] = true
 	}
 	for i, fs := range spec.DiskSetup.Filesystems {
-		if fs.Device == "" || fs.Filesystem == "" {
-			return nil, fmt.Errorf("diskSetup.filesystems[%d]: a file system needs a device and a type", i)
+		if fs.Device == "" || fs.Filesystem == "" || strings.ContainsFunc(fs.Device, isControl) {
+			return nil, fmt.Errorf("diskSetup.filesystems[%d]: a file system needs a device (one line) and a type", i)
 		}
 	}
 	for _, f := range in.Files {
