@@ -8,6 +8,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -147,6 +149,12 @@ func fuzzRender(f *testing.F, target fuzzTarget) {
 			f.Add([]byte(s), []byte(c))
 		}
 	}
+	if dir := os.Getenv("GATEHOUSE_RENDER_FUZZ_CORPUS"); dir != "" {
+		// Every input a fuzzing run kept (the fuzz cache,
+		// $(go env GOCACHE)/fuzz/<package>), checked as seeds are: with
+		// cloud-init's command lines.
+		addCorpus(f, filepath.Join(dir, f.Name()))
+	}
 	seeding := !fuzzing()
 	f.Fuzz(func(t *testing.T, specYAML, choiceBytes []byte) {
 		in, ok := fuzzInput(specYAML, choiceBytes, target)
@@ -174,6 +182,33 @@ func fuzzRender(f *testing.F, target fuzzTarget) {
 			checkAttested(t, in, format, data)
 		}
 	})
+}
+
+// addCorpus adds the inputs of a fuzz corpus directory as seeds.
+func addCorpus(f *testing.F, dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			f.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) != 3 || lines[0] != "go test fuzz v1" {
+			f.Fatalf("%s is not a corpus file of two []byte", e.Name())
+		}
+		var args [2][]byte
+		for i, l := range lines[1:] {
+			v, err := strconv.Unquote(strings.TrimSuffix(strings.TrimPrefix(l, "[]byte("), ")"))
+			if err != nil {
+				f.Fatalf("%s: %v", e.Name(), err)
+			}
+			args[i] = []byte(v)
+		}
+		f.Add(args[0], args[1])
+	}
 }
 
 // fuzzing says the test binary runs with -fuzz, as the fuzzing engine's
@@ -228,6 +263,19 @@ func checkCloudConfig(t *testing.T, in Input, data []byte, seeding bool) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("the cloud-config (before Jinja) does not hold exactly the spec's values: %s\n%s", jsonDiff("", got, want), data)
+	}
+	// The files decode as cloud-init decodes them.
+	for _, f := range got.(map[string]any)["write_files"].([]any) {
+		f := f.(map[string]any)
+		if enc, _ := f["encoding"].(string); enc != "" {
+			b, err := base64.StdEncoding.DecodeString(f["content"].(string))
+			if err != nil {
+				t.Fatalf("file %v: %s content is not base64: %v", f["path"], enc, err)
+			}
+			if enc == "gz+b64" {
+				gunzipBytes(t, fmt.Sprint(f["path"]), b)
+			}
+		}
 	}
 	var templates []string
 	walkStrings(want, func(s string) {
