@@ -33,7 +33,7 @@ func (e *env) configTokens(t *testing.T, c *bootstrapv1.KubeadmConfig) []string 
 
 // TestNothingBeforeRender: a join whose data cannot be rendered or stored
 // gets its condition and nothing else: no bootstrap token in the workload
-// cluster, no finalizer, no token annotation, also after another
+// cluster, no finalizer, no token or URL annotation, also after another
 // reconcile; for a Machine's config and a MachinePool's alike.
 func TestNothingBeforeRender(t *testing.T) {
 	e := newEnv(t)
@@ -88,8 +88,10 @@ func TestNothingBeforeRender(t *testing.T) {
 				if slices.Contains(cfg.Finalizers, controller.Finalizer) {
 					t.Errorf("finalizers %v", cfg.Finalizers)
 				}
-				if _, ok := cfg.Annotations["bootstrap.gatehouse.dev/managed-bootstrap-token"]; ok {
-					t.Errorf("annotations %v", cfg.Annotations)
+				for _, a := range []string{annotationManagedToken, annotationPresignedURLExpiry} {
+					if _, ok := cfg.Annotations[a]; ok {
+						t.Errorf("annotations %v", cfg.Annotations)
+					}
 				}
 				if tokens := e.configTokens(t, cfg); len(tokens) > 0 {
 					t.Errorf("bootstrap tokens %v were created for data that does not exist", tokens)

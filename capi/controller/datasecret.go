@@ -23,17 +23,39 @@ import (
 // storeData writes the data Secret, or the object in store (the config's
 // opened userDataStore, whose CA is caPEM) and a stub.
 func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte, store ObjectStore, caPEM []byte) error {
-	format := dataFormat(s.config)
 	if ds := s.config.Spec.UserDataStore; ds != nil {
-		key := objectKey(s.config)
-		if err := store.Put(ctx, key, data); err != nil {
+		if err := store.Put(ctx, objectKey(s.config), data); err != nil {
 			return dataStoreErrorf("storing the bootstrap data in bucket %s at %s: %v", ds.Bucket, ds.Endpoint, err)
 		}
-		var err error
-		if data, err = stub(ctx, store, ds, format, key, caPEM); err != nil {
-			return err
-		}
+		return r.writeStub(ctx, s, store, caPEM)
 	}
+	return r.writeSecret(ctx, s, data)
+}
+
+// writeStub writes the data Secret with a stub pointing at the config's
+// bucket object. A MachinePool's presigned URL is renewed before it
+// expires (presignedurl.go): its expiry is recorded on the config.
+func (r *Reconciler) writeStub(ctx context.Context, s *scope, store ObjectStore, caPEM []byte) error {
+	ds := s.config.Spec.UserDataStore
+	// Taken before presigning: the URL expires no earlier than this says.
+	now := r.clock.Now()
+	data, err := stub(ctx, store, ds, dataFormat(s.config), objectKey(s.config), caPEM)
+	if err != nil {
+		return err
+	}
+	if err := r.writeSecret(ctx, s, data); err != nil {
+		return err
+	}
+	if renewsPresignedURL(s) {
+		setPresignedURLExpiry(s.config, now.Add(presignedURLTTL(ds)))
+	}
+	return nil
+}
+
+// writeSecret writes data into the config's data Secret: it creates it,
+// or rewrites it when the config has data already.
+func (r *Reconciler) writeSecret(ctx context.Context, s *scope, data []byte) error {
+	format := dataFormat(s.config)
 	if err := checkSize(s.config, data, format); err != nil {
 		return err
 	}
@@ -48,8 +70,8 @@ func (r *Reconciler) storeData(ctx context.Context, s *scope, data []byte, store
 		Type: clusterv1.ClusterSecretType,
 		Data: map[string][]byte{"value": data, "format": []byte(format)},
 	}
-	// A config with data has its Secret: a MachinePool's token rotation
-	// rewrites it, under the same name.
+	// A config with data has its Secret: a MachinePool's token rotation,
+	// or the renewal of its presigned URL, rewrites it under the same name.
 	if s.config.Status.DataSecretName != nil {
 		return r.rewriteData(ctx, s, sec)
 	}
@@ -113,11 +135,7 @@ func stub(ctx context.Context, store ObjectStore, ds *bootstrapv1.UserDataStore,
 		}
 		return userdatastore.IgnitionStub(store.S3URI(key), nil)
 	}
-	ttl := 24 * time.Hour
-	if ds.PresignedURLTTL != nil {
-		ttl = ds.PresignedURLTTL.Duration
-	}
-	u, err := store.PresignedGetURL(ctx, key, ttl)
+	u, err := store.PresignedGetURL(ctx, key, presignedURLTTL(ds))
 	if err != nil {
 		return nil, dataStoreErrorf("presigning the bootstrap data URL: %v", err)
 	}

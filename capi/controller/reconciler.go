@@ -26,7 +26,9 @@
 //   - the data goes into a Secret named after the config (type
 //     cluster.x-k8s.io/secret, keys "value" and "format"), named in
 //     status.dataSecretName with status.initialization.dataSecretCreated,
-//     or, with userDataStore, into a bucket with only a stub in the Secret.
+//     or, with userDataStore, into a bucket with only a stub in the Secret;
+//     a MachinePool's presigned URL stub is renewed (a new URL for the same
+//     object) before it expires, for as long as the pool exists.
 //
 // In attested mode the data holds no secret at all: no CA, no token.
 package controller
@@ -302,7 +304,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res 
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if config.Status.DataSecretName != nil {
-		return r.reconcileToken(ctx, s)
+		return r.reconcileIssued(ctx, s)
 	}
 	if !ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false) {
 		setWaiting(config, ReasonWaitingForInfrastructure, "waiting for the Cluster's infrastructure to be provisioned")
@@ -335,12 +337,12 @@ func (r *Reconciler) reconcileData(ctx context.Context, s *scope, role render.Ro
 		s.config.Status.DataSecretName = ptr.To(existing.Name)
 		s.config.Status.Initialization = &bootstrapv1.Initialization{DataSecretCreated: ptr.To(true)}
 		setDataAvailable(s.config)
-		return r.reconcileToken(ctx, s)
+		return r.reconcileIssued(ctx, s)
 	}
 	if ok, res, err := r.writeData(ctx, s, role); !ok {
 		return res, err
 	}
-	return r.reconcileToken(ctx, s)
+	return r.reconcileIssued(ctx, s)
 }
 
 // writeData renders the data and stores it: the data Secret is created, or
