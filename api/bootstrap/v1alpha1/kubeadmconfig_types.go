@@ -139,8 +139,9 @@ type UserDataStore struct {
 	// +kubebuilder:default=presigned-url
 	// +kubebuilder:validation:Enum=presigned-url;s3-uri
 	Stub string `json:"stub,omitempty"`
-	// PresignedURLTTL is how long a presigned-url stub stays valid: the
-	// Machine must boot within it. At most 168h (S3 signature v4 limit).
+	// PresignedURLTTL is how long a presigned-url stub stays valid: a
+	// Machine must boot within it; a MachinePool's URL is renewed once less
+	// than half of it is left. At most 168h (S3 signature v4 limit).
 	// +optional
 	// +kubebuilder:default="24h"
 	PresignedURLTTL *metav1.Duration `json:"presignedURLTTL,omitempty"`
