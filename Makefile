@@ -64,6 +64,13 @@ stress: tools ## Flake hunt: run each package's tests COUNT (20) times, with and
 build: ## Build the binaries into bin/
 	hack/build.sh
 
+# The binaries the local cluster runs: every one but the CAPI provider's.
+MINI_CMDS := gatehouse gatehouse-bootstrapper gatehouse-joinservice gatehouse-keyservice gatehouse-pause
+
+.PHONY: build-mini
+build-mini: ## Build the binaries the local cluster runs into bin/ (all but the CAPI provider's)
+	hack/build.sh $(addprefix ./cmd/,$(MINI_CMDS))
+
 .PHONY: unit
 unit: tools ## Run the tests (needs `make setup-test` first)
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
@@ -78,11 +85,11 @@ fuzz: ## Run every go test -fuzz target for FUZZTIME (default 5s) each
 test: setup-test check-generate lint unit fuzz ## Set up the machine for the tests, check generated code, lint, run every test with -race, fuzz briefly
 
 .PHONY: mini-up
-mini-up: setup build ## Set up what the local cluster needs and start one (1 control plane + 2 workers)
+mini-up: setup build-mini ## Set up what the local cluster needs and start one (1 control plane + 2 workers)
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) bin/gatehouse mini up
 
 .PHONY: mini-down
-mini-down: build ## Remove the local cluster and everything it made
+mini-down: build-mini ## Remove the local cluster and everything it made
 	bin/gatehouse mini down
 
 .PHONY: clean

@@ -53,6 +53,8 @@ progress_packages() {
 	n=$(grep -cE '^[[:alnum:]._~/-]+$' "$1" || true)
 	if (($2 > 0)) && [[ -z ${3:-} ]]; then
 		printf ', %d of about %d packages compiled' "$n" "$2"
+	elif ((n == 1)); then
+		printf ', 1 package compiled'
 	else
 		printf ', %d packages compiled' "$n"
 	fi
