@@ -15,6 +15,7 @@ import (
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/grpcopts"
 	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 )
 
@@ -122,7 +123,7 @@ func (j *joinServiceCalls) callOne(ctx context.Context, endpoint string, fn func
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(endpoint, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, grpcopts.Dial()...)...)
 	if err != nil {
 		return err
 	}

@@ -2,15 +2,18 @@ package joinservice
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/grpcopts"
 )
 
 // ServerCredentials returns the service's attested TLS credentials: joiners
@@ -18,6 +21,19 @@ import (
 // identity.
 func ServerCredentials(policy *Policy, identity *clusterpki.Identity, now func() time.Time) (*atls.Credentials, error) {
 	return atls.NewCredentials(atls.Config{Verifiers: []attestation.Verifier{policy}, Certificate: identity.Certificate, Now: now})
+}
+
+// DialKeyService returns a connection to the key service at endpoint
+// (host:port) over mutual TLS with tlsCfg (KeyServiceTLSConfig), with
+// grpcopts' transport settings, as the key service serves them.
+func DialKeyService(endpoint string, tlsCfg *tls.Config) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient(endpoint, append([]grpc.DialOption{
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
+	}, grpcopts.Dial()...)...)
+	if err != nil {
+		return nil, fmt.Errorf("key service %s: %w", endpoint, err)
+	}
+	return conn, nil
 }
 
 // KeyServiceKeys adapts a key service connection (mutual TLS) to the keys

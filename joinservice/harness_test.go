@@ -43,6 +43,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/grpcopts"
 	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
@@ -363,7 +364,7 @@ func (h *harness) dialKeyService(t testing.TB) *grpc.ClientConn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(h.keyAddr, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	conn, err := DialKeyService(h.keyAddr, tlsCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +518,7 @@ func dialJoinService(addr, caHash string, attester attestation.Attester, src str
 	if err != nil {
 		return nil, err
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, grpcopts.Dial()...)
 	if src != "" {
 		dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
 		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {

@@ -18,6 +18,7 @@ import (
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/grpcopts"
 	"github.com/gatehouse-dev/gatehouse/internal/handshake"
 )
 
@@ -85,11 +86,12 @@ func (s *Server) Listen(inner net.Listener, limits connlimit.Limits) (net.Listen
 // NewGRPCServer returns a gRPC server with the join service, using creds
 // (attested TLS) wrapped so that refused handshakes are audited. It bounds
 // request size (MaxRequestSize; larger requests are refused, audited and
-// counted) and connections by limits. Probes use Ready over plain HTTP
+// counted) and connections by limits, with the transport settings of
+// grpcopts (joiners dial with them too). Probes use Ready over plain HTTP
 // instead of gRPC health, since a prober cannot attest.
 func NewGRPCServer(s *Server, creds credentials.TransportCredentials, limits ConnectionLimits) *grpc.Server {
 	limits = limits.withDefaults()
-	srv := grpc.NewServer(
+	srv := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.Creds(&handshake.ObservedCredentials{TransportCredentials: creds, Observe: s.observeHandshake}),
 		grpc.MaxRecvMsgSize(MaxRequestSize),
 		grpc.ConnectionTimeout(limits.HandshakeTimeout),
@@ -99,7 +101,7 @@ func NewGRPCServer(s *Server, creds credentials.TransportCredentials, limits Con
 			MaxConnectionAgeGrace: limits.MaxAgeGrace,
 		}),
 		grpc.StatsHandler(&oversizedAudit{s: s}),
-	)
+	}, grpcopts.Server()...)...)
 	joinservicev1.RegisterJoinServiceServer(srv, s)
 	return srv
 }

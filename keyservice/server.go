@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/grpcopts"
 	"github.com/gatehouse-dev/gatehouse/internal/handshake"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
@@ -163,10 +164,14 @@ func ServerTLSConfig(files TLSFiles, allowedClients []string) (*tls.Config, erro
 // NewGRPCServer returns a gRPC server with the key service and the gRPC
 // health service (reporting SERVING for "" and the key service) on creds
 // (mutual TLS), wrapped so every refused handshake is logged and counted;
-// a handshake may take at most HandshakeTimeout.
+// a handshake may take at most HandshakeTimeout. Its messages are small,
+// so it takes grpcopts' transport settings, as the join service's client
+// does.
 func NewGRPCServer(s *Server, creds credentials.TransportCredentials) *grpc.Server {
-	srv := grpc.NewServer(grpc.Creds(&handshake.ObservedCredentials{TransportCredentials: creds, Observe: s.observeHandshake}),
-		grpc.MaxRecvMsgSize(4<<10), grpc.ConnectionTimeout(HandshakeTimeout))
+	srv := grpc.NewServer(append([]grpc.ServerOption{
+		grpc.Creds(&handshake.ObservedCredentials{TransportCredentials: creds, Observe: s.observeHandshake}),
+		grpc.MaxRecvMsgSize(4 << 10), grpc.ConnectionTimeout(HandshakeTimeout),
+	}, grpcopts.Server()...)...)
 	keyservicev1.RegisterKeyServiceServer(srv, s)
 	hs := health.NewServer()
 	hs.SetServingStatus(keyservicev1.KeyService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -18,8 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -102,9 +100,9 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err != nil {
 		return err
 	}
-	keyConn, err := grpc.NewClient(*keyService, grpc.WithTransportCredentials(credentials.NewTLS(keyTLS)))
+	keyConn, err := joinservice.DialKeyService(*keyService, keyTLS)
 	if err != nil {
-		return fmt.Errorf("key service %s: %w", *keyService, err)
+		return err
 	}
 	defer keyConn.Close()
 
