@@ -318,10 +318,14 @@ func checkCloudConfig(t *testing.T, in Input, data []byte, seeding bool) {
 	}
 }
 
-// partitionNumbers are the only errors of Debian's cloud-init 22.4 schema:
-// it takes no partition number, which cloud-init's cc_disk_setup reads
-// (the schema of later releases does).
-var partitionNumbers = regexp.MustCompile(`(?s)^SchemaValidationError: Cloud config schema errors: fs_setup\.[0-9]+\.partition: [0-9]+ is not valid under any of the given schemas(, fs_setup\.[0-9]+\.partition: [0-9]+ is not valid under any of the given schemas)*( Cloud config schema deprecations:.*)?$`)
+// partitionNumbers are the errors of Debian's cloud-init 22.4 schema that
+// the data may have: it takes no file system partition number and only
+// decimal partition types, which cloud-init's cc_disk_setup reads (and
+// hands to sfdisk as hex text: LinuxRAID is "fd", as CABPK writes it).
+var partitionNumbers = regexp.MustCompile(`(?s)^SchemaValidationError: Cloud config schema errors: (` + schemaGap + `)(, (` + schemaGap + `))*( Cloud config schema deprecations:.*)?$`)
+
+const schemaGap = `fs_setup\.[0-9]+\.partition: [0-9]+ is not valid under any of the given schemas|` +
+	`disk_setup\..+?\.layout: \[.*?'.*?\] is not valid under any of the given schemas`
 
 // jsonDiff names the first place where two JSON-shaped values differ.
 func jsonDiff(at string, got, want any) string {

@@ -218,6 +218,17 @@ func plan(in Input) (*steps, error) {
 			return nil, fmt.Errorf("diskSetup.partitions[%d]: device %q is empty, not one line or partitioned twice", i, p.Device)
 		}
 		devices[p.Device] = true
+		// What the CRD admits (cloud-init's schema refuses other table
+		// types; sfdisk other partition types).
+		if p.TableType != "" && p.TableType != "mbr" && p.TableType != "gpt" {
+			return nil, fmt.Errorf("diskSetup.partitions[%d]: tableType %q is mbr or gpt", i, p.TableType)
+		}
+		for j, part := range p.DiskLayout {
+			if part.Percentage < 1 || part.Percentage > 100 || part.PartitionType != "" && !partitionType.MatchString(part.PartitionType) {
+				return nil, fmt.Errorf("diskSetup.partitions[%d].diskLayout[%d]: want a percentage of 1-100 and a partition type of %s or a GPT GUID",
+					i, j, "Linux, LinuxSwap, LinuxRAID, LVM, Fat32, NTFS, LinuxExtended")
+			}
+		}
 	}
 	for i, fs := range spec.DiskSetup.Filesystems {
 		if fs.Device == "" || fs.Filesystem == "" || strings.ContainsFunc(fs.Device, isControl) {
@@ -279,6 +290,10 @@ func plan(in Input) (*steps, error) {
 }
 
 func shell(line string) []string { return []string{"/bin/sh", "-c", line} }
+
+// partitionType is a CABPK partition type or a GPT partition GUID, as the
+// CRD admits.
+var partitionType = regexp.MustCompile(`^(Linux|LinuxSwap|LinuxRAID|LVM|Fat32|NTFS|LinuxExtended|[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12})$`)
 
 // ntpServer is a host name or an IP address.
 var ntpServer = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9.])?$`)
