@@ -276,42 +276,29 @@ func BenchmarkJoinStorm(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var joinRate, rawRate float64
-	var rigCPU, joinWall, createWall time.Duration
-	joinCPU, createCPU := cpuSplit{}, cpuSplit{}
-	joinReqs, createReqs := apiRequests{}, apiRequests{}
-	var latencies []time.Duration
 	prof := newPhaseProfiler(b, client)
-	// One round: a storm of new nodes, then as many raw creates. Each
-	// phase is measured from before its first request until the bootstrap
-	// signer has signed for its tokens; the API server's request counts
-	// are read outside that window (reading them costs it CPU too). Both
-	// phases' tokens, and the storm's node-name bindings (every round
+	// One round: a storm of new nodes, then as many raw creates, added up
+	// in t. Each phase is measured from before its first request until the
+	// bootstrap signer has signed for its tokens; the API server's request
+	// counts are read outside that window (reading them costs it CPU too).
+	// Both phases' tokens, and the storm's node-name bindings (every round
 	// joins new nodes, as in a real cluster), are deleted outside it.
-	round := func(n int, measure bool) {
-		prof := prof
-		if !measure {
-			prof = nil
-		}
+	round := func(n int, t *tally, prof *phaseProfiler) {
 		reqs := readAPIRequests(b, client)
 		stopProfile := prof.start(b, "join", n)
 		cpu, start := serverCPU(b, h), time.Now()
 		results, report := r.storm(b, h, stormNodes)
 		waitSigned(b, client, stormNodes)
-		if measure {
-			joinCPU.add(cpu, serverCPU(b, h))
-			joinWall += time.Since(start)
-		}
+		t.joinCPU.add(cpu, serverCPU(b, h))
+		t.joinWall += time.Since(start)
 		stopProfile()
 		checkStorm(b, h, results)
-		if measure {
-			joinReqs.add(reqs, readAPIRequests(b, client))
-			rigCPU += report.CPU
-			for _, r := range results {
-				latencies = append(latencies, r.latency)
-			}
-			joinRate += float64(len(results)) / report.Elapsed.Seconds()
+		t.joinReqs.add(reqs, readAPIRequests(b, client))
+		t.rigCPU += report.CPU
+		for _, r := range results {
+			t.latencies = append(t.latencies, r.latency)
 		}
+		t.joinRate += float64(len(results)) / report.Elapsed.Seconds()
 		deleteTokens(b, client)
 		deleteBindings(b, client)
 		waitSigned(b, client, 0)
@@ -321,53 +308,66 @@ func BenchmarkJoinStorm(b *testing.B) {
 		cpu, start = serverCPU(b, h), time.Now()
 		rate := rawTokenCreates(b, client, stormNodes, n)
 		waitSigned(b, client, stormNodes)
-		if measure {
-			createCPU.add(cpu, serverCPU(b, h))
-			createWall += time.Since(start)
-			createReqs.add(reqs, readAPIRequests(b, client))
-			rawRate += rate
-		}
+		t.createCPU.add(cpu, serverCPU(b, h))
+		t.createWall += time.Since(start)
 		stopProfile()
+		t.createReqs.add(reqs, readAPIRequests(b, client))
+		t.rawRate += rate
+		t.rounds++
 		deleteTokens(b, client)
 		waitSigned(b, client, 0)
 	}
-	// A round that is not measured first. The API server takes 100
-	// streams per HTTP/2 connection, so the first storm's 200 concurrent
-	// requests open dozens of connections (TLS handshakes on both sides);
-	// the raw creates, which come after it and share the client's
-	// connection pool, would never pay for them. A running service has
-	// its connections open.
-	round(0, false)
+	// A first, cold round is logged but not counted: it may open
+	// connections (the API server's, the key service's) that a running
+	// service has open, and that the raw creates, coming after it and
+	// sharing the client's connection pool, would never pay for.
+	cold := newTally()
+	round(0, cold, nil)
 	// Idle: what the server side spends while nothing happens, for scale
 	// (a longer phase pays more of it).
 	cpu, start := serverCPU(b, h), time.Now()
 	time.Sleep(2 * time.Second)
 	idle := float64((serverCPU(b, h).total() - cpu.total()).Microseconds()) / 1e3 / time.Since(start).Seconds()
-	rounds := 0
+	t := newTally()
 	for b.Loop() {
-		rounds++
-		round(rounds, true)
+		round(t.rounds+1, t, prof)
 	}
-	slices.Sort(latencies)
-	ops := rounds * stormNodes
+	slices.Sort(t.latencies)
+	ops := t.rounds * stormNodes
 	perOp := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 / float64(ops) }
-	joinRate /= float64(rounds)
-	rawRate /= float64(rounds)
+	joinRate, rawRate := t.joinRate/float64(t.rounds), t.rawRate/float64(t.rounds)
 	b.ReportMetric(joinRate, "joins/s")
 	b.ReportMetric(rawRate, "secret-creates/s")
 	b.ReportMetric(joinRate/rawRate, "ratio")
-	b.ReportMetric(float64(latencies[len(latencies)/2].Milliseconds()), "p50-ms")
-	b.ReportMetric(float64(latencies[len(latencies)*99/100].Milliseconds()), "p99-ms")
-	b.ReportMetric(perOp(joinCPU.total()), "server-cpu-ms/join")
-	b.ReportMetric(perOp(createCPU.total()), "server-cpu-ms/create")
-	b.ReportMetric(float64(joinCPU.total())/float64(createCPU.total()), "cpu-ratio")
-	b.ReportMetric(perOp(rigCPU), "rig-cpu-ms/join")
-	b.Logf("server CPU per join by process: %s", joinCPU.perOp(ops))
-	b.Logf("server CPU per raw create by process: %s", createCPU.perOp(ops))
-	b.Logf("API requests per join (cluster-info polls included): %s", joinReqs.perOp(ops))
-	b.Logf("API requests per raw create (cluster-info polls included): %s", createReqs.perOp(ops))
+	b.ReportMetric(float64(t.latencies[len(t.latencies)/2].Milliseconds()), "p50-ms")
+	b.ReportMetric(float64(t.latencies[len(t.latencies)*99/100].Milliseconds()), "p99-ms")
+	b.ReportMetric(perOp(t.joinCPU.total()), "server-cpu-ms/join")
+	b.ReportMetric(perOp(t.createCPU.total()), "server-cpu-ms/create")
+	b.ReportMetric(float64(t.joinCPU.total())/float64(t.createCPU.total()), "cpu-ratio")
+	b.ReportMetric(perOp(t.rigCPU), "rig-cpu-ms/join")
+	b.Logf("server CPU per join by process: %s", t.joinCPU.perOp(ops))
+	b.Logf("server CPU per raw create by process: %s", t.createCPU.perOp(ops))
+	b.Logf("API requests per join (cluster-info polls included): %s", t.joinReqs.perOp(ops))
+	b.Logf("API requests per raw create (cluster-info polls included): %s", t.createReqs.perOp(ops))
+	b.Logf("first (cold) round, not counted: server CPU per join %s; per raw create %s",
+		cold.joinCPU.perOp(stormNodes), cold.createCPU.perOp(stormNodes))
 	b.Logf("idle server side: %.1f ms of CPU per second; a join phase lasted %.2f s, a create phase %.2f s",
-		idle, joinWall.Seconds()/float64(rounds), createWall.Seconds()/float64(rounds))
+		idle, t.joinWall.Seconds()/float64(t.rounds), t.createWall.Seconds()/float64(t.rounds))
+}
+
+// tally adds up BenchmarkJoinStorm's rounds.
+type tally struct {
+	rounds               int
+	joinRate, rawRate    float64 // sums of the rounds' rates
+	rigCPU               time.Duration
+	joinWall, createWall time.Duration
+	joinCPU, createCPU   cpuSplit
+	joinReqs, createReqs apiRequests
+	latencies            []time.Duration
+}
+
+func newTally() *tally {
+	return &tally{joinCPU: cpuSplit{}, createCPU: cpuSplit{}, joinReqs: apiRequests{}, createReqs: apiRequests{}}
 }
 
 // apiRequests counts the API server's requests by verb and resource
