@@ -381,9 +381,11 @@ func mapStrings(v any, fn func(string) string) any {
 		}
 		return out
 	case map[string]any:
+		// Keys too: Jinja renders the whole document (disk_setup's keys are
+		// the spec's devices).
 		out := make(map[string]any, len(t))
 		for k, e := range t {
-			out[k] = mapStrings(e, fn)
+			out[fn(k)] = mapStrings(e, fn)
 		}
 		return out
 	}

@@ -6,9 +6,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	ignv3 "github.com/coreos/ignition/v2/config/v3_5"
 	"github.com/coreos/ignition/v2/config/v3_5/types"
@@ -77,7 +79,38 @@ func renderIgnition(s *steps) ([]byte, error) {
 		}
 		cfg = ignv3.Merge(cfg, additions)
 	}
+	if err := checkUTF8(reflect.ValueOf(cfg)); err != nil {
+		return nil, err
+	}
 	return finishIgnition(cfg)
+}
+
+// checkUTF8 refuses a string that is not UTF-8, which JSON would silently
+// replace (a user's name, a path, a unit).
+func checkUTF8(v reflect.Value) error {
+	switch v.Kind() {
+	case reflect.String:
+		if !utf8.ValidString(v.String()) {
+			return fmt.Errorf("%q is not UTF-8 text, which Ignition's JSON is", v.String())
+		}
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			return checkUTF8(v.Elem())
+		}
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			if err := checkUTF8(v.Index(i)); err != nil {
+				return err
+			}
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if err := checkUTF8(v.Field(i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // commandsUnit runs the commands script once, after the network is up,
