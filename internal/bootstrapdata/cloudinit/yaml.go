@@ -205,9 +205,10 @@ func doubleQuoted(s string) string {
 }
 
 // printable is what YAML 1.1 (and PyYAML) take as it is in a stream
-// beyond ASCII's control characters, less the byte order mark.
+// beyond ASCII's control characters, less the byte order mark and the
+// Unicode line and paragraph separators, which YAML reads as line breaks.
 func printable(r rune) bool {
-	return r == '\t' || r == '\n' || r >= 0x20 && r <= 0x7e || r >= 0xa0 && r <= 0xd7ff ||
+	return r == '\t' || r == '\n' || r >= 0x20 && r <= 0x7e || r >= 0xa0 && r <= 0xd7ff && r != 0x2028 && r != 0x2029 ||
 		r >= 0xe000 && r <= 0xfffd && r != 0xfeff || r >= 0x10000 && r <= 0x10ffff
 }
 

@@ -18,7 +18,7 @@ var yamlStrings = []string{
 	"", " ", "=", "<<", "~", "null", "y", "n", "yes", "off", "1:20", "190:20:30", "0x1F", "0o17", "1_000", "0644", "1e3", ".inf",
 	".5", "2001-12-14", "1.36.4", "-", "-e", "--config", "- x", "?", ":", "a:", "a: b", "a #b", "#c", "&a", "*a", "!t", "|", ">",
 	"%", "@", "`", "'", "\"", "\\", "a'b", "a\"b", "{{ ds.meta_data.local_hostname }}", "echo {{ 'x' }}: y", "{% if true %}x{% endif %}",
-	"a\u0085b", "a\u2028b", "a\u2029b", "\ufeffx", "\x00", "\x1b[0m", "\x7f", "\u0080", "\ufffe", "é", "😀", "\t", "a\tb",
+	"a\u0085b", "a\u2028b", "a\u2029b", "a\n\u2028b\n", "a\n\u2029\n", "a\n\u0085\n", "\ufeffx", "\x00", "\x1b[0m", "\x7f", "\u0080", "\ufffe", "é", "😀", "\t", "a\tb",
 	"\n", "\n\n", "a\n", "a\n\n", "a\nb", "\na", "  a\nb", "a\n  b\n", " lead", "trail ", "a\r\nb", "a\rb", "---", "...",
 	"x\n---\ny", "x\n...\n", strings.Repeat("long words ", 50),
 }
