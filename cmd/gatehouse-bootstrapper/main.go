@@ -94,6 +94,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		endpointsFile   = flag.String("join-endpoints-file", "", "file listing join service host:port endpoints, one per line")
 		caHash          = flag.String("cluster-ca-hash", "", "discovery token CA cert hash (sha256:<hex>) of the cluster to join")
 		controlPlane    = flag.Bool("control-plane", false, "join as a control plane")
+		joinBackoff     = flag.Duration("join-backoff", bootstrapper.DefaultBackoff.Initial, "first wait between rounds of calls to the join service's endpoints; doubles each round (with jitter)")
+		joinBackoffMax  = flag.Duration("join-backoff-max", bootstrapper.DefaultBackoff.Max, "longest wait between rounds of calls to the join service's endpoints")
 		root            = flag.String("root", "/", "file system root to install into")
 		kubeadmPath     = flag.String("kubeadm", "/usr/local/bin/kubeadm", "kubeadm binary (installed from the pinned components)")
 		criSocket       = flag.String("cri-socket", kubeadm.DefaultCRISocket, "container runtime endpoint")
@@ -127,6 +129,9 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	}
 	if *advertise == "" || *stateDisk == "" {
 		return errors.New("--advertise-address and --state-disk are required")
+	}
+	if *joinBackoff <= 0 || *joinBackoffMax < *joinBackoff {
+		return fmt.Errorf("--join-backoff %s and --join-backoff-max %s: want 0 < backoff ≤ max", *joinBackoff, *joinBackoffMax)
 	}
 	pcrs, err := parsePCRs(*pcrList)
 	if err != nil {
@@ -213,6 +218,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		if join, err = bootstrapper.NewJoinClient(bootstrapper.JoinClientConfig{
 			Machine: setup, Lock: lock, Endpoints: source, Attester: attester,
 			CACertHash: *caHash, ControlPlane: *controlPlane,
+			Backoff: bootstrapper.Backoff{Initial: *joinBackoff, Max: *joinBackoffMax},
 		}); err != nil {
 			return err
 		}
