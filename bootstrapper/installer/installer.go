@@ -71,20 +71,51 @@ func New(opts Options) *Installer {
 
 // Install installs every component in order, after validating them all. It
 // stops at the first component that fails, leaving the ones before it
-// installed and nothing of the failed one.
+// installed and nothing of the failed one. A binary whose URL and digest
+// an earlier component of the list had (one multi-call binary installed
+// under several names) is copied from that one, which was checked, and
+// not fetched again.
 func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component) error {
 	for _, c := range list {
 		if err := components.Validate(c); err != nil {
 			return err
 		}
 	}
+	installed := map[string]string{} // URL and digest of a binary → where it was installed
 	for _, c := range list {
-		if err := i.install(ctx, c); err != nil {
+		key := c.GetUrl() + "\x00" + c.GetHash()
+		var err error
+		if from, ok := installed[key]; ok && !c.GetExtract() {
+			err = copyInstalled(from, c.GetInstallPath())
+		} else {
+			err = i.install(ctx, c)
+		}
+		if err != nil {
 			return fmt.Errorf("installing %s: %w", c.GetInstallPath(), err)
+		}
+		if !c.GetExtract() {
+			installed[key] = c.GetInstallPath()
 		}
 		i.opts.Log.Info("Installed component", "url", c.GetUrl(), "path", c.GetInstallPath(), "extract", c.GetExtract())
 	}
 	return nil
+}
+
+// copyInstalled installs a copy of the binary installed at from as dest,
+// atomically as install does.
+func copyInstalled(from, dest string) error {
+	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil { //nolint:gosec // as install's
+		return err
+	}
+	src, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	return atomicfile.WriteFunc(dest, 0o755, func(f *os.File) error {
+		_, err := io.Copy(f, src)
+		return err
+	})
 }
 
 func (i *Installer) install(ctx context.Context, c *componentsv1.Component) error {

@@ -260,3 +260,32 @@ func TestInstallValidatesFirst(t *testing.T) {
 	}
 	assertOnly(t, dir)
 }
+
+// TestInstallSameBinaryOnce: kubelet, kubeadm and kubectl from one
+// multi-call binary (the same URL and digest) are fetched and checked
+// once and installed under each name.
+func TestInstallSameBinaryOnce(t *testing.T) {
+	content := bytes.Repeat([]byte("kube "), 10000)
+	url, hits := serve(t, content, 0, nil)
+	dir := filepath.Join(t.TempDir(), "bin")
+	var list []*componentsv1.Component
+	for _, name := range []string{"kubelet", "kubeadm", "kubectl"} {
+		list = append(list, &componentsv1.Component{Url: url, Hash: hashOf(content), InstallPath: filepath.Join(dir, name)})
+	}
+	if err := newInstaller().Install(t.Context(), list); err != nil {
+		t.Fatal(err)
+	}
+	if hits.Load() != 1 {
+		t.Fatalf("%d requests, want 1", hits.Load())
+	}
+	for _, c := range list {
+		got, err := os.ReadFile(c.GetInstallPath())
+		if err != nil || !bytes.Equal(got, content) {
+			t.Fatalf("%s differs (%v)", c.GetInstallPath(), err)
+		}
+		if fi, _ := os.Stat(c.GetInstallPath()); fi.Mode().Perm() != 0o755 {
+			t.Fatalf("%s has mode %v, want 0755", c.GetInstallPath(), fi.Mode().Perm())
+		}
+	}
+	assertOnly(t, dir, "kubeadm", "kubectl", "kubelet")
+}
