@@ -55,7 +55,10 @@ var epoch = time.Unix(0, 0).UTC()
 
 // Layers builds image layers in a scratch directory (never in memory: the
 // Kubernetes binary alone is 156 MB) and shares a layer between images
-// with the same binaries, so it is compressed and written once.
+// with the same binaries, so it is compressed and written once, and a
+// node imports and unpacks it once for all the images that have it
+// (kube-apiserver, kube-scheduler, kube-controller-manager and kube-proxy
+// share the Kubernetes binary's). Layers are gzip at its fastest level.
 type Layers struct {
 	dir   string
 	files map[string]v1.Layer
@@ -64,18 +67,44 @@ type Layers struct {
 // NewLayers returns a layer builder writing into dir.
 func NewLayers(dir string) *Layers { return &Layers{dir: dir, files: map[string]v1.Layer{}} }
 
+// layerGroup is what one files layer of an image holds: binaries and the
+// files of host directories.
+type layerGroup struct {
+	files map[string]string
+	dirs  []string
+}
+
+// layerGroups are s's files layers, in order: one per binary in Files
+// (sorted by name), with the libraries it needs, then one with the files
+// of Dirs and their libraries.
+func layerGroups(s Spec) []layerGroup {
+	var groups []layerGroup
+	for _, n := range sortedKeys(s.Files) {
+		groups = append(groups, layerGroup{files: map[string]string{n: s.Files[n]}})
+	}
+	if len(s.Dirs) > 0 {
+		groups = append(groups, layerGroup{dirs: s.Dirs})
+	}
+	return groups
+}
+
 // Build returns the image of s for linux/amd64 or linux/arm64 (arch): a
-// layer with the binaries (and their libraries) and one with the links.
+// layer per binary (with its libraries), one with the files of its
+// directories, and one with the links.
 func (l *Layers) Build(s Spec, arch string) (v1.Image, error) {
-	files, err := l.filesLayer(s.Files, s.Dirs)
-	if err != nil {
-		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
+	var layers []v1.Layer
+	for _, g := range layerGroups(s) {
+		layer, err := l.filesLayer(g.files, g.dirs)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", s.Ref, err)
+		}
+		layers = append(layers, layer)
 	}
 	links, err := linksLayer(s)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
 	}
-	img, err := mutate.AppendLayers(empty.Image, files, links)
+	img, err := mutate.AppendLayers(empty.Image, append(layers, links)...)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", s.Ref, err)
 	}
@@ -94,35 +123,16 @@ func (l *Layers) Build(s Spec, arch string) (v1.Image, error) {
 	return img, nil
 }
 
-// filesLayer is the tar of the binaries in files under BinDir, the
-// loader and libraries of any dynamically linked one, and the files of the
-// host directories dirs, written to a file.
-func (l *Layers) filesLayer(files map[string]string, dirs []string) (v1.Layer, error) {
-	var key strings.Builder
-	for _, n := range sortedKeys(files) {
-		key.WriteString(n + "=" + files[n] + "\n")
-	}
-	for _, d := range dirs {
-		key.WriteString("dir " + d + "\n")
-	}
-	if layer, ok := l.files[key.String()]; ok {
-		return layer, nil
-	}
-	f, err := os.CreateTemp(l.dir, "layer-*.tar")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	tw := tar.NewWriter(f)
-	for _, dir := range []string{"usr/", "usr/local/", "usr/local/bin/", "tmp/"} {
-		mode := int64(0o755)
-		if dir == "tmp/" {
-			mode = 0o1777
-		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: mode, ModTime: epoch}); err != nil {
-			return nil, err
-		}
-	}
+// entry is one regular file of a files layer: its name in the image and
+// the host file it is copied from.
+type entry struct{ name, src string }
+
+// filesEntries are the regular files of the layer of the binaries in
+// files under BinDir, the loader and libraries of any dynamically linked
+// one, and the files of the host directories dirs, in the order the
+// layer holds them; and the directories the libraries need. Build writes
+// exactly these, and Key hashes exactly these.
+func filesEntries(files map[string]string, dirs []string) (entries []entry, parentDirs []string, err error) {
 	libs := map[string]bool{}
 	// Host files at their own path: libraries, and the files of dirs.
 	for _, d := range dirs {
@@ -139,16 +149,14 @@ func (l *Layers) filesLayer(files map[string]string, dirs []string) (v1.Layer, e
 			return err
 		})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	for _, n := range sortedKeys(files) {
-		if err := addFile(tw, path.Join(BinDir[1:], n), files[n]); err != nil {
-			return nil, err
-		}
+		entries = append(entries, entry{path.Join(BinDir[1:], n), files[n]})
 		deps, err := sharedLibraries(files[n])
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, d := range deps {
 			libs[d] = true
@@ -163,15 +171,54 @@ func (l *Layers) filesLayer(files map[string]string, dirs []string) (v1.Layer, e
 		}
 	}
 	for _, d := range sortedKeys(boolKeys(parents)) {
-		if d == "usr" || d == "usr/local" || d == "usr/local/bin" {
-			continue
+		if d != "usr" && d != "usr/local" && d != "usr/local/bin" {
+			parentDirs = append(parentDirs, d)
 		}
+	}
+	for _, lib := range sortedKeys(boolKeys(libs)) {
+		entries = append(entries, entry{lib[1:], lib})
+	}
+	return entries, parentDirs, nil
+}
+
+// filesLayer is the tar of filesEntries, written to a file.
+func (l *Layers) filesLayer(files map[string]string, dirs []string) (v1.Layer, error) {
+	var key strings.Builder
+	for _, n := range sortedKeys(files) {
+		key.WriteString(n + "=" + files[n] + "\n")
+	}
+	for _, d := range dirs {
+		key.WriteString("dir " + d + "\n")
+	}
+	if layer, ok := l.files[key.String()]; ok {
+		return layer, nil
+	}
+	entries, parentDirs, err := filesEntries(files, dirs)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.CreateTemp(l.dir, "layer-*.tar")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	for _, dir := range []string{"usr/", "usr/local/", "usr/local/bin/", "tmp/"} {
+		mode := int64(0o755)
+		if dir == "tmp/" {
+			mode = 0o1777
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: mode, ModTime: epoch}); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range parentDirs {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: epoch}); err != nil {
 			return nil, err
 		}
 	}
-	for _, lib := range sortedKeys(boolKeys(libs)) {
-		if err := addFile(tw, lib[1:], lib); err != nil {
+	for _, e := range entries {
+		if err := addFile(tw, e.name, e.src); err != nil {
 			return nil, err
 		}
 	}

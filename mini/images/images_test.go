@@ -122,26 +122,66 @@ func TestDirsCarryTheirLibraries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := layers[0].Uncompressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
 	entries := map[string]bool{}
-	tr := tar.NewReader(rc)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
+	for _, layer := range layers {
+		rc, err := layer.Uncompressed()
 		if err != nil {
 			t.Fatal(err)
 		}
-		entries["/"+h.Name] = true
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			entries["/"+h.Name] = true
+		}
+		_ = rc.Close()
 	}
 	for _, want := range append([]string{plugin, filepath.Join(ext, "libxt_MASQUERADE.so")}, deps...) {
 		if !entries[want] {
 			t.Errorf("the image lacks %s", want)
 		}
+	}
+}
+
+// TestLayersShared: an image's binaries are a layer each, so kube-proxy's
+// image shares the Kubernetes binary's layer with kube-apiserver's (an
+// archive holds it once; a node imports and unpacks it once).
+func TestLayersShared(t *testing.T) {
+	dir := t.TempDir()
+	kube, other := filepath.Join(dir, "kube"), filepath.Join(dir, "other")
+	for _, f := range []string{kube, other} {
+		if err := os.WriteFile(f, []byte("#!/bin/sh\necho "+f+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	layers := NewLayers(t.TempDir())
+	apiserver, err := layers.Build(Spec{Ref: "docker.io/local/kube-apiserver:v1", Files: map[string]string{"kube": kube}, Links: map[string]string{"kube-apiserver": "kube"}}, "amd64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := layers.Build(Spec{Ref: "docker.io/local/kube-proxy:v1", Files: map[string]string{"kube": kube, "other": other}, Links: map[string]string{"kube-proxy": "kube"}}, "amd64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := apiserver.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := proxy.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != 2 || len(p) != 3 {
+		t.Fatalf("%d and %d layers; want a layer per binary and the links", len(a), len(p))
+	}
+	da, _ := a[0].Digest()
+	dp, _ := p[0].Digest()
+	if da != dp {
+		t.Fatalf("kube-proxy's first layer %s is not kube-apiserver's %s", dp, da)
 	}
 }
