@@ -55,8 +55,9 @@ func FuzzRenderIgnition(f *testing.F) { fuzzRender(f, targetIgnition) }
 
 func FuzzRenderAttested(f *testing.F) { fuzzRender(f, targetAttested) }
 
-// seedSpecs are specs as users write them, together using every field of
-// KubeadmConfigSpec (as test/capiparity's samples do).
+// seedSpecs are specs as users write them (as test/capiparity's samples),
+// together using every field Render reads; the generator reaches every
+// field of KubeadmConfigSpec from them.
 var seedSpecs = []string{
 	`{}`,
 	`
@@ -239,7 +240,7 @@ func cloudInitChecker(t *testing.T) *rendertest.CloudInit {
 	return cloudInit.ci
 }
 
-// jinjaOpeners start a Jinja construct.
+// hasJinja says s opens a Jinja construct.
 func hasJinja(s string) bool {
 	return strings.Contains(s, "{{") || strings.Contains(s, "{%") || strings.Contains(s, "{#")
 }
