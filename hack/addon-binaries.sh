@@ -62,7 +62,10 @@ for dir in coredns registry; do
 	progress_run addon-binaries "compiling $dir" "$total" \
 		go build -v -trimpath -buildvcs=false -ldflags "-s -w" -o "$tmp/$dir" .
 done
-got=$("$tmp/coredns" -version | head -1)
+# The whole output, not piped into head: a writer cut off by head dies of
+# SIGPIPE, and pipefail makes that this script's failure.
+got=$("$tmp/coredns" -version)
+got=${got%%$'\n'*}
 [[ "$got" == "CoreDNS-${COREDNS_VERSION#v}" ]] || { log "coredns -version printed $got, want CoreDNS-${COREDNS_VERSION#v}"; exit 1; }
 "$tmp/registry" --version >&2
 

@@ -72,7 +72,11 @@ done
 log "checking versions"
 got=$("$tmp/kubeadm" version -o short)
 [[ "$got" == "$KUBE_VERSION" ]] || { log "kubeadm version printed $got, want $KUBE_VERSION"; exit 1; }
-"$tmp/etcd" --version | head -1 >&2
+# Whole outputs, not piped into head: a writer cut off by head dies of
+# SIGPIPE, and pipefail makes that this script's failure.
+got=$("$tmp/etcd" --version)
+got=${got%%$'\n'*}
+[[ "$got" == "etcd Version: ${ETCD_VERSION#v}" ]] || { log "etcd --version printed $got, want etcd Version: ${ETCD_VERSION#v}"; exit 1; }
 
 touch "$tmp/.complete"
 rm -rf "$bin"

@@ -59,9 +59,15 @@ fi
 
 command -v go >/dev/null || { log "Go is not on PATH; install Go 1.26 (see docs/development.md)"; exit 1; }
 
-log "Kubernetes binaries: $("$here/kube-binaries.sh")"
-log "Local cluster add-ons (CoreDNS, registry): $("$here/addon-binaries.sh")"
+# Each in an assignment of its own, so that its failure stops this script
+# (a failing $(...) inside another command's arguments would not).
+dir=$("$here/kube-binaries.sh")
+log "Kubernetes binaries: $dir"
+dir=$("$here/addon-binaries.sh")
+log "Local cluster add-ons (CoreDNS, registry): $dir"
 if $test; then
-	log "Go tools: $("$here/go-tools.sh")"
-	log "Cluster API tools (upstream CABPK, clusterctl; cold: about 3 min): $("$here/capi-tools.sh")"
+	dir=$("$here/go-tools.sh")
+	log "Go tools: $dir"
+	dir=$("$here/capi-tools.sh")
+	log "Cluster API tools (upstream CABPK, clusterctl): $dir"
 fi
