@@ -81,8 +81,9 @@ func renderCloudConfig(s *steps) ([]byte, error) {
 // construct opened in the value must close in it, {% raw %} and blocks
 // ({% if %}…{% endif %}) too (shell's ${#var}, for one, opens a Jinja
 // comment); whitespace control (-) must not strip past the value's ends;
-// a block tag or comment must not end a value on a line of its own YAML,
-// where Jinja would remove the line break after it (trim_blocks). The
+// a block tag or comment must not end a line of a value written as a YAML
+// block, where Jinja would remove the line break after it (trim_blocks)
+// and join the next line, indentation and all, or the YAML's next line. The
 // value must be text YAML writes as it is, so that Jinja sees it as
 // written. {% raw %}…{% endraw %} keeps text as it is.
 func checkJinja(v string) error {
@@ -128,8 +129,10 @@ func checkJinja(v string) error {
 				blocks = blocks[:len(blocks)-1]
 			}
 		}
-		if closer != "}}" && (v[end:] == "" || v[end:] == "\n") && !cloudinit.SingleQuoted(v) {
-			return fail("ends with a block tag or comment, after which Jinja would remove the line break of the YAML (put the tag inside the line)")
+		if closer != "}}" && !strings.HasSuffix(inner, "-") && (v[end:] == "" || v[end] == '\n') && !cloudinit.SingleQuoted(v) {
+			// The value is a block of the YAML, each line indented: the
+			// next line would keep the YAML's indentation as content.
+			return fail("ends a line with a block tag or comment, after which Jinja removes the line break (put the tag inside the line)")
 		}
 		i = end - 1
 	}

@@ -376,7 +376,7 @@ func TestJinja(t *testing.T) {
 	}
 
 	for _, bad := range []string{"echo ${#PATH}", "echo {{ unclosed", "{% raw %} never closed", "{% if x %}a block closed elsewhere",
-		"echo 'a' {% if true %}b{% endif %}", "{{- 'strips into the YAML' }}", "{{ x -}}", "{{ x }}\u0085"} {
+		"echo 'a' {% if true %}b{% endif %}", "{{- 'strips into the YAML' }}", "{{ x -}}", "{{ x }}\u0085", "a {# c #}\nb"} {
 		s := &bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatCloudConfig, PostKubeadmCommands: []string{bad}}
 		if _, err := Render(input(s, RoleJoin)); err == nil || !strings.Contains(err.Error(), "Jinja") {
 			t.Errorf("%q: %v, want a refusal naming Jinja", bad, err)
