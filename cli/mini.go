@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -55,10 +56,13 @@ func newMiniUpCmd() *cobra.Command {
 			if opts.AddonBinDir == "" {
 				opts.AddonBinDir = os.Getenv("GATEHOUSE_ADDON_BIN")
 			}
+			if !cmd.Flags().Changed("image-cache") {
+				opts.ImageCache = defaultImageCache()
+			}
 			opts.KubernetesVersion = versions.Default().Version
 			opts.Out = cmd.OutOrStdout()
-			opts.Init = func(ctx context.Context, dir, config, node, secretFile string, components []*componentsv1.Component) error {
-				return runInit(ctx, cmd.OutOrStdout(), initOptions{
+			opts.Init = func(ctx context.Context, dir, config, node, secretFile string, components []*componentsv1.Component, out io.Writer) error {
+				return runInit(ctx, out, initOptions{
 					config: config, node: node, initSecretFile: secretFile,
 					masterSecretFile: filepath.Join(dir, clusterconfig.DefaultMasterSecretFile), stateFile: filepath.Join(dir, clusterconfig.DefaultStateFile),
 					kubeconfig: filepath.Join(dir, clusterconfig.DefaultKubeconfig), components: components, arch: "amd64", timeout: 10 * time.Minute,
@@ -80,9 +84,25 @@ func newMiniUpCmd() *cobra.Command {
 	f.StringVar(&opts.BinDir, "bin", "", "directory of the gatehouse binaries (default: this binary's)")
 	f.StringVar(&opts.KubeBinDir, "kube-bin", "", "directory of the pinned Kubernetes binaries (default $GATEHOUSE_KUBE_BIN)")
 	f.StringVar(&opts.AddonBinDir, "addon-bin", "", "directory of CoreDNS and the registry built by hack/addon-binaries.sh (default $GATEHOUSE_ADDON_BIN)")
+	f.StringVar(&opts.ImageCache, "image-cache", "", "directory keeping the built node images, by the digests of the binaries in them; \"\" builds them every time (default $GATEHOUSE_CACHE/mini-images, or ~/.cache/gatehouse/mini-images)")
 	f.StringSliceVar(&tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")
 	_ = f.MarkHidden("tamper")
 	return cmd
+}
+
+// defaultImageCache is where mini up keeps its image archives: beside
+// the pinned binaries hack/kube-binaries.sh builds ($GATEHOUSE_CACHE, or
+// gatehouse in the user's cache directory); "" when there is none.
+func defaultImageCache() string {
+	root := os.Getenv("GATEHOUSE_CACHE")
+	if root == "" {
+		dir, err := os.UserCacheDir()
+		if err != nil {
+			return ""
+		}
+		root = filepath.Join(dir, "gatehouse")
+	}
+	return filepath.Join(root, "mini-images")
 }
 
 // tamper changes the boot manifest of the named nodes by one bit: what a

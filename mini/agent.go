@@ -37,6 +37,9 @@ var privateDirs = []string{
 const (
 	bootstrapStatusFile = "bootstrap.status" // "ok" or "failed: <error>"
 	mountpointsFile     = "created-mountpoints"
+	// imagesImportedFile holds the digest of the image archive whose
+	// images the node's containerd holds (seeded or imported).
+	imagesImportedFile = "images.imported"
 )
 
 // BootArtefacts are what a node measures at "boot": its bootstrapper binary
@@ -72,34 +75,28 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	if err := mountPrivateDirs(spec); err != nil {
 		return fmt.Errorf("private directories: %w", err)
 	}
-	if err := manufactureTPM(ctx, spec, log); err != nil {
-		return err
-	}
-	log.Info("Starting the node's TPM and measuring its boot")
-	tpmDev, err := swtpm.Start(ctx, filepath.Dir(spec.tpmSocket()))
-	if err != nil {
-		return err
-	}
-	defer tpmDev.Stop()
-	if err := measureBoot(spec, tpmDev); err != nil {
-		return err
-	}
-	if err := writeCNIConfig(spec); err != nil {
-		return err
-	}
-	if err := routePods(ctx, spec); err != nil {
-		return fmt.Errorf("pod network routes: %w", err)
-	}
-	log.Info("Starting containerd")
+	// The TPM (made on the first boot, then started and the boot
+	// measured) and the container runtime with the node's images are
+	// independent: they start at the same time. Both are ready before
+	// anything that is measured or attested runs.
 	procs := &processes{log: log, dir: spec.logDir()}
 	defer procs.stopAll()
-	if err := startContainerd(ctx, spec, procs); err != nil {
-		return err
+	type tpmResult struct {
+		dev *swtpm.TPM
+		err error
 	}
-	log.Info("Importing the node's images")
-	if out, err := exec.CommandContext(ctx, "ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io",
-		"images", "import", "--no-unpack", spec.Images).CombinedOutput(); err != nil {
-		return fmt.Errorf("importing images: %w: %s", err, out)
+	tpmReady := make(chan tpmResult, 1)
+	go func() {
+		dev, err := startTPM(ctx, spec, log)
+		tpmReady <- tpmResult{dev, err}
+	}()
+	runtimeErr := startRuntime(ctx, spec, procs, log)
+	tpm := <-tpmReady
+	if tpm.dev != nil {
+		defer tpm.dev.Stop()
+	}
+	if err := errors.Join(tpm.err, runtimeErr); err != nil {
+		return err
 	}
 	procs.start(ctx, "evidence", filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), "serve-evidence",
 		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--listen", fmt.Sprintf("%s:%d", spec.IP, EvidencePort))
@@ -122,6 +119,14 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 		go superviseKubelet(ctx, spec, procs, log)
 	}
 
+	if !spec.Init && len(spec.JoinEndpoints) == 0 {
+		// A node of `mini up` boots while the first control plane
+		// initialises the cluster; it learns where to join after that.
+		log.Info("Waiting for the cluster to be initialised: mini up then names the join services and the cluster CA's hash")
+		if err := waitJoinEndpoints(ctx, spec); err != nil {
+			return err
+		}
+	}
 	log.Info("Running the bootstrapper")
 	status := "ok"
 	if err := runBootstrapper(ctx, spec); err != nil {
@@ -136,6 +141,72 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// startTPM makes the node's TPM on its first boot, starts it and
+// measures the boot into it.
+func startTPM(ctx context.Context, spec *NodeSpec, log *slog.Logger) (*swtpm.TPM, error) {
+	if err := manufactureTPM(ctx, spec, log); err != nil {
+		return nil, err
+	}
+	log.Info("Starting the node's TPM and measuring its boot")
+	dev, err := swtpm.Start(ctx, filepath.Dir(spec.tpmSocket()))
+	if err != nil {
+		return nil, err
+	}
+	if err := measureBoot(spec, dev); err != nil {
+		dev.Stop()
+		return nil, err
+	}
+	return dev, nil
+}
+
+// startRuntime sets up the pod network, starts containerd and imports the
+// node's images.
+func startRuntime(ctx context.Context, spec *NodeSpec, procs *processes, log *slog.Logger) error {
+	if err := writeCNIConfig(spec); err != nil {
+		return err
+	}
+	if err := routePods(ctx, spec); err != nil {
+		return fmt.Errorf("pod network routes: %w", err)
+	}
+	log.Info("Starting containerd")
+	if err := startContainerd(ctx, spec, procs); err != nil {
+		return err
+	}
+	marker := filepath.Join(spec.Dir, imagesImportedFile)
+	if have, err := os.ReadFile(marker); err == nil && spec.ImagesDigest != "" && strings.TrimSpace(string(have)) == spec.ImagesDigest {
+		log.Info("The node's images are in its containerd (from the cluster's containerd seed, or imported at an earlier boot)")
+		return nil
+	}
+	log.Info("Importing the node's images")
+	if out, err := exec.CommandContext(ctx, "ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io",
+		"images", "import", "--no-unpack", spec.Images).CombinedOutput(); err != nil {
+		return fmt.Errorf("importing images: %w: %s", err, out)
+	}
+	log.Info("Imported the node's images")
+	if spec.ImagesDigest != "" {
+		return os.WriteFile(marker, []byte(spec.ImagesDigest+"\n"), 0o644) //nolint:gosec // a digest
+	}
+	return nil
+}
+
+// waitJoinEndpoints re-reads the node's node.json until it names the join
+// services (mini up writes them, with the cluster CA's hash, once the
+// cluster is initialised) and takes them into spec.
+func waitJoinEndpoints(ctx context.Context, spec *NodeSpec) error {
+	path := filepath.Join(spec.Dir, "node.json")
+	for {
+		if s, err := ReadNodeSpec(path); err == nil && len(s.JoinEndpoints) > 0 {
+			spec.JoinEndpoints, spec.CACertHash = s.JoinEndpoints, s.CACertHash
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func pcrList() string {
@@ -244,8 +315,21 @@ func routePods(ctx context.Context, spec *NodeSpec) error {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("ip -batch: %w: %s", err, out)
 	}
+	// Service addresses exist only in kube-proxy's rules, which turn them
+	// into a pod's or node's address before routing. A pod's connection to
+	// one that has no rule yet (kube-proxy starts with the pods) is
+	// refused here at once; it would otherwise leave through the host,
+	// where nothing answers, and hang until its timeout (CoreDNS's first
+	// connection to the API server's Service waited 30 s for that).
+	if out, err := exec.CommandContext(ctx, "iptables", "-w", "-A", "FORWARD", "-d", serviceCIDR, "-j", "REJECT",
+		"-m", "comment", "--comment", "gatehouse-mini: Service addresses only through kube-proxy's rules").CombinedOutput(); err != nil {
+		return fmt.Errorf("iptables: %w: %s", err, out)
+	}
 	return nil
 }
+
+// serviceCIDR is the local cluster's Service range.
+const serviceCIDR = "10.96.0.0/12"
 
 // containerdConfig is containerd 1.6's configuration for a node: its own
 // paths, the local pause image, Debian's CNI plugins, the local registry
@@ -308,10 +392,11 @@ func superviseKubelet(ctx context.Context, spec *NodeSpec, procs *processes, log
 	const config = kubeletConfig
 	for ctx.Err() == nil {
 		if _, err := os.Stat(config); err != nil {
+			// kubeadm waits for the kubelet as soon as it wrote this.
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(500 * time.Millisecond):
+			case <-time.After(100 * time.Millisecond):
 			}
 			continue
 		}
@@ -363,7 +448,10 @@ func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 		"--kubelet-service", "none",
 	}
 	if len(spec.JoinEndpoints) > 0 {
-		args = append(args, "--join-endpoints", strings.Join(spec.JoinEndpoints, ","), "--cluster-ca-hash", spec.CACertHash)
+		// A local cluster's nodes ask again soon: the join service starts
+		// while they wait (the default backoff grows to a minute).
+		args = append(args, "--join-endpoints", strings.Join(spec.JoinEndpoints, ","), "--cluster-ca-hash", spec.CACertHash,
+			"--join-backoff", "250ms", "--join-backoff-max", "1s")
 		if spec.ControlPlane {
 			args = append(args, "--control-plane")
 		}

@@ -37,7 +37,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
-	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/helm"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 )
@@ -69,7 +68,7 @@ func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.
 	}
 	data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
 		Name: "mini", KubernetesVersion: opts.KubernetesVersion, ReferenceValues: common, RoleReferenceValues: roles,
-		PCRs: PCRs, EKRoots: string(root), EKIntermediates: string(intermediate), ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
+		PCRs: PCRs, EKRoots: string(root), EKIntermediates: string(intermediate), ServiceCIDR: serviceCIDR, PodCIDR: "10.244.0.0/16",
 		ControlPlaneEndpoint: controlPlaneEndpoint, KubeletCertLifetime: opts.KubeletCertLifetime,
 	})
 	if err != nil {
@@ -111,17 +110,13 @@ type services struct {
 // host network (DaemonSets): the join service reaches the key service of
 // its own node on 127.0.0.1, and the API servers at apiServer (the
 // controlPlaneEndpoint), with no Service addresses on the way.
-func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig, configPath, apiServer string, components []*componentsv1.Component) (*services, error) {
+func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig, configPath, apiServer string, components []*componentsv1.Component, caHash string) (*services, error) {
 	s, err := servicesFromKubeconfig(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	root := cp.rootDir()
-	ca, err := clusterpki.LoadCA(filepath.Join(root, "etc/kubernetes/pki/ca.crt"), filepath.Join(root, "etc/kubernetes/pki/ca.key"))
-	if err != nil {
-		return nil, err
-	}
-	s.cp, s.apiServer, s.dir, s.caHash, s.version, s.kubeconfig = cp, apiServer, opts.Dir, ca.DiscoveryTokenCACertHash(), opts.KubernetesVersion, kubeconfig
+	s.cp, s.apiServer, s.dir, s.caHash, s.version, s.kubeconfig = cp, apiServer, opts.Dir, caHash, opts.KubernetesVersion, kubeconfig
 	apiHost, apiPort, err := net.SplitHostPort(apiServer)
 	if err != nil {
 		return nil, err
@@ -194,8 +189,11 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 			return nil, err
 		}
 		install := action.NewInstall(cfg)
+		// Helm's wait would add nothing: it counts a DaemonSet ready once
+		// its pods are scheduled (maxUnavailable 1 of 1), and the joining
+		// nodes retry until a join service answers.
 		install.ReleaseName, install.Namespace = r.name, charts.Namespace
-		install.Wait, install.Timeout = true, 3*time.Minute
+		install.Timeout = 3 * time.Minute
 		if _, err := install.RunWithContext(ctx, c, r.values); err != nil {
 			return nil, fmt.Errorf("installing the %s chart: %w", r.name, err)
 		}
@@ -252,7 +250,7 @@ func (s *services) waitReady(ctx context.Context, workers []*NodeSpec, p *progre
 	}
 	reported := map[string]bool{}
 	ready := 0
-	err := poll(ctx, time.Second, 5*time.Minute, "every node to be Ready", func() (bool, error) {
+	err := poll(ctx, 250*time.Millisecond, 5*time.Minute, "every node to be Ready", func() (bool, error) {
 		nodes, err := s.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil //nolint:nilerr // the API server may be restarting: keep polling
@@ -279,7 +277,7 @@ func (s *services) waitReady(ctx context.Context, workers []*NodeSpec, p *progre
 // available: then Services and cluster DNS work.
 func (s *services) waitAddons(ctx context.Context, nodes int) error {
 	state := ""
-	err := poll(ctx, time.Second, 3*time.Minute, "kube-proxy and CoreDNS", func() (bool, error) {
+	err := poll(ctx, 250*time.Millisecond, 3*time.Minute, "kube-proxy and CoreDNS", func() (bool, error) {
 		proxy, err := s.client.AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
 		if err != nil {
 			state = err.Error()

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
 )
 
 // NodeSpec is what a node agent needs, written by Up as node.json.
@@ -39,6 +41,12 @@ type NodeSpec struct {
 	// PauseImage the sandbox image among them.
 	Images     string `json:"images"`
 	PauseImage string `json:"pauseImage"`
+	// ImagesDigest is the archive's sha256, and ImagesSeed a containerd
+	// root with its images imported and unpacked (a containerd seed),
+	// which the node's containerd starts from when it can be linked;
+	// empty without one.
+	ImagesDigest string `json:"imagesDigest,omitempty"`
+	ImagesSeed   string `json:"imagesSeed,omitempty"`
 	// PodCIDR is the node's pod range for its CNI bridge.
 	PodCIDR string `json:"podCIDR"`
 	// CgroupRoot is the node's kubelet cgroup root.
@@ -93,7 +101,8 @@ func (s *NodeSpec) write() error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(s.Dir, "node.json"), data, 0o600)
+	// The node's agent may read it meanwhile (it waits for JoinEndpoints).
+	return atomicfile.Write(filepath.Join(s.Dir, "node.json"), data, 0o600)
 }
 
 // rootDir is where the node's private directories live on the host.

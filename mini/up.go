@@ -3,7 +3,6 @@ package mini
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,14 +12,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/bootstrapper"
+	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 	"github.com/gatehouse-dev/gatehouse/mini/images"
 )
@@ -57,6 +60,10 @@ type Options struct {
 	AddonBinDir string
 	// KubernetesVersion is the version those binaries are.
 	KubernetesVersion string
+	// ImageCache, when set, is the directory of built image archives,
+	// kept by the digests of everything in them (images.Cache): a
+	// second Up with the same binaries skips the image build.
+	ImageCache string
 	// BootManifest, when set, changes what node measures at boot (its boot
 	// manifest, given as the cluster's reference value). A node whose
 	// manifest differs fails attestation and is not waited for; the CLI's
@@ -66,8 +73,9 @@ type Options struct {
 	Out io.Writer
 	// Init initialises the cluster as `gatehouse init` does: it verifies the
 	// node at node against the configuration at config and writes the
-	// admin kubeconfig, state and master secret files into dir.
-	Init func(ctx context.Context, dir, config, node, initSecretFile string, components []*componentsv1.Component) error
+	// admin kubeconfig, state and master secret files into dir. It prints
+	// its progress to out.
+	Init func(ctx context.Context, dir, config, node, initSecretFile string, components []*componentsv1.Component, out io.Writer) error
 }
 
 // Limits of a local cluster's size: node addresses and pod ranges are
@@ -105,13 +113,13 @@ func Up(ctx context.Context, opts Options) (err error) {
 		}
 	}()
 	for _, phase := range []func(context.Context) error{
-		u.buildImages, // the node images, from the pinned binaries
-		u.createTPMCA, // the manufacturer of the nodes' TPMs
+		u.prepare, // the node images (built or cached) and the manufacturer of the nodes' TPMs
 		u.createNetwork,
 		u.startRegistry,
+		u.startNodes, // every node boots; all but the first wait for the join service's address
 		u.initControlPlane,
+		u.startJoins,      // the other control planes and the workers learn where to join
 		u.installServices, // key service and join service
-		u.startJoiners,    // the other control planes and the workers
 		u.waitReady,
 	} {
 		if err := phase(ctx); err != nil {
@@ -130,6 +138,8 @@ type up struct {
 	rec  *Record
 
 	archive, pause string        // the image archive and the pause image's reference
+	imagesDigest   string        // the archive's digest
+	seed           string        // the cluster's containerd seed; "" without one
 	manifest       []byte        // what every node measures besides its bootstrapper
 	initSecret     string        // file of the init secret the CLI sends
 	hashFile       string        // file of its bcrypt hash, given to the control plane
@@ -137,6 +147,7 @@ type up struct {
 	tpmCA          swtpm.LocalCA // issues the nodes' EK certificates; the policy trusts it
 	components     []*componentsv1.Component
 	config         string // the cluster configuration file
+	caHash         string // the cluster CA's discovery hash
 	svc            *services
 	joiners        []*NodeSpec // every node but the first
 }
@@ -177,28 +188,88 @@ func (u *up) createRecord() error {
 	return u.rec.save()
 }
 
-// buildImages writes the image archive every node imports and fixes the
-// boot manifest, which names the archive's digest.
+// prepare builds the node images (or takes them from the cache) and
+// creates the nodes' TPM manufacturer CA, at the same time.
+func (u *up) prepare(ctx context.Context) error {
+	u.p.step("Node images from the pinned binaries (built, or from the cache) and the local TPM manufacturer CA (the nodes' EK certificates chain to it)")
+	tpmCA := make(chan error, 1)
+	go func() { tpmCA <- u.createTPMCA(ctx) }()
+	return errors.Join(u.buildImages(ctx), <-tpmCA)
+}
+
+// buildImages writes the image archive every node imports, or links it
+// from the cache, and fixes the boot manifest, which names the archive's
+// digest.
 func (u *up) buildImages(ctx context.Context) error {
-	u.p.step("Building the node images from the pinned binaries")
 	u.archive = filepath.Join(u.opts.Dir, "images.tar")
-	var err error
-	if u.pause, err = buildImages(ctx, u.opts, u.archive); err != nil {
-		return err
-	}
-	imagesDigest, err := fileDigest(u.archive)
+	specs, pause, err := imageSpecs(ctx, u.opts)
 	if err != nil {
 		return err
 	}
-	u.manifest = bootManifest(u.opts.KubernetesVersion, imagesDigest)
+	u.pause = pause
+	if u.opts.ImageCache == "" {
+		if err := images.WriteArchive(u.archive, "amd64", specs); err != nil {
+			return err
+		}
+		digest, err := images.FileDigest(u.archive)
+		if err != nil {
+			return err
+		}
+		u.manifest = bootManifest(u.opts.KubernetesVersion, digest)
+		return nil
+	}
+	cached, err := images.Cache{Dir: u.opts.ImageCache}.Archive("amd64", specs)
+	if err != nil {
+		return fmt.Errorf("node images (cache %s): %w", u.opts.ImageCache, err)
+	}
+	how := "built and cached"
+	if cached.Hit {
+		how = "found in the cache (same binaries)"
+	}
+	u.p.detail("node images %s: %s", how, cached.Path)
+	// The cluster keeps its own link: the cache may drop the archive
+	// while nodes still import it at every boot.
+	if err := linkOrCopy(cached.Path, u.archive); err != nil {
+		return err
+	}
+	u.imagesDigest = cached.Digest
+	u.manifest = bootManifest(u.opts.KubernetesVersion, cached.Digest)
+	// The images imported and unpacked once, kept beside the archive, and
+	// the cluster's own copy of that, which its nodes start from.
+	seed := strings.TrimSuffix(cached.Path, ".tar") + ".containerd"
+	if err := buildSeed(ctx, cached.Path, seed); err != nil {
+		u.p.detail("no containerd seed, every node imports the images itself: %v", err)
+		return nil
+	}
+	u.seed = filepath.Join(u.opts.Dir, "images.containerd")
+	if err := linkSeed(seed, u.seed); err != nil {
+		u.p.detail("no containerd seed, every node imports the images itself: %v", err)
+		u.seed = ""
+	}
 	return nil
+}
+
+// linkOrCopy makes dst a hard link to src, or a copy where src is on
+// another file system.
+func linkOrCopy(src, dst string) error {
+	if err := os.Link(src, dst); err == nil {
+		return nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	return atomicfile.WriteFunc(dst, 0o644, func(f *os.File) error {
+		_, err := io.Copy(f, in)
+		return err
+	})
 }
 
 // createTPMCA creates the local TPM manufacturer's CA, which issues every
 // node TPM's EK certificate and which the join policy trusts (ekRoots):
 // nodes join with no key registered beforehand.
 func (u *up) createTPMCA(ctx context.Context) error {
-	u.p.step("Creating the local TPM manufacturer CA (the nodes' EK certificates chain to it)")
 	u.tpmCA = swtpm.LocalCA{Dir: filepath.Join(u.opts.Dir, "tpm-ca")}
 	return u.tpmCA.Init(ctx)
 }
@@ -260,6 +331,7 @@ func (u *up) newSpec(i int, name string) *NodeSpec {
 	}
 	s := &NodeSpec{
 		Network: u.opts.Network, Gateway: u.opts.Network.HostIP(), BinDir: u.opts.BinDir, KubeBinDir: u.opts.KubeBinDir, Images: u.archive, PauseImage: u.pause,
+		ImagesDigest: u.imagesDigest, ImagesSeed: u.seed,
 		BootManifest: manifest, InitSecretHashFile: u.hashFile, TPMCA: u.tpmCA.Dir,
 	}
 	s.place(u.opts.Dir, i, name)
@@ -287,16 +359,45 @@ func (u *up) controlPlaneEndpoint() string {
 	return net.JoinHostPort(u.opts.Network.NodeIP(0), fmt.Sprint(apiServerPort))
 }
 
-// initControlPlane writes the cluster configuration, starts the control
-// plane and initialises the cluster through it as `gatehouse init` does
-// (Options.Init).
-func (u *up) initControlPlane(ctx context.Context) error {
+// startNodes starts every node: the first control plane, which `gatehouse
+// init` initialises, and the nodes that join (the other control planes
+// and the workers). Each boots at once (TPM, containerd, images), while
+// the first initialises the cluster; a joining node's bootstrapper starts
+// once startJoins tells it the join services' endpoints and the cluster
+// CA's hash. Their TPMs come from the CA the policy trusts: nothing of
+// theirs is registered.
+func (u *up) startNodes(ctx context.Context) error {
 	u.cp = u.newSpec(0, "cp-0")
 	u.cp.ControlPlane, u.cp.Init = true, true
 	u.p.step("Starting node %s (%s): network and mount namespaces, containerd, TPM, state disk", u.cp.Name, u.cp.IP)
 	if err := startNode(ctx, u.opts.BinDir, u.rec, u.cp); err != nil {
 		return err
 	}
+	for i := 1; i < u.opts.ControlPlanes+u.opts.Workers; i++ {
+		var n *NodeSpec
+		if i < u.opts.ControlPlanes {
+			n = u.newSpec(i, fmt.Sprintf("cp-%d", i))
+			n.ControlPlane = true
+		} else {
+			n = u.newSpec(i, fmt.Sprintf("worker-%d", i-u.opts.ControlPlanes+1))
+		}
+		what := "worker"
+		if n.ControlPlane {
+			what = "control plane, kubeadm join --control-plane"
+		}
+		u.p.step("Starting node %s (%s; %s): it boots now and joins once the cluster is initialised", n.Name, n.IP, what)
+		if err := startNode(ctx, u.opts.BinDir, u.rec, n); err != nil {
+			return err
+		}
+		u.joiners = append(u.joiners, n)
+	}
+	return nil
+}
+
+// initControlPlane writes the cluster configuration and initialises the
+// cluster through the first control plane as `gatehouse init` does
+// (Options.Init), as soon as its bootstrapper listens.
+func (u *up) initControlPlane(ctx context.Context) error {
 	var err error
 	if u.components, err = miniComponents(u.opts.KubernetesVersion, u.opts.KubeBinDir); err != nil {
 		return err
@@ -309,8 +410,15 @@ func (u *up) initControlPlane(ctx context.Context) error {
 	if err := writeClusterConfig(u.config, u.opts, u.manifest, u.tpmCA, endpoint); err != nil {
 		return err
 	}
+	u.p.step("Waiting for %s to boot (TPM, containerd, images) and its bootstrapper to listen", u.cp.Name)
+	if err := waitListening(ctx, u.rec, u.cp); err != nil {
+		return err
+	}
 	u.p.step("Initialising the cluster on %s (attested init, real kubeadm init)", u.cp.Name)
-	if err := u.opts.Init(ctx, u.opts.Dir, u.config, fmt.Sprintf("%s:%d", u.cp.IP, InitPort), u.initSecret, u.components); err != nil {
+	out := &timedLines{p: u.p}
+	err = u.opts.Init(ctx, u.opts.Dir, u.config, fmt.Sprintf("%s:%d", u.cp.IP, InitPort), u.initSecret, u.components, out)
+	out.flush()
+	if err != nil {
 		return err
 	}
 	u.rec.Kubeconfig = filepath.Join(u.opts.Dir, clusterconfig.DefaultKubeconfig)
@@ -324,57 +432,95 @@ func (u *up) initControlPlane(ctx context.Context) error {
 	return nil
 }
 
-// installServices installs the key service and the join service, which
-// run on every control plane.
-func (u *up) installServices(ctx context.Context) error {
-	u.p.step("Installing the key service and the join service (Helm charts, local images; one of each on every control plane)")
-	var err error
-	u.svc, err = deployServices(ctx, u.opts, u.cp, u.rec.Kubeconfig, u.config, u.controlPlaneEndpoint(), u.components)
-	return err
+// waitListening waits until the bootstrapper of s listens for init (it
+// reports the waiting phase once its listener is open), or fails when
+// the node's agent or bootstrapper ends first.
+func waitListening(ctx context.Context, rec *Record, s *NodeSpec) error {
+	pid := rec.node(s.Name).AgentPID
+	return poll(ctx, 100*time.Millisecond, 3*time.Minute, s.Name+"'s bootstrapper to listen for init", func() (bool, error) {
+		if st, err := bootstrapper.ReadStatus(s.rootDir()); err == nil && st.Phase != "" {
+			return true, nil
+		}
+		if status, err := os.ReadFile(filepath.Join(s.Dir, bootstrapStatusFile)); err == nil {
+			return false, fmt.Errorf("its bootstrapper ended: %s (logs in %s)", strings.TrimSpace(string(status)), s.logDir())
+		}
+		if pid <= 0 || syscall.Kill(pid, 0) != nil {
+			return false, fmt.Errorf("its agent exited; see %s", filepath.Join(s.logDir(), "agent.log"))
+		}
+		return false, nil
+	})
 }
 
-// startJoiners starts the other control planes and the workers, pointed
-// at the join services of every control plane (one answers while others
-// are not up yet or down). Their TPMs come from the CA the policy trusts:
-// nothing of theirs is registered. The control planes join one at a time,
-// serialised by the join service's Lease, as they ask for their tickets.
-func (u *up) startJoiners(ctx context.Context) error {
+// timedLines passes the init's progress on, a line at a time, each with
+// the time since mini up started.
+type timedLines struct {
+	p    *progress
+	line []byte
+}
+
+func (t *timedLines) Write(b []byte) (int, error) {
+	for _, c := range b {
+		if c == '\n' {
+			t.p.detail("%s", t.line)
+			t.line = t.line[:0]
+			continue
+		}
+		t.line = append(t.line, c)
+	}
+	return len(b), nil
+}
+
+func (t *timedLines) flush() {
+	if len(t.line) > 0 {
+		t.p.detail("%s", t.line)
+		t.line = nil
+	}
+}
+
+// startJoins gives every joining node the join services' endpoints (every
+// control plane's; one answers while others are not up yet or down) and
+// the cluster CA's hash: their bootstrappers start and ask for a join
+// ticket until a join service answers. The control planes join one at a
+// time, serialised by the join service's Lease, as they ask for their
+// tickets.
+func (u *up) startJoins(context.Context) error {
+	root := u.cp.rootDir()
+	ca, err := clusterpki.LoadCA(filepath.Join(root, "etc/kubernetes/pki/ca.crt"), filepath.Join(root, "etc/kubernetes/pki/ca.key"))
+	if err != nil {
+		return err
+	}
+	u.caHash = ca.DiscoveryTokenCACertHash()
 	var endpoints []string
 	for i := range u.opts.ControlPlanes {
 		endpoints = append(endpoints, net.JoinHostPort(u.opts.Network.NodeIP(i), fmt.Sprint(JoinPort)))
 	}
 	// What `gatehouse mini node add` needs to make another worker.
-	u.rec.JoinEndpoints, u.rec.CACertHash = endpoints, u.svc.caHash
+	u.rec.JoinEndpoints, u.rec.CACertHash = endpoints, u.caHash
 	if err := u.rec.save(); err != nil {
 		return err
+	}
+	if len(u.joiners) > 0 {
+		u.p.step("Telling the other nodes where to join (every control plane's join service) and the cluster CA's hash: they join as soon as a join service answers")
 	}
 	// After a reboot the first control plane, too, rejoins through the
 	// join service of another control plane (with one control plane there
 	// is none: it waits for gatehouse recover).
-	u.cp.JoinEndpoints, u.cp.CACertHash = endpoints, u.svc.caHash
-	if err := u.cp.write(); err != nil {
-		return err
-	}
-	for i := 1; i < u.opts.ControlPlanes+u.opts.Workers; i++ {
-		var n *NodeSpec
-		if i < u.opts.ControlPlanes {
-			n = u.newSpec(i, fmt.Sprintf("cp-%d", i))
-			n.ControlPlane = true
-		} else {
-			n = u.newSpec(i, fmt.Sprintf("worker-%d", i-u.opts.ControlPlanes+1))
-		}
-		n.JoinEndpoints, n.CACertHash = endpoints, u.svc.caHash
-		what := "worker"
-		if n.ControlPlane {
-			what = "control plane, kubeadm join --control-plane"
-		}
-		u.p.step("Starting node %s (%s; %s)", n.Name, n.IP, what)
-		if err := startNode(ctx, u.opts.BinDir, u.rec, n); err != nil {
+	for _, n := range append([]*NodeSpec{u.cp}, u.joiners...) {
+		n.JoinEndpoints, n.CACertHash = endpoints, u.caHash
+		if err := n.write(); err != nil {
 			return err
 		}
-		u.joiners = append(u.joiners, n)
 	}
 	return nil
+}
+
+// installServices installs the key service and the join service, which
+// run on every control plane.
+func (u *up) installServices(ctx context.Context) error {
+	u.p.step("Installing the key service and the join service (Helm charts, local images; one of each on every control plane)")
+	var err error
+	u.svc, err = deployServices(ctx, u.opts, u.cp, u.rec.Kubeconfig, u.config, u.controlPlaneEndpoint(), u.components, u.caHash)
+	return err
 }
 
 // waitReady waits for every node that measures the cluster's reference
@@ -395,16 +541,28 @@ func (u *up) waitReady(ctx context.Context) error {
 	return u.svc.waitAddons(ctx, len(expected)+1)
 }
 
-// progress prints numbered steps with the time since the start.
+// progress prints numbered steps with the time since the start. Steps
+// may run at the same time: it is safe for concurrent use.
 type progress struct {
 	out   io.Writer
 	start time.Time
+	mu    sync.Mutex
 	n     int
 }
 
 func (p *progress) step(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.n++
 	fmt.Fprintf(p.out, "[%5.1fs] %d. %s\n", time.Since(p.start).Seconds(), p.n, fmt.Sprintf(format, args...))
+}
+
+// detail prints a line about the current step with the time since the
+// start.
+func (p *progress) detail(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.out, "[%5.1fs]   %s\n", time.Since(p.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
 func checkBinaries(opts Options) error {
@@ -434,18 +592,16 @@ func checkBinaries(opts Options) error {
 	return errors.Join(errs...)
 }
 
-// buildImages writes the archive of every image kubeadm init needs, its
-// add-ons (kube-proxy, with Debian's iptables; CoreDNS) included, and of
-// the project's services, and returns the pause image's reference.
-func buildImages(ctx context.Context, opts Options, archive string) (string, error) {
+// imageSpecs are the specifications of every image kubeadm init needs,
+// its add-ons (kube-proxy, with Debian's iptables; CoreDNS) included, and
+// of the project's services; pause is the pause image's reference.
+func imageSpecs(ctx context.Context, opts Options) (specs []images.Spec, pause string, err error) {
 	out, err := exec.CommandContext(ctx, filepath.Join(opts.KubeBinDir, "kubeadm"), "config", "images", "list",
 		"--kubernetes-version", opts.KubernetesVersion, "--image-repository", ImageRepository).Output()
 	if err != nil {
-		return "", fmt.Errorf("listing kubeadm's images: %w", err)
+		return nil, "", fmt.Errorf("listing kubeadm's images: %w", err)
 	}
 	kube := filepath.Join(opts.KubeBinDir, "kube")
-	var specs []images.Spec
-	pause := ""
 	for _, ref := range strings.Fields(string(out)) {
 		name := strings.TrimPrefix(ref[:strings.LastIndex(ref, ":")], ImageRepository+"/")
 		switch name {
@@ -473,12 +629,12 @@ func buildImages(ctx context.Context, opts Options, archive string) (string, err
 		}
 	}
 	if pause == "" {
-		return "", fmt.Errorf("kubeadm lists no pause image: %s", out)
+		return nil, "", fmt.Errorf("kubeadm lists no pause image: %s", out)
 	}
 	for _, svc := range []string{"gatehouse-joinservice", "gatehouse-keyservice"} {
 		specs = append(specs, images.Spec{Ref: ImageRepository + "/" + svc + ":local", Files: map[string]string{svc: filepath.Join(opts.BinDir, svc)}})
 	}
-	return pause, images.WriteArchive(archive, "amd64", specs)
+	return specs, pause, nil
 }
 
 // Debian's iptables (nf_tables backend) and its extensions, which the
@@ -487,19 +643,6 @@ const (
 	xtablesMulti      = "/usr/sbin/xtables-nft-multi"
 	xtablesExtensions = "/usr/lib/x86_64-linux-gnu/xtables"
 )
-
-func fileDigest(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
 
 // miniComponents are the versions table's components of the cluster's
 // Kubernetes version (names, order, install paths), each pointing through
@@ -517,7 +660,7 @@ func miniComponents(version, kubeBin string) ([]*componentsv1.Component, error) 
 		return nil, err
 	}
 	kube := filepath.Join(kubeBin, "kube")
-	d, err := fileDigest(kube)
+	d, err := images.FileDigest(kube)
 	if err != nil {
 		return nil, err
 	}
@@ -605,7 +748,25 @@ func startNode(ctx context.Context, binDir string, rec *Record, s *NodeSpec) err
 	if err := s.write(); err != nil {
 		return err
 	}
+	seedContainerd(s)
 	return startAgent(ctx, filepath.Join(binDir, "gatehouse"), rec, s)
+}
+
+// seedContainerd gives a node's containerd, on its first boot, a copy of
+// the cluster's containerd seed and records that its images are there;
+// without a seed, or when it cannot be linked, the node imports them.
+func seedContainerd(s *NodeSpec) {
+	root := filepath.Join(s.rootDir(), "var/lib/containerd")
+	if s.ImagesSeed == "" || s.ImagesDigest == "" {
+		return
+	}
+	if _, err := os.Stat(root); err == nil {
+		return // not a first boot
+	}
+	if err := linkSeed(s.ImagesSeed, root); err != nil {
+		return
+	}
+	_ = os.WriteFile(filepath.Join(s.Dir, imagesImportedFile), []byte(s.ImagesDigest+"\n"), 0o644) //nolint:gosec // a digest
 }
 
 // startAgent starts the node agent of s in its network namespace and a new

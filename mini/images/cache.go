@@ -133,7 +133,8 @@ func ggcrVersion() string {
 // `mini up` with the same binaries skips the build. Archives are written
 // to a temporary file and renamed into place, so an interrupted build
 // leaves no partial archive under a key's name; the Keep most recently
-// used archives stay.
+// used archives stay, with what is kept beside them (<key>.*; names
+// starting with a dot are temporary).
 type Cache struct {
 	Dir string
 	// Keep is how many archives stay (0 is 3).
@@ -239,8 +240,13 @@ func (c Cache) prune(keep string) {
 	slices.SortFunc(archives, func(a, b archive) int { return b.used.Compare(a.used) })
 	for i, a := range archives {
 		if i+1 >= n { // keep counts among the n
-			_ = os.Remove(a.path)
-			_ = os.Remove(a.path + ".sha256")
+			// The archive and what is kept beside it (<key>.*).
+			key := strings.TrimSuffix(filepath.Base(a.path), ".tar")
+			for _, e := range list {
+				if strings.HasPrefix(e.Name(), key+".") {
+					_ = os.RemoveAll(filepath.Join(c.Dir, e.Name()))
+				}
+			}
 		}
 	}
 }

@@ -127,8 +127,13 @@ func TestCache(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Mark the first archive as the least recently used.
+	// Mark the first archive as the least recently used; what is kept
+	// beside it (a containerd seed) goes with it.
 	if err := os.Chtimes(first, stale, stale); err != nil {
+		t.Fatal(err)
+	}
+	beside := strings.TrimSuffix(first, ".tar") + ".containerd"
+	if err := os.MkdirAll(filepath.Join(beside, "content"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	write("#!/bin/sh\necho kube 3\n")
@@ -159,7 +164,9 @@ func TestCache(t *testing.T) {
 	if len(archives) != 2 || !slices.Contains(archives, second) || !slices.Contains(archives, third) {
 		t.Fatalf("cache holds %v; want the two most recently used %s and %s", archives, second, third)
 	}
-	if _, err := os.Stat(first + ".sha256"); !os.IsNotExist(err) {
-		t.Errorf("the removed archive's digest file stays: %v", err)
+	for _, p := range []string{first + ".sha256", beside} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s, kept beside the removed archive, stays: %v", p, err)
+		}
 	}
 }
