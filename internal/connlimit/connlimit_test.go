@@ -135,8 +135,11 @@ func TestListener(t *testing.T) {
 			if got := testutil.ToFloat64(s.lis.open); got != float64(want) {
 				t.Errorf("connections_open = %v, want %d", got, want)
 			}
-			if len(s.refused) != 1 {
-				t.Errorf("OnRefuse calls %v, want one", s.refused)
+			s.mu.Lock()
+			refused := s.refused
+			s.mu.Unlock()
+			if len(refused) != 1 {
+				t.Errorf("OnRefuse calls %v, want one", refused)
 			}
 		})
 	}

@@ -116,11 +116,13 @@ func (l *Listener) Accept() (net.Conn, error) {
 		}
 		source := Source(conn.RemoteAddr())
 		if reason := l.admit(source); reason != "" {
-			_ = conn.Close()
+			// Counted and reported before the close, so that a peer who
+			// sees its connection closed finds the refusal recorded.
 			l.refused.WithLabelValues(reason).Inc()
 			if l.onRefuse != nil {
 				l.onRefuse(source, reason)
 			}
+			_ = conn.Close()
 			continue
 		}
 		l.open.Inc()
