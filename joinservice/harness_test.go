@@ -288,10 +288,13 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 // apiClientConfig is the client configuration of the join service and of
 // the raw-rate baseline: the administrator's, with client-go's own rate
 // limit raised out of the way (QPS 1000, burst 2000), so both measure the
-// API server rather than the client's throttle.
+// API server rather than the client's throttle, and the service's bound
+// on requests in flight (LimitAPIRequests), as cmd/gatehouse-joinservice
+// sets it.
 func apiClientConfig(env *testenv.Env) *rest.Config {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = 1000, 2000
+	cfg.Wrap(LimitAPIRequests(MaxAPIRequestsInFlight))
 	return cfg
 }
 

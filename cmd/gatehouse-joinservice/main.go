@@ -88,6 +88,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return fmt.Errorf("loading Kubernetes client configuration: %w", err)
 	}
 	restCfg.QPS, restCfg.Burst = float32(*apiQPS), *apiBurst
+	restCfg.Wrap(joinservice.LimitAPIRequests(joinservice.MaxAPIRequestsInFlight))
 	client, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return fmt.Errorf("creating Kubernetes client: %w", err)
