@@ -149,7 +149,10 @@ type up struct {
 	config         string // the cluster configuration file
 	caHash         string // the cluster CA's discovery hash
 	svc            *services
-	joiners        []*NodeSpec // every node but the first
+	cpAgent        int           // the first control plane's agent
+	joiners        []*NodeSpec   // every node but the first
+	joinersStarted chan struct{} // closed once startJoiners is done
+	joinersErr     error
 }
 
 // preflight refuses to start over a running cluster or on a machine that
@@ -360,12 +363,13 @@ func (u *up) controlPlaneEndpoint() string {
 }
 
 // startNodes starts every node: the first control plane, which `gatehouse
-// init` initialises, and the nodes that join (the other control planes
-// and the workers). Each boots at once (TPM, containerd, images), while
-// the first initialises the cluster; a joining node's bootstrapper starts
-// once startJoins tells it the join services' endpoints and the cluster
-// CA's hash. Their TPMs come from the CA the policy trusts: nothing of
-// theirs is registered.
+// init` initialises, and, while it boots and initialises the cluster, the
+// nodes that join (the other control planes and the workers; startJoiners
+// in the background, which initControlPlane waits for). A joining node
+// boots at once (TPM, containerd) and its bootstrapper starts once
+// startJoins tells it the join services' endpoints and the cluster CA's
+// hash. Their TPMs come from the CA the policy trusts: nothing of theirs
+// is registered.
 func (u *up) startNodes(ctx context.Context) error {
 	u.cp = u.newSpec(0, "cp-0")
 	u.cp.ControlPlane, u.cp.Init = true, true
@@ -373,6 +377,18 @@ func (u *up) startNodes(ctx context.Context) error {
 	if err := startNode(ctx, u.opts.BinDir, u.rec, u.cp); err != nil {
 		return err
 	}
+	u.cpAgent = u.rec.node(u.cp.Name).AgentPID
+	// Until joinersStarted is closed, only startJoiners uses the record.
+	u.joinersStarted = make(chan struct{})
+	go func() {
+		defer close(u.joinersStarted)
+		u.joinersErr = u.startJoiners(ctx)
+	}()
+	return nil
+}
+
+// startJoiners starts every node but the first.
+func (u *up) startJoiners(ctx context.Context) error {
 	for i := 1; i < u.opts.ControlPlanes+u.opts.Workers; i++ {
 		var n *NodeSpec
 		if i < u.opts.ControlPlanes {
@@ -394,11 +410,26 @@ func (u *up) startNodes(ctx context.Context) error {
 	return nil
 }
 
+// waitJoiners waits until startJoiners is done, and returns its error.
+func (u *up) waitJoiners() error {
+	if u.joinersStarted == nil {
+		return nil
+	}
+	<-u.joinersStarted
+	return u.joinersErr
+}
+
 // initControlPlane writes the cluster configuration and initialises the
 // cluster through the first control plane as `gatehouse init` does
-// (Options.Init), as soon as its bootstrapper listens.
-func (u *up) initControlPlane(ctx context.Context) error {
-	var err error
+// (Options.Init), as soon as its bootstrapper listens; then it waits for
+// the other nodes to have started.
+func (u *up) initControlPlane(ctx context.Context) (err error) {
+	defer func() {
+		// The record is the background's until it is done, also on failure.
+		if jerr := u.waitJoiners(); err == nil {
+			err = jerr
+		}
+	}()
 	if u.components, err = miniComponents(u.opts.KubernetesVersion, u.opts.KubeBinDir); err != nil {
 		return err
 	}
@@ -410,8 +441,8 @@ func (u *up) initControlPlane(ctx context.Context) error {
 	if err := writeClusterConfig(u.config, u.opts, u.manifest, u.tpmCA, endpoint); err != nil {
 		return err
 	}
-	u.p.step("Waiting for %s to boot (TPM, containerd, images) and its bootstrapper to listen", u.cp.Name)
-	if err := waitListening(ctx, u.rec, u.cp); err != nil {
+	u.p.step("Waiting for %s to boot (TPM, containerd) and its bootstrapper to listen", u.cp.Name)
+	if err := waitListening(ctx, u.cp, u.cpAgent); err != nil {
 		return err
 	}
 	u.p.step("Initialising the cluster on %s (attested init, real kubeadm init)", u.cp.Name)
@@ -419,6 +450,9 @@ func (u *up) initControlPlane(ctx context.Context) error {
 	err = u.opts.Init(ctx, u.opts.Dir, u.config, fmt.Sprintf("%s:%d", u.cp.IP, InitPort), u.initSecret, u.components, out)
 	out.flush()
 	if err != nil {
+		return err
+	}
+	if err := u.waitJoiners(); err != nil {
 		return err
 	}
 	u.rec.Kubeconfig = filepath.Join(u.opts.Dir, clusterconfig.DefaultKubeconfig)
@@ -435,8 +469,7 @@ func (u *up) initControlPlane(ctx context.Context) error {
 // waitListening waits until the bootstrapper of s listens for init (it
 // reports the waiting phase once its listener is open), or fails when
 // the node's agent or bootstrapper ends first.
-func waitListening(ctx context.Context, rec *Record, s *NodeSpec) error {
-	pid := rec.node(s.Name).AgentPID
+func waitListening(ctx context.Context, s *NodeSpec, pid int) error {
 	return poll(ctx, 100*time.Millisecond, 3*time.Minute, s.Name+"'s bootstrapper to listen for init", func() (bool, error) {
 		if st, err := bootstrapper.ReadStatus(s.rootDir()); err == nil && st.Phase != "" {
 			return true, nil
