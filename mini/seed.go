@@ -98,7 +98,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 	err = poll(ctx, 50*time.Millisecond, time.Minute, "the unpacking containerd to start", func() (bool, error) {
 		select {
 		case err := <-exited:
-			return false, fmt.Errorf("containerd exited: %v: %s", err, log.String())
+			return false, fmt.Errorf("containerd exited: %w: %s", err, log.String())
 		default:
 		}
 		return ctr("version") == nil, nil
@@ -163,9 +163,9 @@ func linkSeed(src, dst string) (err error) {
 			if err != nil {
 				return err
 			}
-			return os.Symlink(link, target)
+			return os.Symlink(link, target) //nolint:gosec // the seed is this program's own root-owned cache, the target a fresh private temporary directory
 		case e.Type().IsRegular() && immutable(rel):
-			return os.Link(path, target)
+			return os.Link(path, target) //nolint:gosec // as above
 		case e.Type().IsRegular():
 			return copyFile(path, target, info.Mode().Perm())
 		default:
