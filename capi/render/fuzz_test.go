@@ -139,16 +139,15 @@ mounts: [[/dev/vdb, /var/lib/etcd, ext4]]
 `,
 }
 
-// seedChoices drive the generator from each seed spec: none (a join, in
-// cloud-config for attested mode) and an init (Ignition for attested
-// mode). The fuzzer finds the hostile edits.
-var seedChoices = []string{"", "\x01\x00\x00\x01"}
+// seedChoices drive the generator from the seed specs, in turn: a join, an
+// init, a control plane's join and an init in Ignition (attested mode's
+// format choice). The fuzzer finds the hostile edits. One each keeps the
+// seeds' cloud-init command lines within seconds.
+var seedChoices = []string{"", "\x01", "\x00\x01", "\x01\x00\x00\x01"}
 
 func fuzzRender(f *testing.F, target fuzzTarget) {
-	for _, s := range seedSpecs {
-		for _, c := range seedChoices {
-			f.Add([]byte(s), []byte(c))
-		}
+	for i, s := range seedSpecs {
+		f.Add([]byte(s), []byte(seedChoices[i%len(seedChoices)]))
 	}
 	if dir := os.Getenv("GATEHOUSE_RENDER_FUZZ_CORPUS"); dir != "" {
 		// Every input a fuzzing run kept (the fuzz cache,
