@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -36,19 +37,27 @@ var seedImmutable = []string{
 }
 
 // buildSeed makes dir, if it does not exist yet, a containerd root with
-// the images of archive imported and unpacked (for the overlayfs
-// snapshotter, in the k8s.io namespace the kubelet uses). It is built
-// next to dir and renamed into place, so an interrupted build leaves no
-// seed under dir's name.
-func buildSeed(ctx context.Context, archive, dir string) error {
+// the images of archive, named refs, imported and unpacked (for the
+// overlayfs snapshotter, in the k8s.io namespace the kubelet uses), and
+// no other images. It starts from a copy of the seed base, when there is
+// one (an earlier archive's): the layers the archives share are then not
+// unpacked again. It is built next to dir and renamed into place, so an
+// interrupted build leaves no seed under dir's name.
+func buildSeed(ctx context.Context, archive string, refs []string, dir, base string) error {
 	if _, err := os.Stat(dir); err == nil {
 		return nil
 	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".tmp-")
+	work, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".tmp-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	defer os.RemoveAll(work)
+	tmp := filepath.Join(work, "root")
+	if base == "" || linkSeed(base, tmp) != nil {
+		if err := os.Mkdir(tmp, 0o711); err != nil {
+			return err
+		}
+	}
 	// The socket's path must be short; state holds nothing else.
 	state, err := os.MkdirTemp("", "gatehouse-seed-")
 	if err != nil {
@@ -105,6 +114,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 	})
 	if err == nil {
 		err = ctr("-n", "k8s.io", "images", "import", archive)
+	}
+	if err == nil {
+		err = removeOtherImages(ctx, sock, refs)
 	}
 	if serr := stop(); err == nil && serr != nil {
 		err = fmt.Errorf("stopping the unpacking containerd: %w: %s", serr, log.String())
@@ -176,6 +188,53 @@ func linkSeed(src, dst string) (err error) {
 		return err
 	}
 	return os.Rename(tmp, dst)
+}
+
+// removeOtherImages removes the images of the containerd at sock that
+// are not refs (those an earlier archive's seed had).
+func removeOtherImages(ctx context.Context, sock string, refs []string) error {
+	out, err := exec.CommandContext(ctx, "ctr", "--address", sock, "-n", "k8s.io", "images", "ls", "-q").Output()
+	if err != nil {
+		return fmt.Errorf("listing the seed's images: %w", err)
+	}
+	var other []string
+	for _, name := range strings.Fields(string(out)) {
+		if !slices.Contains(refs, name) {
+			other = append(other, name)
+		}
+	}
+	if len(other) == 0 {
+		return nil
+	}
+	if out, err := exec.CommandContext(ctx, "ctr", append([]string{"--address", sock, "-n", "k8s.io", "images", "rm"}, other...)...).CombinedOutput(); err != nil {
+		return fmt.Errorf("removing an earlier archive's images from the seed: %w: %s", err, out)
+	}
+	return nil
+}
+
+// latestSeed is the most recently used seed in dir other than except
+// ("" when there is none).
+func latestSeed(dir, except string) string {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return ""
+	}
+	latest, when := "", time.Time{}
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if !e.IsDir() || !strings.HasSuffix(e.Name(), ".containerd") || strings.HasPrefix(e.Name(), ".") || p == except {
+			continue
+		}
+		// Its archive's time: the cache touches an archive when used.
+		info, err := os.Stat(strings.TrimSuffix(p, ".containerd") + ".tar")
+		if err != nil {
+			continue
+		}
+		if info.ModTime().After(when) {
+			latest, when = p, info.ModTime()
+		}
+	}
+	return latest
 }
 
 func immutable(rel string) bool {

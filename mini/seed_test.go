@@ -108,7 +108,9 @@ func sameFile(t *testing.T, a, b string) bool {
 
 // TestBuildSeed: the seed holds the archive's images in the k8s.io
 // namespace, unpacked for the overlayfs snapshotter, as a node's
-// containerd finds them; a second call keeps the first seed.
+// containerd finds them; a second call keeps the first seed. A seed built
+// from an earlier one holds exactly the new archive's images, and the
+// layers both have are the earlier seed's (not unpacked again).
 func TestBuildSeed(t *testing.T) {
 	testenv.RequireRoot(t)
 	for _, bin := range []string{"containerd", "ctr", "unshare"} {
@@ -117,27 +119,79 @@ func TestBuildSeed(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	pause := filepath.Join(dir, "pause")
-	if err := os.WriteFile(pause, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+	binary := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	pause, kube, etcd := binary("pause", "#!/bin/sh\nexit 0\n"), binary("kube", "#!/bin/sh\necho kube\n"), binary("etcd", "#!/bin/sh\necho etcd\n")
+	archive := func(name string, specs ...images.Spec) (string, []string) {
+		p := filepath.Join(dir, name)
+		if err := images.WriteArchive(p, "amd64", specs); err != nil {
+			t.Fatal(err)
+		}
+		var refs []string
+		for _, s := range specs {
+			refs = append(refs, s.Ref)
+		}
+		return p, refs
+	}
+	first, firstRefs := archive("first.tar",
+		images.Spec{Ref: "docker.io/local/pause:test", Files: map[string]string{"pause": pause}},
+		images.Spec{Ref: "docker.io/local/kube:1", Files: map[string]string{"kube": kube}})
+	seed := filepath.Join(dir, "first.containerd")
+	if err := buildSeed(t.Context(), first, firstRefs, seed, ""); err != nil {
 		t.Fatal(err)
 	}
-	archive := filepath.Join(dir, "images.tar")
-	if err := images.WriteArchive(archive, "amd64", []images.Spec{{Ref: "docker.io/local/pause:test", Files: map[string]string{"pause": pause}}}); err != nil {
-		t.Fatal(err)
+	unpacked := func(seed, name string) string {
+		t.Helper()
+		snapshots, err := filepath.Glob(filepath.Join(seed, "io.containerd.snapshotter.v1.overlayfs/snapshots/*/fs/usr/local/bin", name))
+		if err != nil || len(snapshots) != 1 {
+			t.Fatalf("unpacked layers holding %s in %s: %v, %v; want one", name, seed, snapshots, err)
+		}
+		return snapshots[0]
 	}
-	seed := filepath.Join(dir, "seed")
-	if err := buildSeed(t.Context(), archive, seed); err != nil {
-		t.Fatal(err)
-	}
-	snapshots, err := filepath.Glob(filepath.Join(seed, "io.containerd.snapshotter.v1.overlayfs/snapshots/*/fs/usr/local/bin/pause"))
-	if err != nil || len(snapshots) != 1 {
-		t.Fatalf("unpacked layers holding the binary: %v, %v; want one", snapshots, err)
-	}
-	if got, _ := os.ReadFile(snapshots[0]); !bytes.Equal(got, []byte("#!/bin/sh\nexit 0\n")) {
+	if got, _ := os.ReadFile(unpacked(seed, "pause")); !bytes.Equal(got, []byte("#!/bin/sh\nexit 0\n")) {
 		t.Fatalf("unpacked binary: %q", got)
 	}
-	// A containerd on a copy of the seed lists the image.
-	node := filepath.Join(dir, "node")
+	if out := seedImages(t, seed); !strings.Contains(out, "docker.io/local/pause:test") || !strings.Contains(out, "docker.io/local/kube:1") {
+		t.Fatalf("a containerd started on a copy of the seed lists:\n%s", out)
+	}
+	info, err := os.Stat(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buildSeed(t.Context(), first, firstRefs, seed, ""); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := os.Stat(seed); !os.SameFile(info, again) {
+		t.Fatal("a second build replaced the seed")
+	}
+
+	// A later archive: kube's image as before, etcd's new, pause's gone.
+	second, secondRefs := archive("second.tar",
+		images.Spec{Ref: "docker.io/local/kube:1", Files: map[string]string{"kube": kube}},
+		images.Spec{Ref: "docker.io/local/etcd:1", Files: map[string]string{"etcd": etcd}})
+	next := filepath.Join(dir, "second.containerd")
+	if err := buildSeed(t.Context(), second, secondRefs, next, latestSeed(dir, next)); err != nil {
+		t.Fatal(err)
+	}
+	out := seedImages(t, next)
+	if !strings.Contains(out, "docker.io/local/kube:1") || !strings.Contains(out, "docker.io/local/etcd:1") || strings.Contains(out, "pause") {
+		t.Fatalf("the later seed lists:\n%s\nwant exactly kube and etcd", out)
+	}
+	if !sameFile(t, unpacked(seed, "kube"), unpacked(next, "kube")) {
+		t.Error("the layer both archives have was unpacked again")
+	}
+	unpacked(next, "etcd")
+}
+
+// seedImages lists the images a containerd started on a copy of seed has.
+func seedImages(t *testing.T, seed string) string {
+	t.Helper()
+	node := filepath.Join(t.TempDir(), "node")
 	if err := linkSeed(seed, node); err != nil {
 		t.Fatal(err)
 	}
@@ -151,23 +205,15 @@ func TestBuildSeed(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	var out []byte
-	err = poll(t.Context(), 50*time.Millisecond, 30*time.Second, "containerd on the copy", func() (bool, error) {
+	err := poll(t.Context(), 50*time.Millisecond, 30*time.Second, "containerd on the copy", func() (bool, error) {
+		var err error
 		out, err = exec.Command("ctr", "--address", sock, "-n", "k8s.io", "images", "check").CombinedOutput()
 		return err == nil, nil
 	})
-	if err != nil || !strings.Contains(string(out), "docker.io/local/pause:test") || !strings.Contains(string(out), "complete") {
-		t.Fatalf("the seed's image in a containerd started on a copy: %v\n%s", err, out)
-	}
-	info, err := os.Stat(seed)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("containerd on a copy of the seed: %v\n%s", err, out)
 	}
-	if err := buildSeed(t.Context(), archive, seed); err != nil {
-		t.Fatal(err)
-	}
-	if again, _ := os.Stat(seed); !os.SameFile(info, again) {
-		t.Fatal("a second build replaced the seed")
-	}
+	return string(out)
 }

@@ -240,7 +240,11 @@ func (u *up) buildImages(ctx context.Context) error {
 	// The images imported and unpacked once, kept beside the archive, and
 	// the cluster's own copy of that, which its nodes start from.
 	seed := strings.TrimSuffix(cached.Path, ".tar") + ".containerd"
-	if err := buildSeed(ctx, cached.Path, seed); err != nil {
+	var refs []string
+	for _, s := range specs {
+		refs = append(refs, s.Ref)
+	}
+	if err := buildSeed(ctx, cached.Path, refs, seed, latestSeed(u.opts.ImageCache, seed)); err != nil {
 		u.p.detail("no containerd seed, every node imports the images itself: %v", err)
 		return nil
 	}
