@@ -2,38 +2,30 @@ package bootstrapper
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 )
 
 // StatusPath is where the bootstrapper reports the node's bootstrap state
-// (JSON, see Status), relative to the node's root. It lives under /run, so
-// a reboot, which also resets the node lock PCR, clears it.
-const StatusPath = "/run/gatehouse/bootstrapper.json"
+// (internal/bootstrapstatus).
+const StatusPath = bootstrapstatus.Path
 
 // Phase is a node's bootstrap phase.
-type Phase string
+type Phase = bootstrapstatus.Phase
 
 // Phases of the bootstrapper (docs/bootstrapper.md).
 const (
-	PhaseWaiting      Phase = "waiting"      // no lock yet: init or join may come
-	PhaseInitialising Phase = "initialising" // the InitServer holds the lock
-	PhaseJoining      Phase = "joining"      // the JoinClient holds the lock
-	PhaseRejoining    Phase = "rejoining"    // an initialised node after reboot
-	PhaseDone         Phase = "done"         // kubeadm succeeded; kubelet runs
-	PhaseFailed       Phase = "failed"       // failed after the lock; reset needed
+	PhaseWaiting      = bootstrapstatus.PhaseWaiting
+	PhaseInitialising = bootstrapstatus.PhaseInitialising
+	PhaseJoining      = bootstrapstatus.PhaseJoining
+	PhaseRejoining    = bootstrapstatus.PhaseRejoining
+	PhaseDone         = bootstrapstatus.PhaseDone
+	PhaseFailed       = bootstrapstatus.PhaseFailed
 )
 
 // Status is the content of StatusPath.
-type Status struct {
-	Phase Phase     `json:"phase"`
-	Error string    `json:"error,omitempty"`
-	Time  time.Time `json:"time"`
-}
+type Status = bootstrapstatus.Status
 
 // recordStatus records phase (and err, for PhaseFailed) as the node's
 // status. The status is a report, not a decision: a failure to write it is
@@ -60,17 +52,4 @@ func writeStatus(root string, phase Phase, err error, now time.Time) error {
 
 // ReadStatus returns the node's recorded status; a zero Status when none
 // was recorded in this boot.
-func ReadStatus(root string) (Status, error) {
-	data, err := os.ReadFile(filepath.Join(root, StatusPath))
-	if errors.Is(err, fs.ErrNotExist) {
-		return Status{}, nil
-	}
-	if err != nil {
-		return Status{}, fmt.Errorf("reading bootstrap status: %w", err)
-	}
-	var st Status
-	if err := json.Unmarshal(data, &st); err != nil {
-		return Status{}, fmt.Errorf("reading bootstrap status %s: %w", StatusPath, err)
-	}
-	return st, nil
-}
+func ReadStatus(root string) (Status, error) { return bootstrapstatus.Read(root) }

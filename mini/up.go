@@ -19,9 +19,9 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
-	"github.com/gatehouse-dev/gatehouse/bootstrapper"
 	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
@@ -475,7 +475,7 @@ func (u *up) initControlPlane(ctx context.Context) (err error) {
 // the node's agent or bootstrapper ends first.
 func waitListening(ctx context.Context, s *NodeSpec, pid int) error {
 	return poll(ctx, 100*time.Millisecond, 3*time.Minute, s.Name+"'s bootstrapper to listen for init", func() (bool, error) {
-		if st, err := bootstrapper.ReadStatus(s.rootDir()); err == nil && st.Phase != "" {
+		if st, err := bootstrapstatus.Read(s.rootDir()); err == nil && st.Phase != "" {
 			return true, nil
 		}
 		if status, err := os.ReadFile(filepath.Join(s.Dir, bootstrapStatusFile)); err == nil {
