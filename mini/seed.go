@@ -54,7 +54,7 @@ func buildSeed(ctx context.Context, archive string, refs []string, dir, base str
 	defer os.RemoveAll(work)
 	tmp := filepath.Join(work, "root")
 	if base == "" || linkSeed(base, tmp) != nil {
-		if err := os.Mkdir(tmp, 0o711); err != nil {
+		if err := os.Mkdir(tmp, 0o711); err != nil { //nolint:gosec // a root file system's mode: others traverse it, as / on a node
 			return err
 		}
 	}
