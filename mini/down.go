@@ -89,22 +89,28 @@ func otherNetworks(own Network) ([]Network, error) {
 // (which stops its TPM, containerd and kubelet), whatever is left in its
 // mount namespace, and its pods' processes in its cgroups, whose tree it
 // removes. Its network, disks and directories stay.
+//
+// The recorded mount namespace and agent PID are the node's only while its
+// namespace lives: the kernel gives a freed namespace's number to the next
+// new one, such as a node's of another local cluster, and a PID to the next
+// process. So nothing is signalled there unless the namespace is still the
+// node's (nodeMountNSPIDs).
 func stopNode(ctx context.Context, nw Network, n NodeRecord) []error {
 	var errs []error
-	if n.AgentPID > 0 {
+	if n.AgentPID > 0 && (n.AgentMountNS == "" || slices.Contains(nodeMountNSPIDs(n), n.AgentPID)) {
+		// Without a namespace the record was saved before the agent entered
+		// its own, which it does at once (startAgent).
 		_ = syscall.Kill(n.AgentPID, syscall.SIGTERM)
 		waitGone(ctx, n.AgentPID, 15*time.Second)
 	}
-	if n.AgentMountNS != "" {
-		killPIDs(pidsInMountNS(n.AgentMountNS))
-	}
+	killPIDs(nodeMountNSPIDs(n))
 	if n.CgroupRoot != "" {
 		if err := removeCgroup(ctx, n.CgroupRoot); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if n.AgentMountNS != "" {
-		if err := killMountNS(ctx, n.AgentMountNS, 15*time.Second); err != nil {
+		if err := killMountNS(ctx, n, 15*time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
 		}
 	}
@@ -122,12 +128,12 @@ func stopNode(ctx context.Context, nw Network, n NodeRecord) []error {
 	return errs
 }
 
-// killMountNS kills every process in mount namespace ns until none is
-// left, or fails after timeout.
-func killMountNS(ctx context.Context, ns string, timeout time.Duration) error {
+// killMountNS kills every process in node n's mount namespace until none
+// is left (or the namespace is no longer n's), or fails after timeout.
+func killMountNS(ctx context.Context, n NodeRecord, timeout time.Duration) error {
 	var pids []int
-	err := poll(ctx, 100*time.Millisecond, timeout, "the processes of mount namespace "+ns+" to exit", func() (bool, error) {
-		if pids = pidsInMountNS(ns); len(pids) == 0 {
+	err := poll(ctx, 100*time.Millisecond, timeout, "the processes of mount namespace "+n.AgentMountNS+" to exit", func() (bool, error) {
+		if pids = nodeMountNSPIDs(n); len(pids) == 0 {
 			return true, nil
 		}
 		killPIDs(pids)

@@ -175,6 +175,52 @@ func mountNS(pid int) (string, error) {
 	return os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
 }
 
+// nodeMountNSPIDs returns the processes in node n's recorded mount
+// namespace, or none when that namespace is no longer n's: a namespace's
+// number is given to the next new one once it is freed, such as to a node's
+// of another local cluster. The namespace is n's while a process in it is in
+// n's network namespace (which /run/netns/<n.NetNS> keeps, so its number is
+// not reused while that exists) or has n's root directory mounted.
+func nodeMountNSPIDs(n NodeRecord) []int {
+	if n.AgentMountNS == "" {
+		return nil
+	}
+	netns := ""
+	var st syscall.Stat_t
+	if n.NetNS != "" && syscall.Stat("/run/netns/"+n.NetNS, &st) == nil {
+		netns = fmt.Sprintf("net:[%d]", st.Ino)
+	}
+	pids := pidsInMountNS(n.AgentMountNS)
+	for _, pid := range pids {
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && netns != "" && ns == netns {
+			return pids
+		}
+		if info, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid)); err == nil && mountsNodeRoot(info, n.Dir) {
+			return pids
+		}
+	}
+	return nil
+}
+
+// mountsNodeRoot reports whether mountinfo (/proc/<pid>/mountinfo) shows
+// the node agent's bind mount of the node in dir: its root/etc/kubernetes
+// over /etc/kubernetes. A mount's root is its path within its file system,
+// so it ends dir's path when dir is not on the root file system.
+func mountsNodeRoot(mountinfo []byte, dir string) bool {
+	for line := range strings.Lines(string(mountinfo)) {
+		fields := strings.Fields(line)
+		if len(fields) < 5 || fields[4] != "/etc/kubernetes" {
+			continue
+		}
+		// A removed directory's mounts show as "<path>//deleted".
+		base, ok := strings.CutSuffix(strings.TrimSuffix(fields[3], "//deleted"), "/root/etc/kubernetes")
+		if ok && base != "" && (base == dir || strings.HasSuffix(dir, base) && strings.HasPrefix(base, "/")) {
+			return true
+		}
+	}
+	return false
+}
+
 // pidsInMountNS returns every process in mount namespace ns.
 func pidsInMountNS(ns string) []int {
 	entries, err := os.ReadDir("/proc")
@@ -193,3 +239,8 @@ func pidsInMountNS(ns string) []int {
 	}
 	return pids
 }
+
+// NodeProcesses returns the processes of node n of a local cluster's record:
+// those in its mount namespace while that is still its (nodeMountNSPIDs).
+// None are left after `gatehouse mini down` or `mini stop`.
+func NodeProcesses(n NodeRecord) []int { return nodeMountNSPIDs(n) }

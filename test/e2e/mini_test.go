@@ -609,11 +609,10 @@ func assertNothingLeft(t *testing.T, rec *mini.Record) {
 		if strings.Contains(string(loops), filepath.Join(n.Dir, "state-disk.img")) {
 			t.Errorf("the loop device of %s remains", n.Name)
 		}
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			if ns, err := os.Readlink("/proc/" + e.Name() + "/ns/mnt"); err == nil && ns == n.AgentMountNS {
-				t.Errorf("process %s of node %s remains", e.Name(), n.Name)
-			}
+		// By namespace and what it mounts: the namespace's number may since
+		// have been given to another cluster's node's (the kernel reuses them).
+		for _, pid := range mini.NodeProcesses(n) {
+			t.Errorf("process %d of node %s remains", pid, n.Name)
 		}
 		matches, _ := filepath.Glob("/sys/fs/cgroup/*" + n.CgroupRoot)
 		if len(matches) > 0 {
