@@ -103,6 +103,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		cgroupRoot      = flag.String("cgroup-root", "", "kubelet cgroup root (distinct per kubelet on one host)")
 		allowCgroupV1   = flag.Bool("allow-cgroup-v1", false, "let the kubelet run on a cgroup v1 host")
 		allowSwap       = flag.Bool("allow-swap", false, "let the kubelet start with swap on")
+		sharedDisk      = flag.Bool("kubelet-shared-disk", false, "the kubelet shares the host's disk and cannot pull its images again (local cluster nodes): no image garbage collection, eviction for memory only")
 		servingCert     = flag.Bool("kubelet-serving-cert", true, "serve the kubelet with a cluster-CA-signed certificate and verify kubelets in the API server")
 		imageRepo       = flag.String("image-repository", "", "control-plane image repository for kubeadm init")
 		pullPolicy      = flag.String("image-pull-policy", "", "control-plane image pull policy: Always, IfNotPresent or Never")
@@ -189,7 +190,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		},
 		Kubelet: kubeadm.KubeletOptions{
 			CgroupDriver: *cgroupDriver, CgroupRoot: *cgroupRoot, AllowCgroupV1: *allowCgroupV1,
-			AllowSwap: *allowSwap, ServingCert: *servingCert,
+			AllowSwap: *allowSwap, SharedDisk: *sharedDisk, ServingCert: *servingCert,
 		},
 		Log:         log,
 		KubeletLogs: bootstrapper.JournalKubeletLogs,

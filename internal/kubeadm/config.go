@@ -130,6 +130,15 @@ type KubeletOptions struct {
 	AllowCgroupV1 bool
 	// AllowSwap lets the kubelet start on a host with swap on.
 	AllowSwap bool
+	// SharedDisk is for kubelets sharing their host's disk with other
+	// kubelets and the host's own work, whose images cannot be pulled again
+	// (a local cluster's nodes: imported images, pull policy Never): the
+	// kubelet never garbage-collects images (imageGCHighThresholdPercent
+	// 100) and evicts for memory only (evictionHard memory.available, which
+	// drops the nodefs and imagefs thresholds). Without it, a host disk
+	// below 15 % free (another cluster's images, a build cache) made every
+	// node delete its images, pause included, and evict pods.
+	SharedDisk bool
 	// ServingCert makes the kubelet serve with a certificate of the cluster
 	// CA: it starts with the one its serving certificate store in
 	// KubeletPKIDir holds (the join ticket's, or one the init node signs for
@@ -178,6 +187,10 @@ func (k KubeletOptions) kubeletConfiguration() *kubeletv1beta1.KubeletConfigurat
 	}
 	if k.AllowSwap {
 		c.FailSwapOn = ptr.To(false)
+	}
+	if k.SharedDisk {
+		c.ImageGCHighThresholdPercent = ptr.To(int32(100))
+		c.EvictionHard = map[string]string{"memory.available": "100Mi"}
 	}
 	if k.ServingCert {
 		c.ServerTLSBootstrap = true

@@ -47,7 +47,7 @@ func miniInit(addr string) kubeadm.InitParams {
 	p := initParams(addr)
 	p.Node.ImagePullPolicy = corev1.PullNever
 	p.Node.IgnorePreflightErrors = []string{"SystemVerification"}
-	p.Kubelet = kubeadm.KubeletOptions{CgroupDriver: "cgroupfs", CgroupRoot: "/cp-0", AllowCgroupV1: true, AllowSwap: true, ServingCert: true}
+	p.Kubelet = kubeadm.KubeletOptions{CgroupDriver: "cgroupfs", CgroupRoot: "/cp-0", AllowCgroupV1: true, AllowSwap: true, SharedDisk: true, ServingCert: true}
 	p.ImageRepository = "docker.io/local"
 	p.KubeProxy = kubeadm.KubeProxyOptions{MasqueradeAll: true, ConntrackMaxPerCore: ptr.To(int32(0))}
 	return p
@@ -141,7 +141,9 @@ func TestInitDryRun(t *testing.T) {
 	for _, want := range []string{
 		"--profiling=false", "--audit-policy-file=" + kubeadm.AuditPolicyPath, "--tls-min-version=VersionTLS12",
 		"--kubelet-certificate-authority=/etc/kubernetes/pki/ca.crt", "image: docker.io/local/kube-apiserver:v1.36.4",
-		"failCgroupV1: false", "cgroupRoot: /cp-0", "serverTLSBootstrap: true", "--cluster-signing-duration=24h0m0s",
+		"failCgroupV1: false", "cgroupRoot: /cp-0", "serverTLSBootstrap: true",
+		// A shared disk: no image garbage collection, eviction for memory only.
+		"imageGCHighThresholdPercent: 100", "memory.available: 100Mi", "--cluster-signing-duration=24h0m0s",
 		// The add-ons, with the kube-proxy settings of a node in a network namespace.
 		"image: docker.io/local/kube-proxy:v1.36.4", "image: docker.io/local/coredns:v1.14.2", "masqueradeAll: true", "maxPerCore: 0",
 	} {
