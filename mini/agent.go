@@ -321,8 +321,12 @@ func routePods(ctx context.Context, spec *NodeSpec) error {
 	// refused here at once; it would otherwise leave through the host,
 	// where nothing answers, and hang until its timeout (CoreDNS's first
 	// connection to the API server's Service waited 30 s for that).
-	if out, err := exec.CommandContext(ctx, "iptables", "-w", "-A", "FORWARD", "-d", serviceCIDR, "-j", "REJECT",
-		"-m", "comment", "--comment", "gatehouse-mini: Service addresses only through kube-proxy's rules").CombinedOutput(); err != nil {
+	// Once per network namespace: a rebooted node's is still there.
+	rule := []string{"FORWARD", "-d", serviceCIDR, "-m", "comment", "--comment", "gatehouse-mini: Service addresses only through kube-proxy's rules", "-j", "REJECT"}
+	if exec.CommandContext(ctx, "iptables", append([]string{"-w", "-C"}, rule...)...).Run() == nil {
+		return nil
+	}
+	if out, err := exec.CommandContext(ctx, "iptables", append([]string{"-w", "-A"}, rule...)...).CombinedOutput(); err != nil {
 		return fmt.Errorf("iptables: %w: %s", err, out)
 	}
 	return nil
