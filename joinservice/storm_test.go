@@ -1,17 +1,12 @@
 package joinservice
 
 import (
-	"bufio"
-	"bytes"
-	"cmp"
 	"context"
 	"crypto/x509"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +25,7 @@ import (
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 )
 
 // stormNodes is how many simulated nodes join at once in the CI storm
@@ -293,7 +289,7 @@ func BenchmarkJoinStorm(b *testing.B) {
 		t.joinWall += time.Since(start)
 		stopProfile()
 		checkStorm(b, h, results)
-		t.joinReqs.add(reqs, readAPIRequests(b, client))
+		t.joinReqs.Add(reqs, readAPIRequests(b, client))
 		t.rigCPU += report.CPU
 		for _, r := range results {
 			t.latencies = append(t.latencies, r.latency)
@@ -311,7 +307,7 @@ func BenchmarkJoinStorm(b *testing.B) {
 		t.createCPU.add(cpu, serverCPU(b, h))
 		t.createWall += time.Since(start)
 		stopProfile()
-		t.createReqs.add(reqs, readAPIRequests(b, client))
+		t.createReqs.Add(reqs, readAPIRequests(b, client))
 		t.rawRate += rate
 		t.rounds++
 		deleteTokens(b, client)
@@ -347,8 +343,8 @@ func BenchmarkJoinStorm(b *testing.B) {
 	b.ReportMetric(perOp(t.rigCPU), "rig-cpu-ms/join")
 	b.Logf("server CPU per join by process: %s", t.joinCPU.perOp(ops))
 	b.Logf("server CPU per raw create by process: %s", t.createCPU.perOp(ops))
-	b.Logf("API requests per join (cluster-info polls included): %s", t.joinReqs.perOp(ops))
-	b.Logf("API requests per raw create (cluster-info polls included): %s", t.createReqs.perOp(ops))
+	b.Logf("API requests per join (cluster-info polls included): %s", t.joinReqs.PerOp(ops))
+	b.Logf("API requests per raw create (cluster-info polls included): %s", t.createReqs.PerOp(ops))
 	b.Logf("first (cold) round, not counted: server CPU per join %s; per raw create %s",
 		cold.joinCPU.perOp(stormNodes), cold.createCPU.perOp(stormNodes))
 	b.Logf("idle server side: %.1f ms of CPU per second; a join phase lasted %.2f s, a create phase %.2f s",
@@ -362,87 +358,23 @@ type tally struct {
 	rigCPU               time.Duration
 	joinWall, createWall time.Duration
 	joinCPU, createCPU   cpuSplit
-	joinReqs, createReqs apiRequests
+	joinReqs, createReqs testenv.APIRequests
 	latencies            []time.Duration
 }
 
 func newTally() *tally {
-	return &tally{joinCPU: cpuSplit{}, createCPU: cpuSplit{}, joinReqs: apiRequests{}, createReqs: apiRequests{}}
+	return &tally{joinCPU: cpuSplit{}, createCPU: cpuSplit{}, joinReqs: testenv.APIRequests{}, createReqs: testenv.APIRequests{}}
 }
 
-// apiRequests counts the API server's requests by verb and resource
-// (apiserver_request_total), all clients together: the join service's,
-// the raw-rate client's, kube-controller-manager's and the benchmark's own
-// polls.
-type apiRequests map[string]float64
-
-// readAPIRequests reads the API server's request counts from its /metrics.
-// It reads the page (megabytes) a line at a time and keeps only its lines:
-// garbage this process makes outside the CPU windows would bring its
-// collections forward into them.
-func readAPIRequests(b *testing.B, client kubernetes.Interface) apiRequests {
+// readAPIRequests reads the API server's request counts
+// (testenv.ReadAPIRequests).
+func readAPIRequests(b *testing.B, client kubernetes.Interface) testenv.APIRequests {
 	b.Helper()
-	body, err := client.CoreV1().RESTClient().Get().AbsPath("/metrics").Stream(b.Context())
+	counts, err := testenv.ReadAPIRequests(b.Context(), client.CoreV1().RESTClient())
 	if err != nil {
-		b.Fatalf("reading the API server's metrics: %v", err)
-	}
-	defer body.Close()
-	counts := apiRequests{}
-	lines := bufio.NewScanner(body)
-	lines.Buffer(make([]byte, 64<<10), 1<<20)
-	prefix := []byte("apiserver_request_total{")
-	for lines.Scan() {
-		if !bytes.HasPrefix(lines.Bytes(), prefix) {
-			continue
-		}
-		line := lines.Text()
-		labels, value, ok := strings.Cut(strings.TrimPrefix(line, string(prefix)), "} ")
-		if !ok {
-			continue
-		}
-		n, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			b.Fatalf("apiserver_request_total: %q: %v", line, err)
-		}
-		l := map[string]string{}
-		for kv := range strings.SplitSeq(labels, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			l[k] = strings.Trim(v, `"`)
-		}
-		key := l["verb"] + " " + l["resource"]
-		if l["subresource"] != "" {
-			key += "/" + l["subresource"]
-		}
-		counts[key] += n
-	}
-	if err := lines.Err(); err != nil {
-		b.Fatalf("reading the API server's metrics: %v", err)
+		b.Fatal(err)
 	}
 	return counts
-}
-
-// add adds to r the requests made between before and after.
-func (r apiRequests) add(before, after apiRequests) {
-	for k, n := range after {
-		if d := n - before[k]; d > 0 {
-			r[k] += d
-		}
-	}
-}
-
-// perOp formats r divided by ops, most frequent first, leaving out what
-// is under 0.01 per operation.
-func (r apiRequests) perOp(ops int) string {
-	keys := slices.SortedFunc(maps.Keys(r), func(a, b string) int { return cmp.Compare(r[b], r[a]) })
-	var parts []string
-	var total float64
-	for _, k := range keys {
-		total += r[k] / float64(ops)
-		if r[k]/float64(ops) >= 0.01 {
-			parts = append(parts, fmt.Sprintf("%s %.2f", k, r[k]/float64(ops)))
-		}
-	}
-	return strings.Join(parts, ", ") + fmt.Sprintf(" (total %.2f)", total)
 }
 
 // waitSigned polls until the bootstrap signer (kube-controller-manager) has

@@ -35,6 +35,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
@@ -299,6 +300,15 @@ func runProvider(b *testing.B, p provider, bin string, crdDirs []string, n int) 
 	}
 	defer w.stop()
 
+	clientset, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	restClient := clientset.CoreV1().RESTClient()
+	reqsBefore, err := testenv.ReadAPIRequests(ctx, restClient)
+	if err != nil {
+		b.Fatal(err)
+	}
 	serverPIDs := env.PIDs()
 	serverStart := testenv.ProcessesCPU(b, serverPIDs)
 	b.StartTimer()
@@ -320,7 +330,14 @@ func runProvider(b *testing.B, p provider, bin string, crdDirs []string, n int) 
 	if r.peakRSS, err = testenv.ProcessPeakRSS(proc.PID()); err != nil {
 		b.Fatal(err)
 	}
+	reqsAfter, err := testenv.ReadAPIRequests(ctx, restClient)
+	if err != nil {
+		b.Fatal(err)
+	}
 	proc.Stop()
+	reqs := testenv.APIRequests{}
+	reqs.Add(reqsBefore, reqsAfter)
+	b.Logf("%s: API requests per config (the rig's watch and polls included): %s", p.name, reqs.PerOp(n))
 	verifySecrets(b, c, ns, w.secretNames())
 	if r.tokens, err = countTokens(ctx, c); err != nil {
 		b.Fatal(err)
