@@ -244,3 +244,36 @@ func pidsInMountNS(ns string) []int {
 // those in its mount namespace while that is still its (nodeMountNSPIDs).
 // None are left after `gatehouse mini down` or `mini stop`.
 func NodeProcesses(n NodeRecord) []int { return nodeMountNSPIDs(n) }
+
+// inotifyInstancesPath is the kernel's limit of inotify instances per user
+// (proc(5)); every process of every local cluster runs as root and counts
+// against the one limit.
+const inotifyInstancesPath = "/proc/sys/fs/inotify/max_user_instances"
+
+// minInotifyInstances is what raiseSysctl sets fs.inotify.max_user_instances
+// to when it is lower: a node's kubelet, containerd and their plugins hold
+// about 11 inotify instances (a 1 + 2 cluster 35, docs/benchmarks.md, "Local
+// cluster"), so the kernel's default of 128 runs out with a user's cluster
+// and the end-to-end test's side by side, and containerd's CRI plugin then
+// fails with "too many open files". 1024 is what kind tells its users to set.
+const minInotifyInstances = 1024
+
+// raiseSysctl sets the integer sysctl at path to at least min. It returns
+// the value it found and whether it raised it.
+func raiseSysctl(path string, min int) (was int, raised bool, err error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false, fmt.Errorf("reading %s: %w", path, err)
+	}
+	was, err = strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, false, fmt.Errorf("reading %s: %q is not a number: %w", path, b, err)
+	}
+	if was >= min {
+		return was, false, nil
+	}
+	if err := os.WriteFile(path, []byte(strconv.Itoa(min)+"\n"), 0o644); err != nil { //nolint:gosec // a sysctl
+		return was, false, fmt.Errorf("raising %s from %d to %d (needed for more than a few local nodes): %w", path, was, min, err)
+	}
+	return was, true, nil
+}

@@ -2,6 +2,7 @@ package mini
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -72,5 +73,45 @@ func TestStaleMountNamespaceLeftAlone(t *testing.T) {
 	n := NodeRecord{Name: "cp-0", Dir: t.TempDir(), NetNS: "gh-no-such-namespace", AgentMountNS: own, AgentPID: os.Getpid()}
 	if pids := nodeMountNSPIDs(n); len(pids) != 0 {
 		t.Fatalf("the namespace of a gone node, now the host's, yields processes %v", pids)
+	}
+}
+
+func TestRaiseSysctl(t *testing.T) {
+	for _, tc := range []struct {
+		name, content string
+		min           int
+		wantWas       int
+		wantRaised    bool
+		wantFile      string
+		wantErr       string
+	}{
+		{name: "kernel default raised", content: "128\n", min: 1024, wantWas: 128, wantRaised: true, wantFile: "1024\n"},
+		{name: "enough left alone", content: "8192\n", min: 1024, wantWas: 8192, wantFile: "8192\n"},
+		{name: "equal left alone", content: "1024\n", min: 1024, wantWas: 1024, wantFile: "1024\n"},
+		{name: "not a number", content: "many\n", min: 1024, wantFile: "many\n", wantErr: `"many\n" is not a number`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "max_user_instances")
+			if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			was, raised, err := raiseSysctl(path, tc.min)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("raiseSysctl: error %v, want one containing %q", err, tc.wantErr)
+				}
+			} else if err != nil {
+				t.Fatalf("raiseSysctl: %v", err)
+			}
+			if was != tc.wantWas || raised != tc.wantRaised {
+				t.Errorf("raiseSysctl = %d, %t; want %d, %t", was, raised, tc.wantWas, tc.wantRaised)
+			}
+			if b, err := os.ReadFile(path); err != nil || string(b) != tc.wantFile {
+				t.Errorf("file holds %q (%v), want %q", b, err, tc.wantFile)
+			}
+		})
+	}
+	if _, _, err := raiseSysctl(filepath.Join(t.TempDir(), "missing"), 1); err == nil {
+		t.Error("raiseSysctl of a missing file: no error")
 	}
 }

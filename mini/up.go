@@ -104,6 +104,11 @@ func Up(ctx context.Context, opts Options) (err error) {
 	if err := u.preflight(); err != nil {
 		return err
 	}
+	if was, raised, err := raiseSysctl(inotifyInstancesPath, minInotifyInstances); err != nil {
+		return err
+	} else if raised {
+		u.p.detail("Raised fs.inotify.max_user_instances from %d to %d for the nodes' kubelets and containerds (about 11 each)", was, minInotifyInstances)
+	}
 	if err := u.createRecord(); err != nil {
 		return err
 	}
