@@ -37,7 +37,7 @@ exec 9>"$cache_root/kubernetes/.lock"
 flock 9
 cached
 
-log "building Kubernetes $KUBE_VERSION and etcd $ETCD_VERSION from source into $bin, once (cold: about 8 min on 2 cores)"
+log "building Kubernetes $KUBE_VERSION and etcd $ETCD_VERSION from source into $bin, once (cold: about 5 min on 2 quiet cores)"
 tmp="$bin.tmp.$$"
 rm -rf "$tmp"
 mkdir -p "$tmp"
