@@ -35,6 +35,7 @@ for pkg in "${pkgs[@]}"; do
     [[ -x $bin/$name.$mode.test ]] || continue # no tests
     dir=$(go list -f '{{.Dir}}' "$pkg")
     fails=0
+    started=$SECONDS
     for ((i = 1; i <= count; i++)); do
       log="$out/$name.$mode.$i.log"
       if (cd "$dir" && "$bin/$name.$mode.test" -test.count=1 -test.timeout=20m ${RUN:+-test.run "$RUN"}) >"$log" 2>&1; then
@@ -45,7 +46,8 @@ for pkg in "${pkgs[@]}"; do
         grep -E '^\s*(--- FAIL|panic:|\S+_test\.go:[0-9]+:)' "$log" | head -5 >&2 || true
       fi
     done
-    summary+=("$(printf '%-60s %-6s %d/%d failed' "$pkg" "$mode" "$fails" "$count")")
+    summary+=("$(printf '%-60s %-6s %d/%d failed  %ds' "$pkg" "$mode" "$fails" "$count" $((SECONDS - started)))")
+    echo "${summary[-1]}" >&2 # as it goes: a whole run takes hours
     [[ $fails -gt 0 ]] && failed=1
   done
 done
