@@ -176,6 +176,10 @@ type harness struct {
 	server        *Server
 	keyAddr       string
 	keyServiceDir string
+	// keyGRPC serves the key service at keyAddr; newKeyGRPC makes another
+	// server of the same key service (restartKeyService).
+	keyGRPC    *grpc.Server
+	newKeyGRPC func() *grpc.Server
 	masterKey     []byte
 	salt          []byte
 	// extraAKs are trusted besides the node's (the benchmark's rig process).
@@ -353,11 +357,34 @@ func (h *harness) startKeyService(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := keyservice.NewGRPCServer(srv, credentials.NewTLS(tlsCfg))
+	h.newKeyGRPC = func() *grpc.Server { return keyservice.NewGRPCServer(srv, credentials.NewTLS(tlsCfg)) }
+	g := h.newKeyGRPC()
+	h.keyGRPC = g
 	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(g.Stop)
+	// Whichever server runs at the end (restartKeyService replaces it).
+	t.Cleanup(func() { h.keyGRPC.Stop() })
 	h.keyAddr = lis.Addr().String()
 	h.keyServiceDir = dir
+}
+
+// stopKeyService stops the key service as a crash would: its listener and
+// every connection closed at once, requests in flight failed.
+func (h *harness) stopKeyService() error {
+	h.keyGRPC.Stop()
+	return nil
+}
+
+// restartKeyService serves the same key service (same keys and
+// certificates) at the same address again, after stopKeyService.
+func (h *harness) restartKeyService(context.Context) error {
+	lis, err := net.Listen("tcp", h.keyAddr)
+	if err != nil {
+		return fmt.Errorf("listening at the key service's address again: %w", err)
+	}
+	g := h.newKeyGRPC()
+	h.keyGRPC = g
+	go func() { _ = g.Serve(lis) }()
+	return nil
 }
 
 func (h *harness) dialKeyService(t testing.TB) *grpc.ClientConn {
@@ -388,6 +415,33 @@ func (h *harness) keyRequests(t testing.TB) float64 {
 			for _, m := range mf.GetMetric() {
 				n += m.GetCounter().GetValue()
 			}
+		}
+	}
+	return n
+}
+
+// verdicts returns gatehouse_joinservice_verdicts_total for method,
+// verdict and reason.
+func (h *harness) verdicts(t testing.TB, method, verdict, reason string) float64 {
+	t.Helper()
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"method": method, "verdict": verdict, "reason": reason}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "gatehouse_joinservice_verdicts_total" {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if want[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			n += m.GetCounter().GetValue()
 		}
 	}
 	return n

@@ -183,14 +183,51 @@ func TestJoinStorm(t *testing.T) {
 	t.Logf("%d joins in %s (with -race; see BenchmarkJoinStorm for speed)", len(results), elapsed)
 }
 
-// TestJoinStormSurvivesAPIServerRestart restarts the API server while 200
-// nodes join: on the first ticket the API server is stopped; half the nodes
+// TestJoinStormSurvivesRestarts restarts what the join service depends on
+// while 200 nodes join: on the first ticket it is stopped; half the nodes
 // start only once it is down, and it comes back only after each of them
 // has tried once, so they meet it down for certain. Nodes retry
-// Unavailable errors; in the end each has exactly one valid ticket and
-// there is no orphaned token Secret.
-func TestJoinStormSurvivesAPIServerRestart(t *testing.T) {
-	h := newHarness(t, harnessOptions{discardLog: true})
+// Unavailable errors; in the end each has exactly one valid ticket, there
+// is no orphaned token Secret, and the refusals name what was down.
+func TestJoinStormSurvivesRestarts(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		stop        func(h *harness) error
+		start       func(ctx context.Context, h *harness) error
+		refusedWith string // the verdicts' reason while it was down
+	}{
+		{
+			name:        "API server",
+			stop:        func(h *harness) error { return h.env.StopAPIServer() },
+			start:       func(ctx context.Context, h *harness) error { return h.env.StartAPIServer(ctx) },
+			refusedWith: "api_error",
+		},
+		{
+			name:        "key service",
+			stop:        (*harness).stopKeyService,
+			start:       func(ctx context.Context, h *harness) error { return h.restartKeyService(ctx) },
+			refusedWith: "key_service_error",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, harnessOptions{discardLog: true})
+			stormWithRestart(t, h, func() error { return tc.stop(h) }, func(ctx context.Context) error { return tc.start(ctx, h) })
+			if n := h.verdicts(t, "IssueJoinTicket", "refused", tc.refusedWith); n == 0 {
+				t.Fatalf("no join was refused with reason %q while the %s was down: the fault missed the storm", tc.refusedWith, tc.name)
+			}
+			// The informers reconnected: a policy update after the restart applies.
+			h.putConfigMap(t, testDenyList, map[string]string{"denied": "node:after-restart\n"})
+			h.waitReloads(t, testDenyList, "applied", 1)
+		})
+	}
+}
+
+// stormWithRestart runs a storm of stormNodes retrying nodes during which,
+// at the first ticket issued, stop runs; nodes [stormNodes/2, stormNodes)
+// start only once it has, and start runs once each of them has tried once.
+// It checks the storm's outcome (checkStorm) and that some node retried.
+func stormWithRestart(t *testing.T, h *harness, stop func() error, start func(context.Context) error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	held := stormNodes / 2 // nodes [held, stormNodes) wait for the restart
@@ -210,13 +247,13 @@ func TestJoinStormSurvivesAPIServerRestart(t *testing.T) {
 		// The first ticket means the storm is under way: restart now.
 		restart.Do(func() {
 			go func() {
-				if err := h.env.StopAPIServer(); err != nil {
+				if err := stop(); err != nil {
 					restarted <- err
 					return
 				}
 				close(down)
 				heldTried.Wait()
-				restarted <- h.env.StartAPIServer(ctx)
+				restarted <- start(ctx)
 			}()
 		})
 	}
@@ -235,16 +272,12 @@ func TestJoinStormSurvivesAPIServerRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-ctx.Done():
-		t.Fatal("no node got a ticket before the deadline, so the API server was never restarted")
+		t.Fatal("no node got a ticket before the deadline, so nothing was restarted")
 	}
 	checkStorm(t, h, results)
-	retried := slices.IndexFunc(results, func(r stormResult) bool { return r.attempts > 1 })
-	if retried < 0 {
+	if !slices.ContainsFunc(results, func(r stormResult) bool { return r.attempts > 1 }) {
 		t.Fatal("no node had to retry: the restart did not hit the storm")
 	}
-	// The informers reconnected: a policy update after the restart applies.
-	h.putConfigMap(t, testDenyList, map[string]string{"denied": "node:after-restart\n"})
-	h.waitReloads(t, testDenyList, "applied", 1)
 }
 
 // BenchmarkJoinStorm measures joins per second of 200 concurrent nodes
