@@ -180,8 +180,8 @@ type harness struct {
 	// server of the same key service (restartKeyService).
 	keyGRPC    *grpc.Server
 	newKeyGRPC func() *grpc.Server
-	masterKey     []byte
-	salt          []byte
+	masterKey  []byte
+	salt       []byte
 	// extraAKs are trusted besides the node's (the benchmark's rig process).
 	extraAKs []crypto.PublicKey
 	// ekRoots and ekIntermediates, when set, replace the pinned AKs: the
