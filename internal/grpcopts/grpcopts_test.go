@@ -52,9 +52,11 @@ func (c *recordingConn) Write(p []byte) (int, error) {
 
 // pings counts the PING frames (acknowledgements included) in an HTTP/2
 // frame stream (RFC 9113 §4.1: a 9-byte header of a 24-bit length, the
-// type, flags and stream; PING is type 6).
-func pings(t *testing.T, stream []byte) int {
-	t.Helper()
+// type, flags and stream; PING is type 6). The record may end inside the
+// last frame: the server, reading without a buffer, takes a frame's header
+// and its payload in two reads, and Stop may close the connection between
+// them (seen in 3 of 20 runs); that frame counts by its header.
+func pings(stream []byte) int {
 	n := 0
 	for len(stream) >= 9 {
 		length := int(stream[0])<<16 | int(stream[1])<<8 | int(stream[2])
@@ -62,7 +64,7 @@ func pings(t *testing.T, stream []byte) int {
 			n++
 		}
 		if len(stream) < 9+length {
-			t.Fatalf("truncated HTTP/2 frame of %d bytes", length)
+			break
 		}
 		stream = stream[9+length:]
 	}
@@ -96,7 +98,7 @@ func exchange(t *testing.T, server []grpc.ServerOption, client []grpc.DialOption
 	lis.mu.Lock()
 	defer lis.mu.Unlock()
 	// The client's bytes start with the connection preface (RFC 9113 §3.4).
-	return pings(t, bytes.TrimPrefix(lis.read.Bytes(), []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))), pings(t, lis.wrote.Bytes())
+	return pings(bytes.TrimPrefix(lis.read.Bytes(), []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))), pings(lis.wrote.Bytes())
 }
 
 // TestNoBandwidthProbes checks that a connection with Server's and Dial's
