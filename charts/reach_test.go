@@ -1,13 +1,16 @@
 package charts
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -59,7 +62,7 @@ func TestServiceAccountReach(t *testing.T) {
 		}
 	}
 	const ks = "kube-system"
-	for _, sa := range []struct {
+	sas := []struct {
 		name        string
 		can, cannot []access
 	}{
@@ -130,26 +133,43 @@ func TestServiceAccountReach(t *testing.T) {
 				{"create Pods", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "create", Resource: "pods"}},
 			},
 		},
-	} {
-		ask := func(t *testing.T, a access, want bool) {
-			t.Helper()
+	}
+	// The authorizer learns of the charts' Roles and bindings through its
+	// informers, a moment after they are created: every allowed case is
+	// asked until it is allowed, within a deadline, and the refused cases,
+	// which would pass before the bindings are in effect, only after all
+	// of those.
+	ask := func(t *testing.T, name string, a access, want bool) {
+		t.Helper()
+		var got bool
+		var reason string
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-				User:               "system:serviceaccount:" + Namespace + ":" + sa.name,
+				User:               "system:serviceaccount:" + Namespace + ":" + name,
 				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + Namespace, "system:authenticated"},
 				ResourceAttributes: &a.attrs,
 			}}
 			if err := c.Create(ctx, sar); err != nil {
-				t.Fatal(err)
+				return false, err
 			}
-			if sar.Status.Allowed != want {
-				t.Fatalf("%+v: allowed %v (%s), want %v", a.attrs, sar.Status.Allowed, sar.Status.Reason, want)
-			}
+			got, reason = sar.Status.Allowed, sar.Status.Reason
+			return got || !want, nil
+		})
+		if err != nil && !wait.Interrupted(err) {
+			t.Fatal(err)
 		}
+		if got != want {
+			t.Fatalf("%+v: allowed %v (%s), want %v", a.attrs, got, reason, want)
+		}
+	}
+	for _, sa := range sas {
 		for _, a := range sa.can {
-			t.Run(sa.name+" "+a.name, func(t *testing.T) { ask(t, a, true) })
+			t.Run(sa.name+" "+a.name, func(t *testing.T) { ask(t, sa.name, a, true) })
 		}
+	}
+	for _, sa := range sas {
 		for _, a := range sa.cannot {
-			t.Run(sa.name+" must not "+a.name, func(t *testing.T) { ask(t, a, false) })
+			t.Run(sa.name+" must not "+a.name, func(t *testing.T) { ask(t, sa.name, a, false) })
 		}
 	}
 }
