@@ -1,7 +1,6 @@
 package mini
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -386,17 +385,22 @@ func startContainerd(ctx context.Context, spec *NodeSpec, procs *processes) erro
 	return errors.New("containerd did not start within a minute; see its log in the node's logs directory")
 }
 
-// kubeletConfig is the kubelet configuration kubeadm writes.
-const kubeletConfig = "/var/lib/kubelet/config.yaml"
+// kubeletConfig is the kubelet configuration kubeadm writes, and
+// kubeletFlagsFile the environment file with the node's kubelet flags
+// (--hostname-override, --node-ip, the taints of a worker).
+const (
+	kubeletConfig    = "/var/lib/kubelet/config.yaml"
+	kubeletFlagsFile = "/var/lib/kubelet/kubeadm-flags.env"
+)
 
 // superviseKubelet runs the kubelet the way kubeadm's systemd drop-in
-// does, once kubeadm has written its configuration, and restarts it when
-// it exits (there is no systemd in a node).
+// does, once kubeadm has written its configuration and flags, and
+// restarts it when it exits (there is no systemd in a node).
 func superviseKubelet(ctx context.Context, spec *NodeSpec, procs *processes, log *slog.Logger) {
-	const config = kubeletConfig
 	for ctx.Err() == nil {
-		if _, err := os.Stat(config); err != nil {
-			// kubeadm waits for the kubelet as soon as it wrote this.
+		flags, ok := kubeadmKubeletFlags(kubeletConfig, kubeletFlagsFile)
+		if !ok {
+			// kubeadm waits for the kubelet as soon as it wrote these.
 			select {
 			case <-ctx.Done():
 				return
@@ -406,9 +410,9 @@ func superviseKubelet(ctx context.Context, spec *NodeSpec, procs *processes, log
 		}
 		args := []string{
 			"--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf",
-			"--kubeconfig=/etc/kubernetes/kubelet.conf", "--config=" + config,
+			"--kubeconfig=/etc/kubernetes/kubelet.conf", "--config=" + kubeletConfig,
 		}
-		args = append(args, kubeadmFlags("/var/lib/kubelet/kubeadm-flags.env")...)
+		args = append(args, flags...)
 		log.Info("Starting the kubelet")
 		p := procs.start(ctx, "kubelet", "/usr/local/bin/kubelet", args...)
 		<-p.done
@@ -422,20 +426,37 @@ func superviseKubelet(ctx context.Context, spec *NodeSpec, procs *processes, log
 	}
 }
 
-// kubeadmFlags reads KUBELET_KUBEADM_ARGS from kubeadm's flags file.
-func kubeadmFlags(path string) []string {
-	f, err := os.Open(path)
+// kubeadmKubeletFlags returns the flags of KUBELET_KUBEADM_ARGS in
+// kubeadm's flags file, and whether kubeadm has written both that file
+// and the kubelet configuration at config, whole. Until then the kubelet
+// must not start: kubeadm join writes the configuration first and the
+// flags after it (kubeadm init the other way round), each with a plain
+// write, and a kubelet started between the two registers under the
+// host's name, without the node's address and taints (seen in the
+// end-to-end test: a worker never became Ready). kubeadm writes the
+// variable as a Go-quoted string and a line break
+// (KUBELET_KUBEADM_ARGS="--flag=value ...\n"), so a line without its
+// closing quote and line break is still being written.
+func kubeadmKubeletFlags(config, flags string) ([]string, bool) {
+	if _, err := os.Stat(config); err != nil {
+		return nil, false
+	}
+	data, err := os.ReadFile(flags)
 	if err != nil {
-		return nil
+		return nil, false
 	}
-	defer f.Close()
-	lines := bufio.NewScanner(f)
-	for lines.Scan() {
-		if v, ok := strings.CutPrefix(lines.Text(), "KUBELET_KUBEADM_ARGS="); ok {
-			return strings.Fields(strings.Trim(v, `"`))
+	for line := range strings.Lines(string(data)) {
+		v, ok := strings.CutPrefix(line, "KUBELET_KUBEADM_ARGS=")
+		if !ok {
+			continue
 		}
+		v, whole := strings.CutSuffix(v, "\"\n")
+		if !whole || !strings.HasPrefix(v, `"`) {
+			return nil, false
+		}
+		return strings.Fields(v[1:]), true
 	}
-	return nil
+	return nil, false
 }
 
 // runBootstrapper runs the real gatehouse-bootstrapper for the node.
