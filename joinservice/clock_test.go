@@ -40,7 +40,7 @@ func TestTokenReuseAndRenewal(t *testing.T) {
 	ctx := t.Context()
 	const key = "identity\x00node-a"
 
-	first, err := tokens.Issue(ctx, key, "first")
+	first, err := tokens.Issue(ctx, key, "", "first")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestTokenReuseAndRenewal(t *testing.T) {
 	}
 
 	clock.Step(TokenTTL - tokenReuseMargin) // exactly the margin left: reused
-	again, err := tokens.Issue(ctx, key, "again")
+	again, err := tokens.Issue(ctx, key, "", "again")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestTokenReuseAndRenewal(t *testing.T) {
 	}
 
 	clock.Step(time.Second) // less than the margin left: renewed
-	renewed, err := tokens.Issue(ctx, key, "renewed")
+	renewed, err := tokens.Issue(ctx, key, "", "renewed")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestTokenIDTakenByAnotherRequest(t *testing.T) {
 	if _, err := client.CoreV1().Secrets(metav1.NamespaceSystem).Create(t.Context(), s, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewTokens(client, clock.Now).Issue(t.Context(), key, "x"); !errors.Is(err, bootstraptoken.ErrIDTaken) {
+	if _, err := NewTokens(client, clock.Now).Issue(t.Context(), key, "", "x"); !errors.Is(err, bootstraptoken.ErrIDTaken) {
 		t.Fatalf("Issue over a foreign token: %v, want ErrIDTaken", err)
 	}
 	got, err := client.CoreV1().Secrets(metav1.NamespaceSystem).Get(t.Context(), s.Name, metav1.GetOptions{})

@@ -47,7 +47,10 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
@@ -250,8 +253,11 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	}
 	h.caHash = ca.DiscoveryTokenCACertHash()
 	keyConn := h.dialKeyService(t)
+	credentialGate, boundNames := startGate(t, client, policy, log, h.reg)
 	h.server, err = NewServer(Config{
 		Policy:           policy,
+		Gate:             credentialGate,
+		BoundNames:       boundNames,
 		Keys:             NewKeyServiceKeys(keyConn),
 		Tokens:           NewTokens(client, time.Now),
 		ControlPlaneLock: NewControlPlaneLock(client, testNamespace, ControlPlaneJoinTimeout, time.Now),
@@ -287,6 +293,32 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	t.Cleanup(srv.Stop)
 	h.addr = lis.Addr().String()
 	return h
+}
+
+// startGate starts the caches the credential gate reads (the attestation
+// records, the Nodes, and the bindings for a rejoin's node names), waits
+// for them, and returns the gate, as cmd/gatehouse-joinservice does.
+func startGate(t testing.TB, client kubernetes.Interface, policy *Policy, log *slog.Logger, reg prometheus.Registerer) (*gate.Gate, *nodebinding.Cache) {
+	t.Helper()
+	records := nodeattestation.NewCache(client, testNamespace)
+	nodes := continuous.NewNodeCache(client)
+	bindings := nodebinding.NewCache(client, testNamespace)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for _, c := range []interface {
+		Start(context.Context)
+		WaitForCacheSync(context.Context) error
+	}{records, nodes, bindings} {
+		c.Start(t.Context())
+		if err := c.WaitForCacheSync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := gate.New(policy, records, nodes, log, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g, bindings
 }
 
 // apiClientConfig is the client configuration of the join service and of

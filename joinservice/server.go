@@ -38,6 +38,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
@@ -60,7 +61,7 @@ type keySource interface {
 
 // tokenIssuer issues bootstrap tokens; *Tokens in production.
 type tokenIssuer interface {
-	Issue(ctx context.Context, requestKey, description string) (Token, error)
+	Issue(ctx context.Context, requestKey, address, description string) (Token, error)
 }
 
 // controlPlaneLocker serialises control-plane joins; *ControlPlaneLock in production.
@@ -75,9 +76,25 @@ type nameBinder interface {
 	Identity(ctx context.Context, node string) (string, error)
 }
 
+// credentialGate is the one decision every node credential passes
+// (*gate.Gate).
+type credentialGate interface {
+	Decide(ctx context.Context, req gate.Request) (*gate.Refusal, error)
+}
+
+// boundNames lists the node names bound to an attestation identity
+// (*nodebinding.Cache).
+type boundNames interface {
+	NodesOf(identity string) ([]string, error)
+}
+
 // Config holds a Server's dependencies.
 type Config struct {
 	Policy           *Policy
+	// Gate decides every ticket after the request's own checks.
+	Gate credentialGate
+	// BoundNames finds the node a rejoining machine is, for the gate.
+	BoundNames boundNames
 	Keys             keySource
 	Tokens           tokenIssuer
 	ControlPlaneLock controlPlaneLocker
@@ -110,8 +127,9 @@ type Server struct {
 
 // NewServer returns a join service with the dependencies in cfg.
 func NewServer(cfg Config) (*Server, error) {
-	if cfg.Policy == nil || cfg.Keys == nil || cfg.Tokens == nil || cfg.ControlPlaneLock == nil || cfg.Bindings == nil || cfg.CA == nil || cfg.Log == nil {
-		return nil, errors.New("join service: Policy, Keys, Tokens, ControlPlaneLock, Bindings, CA and Log are required")
+	if cfg.Policy == nil || cfg.Gate == nil || cfg.BoundNames == nil || cfg.Keys == nil || cfg.Tokens == nil || cfg.ControlPlaneLock == nil ||
+		cfg.Bindings == nil || cfg.CA == nil || cfg.Log == nil {
+		return nil, errors.New("join service: Policy, Gate, BoundNames, Keys, Tokens, ControlPlaneLock, Bindings, CA and Log are required")
 	}
 	if cfg.RateLimit.Rate <= 0 || cfg.RateLimit.Burst < 1 {
 		return nil, fmt.Errorf("join service: rate limit %+v must have a positive rate and a burst of at least 1", cfg.RateLimit)
@@ -217,6 +235,9 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 	if err := kubelet.CheckNames(adm.join.NodeNames(d.sourceAddr)); err != nil {
 		return nil, refuse(codes.PermissionDenied, "name_not_owned", "%w", err)
 	}
+	if err := s.pass(ctx, gate.Join, d, kubelet.NodeName); err != nil {
+		return nil, err
+	}
 	binding, err := s.cfg.Bindings.Bind(ctx, kubelet.NodeName, d.peer.Identity)
 	switch {
 	case errors.Is(err, nodebinding.ErrNameBound):
@@ -264,7 +285,7 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 	}
 	// The token is the last step: every step that can fail has passed, so a
 	// refusal never leaves a token behind.
-	token, err := s.cfg.Tokens.Issue(ctx, d.peer.Identity+"\x00"+kubelet.NodeName,
+	token, err := s.cfg.Tokens.Issue(ctx, d.peer.Identity+"\x00"+kubelet.NodeName, d.source,
 		"Gatehouse join ticket for node "+kubelet.NodeName)
 	if err != nil {
 		undo()
@@ -301,8 +322,20 @@ func (s *Server) issueRejoinTicket(ctx context.Context, req *joinservicev1.Issue
 	if err != nil {
 		return nil, err
 	}
+	nodes := []string{}
 	if node := req.GetRenewKubeletCredentialsFor(); node != "" {
 		if err := s.checkRenewal(ctx, adm, d, node); err != nil {
+			return nil, err
+		}
+		nodes = append(nodes, node)
+	} else if nodes, err = s.cfg.BoundNames.NodesOf(d.peer.Identity); err != nil {
+		return nil, refuse(codes.Unavailable, "api_error", "finding the node names bound to the caller: %w", err)
+	}
+	if len(nodes) == 0 {
+		nodes = append(nodes, "") // never joined under a name: the deny list by identity still applies
+	}
+	for _, node := range nodes {
+		if err := s.pass(ctx, gate.Rejoin, d, node); err != nil {
 			return nil, err
 		}
 	}
@@ -313,7 +346,7 @@ func (s *Server) issueRejoinTicket(ctx context.Context, req *joinservicev1.Issue
 	resp := &joinservicev1.IssueRejoinTicketResponse{StateDiskKey: diskKey, MeasurementSecret: secret}
 	if d.node != "" {
 		// Last, as in a join: no refusal leaves a token behind.
-		token, err := s.cfg.Tokens.Issue(ctx, d.peer.Identity+"\x00"+d.node, "Gatehouse rejoin credentials for node "+d.node)
+		token, err := s.cfg.Tokens.Issue(ctx, d.peer.Identity+"\x00"+d.node, d.source, "Gatehouse rejoin credentials for node "+d.node)
 		if err != nil {
 			return nil, refuse(codes.Unavailable, "api_error", "creating bootstrap token: %w", err)
 		}
@@ -346,6 +379,33 @@ func (s *Server) checkRenewal(ctx context.Context, adm *admission, d *decision, 
 		return refuse(codes.PermissionDenied, "name_bound", "%w: node %s is another machine's", nodebinding.ErrNameBound, node)
 	}
 	return nil
+}
+
+// pass asks the gate whether the caller of d may have a credential of
+// kind for node, with the connection's evidence (appraised under the
+// policy in force) as its fresh evidence.
+func (s *Server) pass(ctx context.Context, kind gate.Kind, d *decision, node string) error {
+	refusal, err := s.cfg.Gate.Decide(ctx, gate.Request{Kind: kind, Node: node, Evidence: &gate.Evidence{Identities: d.peer.Identities()}})
+	switch {
+	case err != nil:
+		return refuse(codes.Unavailable, "not_ready", "%w", err)
+	case refusal != nil:
+		return refuse(codes.PermissionDenied, gateReason(refusal.Reason), "%w", refusal)
+	}
+	return nil
+}
+
+// gateReason is the audit reason of a gate refusal.
+func gateReason(reason string) string {
+	switch reason {
+	case gate.ReasonDenied:
+		return "denied"
+	case gate.ReasonAwaitingRestore:
+		return "awaiting_restore"
+	case gate.ReasonTainted:
+		return "tainted"
+	}
+	return "gate_" + strings.ToLower(reason)
 }
 
 // begin records the caller in d and counts the attempt.

@@ -37,10 +37,13 @@ var requestTokens = bootstraptoken.Issuer{
 	Label:       LabelJoinRequest,
 	IDDomain:    "gatehouse-token-id",
 	OwnerDomain: "gatehouse-join-request",
-	Annotations: func(key string) map[string]string {
-		_, node, _ := strings.Cut(key, "\x00")
-		return map[string]string{bootstraptoken.AnnotationNode: node}
-	},
+	Annotations: requestTokensAnnotations,
+}
+
+// requestTokensAnnotations names the node of request key on its Secret.
+func requestTokensAnnotations(key string) map[string]string {
+	_, node, _ := strings.Cut(key, "\x00")
+	return map[string]string{bootstraptoken.AnnotationNode: node}
 }
 
 // Tokens issues kubeadm bootstrap tokens as Secrets in kube-system.
@@ -67,8 +70,20 @@ type Token = bootstraptoken.Token
 // new or renewed one with TokenTTL, authentication and signing usages and
 // the group TokenGroup. description is stored in the Secret (not secret).
 // A token id held by another owner's token is bootstraptoken.ErrIDTaken.
-func (t *Tokens) Issue(ctx context.Context, requestKey, description string) (Token, error) {
+//
+// address is where the node connected from, recorded on the Secret
+// (bootstraptoken.AnnotationAddress) for the approval of its first
+// kubelet client certificate; "" records none.
+func (t *Tokens) Issue(ctx context.Context, requestKey, address, description string) (Token, error) {
 	secrets := kubeSystemSecrets{t.client.CoreV1().Secrets(metav1.NamespaceSystem)}
+	requestTokens := requestTokens
+	if address != "" {
+		requestTokens.Annotations = func(key string) map[string]string {
+			a := requestTokensAnnotations(key)
+			a[bootstraptoken.AnnotationAddress] = address
+			return a
+		}
+	}
 	now := t.now()
 	token, existing, err := requestTokens.Ensure(ctx, secrets, requestKey, now.Add(TokenTTL), description)
 	switch {

@@ -265,3 +265,16 @@ func Binding512(nonce, userData []byte) []byte {
 	h.Write(userData)
 	return h.Sum(nil)
 }
+
+// Identities returns every identity r proves: its Identity and, for the
+// confidential VM variants, the hardware's.
+func (r *Result) Identities() []string {
+	if r == nil {
+		return nil
+	}
+	ids := []string{r.Identity}
+	if r.Hardware != nil && r.Hardware.Identity != "" {
+		ids = append(ids, r.Hardware.Identity)
+	}
+	return ids
+}

@@ -51,6 +51,13 @@ type Issuer struct {
 // approver grants such a token a client certificate for that node only.
 const AnnotationNode = "gatehouse.dev/node"
 
+// AnnotationAddress is the annotation of a token Secret that names the
+// address the node it was issued to connected from: the kubelet CSR
+// approver fetches that node's fresh evidence there before it approves the
+// node's first client certificate (its Node, with its addresses, does not
+// exist yet).
+const AnnotationAddress = "gatehouse.dev/address"
+
 // ID is the token id of the owner with key.
 func (i Issuer) ID(key string) string { return DerivedID(i.IDDomain, key) }
 

@@ -33,7 +33,10 @@ func NewCache(client kubernetes.Interface, namespace string) *Cache {
 		informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = Label + "=true" }),
 		informers.WithTransform(keepBinding))
-	return &Cache{namespace: namespace, factory: factory, informer: factory.Core().V1().ConfigMaps().Informer()}
+	informer := factory.Core().V1().ConfigMaps().Informer()
+	// Only fails once the informer has started.
+	_ = informer.AddIndexers(cache.Indexers{identityIndex: indexIdentity})
+	return &Cache{namespace: namespace, factory: factory, informer: informer}
 }
 
 // keepBinding keeps of a binding ConfigMap only what Identity reads.
@@ -84,4 +87,32 @@ func (c *Cache) Identity(_ context.Context, node string) (string, error) {
 		return "", fmt.Errorf("reading the binding of node name %s: cached %T", node, obj)
 	}
 	return boundIdentity(cm, node)
+}
+
+// NodesOf returns the node names bound to identity, from the cache.
+func (c *Cache) NodesOf(identity string) ([]string, error) {
+	if !c.informer.HasSynced() {
+		return nil, fmt.Errorf("finding the node names bound to %s: %w", identity, errNotSynced)
+	}
+	objs, err := c.informer.GetIndexer().ByIndex(identityIndex, identity)
+	if err != nil {
+		return nil, fmt.Errorf("finding the node names bound to %s: %w", identity, err)
+	}
+	var names []string
+	for _, obj := range objs {
+		if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Data[KeyNode] != "" {
+			names = append(names, cm.Data[KeyNode])
+		}
+	}
+	return names, nil
+}
+
+// identityIndex indexes the cached bindings by their identity.
+const identityIndex = "identity"
+
+func indexIdentity(obj any) ([]string, error) {
+	if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Data[KeyIdentity] != "" {
+		return []string{cm.Data[KeyIdentity]}, nil
+	}
+	return nil, nil
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 )
 
 // Signers of kubelet certificates (Kubernetes docs, "Certificate Signing
@@ -65,8 +66,6 @@ const (
 	reasonNameNotOwned = "NameNotOwned"
 	// reasonNoNode: no Node of that name.
 	reasonNoNode = "NoNode"
-	// reasonTainted: the Node is tainted TaintKey and not restored yet.
-	reasonTainted = "Unattested"
 	// reasonTokenInvalid: the bootstrap token's Secret is gone, expired,
 	// or not a token kubeadm lets join nodes.
 	reasonTokenInvalid = "TokenInvalid"
@@ -83,16 +82,34 @@ type nodeChecker interface {
 	NodeNames(addr netip.Addr) (clusterpki.NodeNames, error)
 }
 
+// credentialGate is the one decision every node credential passes
+// (*gate.Gate).
+type credentialGate interface {
+	Decide(ctx context.Context, req gate.Request) (*gate.Refusal, error)
+}
+
 // ApproverConfig configures an Approver.
 type ApproverConfig struct {
 	Client   kubernetes.Interface
 	Verifier nodeChecker
+	// Gate decides, after the request's own checks, with the node's fresh
+	// evidence.
+	Gate credentialGate
+	// Bindings tell whether a node name belongs to an attested machine: an
+	// administrator's bootstrap token cannot get a certificate for one.
+	Bindings identitySource
 	// Events records an Event on the Node for each decision.
 	Events events.EventRecorder
-	// Freshness is how long a node's verified evidence stands for its
-	// CSRs: a burst of CSRs costs one verification (10 s when zero).
+	// Freshness is how long a node's verification stands for its CSRs,
+	// from when its evidence was taken: a burst of CSRs costs one
+	// verification (10 s when zero).
 	Freshness time.Duration
-	// Workers bound the CSRs decided at once (4 when zero).
+	// FetchTimeout bounds one node's check (DefaultFetchTimeout when
+	// zero).
+	FetchTimeout time.Duration
+	// Workers bound the CSRs decided at once (4 when zero). A node's
+	// check runs beside them, one at a time per node: a worker never
+	// waits for a node that does not answer.
 	Workers    int
 	Now        func() time.Time
 	Log        *slog.Logger
@@ -108,23 +125,29 @@ type Approver struct {
 	cfg       ApproverConfig
 	decisions *prometheus.CounterVec
 
-	mu     sync.Mutex
-	recent map[string]checked // by node: its last verification
+	mu       sync.Mutex
+	recent   map[string]checked             // by node: its last verification
+	inFlight map[string]chan struct{}       // by node: its check under way, closed when done
+	waiting  map[string]map[string]struct{} // by node: CSRs decided once its check is done
+	requeue  func(csr string)               // adds a CSR to Run's queue again
 }
 
 type checked struct {
-	at      time.Time
+	at      time.Time // when the evidence was taken (the check ended)
 	outcome Outcome
 }
 
 // NewApprover returns the approver; its metrics are registered with
 // cfg.Registerer.
 func NewApprover(cfg ApproverConfig) (*Approver, error) {
-	if cfg.Client == nil || cfg.Verifier == nil || cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
-		return nil, errors.New("certificate approver: Client, Verifier, Events, Log and Registerer are required")
+	if cfg.Client == nil || cfg.Verifier == nil || cfg.Gate == nil || cfg.Bindings == nil || cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
+		return nil, errors.New("certificate approver: Client, Verifier, Gate, Bindings, Events, Log and Registerer are required")
 	}
 	if cfg.Freshness <= 0 {
 		cfg.Freshness = 10 * time.Second
+	}
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = DefaultFetchTimeout
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4
@@ -139,7 +162,8 @@ func NewApprover(cfg ApproverConfig) (*Approver, error) {
 	if err := cfg.Registerer.Register(decisions); err != nil {
 		return nil, fmt.Errorf("registering metrics: %w", err)
 	}
-	return &Approver{cfg: cfg, decisions: decisions, recent: map[string]checked{}}, nil
+	return &Approver{cfg: cfg, decisions: decisions, recent: map[string]checked{}, inFlight: map[string]chan struct{}{},
+		waiting: map[string]map[string]struct{}{}}, nil
 }
 
 // Run decides every pending kubelet CSR, and each new one, until ctx
@@ -161,6 +185,9 @@ func (a *Approver) Run(ctx context.Context) error {
 		return err
 	}
 	lister := informer.Lister()
+	a.mu.Lock()
+	a.requeue = queue.Add
+	a.mu.Unlock()
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	go wait.UntilWithContext(ctx, func(ctx context.Context) {
@@ -180,7 +207,7 @@ func (a *Approver) Run(ctx context.Context) error {
 				}
 				csr, err := lister.Get(name)
 				if err == nil {
-					err = a.Handle(ctx, csr)
+					err = a.handle(ctx, csr, false)
 				} else if apierrors.IsNotFound(err) {
 					err = nil
 				}
@@ -231,11 +258,25 @@ func decidable(csr *certificatesv1.CertificateSigningRequest) bool {
 // Handle decides csr once, if it is a pending kubelet certificate request
 // this approver decides, and writes the decision. It returns an error when
 // nothing could be decided (no policy, API errors): try again later.
+//
+// Handle waits for the node's check; Run's workers do not (a CSR whose
+// node is being checked is decided again once the check ends).
 func (a *Approver) Handle(ctx context.Context, csr *certificatesv1.CertificateSigningRequest) error {
+	return a.handle(ctx, csr, true)
+}
+
+// errPending means the CSR's node is being checked: it is decided again
+// when the check ends.
+var errPending = errors.New("the node's check is under way")
+
+func (a *Approver) handle(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, wait bool) error {
 	if !decidable(csr) {
 		return nil
 	}
-	node, reason, message, err := a.decide(ctx, csr)
+	node, reason, message, err := a.decide(ctx, csr, wait)
+	if errors.Is(err, errPending) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -273,11 +314,11 @@ func nodeName(n *corev1.Node) string {
 }
 
 // decide returns the decision on csr: ReasonApproved or a denial's reason,
-// with a message, and the Node it is for when there is one.
-func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSigningRequest) (*corev1.Node, string, string, error) {
+// with a message, and the Node it is for when there is one. Without wait,
+// it returns errPending while the node's check is under way.
+func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, wait bool) (*corev1.Node, string, string, error) {
 	if tokenID, ok := strings.CutPrefix(csr.Spec.Username, bootstrapUserPrefix); ok && csr.Spec.SignerName == SignerKubeletClient {
-		reason, message, err := a.decideFirst(ctx, csr, tokenID)
-		return nil, reason, message, err
+		return a.decideFirst(ctx, csr, tokenID, wait)
 	}
 	name, isNode := strings.CutPrefix(csr.Spec.Username, nodeUserPrefix)
 	if !isNode {
@@ -315,15 +356,12 @@ func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSi
 	if err != nil {
 		return nil, "", "", fmt.Errorf("reading Node %s: %w", name, err)
 	}
-	if hasTaint(node) {
-		return node, reasonTainted, fmt.Sprintf("the Node is tainted %s: it must prove itself again (or an administrator restore it) first", TaintKey), nil
-	}
-	o, err := a.fresh(ctx, node)
+	o, err := a.fresh(ctx, node, csr.Name, wait)
 	if err != nil {
 		return nil, "", "", err
 	}
-	if !o.Attested {
-		return node, o.Reason, o.Message, nil
+	if reason, message, err := a.pass(ctx, gate.Renewal, name, &o); reason != "" || err != nil {
+		return node, reason, message, err
 	}
 	if serving != nil {
 		names, err := a.cfg.Verifier.NodeNames(o.Address)
@@ -337,48 +375,97 @@ func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSi
 	return node, ReasonApproved, fmt.Sprintf("fresh evidence of node %s verifies, from the machine that joined (%s)", name, o.Identity), nil
 }
 
+// pass asks the gate for a credential of kind for node, with o as the
+// fresh evidence (nil: an administrator's token); it returns the
+// refusal's reason and message, "" when allowed.
+func (a *Approver) pass(ctx context.Context, kind gate.Kind, node string, o *Outcome) (string, string, error) {
+	req := gate.Request{Kind: kind, Node: node}
+	if o != nil {
+		req.Evidence = &gate.Evidence{}
+		if o.Attested {
+			req.Evidence.Identities = o.Identities
+		} else {
+			req.Evidence.Failure, req.Evidence.Message = o.Reason, o.Message
+		}
+	}
+	refusal, err := a.cfg.Gate.Decide(ctx, req)
+	if err != nil || refusal == nil {
+		return "", "", err
+	}
+	return refusal.Reason, refusal.Message, nil
+}
+
 // decideFirst decides a kubelet's first client certificate, requested
 // with bootstrap token tokenID: the token must be valid and of kubeadm's
-// join group (what kubeadm's binding let the controller manager approve),
-// and a token the join service issued to one node (AnnotationNode) gets a
-// certificate for that node only. The token was issued after that node's
-// evidence verified and lives minutes; the Node does not exist yet.
-func (a *Approver) decideFirst(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, tokenID string) (string, string, error) {
+// join group (what kubeadm's binding let the controller manager approve).
+// A token the join service issued to one node (AnnotationNode) gets a
+// certificate for that node only, and only once the node's fresh evidence
+// passes the gate (fetched where the node joined from, or its Node's
+// address): the token may have outlived the node's good standing. A token
+// an administrator made names no node: it gets no certificate for a name
+// an attested machine holds, and the gate's record and taint still apply.
+func (a *Approver) decideFirst(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, tokenID string, wait bool) (*corev1.Node, string, string, error) {
 	block, rest := pem.Decode(csr.Spec.Request)
 	if block == nil || block.Type != "CERTIFICATE REQUEST" || len(strings.TrimSpace(string(rest))) > 0 {
-		return reasonMalformed, "the request is not one PEM CERTIFICATE REQUEST", nil
+		return nil, reasonMalformed, "the request is not one PEM CERTIFICATE REQUEST", nil
 	}
 	named, err := clusterpki.ParseKubeletClientCSR(block.Bytes)
 	if err == nil {
 		err = checkUsages(csr.Spec.Usages, certificatesv1.UsageClientAuth)
 	}
 	if err != nil {
-		return reasonMalformed, err.Error(), nil
+		return nil, reasonMalformed, err.Error(), nil
 	}
 	if !slices.Contains(csr.Spec.Groups, joinGroup) {
-		return reasonTokenInvalid, fmt.Sprintf("bootstrap token %s is not in the join group %s", tokenID, joinGroup), nil
+		return nil, reasonTokenInvalid, fmt.Sprintf("bootstrap token %s is not in the join group %s", tokenID, joinGroup), nil
 	}
 	secret, err := a.cfg.Client.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, bootstraptoken.SecretName(tokenID), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return reasonTokenInvalid, fmt.Sprintf("bootstrap token %s no longer exists", tokenID), nil
+		return nil, reasonTokenInvalid, fmt.Sprintf("bootstrap token %s no longer exists", tokenID), nil
 	}
 	if err != nil {
-		return "", "", fmt.Errorf("reading bootstrap token %s: %w", tokenID, err)
+		return nil, "", "", fmt.Errorf("reading bootstrap token %s: %w", tokenID, err)
 	}
 	token, ok := bootstraptoken.FromSecret(secret)
 	if !ok || !a.cfg.Now().Before(token.Expiration) {
-		return reasonTokenInvalid, fmt.Sprintf("bootstrap token %s is malformed or expired", tokenID), nil
+		return nil, reasonTokenInvalid, fmt.Sprintf("bootstrap token %s is malformed or expired", tokenID), nil
 	}
-	node, issuedToOne := secret.Annotations[bootstraptoken.AnnotationNode]
+	node, err := a.cfg.Client.CoreV1().Nodes().Get(ctx, named, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		node = nil
+	case err != nil:
+		return nil, "", "", fmt.Errorf("reading Node %s: %w", named, err)
+	}
+	issuedTo, issuedToOne := secret.Annotations[bootstraptoken.AnnotationNode]
 	if !issuedToOne {
-		// A token an administrator made (kubeadm token create) may join
-		// any node, as with kubeadm's binding.
-		return ReasonApprovedJoin, fmt.Sprintf("bootstrap token %s of kubeadm's join group, issued to no particular node, requested node %s", tokenID, named), nil
+		if _, err := a.cfg.Bindings.Identity(ctx, named); err == nil {
+			return node, reasonNotItsOwn, fmt.Sprintf("bootstrap token %s, issued to no particular node, requested node %s, whose name an attested machine holds", tokenID, named), nil
+		}
+		if reason, message, err := a.pass(ctx, gate.FirstCertificate, named, nil); reason != "" || err != nil {
+			return node, reason, message, err
+		}
+		return node, ReasonApprovedJoin, fmt.Sprintf("bootstrap token %s of kubeadm's join group, issued to no particular node, requested node %s", tokenID, named), nil
 	}
-	if named != node {
-		return reasonNotItsOwn, fmt.Sprintf("bootstrap token %s was issued to node %s, not %s", tokenID, node, named), nil
+	if named != issuedTo {
+		return node, reasonNotItsOwn, fmt.Sprintf("bootstrap token %s was issued to node %s, not %s", tokenID, issuedTo, named), nil
 	}
-	return ReasonApprovedJoin, fmt.Sprintf("bootstrap token %s was issued to node %s after its evidence verified", tokenID, node), nil
+	target := node
+	if target == nil {
+		// Not registered yet: its evidence is where it joined from.
+		target = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: named}}
+		if addr := secret.Annotations[bootstraptoken.AnnotationAddress]; addr != "" {
+			target.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr}}
+		}
+	}
+	o, err := a.fresh(ctx, target, csr.Name, wait)
+	if err != nil {
+		return nil, "", "", err
+	}
+	if reason, message, err := a.pass(ctx, gate.FirstCertificate, named, &o); reason != "" || err != nil {
+		return node, reason, message, err
+	}
+	return node, ReasonApprovedJoin, fmt.Sprintf("bootstrap token %s was issued to node %s, whose fresh evidence verifies", tokenID, named), nil
 }
 
 // checkUsages checks that usages hold want and otherwise only digital
@@ -395,27 +482,68 @@ func checkUsages(usages []certificatesv1.KeyUsage, want certificatesv1.KeyUsage)
 	return nil
 }
 
-// fresh returns node's verification, at most Freshness old: a burst of
-// CSRs from one node costs one evidence fetch.
-func (a *Approver) fresh(ctx context.Context, node *corev1.Node) (Outcome, error) {
-	now := a.cfg.Now()
-	a.mu.Lock()
-	c, ok := a.recent[node.Name]
-	for name, old := range a.recent {
-		if now.Sub(old.at) >= a.cfg.Freshness {
-			delete(a.recent, name)
+// fresh returns node's verification, at most Freshness old (counted from
+// when its evidence was taken): a burst of CSRs from one node costs one
+// evidence fetch. A node has at most one check in flight. Without wait,
+// when the node must be checked, fresh starts the check (unless one is
+// under way), remembers csr, and returns errPending: the CSR is queued
+// again when the check ends, and the worker is free meanwhile.
+func (a *Approver) fresh(ctx context.Context, node *corev1.Node, csr string, wait bool) (Outcome, error) {
+	for {
+		now := a.cfg.Now()
+		a.mu.Lock()
+		for name, old := range a.recent {
+			if now.Sub(old.at) >= a.cfg.Freshness {
+				delete(a.recent, name)
+			}
+		}
+		if c, ok := a.recent[node.Name]; ok {
+			a.mu.Unlock()
+			return c.outcome, nil
+		}
+		done, running := a.inFlight[node.Name]
+		if !running {
+			done = make(chan struct{})
+			a.inFlight[node.Name] = done
+			go a.check(context.WithoutCancel(ctx), node.DeepCopy(), done)
+		}
+		if !wait {
+			if a.waiting[node.Name] == nil {
+				a.waiting[node.Name] = map[string]struct{}{}
+			}
+			a.waiting[node.Name][csr] = struct{}{}
+			a.mu.Unlock()
+			return Outcome{}, errPending
+		}
+		a.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return Outcome{}, ctx.Err()
 		}
 	}
-	a.mu.Unlock()
-	if ok && now.Sub(c.at) < a.cfg.Freshness {
-		return c.outcome, nil
-	}
-	o, err := a.cfg.Verifier.Check(ctx, node)
-	if err != nil {
-		return Outcome{}, err
-	}
+}
+
+// check verifies node once, bounded by FetchTimeout, caches the outcome
+// with the time its evidence was taken, closes done and queues the CSRs
+// that wait for it.
+func (a *Approver) check(ctx context.Context, node *corev1.Node, done chan struct{}) {
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.FetchTimeout)
+	o, err := a.cfg.Verifier.Check(cctx, node)
+	cancel()
 	a.mu.Lock()
-	a.recent[node.Name] = checked{at: now, outcome: o}
-	a.mu.Unlock()
-	return o, nil
+	defer a.mu.Unlock()
+	if err == nil {
+		a.recent[node.Name] = checked{at: a.cfg.Now(), outcome: o}
+	} else {
+		a.cfg.Log.Warn("Could not check a node for its kubelet certificates; its requests are retried", "node", node.Name, "error", err.Error())
+	}
+	delete(a.inFlight, node.Name)
+	close(done)
+	for csr := range a.waiting[node.Name] {
+		if a.requeue != nil {
+			a.requeue(csr)
+		}
+	}
+	delete(a.waiting, node.Name)
 }

@@ -2,10 +2,8 @@ package continuous
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -13,15 +11,15 @@ import (
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	"k8s.io/utils/ptr"
 
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
@@ -32,31 +30,55 @@ type checker interface {
 	Settings() (joinconfig.ContinuousAttestation, error)
 }
 
-// nodeLister lists the Nodes a round checks (*NodeCache). The Nodes are
-// the cache's: the loop only reads them.
+// nodeLister lists and gets the Nodes the loop checks and mirrors its
+// verdicts onto (*NodeCache). The Nodes are the cache's: the loop only
+// reads them.
 type nodeLister interface {
 	List() ([]*corev1.Node, error)
+	Get(name string) (*corev1.Node, error)
+	OnChange(f func(name string)) (remove func(), err error)
+}
+
+// recordCache reads the authoritative records (*nodeattestation.Cache).
+type recordCache interface {
+	Current(node string) (nodeattestation.Current, error)
+	OnChange(f func(node string)) (remove func(), err error)
+}
+
+// recordWriter writes the authoritative records (*nodeattestation.Store).
+type recordWriter interface {
+	Update(ctx context.Context, node string, cur *nodeattestation.Current,
+		change func(old nodeattestation.Record, exists bool) (nodeattestation.Record, bool)) (nodeattestation.Record, error)
 }
 
 // LoopConfig configures a Loop.
 type LoopConfig struct {
-	// Client writes the Nodes' conditions and taints, and Events.
+	// Client writes the Nodes' conditions and taints (the mirrors of the
+	// records), and Events.
 	Client kubernetes.Interface
 	// Nodes lists the Nodes each round checks, from an informer's cache
 	// (NewNodeCache, started and synced): a round makes no API request
-	// unless an outcome changed. A Node whose cached copy lags behind the
-	// loop's own last write is at worst written again.
-	Nodes    nodeLister
-	Verifier checker
+	// unless an outcome changed.
+	Nodes nodeLister
+	// Records and RecordCache write and read the authoritative
+	// attestation records (nodeattestation.NewStore, NewCache started and
+	// synced).
+	Records     recordWriter
+	RecordCache recordCache
+	Verifier    checker
 	// Events records an Event on the Node at each change of outcome
 	// (NewEventRecorder).
 	Events events.EventRecorder
 	// Interval between rounds (each ±10 %); DefaultInterval when zero.
 	Interval time.Duration
-	// Heartbeat is how often an unchanged condition's lastHeartbeatTime
-	// is refreshed: the Node is written only when the outcome changes, or
+	// Heartbeat is how often an unchanged record's checkedAt is
+	// refreshed: a record is written only when the outcome changes, or
 	// when its last write is older than this (DefaultHeartbeat when zero).
 	Heartbeat time.Duration
+	// FetchTimeout bounds one node's check (DefaultFetchTimeout when
+	// zero): a node that does not answer in time is Unreachable, and
+	// delays no other node's verdict.
+	FetchTimeout time.Duration
 	// Concurrency bounds the nodes checked at once (16 when zero).
 	Concurrency int
 	Now         func() time.Time
@@ -66,31 +88,42 @@ type LoopConfig struct {
 
 // Defaults of LoopConfig.
 const (
-	DefaultInterval  = time.Minute
-	DefaultHeartbeat = 10 * time.Minute
+	DefaultInterval     = time.Minute
+	DefaultHeartbeat    = 10 * time.Minute
+	DefaultFetchTimeout = 5 * time.Second
 )
 
-// Loop re-verifies every Node on an interval and records the outcome on
-// it. Run it in one process of the cluster (the join service's leader).
+// Loop re-verifies every Node on an interval, records each verdict in the
+// node's authoritative record as it arrives, and mirrors the record onto
+// the Node (condition and taint), re-asserting the mirror whenever anyone
+// else changes it. Run it in one process of the cluster (the join
+// service's leader).
 type Loop struct {
 	cfg     LoopConfig
 	metrics *metrics
 
-	mu               sync.Mutex
-	lastSuccess      map[string]time.Time // by node: the last time it verified
-	unreachableSince map[string]time.Time // by node: since when it has not answered
+	mu          sync.Mutex
+	lastSuccess map[string]time.Time // by node: the last time it verified
+	// controlPlanes holds, by control-plane node, whether it is attested
+	// as the records and this round's verdicts say: one is never tainted
+	// while none other is attested.
+	controlPlanes map[string]bool
 }
 
 // NewLoop returns the loop; its metrics are registered with cfg.Registerer.
 func NewLoop(cfg LoopConfig) (*Loop, error) {
-	if cfg.Client == nil || cfg.Nodes == nil || cfg.Verifier == nil || cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
-		return nil, fmt.Errorf("continuous attestation: Client, Nodes, Verifier, Events, Log and Registerer are required")
+	if cfg.Client == nil || cfg.Nodes == nil || cfg.Records == nil || cfg.RecordCache == nil || cfg.Verifier == nil ||
+		cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
+		return nil, fmt.Errorf("continuous attestation: Client, Nodes, Records, RecordCache, Verifier, Events, Log and Registerer are required")
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
 	}
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = DefaultFetchTimeout
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 16
@@ -102,12 +135,18 @@ func NewLoop(cfg LoopConfig) (*Loop, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Loop{cfg: cfg, metrics: m, lastSuccess: map[string]time.Time{}, unreachableSince: map[string]time.Time{}}, nil
+	return &Loop{cfg: cfg, metrics: m, lastSuccess: map[string]time.Time{}, controlPlanes: map[string]bool{}}, nil
 }
 
-// Run runs a round every interval (±10 %) until ctx ends. A round that
+// Run mirrors the records onto the Nodes as they or the Nodes change, and
+// runs a round every interval (±10 %), until ctx ends. A round that
 // cannot judge (no policy yet) is logged and retried next interval.
 func (l *Loop) Run(ctx context.Context) error {
+	stop, err := l.startMirror(ctx)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	for {
 		if _, err := l.Round(ctx); err != nil && ctx.Err() == nil {
 			l.cfg.Log.Warn("Continuous attestation round failed", "error", err.Error())
@@ -120,9 +159,12 @@ func (l *Loop) Run(ctx context.Context) error {
 	}
 }
 
-// Round checks every Node once and records each outcome that changed,
-// and returns the outcomes. It returns an error when it could not list
-// the Nodes or judge at all (no policy).
+// Round checks every Node once and returns the outcomes. Each node's
+// verdict is recorded, and mirrored onto its Node, as soon as its check
+// ends: no node waits for another, and a node that does not answer delays
+// the others by nothing (its own check ends after FetchTimeout). It
+// returns an error when it could not list the Nodes or judge at all (no
+// policy).
 func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 	start := l.cfg.Now()
 	defer func() { l.metrics.roundSeconds.Observe(l.cfg.Now().Sub(start).Seconds()) }()
@@ -134,43 +176,24 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 	if err != nil {
 		return nil, err
 	}
-	// First every verdict, then the writes and actions: whether a control
-	// plane may be tainted depends on the others' verdicts.
+	l.seedControlPlanes(nodes)
 	outcomes := make([]Outcome, len(nodes))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(l.cfg.Concurrency)
 	for i := range nodes {
 		g.Go(func() error {
-			o, err := l.cfg.Verifier.Check(gctx, nodes[i])
+			cctx, cancel := context.WithTimeout(gctx, l.cfg.FetchTimeout)
+			o, err := l.cfg.Verifier.Check(cctx, nodes[i])
+			cancel()
 			if err != nil {
 				return err
 			}
 			outcomes[i] = o
 			l.metrics.verifications.WithLabelValues(o.Reason).Inc()
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
-	attestedControlPlanes := 0
-	for i, n := range nodes {
-		if _, cp := n.Labels[labelControlPlane]; cp && outcomes[i].Attested {
-			attestedControlPlanes++
-		}
-	}
-	g, gctx = errgroup.WithContext(ctx)
-	g.SetLimit(l.cfg.Concurrency)
-	for i := range nodes {
-		g.Go(func() error {
-			node, err := l.record(gctx, nodes[i], outcomes[i])
-			if err != nil {
-				return err
-			}
-			// An action that fails (a Node changed under it) is tried
-			// again next round; it does not stop the others.
-			if err := l.act(gctx, node, outcomes[i], settings, attestedControlPlanes); err != nil {
-				l.cfg.Log.Warn("Continuous attestation could not act on a Node; next round tries again", "node", node.Name, "error", err.Error())
+			// A write that fails is tried again next round (or at the
+			// next change of the Node); it does not stop the others.
+			if err := l.record(gctx, nodes[i], o, settings); err != nil && gctx.Err() == nil {
+				l.cfg.Log.Warn("Continuous attestation could not record a verdict; the next round tries again", "node", nodes[i].Name, "error", err.Error())
 			}
 			return nil
 		})
@@ -183,90 +206,57 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 // TaintKey is the taint continuous attestation puts on a node that stopped
 // proving itself, with the NoExecute effect: pods that do not tolerate it
 // leave the node.
-const TaintKey = "gatehouse.dev/unattested"
+const TaintKey = gate.TaintKey
 
-// act taints a failing node and untaints one that proves itself again, as
-// settings say. An unreachable node is acted on only after the grace
-// period. The last attested control planes are never tainted: when every
-// control plane fails, acting would leave none, so the loop refuses and
-// says so loudly.
-func (l *Loop) act(ctx context.Context, node *corev1.Node, o Outcome, settings joinconfig.ContinuousAttestation, attestedControlPlanes int) error {
-	now := l.cfg.Now()
-	failing := !o.Attested
+// seedControlPlanes sets, for each control plane not judged yet, whether
+// its record says it is attested.
+func (l *Loop) seedControlPlanes(nodes []*corev1.Node) {
 	l.mu.Lock()
-	if o.Reason == ReasonUnreachable || o.Reason == ReasonRebooting {
-		since, ok := l.unreachableSince[node.Name]
-		if !ok {
-			since = now
-			l.unreachableSince[node.Name] = now
+	defer l.mu.Unlock()
+	present := map[string]bool{}
+	for _, n := range nodes {
+		if _, cp := n.Labels[labelControlPlane]; !cp {
+			continue
 		}
-		failing = now.Sub(since) >= settings.UnreachableGrace.Duration
-	} else {
-		delete(l.unreachableSince, node.Name)
-	}
-	l.mu.Unlock()
-	tainted := hasTaint(node)
-	switch {
-	case failing && !tainted && settings.Action == joinconfig.ActionTaint:
-		if _, cp := node.Labels[labelControlPlane]; cp && attestedControlPlanes == 0 {
-			l.metrics.actions.WithLabelValues("taint_refused").Inc()
-			l.cfg.Log.Error("Not tainting control plane "+node.Name+": no control plane is attested, and tainting would leave the cluster none; "+
-				"check the policy and the control planes now", "event", "reattest.action", "node", node.Name, "action", "taint_refused", "reason", o.Reason)
-			return nil
+		present[n.Name] = true
+		if _, ok := l.controlPlanes[n.Name]; !ok {
+			cur, err := l.cfg.RecordCache.Current(n.Name)
+			l.controlPlanes[n.Name] = err == nil && cur.Record.Attested
 		}
-		taints := append(slices.Clone(node.Spec.Taints), corev1.Taint{Key: TaintKey, Effect: corev1.TaintEffectNoExecute, TimeAdded: ptr.To(metav1.NewTime(now))})
-		return l.setTaints(ctx, node, taints, "taint", o)
-	case !failing && o.Attested && tainted && settings.Restore == joinconfig.RestoreAuto:
-		taints := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(t corev1.Taint) bool { return t.Key == TaintKey })
-		return l.setTaints(ctx, node, taints, "untaint", o)
 	}
-	return nil
+	for name := range l.controlPlanes {
+		if !present[name] {
+			delete(l.controlPlanes, name)
+		}
+	}
 }
 
-// setTaints replaces node's taints, if node is unchanged since it was read.
-func (l *Loop) setTaints(ctx context.Context, node *corev1.Node, taints []corev1.Taint, action string, o Outcome) error {
-	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"resourceVersion": node.ResourceVersion},
-		"spec":     map[string]any{"taints": taints},
-	})
-	if err != nil {
-		return err
-	}
-	if _, err := l.cfg.Client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("%s of Node %s: %w", action, node.Name, err)
-	}
-	l.metrics.actions.WithLabelValues(action).Inc()
-	l.cfg.Log.Warn("audit", "event", "reattest.action", "node", node.Name, "action", action, "reason", o.Reason, "identity", o.Identity)
-	kind := corev1.EventTypeWarning
-	if action == "untaint" {
-		kind = corev1.EventTypeNormal
-	}
-	l.cfg.Events.Eventf(node, nil, kind, action, "Reattest", "%s %s: %s", action, TaintKey, o.Reason)
-	return nil
-}
-
-func hasTaint(node *corev1.Node) bool {
-	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintKey })
-}
-
-// record writes o onto node when it differs from the node's condition, or
-// when the condition's heartbeat is due; it logs failures and changes. It
-// returns the Node as it now is.
-func (l *Loop) record(ctx context.Context, node *corev1.Node, o Outcome) (*corev1.Node, error) {
+// record writes node's verdict o into its authoritative record (when it
+// changed, or its heartbeat is due), deciding the taint as settings say,
+// and mirrors the record onto the Node.
+func (l *Loop) record(ctx context.Context, node *corev1.Node, o Outcome, settings joinconfig.ContinuousAttestation) error {
 	now := l.cfg.Now()
 	if o.Attested {
 		l.mu.Lock()
 		l.lastSuccess[node.Name] = now
 		l.mu.Unlock()
 	}
-	cond := o.condition(now)
-	var old *corev1.NodeCondition
-	for i := range node.Status.Conditions {
-		if node.Status.Conditions[i].Type == ConditionType {
-			old = &node.Status.Conditions[i]
-		}
+	cur, err := l.cfg.RecordCache.Current(node.Name)
+	if err != nil {
+		return err
 	}
-	changed := old == nil || old.Status != cond.Status || old.Reason != cond.Reason || old.Message != cond.Message
+	var before nodeattestation.Record
+	var existed, wrote bool
+	rec, err := l.cfg.Records.Update(ctx, node.Name, &cur, func(old nodeattestation.Record, exists bool) (nodeattestation.Record, bool) {
+		before, existed = old, exists
+		rec := l.decide(node, old, exists, o, settings, now)
+		wrote = !exists || !sameVerdict(old, rec) || now.Sub(old.CheckedAt) >= l.cfg.Heartbeat
+		return rec, wrote
+	})
+	if err != nil {
+		return err
+	}
+	changed := !existed || before.Attested != rec.Attested || before.Reason != rec.Reason || before.Message != rec.Message
 	if !o.Attested || changed {
 		logOutcome(l.cfg.Log, o, changed)
 	}
@@ -277,23 +267,96 @@ func (l *Loop) record(ctx context.Context, node *corev1.Node, o Outcome) (*corev
 		}
 		l.cfg.Events.Eventf(node, nil, kind, o.Reason, "Reattest", "%s", truncate(o.Message, 512))
 	}
-	if !changed && now.Sub(old.LastHeartbeatTime.Time) < l.cfg.Heartbeat {
-		return node, nil
+	if wrote {
+		l.metrics.recordWrites.Inc()
 	}
-	if old != nil && old.Status == cond.Status {
-		cond.LastTransitionTime = old.LastTransitionTime
+	if existed && before.Tainted != rec.Tainted {
+		l.audit(node, rec)
+	} else if !existed && rec.Tainted {
+		l.audit(node, rec)
 	}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
-	if err != nil {
-		return nil, err
+	return l.mirror(ctx, node, rec)
+}
+
+// decide returns node's record after verdict o: the verdict, since when
+// it holds, the grace of an unreachable or rebooting node, and the taint.
+// The last attested control planes are never tainted: when every control
+// plane fails, tainting would leave none, so the loop refuses and says so
+// loudly. With `restore: admin` a tainted node stays tainted, and gets no
+// credential, until an administrator restores it.
+func (l *Loop) decide(node *corev1.Node, old nodeattestation.Record, exists bool, o Outcome, settings joinconfig.ContinuousAttestation, now time.Time) nodeattestation.Record {
+	rec := old
+	rec.Node, rec.Attested, rec.Reason, rec.Message, rec.Identity = node.Name, o.Attested, o.Reason, truncate(o.Message, 512), o.Identity
+	rec.Address = ""
+	if o.Address.IsValid() {
+		rec.Address = o.Address.String()
 	}
-	// A strategic merge patch: conditions merge by type, others stay.
-	updated, err := l.cfg.Client.CoreV1().Nodes().PatchStatus(ctx, node.Name, patch)
-	if err != nil {
-		return nil, fmt.Errorf("recording the attestation of Node %s: %w", node.Name, err)
+	if !exists || old.Attested != o.Attested {
+		rec.Since = now
 	}
-	l.metrics.writes.Inc()
-	return updated, nil
+	rec.CheckedAt = now
+	failing := !o.Attested
+	if o.Reason == ReasonUnreachable || o.Reason == ReasonRebooting {
+		if rec.UnreachableSince.IsZero() {
+			rec.UnreachableSince = now
+		}
+		failing = now.Sub(rec.UnreachableSince) >= settings.UnreachableGrace.Duration
+	} else {
+		rec.UnreachableSince = time.Time{}
+	}
+	_, cp := node.Labels[labelControlPlane]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if cp {
+		l.controlPlanes[node.Name] = o.Attested
+	}
+	switch {
+	case settings.Action != joinconfig.ActionTaint:
+		rec.Tainted = false
+	case failing && !rec.Tainted:
+		if cp && !l.otherControlPlaneAttested(node.Name) {
+			l.metrics.actions.WithLabelValues("taint_refused").Inc()
+			l.cfg.Log.Error("Not tainting control plane "+node.Name+": no other control plane is attested, and tainting would leave the cluster none; "+
+				"check the policy and the control planes now", "event", "reattest.action", "node", node.Name, "action", "taint_refused", "reason", o.Reason)
+			return rec
+		}
+		rec.Tainted = true
+		rec.AwaitingRestore = settings.Restore == joinconfig.RestoreAdmin
+	case failing:
+		rec.AwaitingRestore = rec.AwaitingRestore || settings.Restore == joinconfig.RestoreAdmin
+	case o.Attested && !rec.AwaitingRestore:
+		rec.Tainted = false
+	}
+	return rec
+}
+
+// otherControlPlaneAttested reports whether a control plane other than
+// name is attested. l.mu is held.
+func (l *Loop) otherControlPlaneAttested(name string) bool {
+	for cp, attested := range l.controlPlanes {
+		if cp != name && attested {
+			return true
+		}
+	}
+	return false
+}
+
+// sameVerdict reports whether a and b say the same, heartbeat aside.
+func sameVerdict(a, b nodeattestation.Record) bool {
+	a.CheckedAt, b.CheckedAt = time.Time{}, time.Time{}
+	return a == b
+}
+
+// audit logs and counts a change of the taint decision, with an Event.
+func (l *Loop) audit(node *corev1.Node, rec nodeattestation.Record) {
+	action, kind := "untaint", corev1.EventTypeNormal
+	if rec.Tainted {
+		action, kind = "taint", corev1.EventTypeWarning
+	}
+	l.metrics.actions.WithLabelValues(action).Inc()
+	l.cfg.Log.Warn("audit", "event", "reattest.action", "node", node.Name, "action", action, "reason", rec.Reason,
+		"identity", rec.Identity, "awaitingRestore", rec.AwaitingRestore)
+	l.cfg.Events.Eventf(node, nil, kind, action, "Reattest", "%s %s: %s", action, TaintKey, rec.Reason)
 }
 
 // updateOldest sets the age of the oldest last success among nodes (a
@@ -324,6 +387,8 @@ type metrics struct {
 	verifications    *prometheus.CounterVec
 	actions          *prometheus.CounterVec
 	writes           prometheus.Counter
+	recordWrites     prometheus.Counter
+	reasserted       *prometheus.CounterVec
 	oldestSuccessAge prometheus.Gauge
 	roundSeconds     prometheus.Histogram
 }
@@ -340,8 +405,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"action"}),
 		writes: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "gatehouse", Subsystem: "reattest", Name: "node_status_writes_total",
-			Help: "Node status writes (on a change of outcome, or a due heartbeat).",
+			Help: "Node condition writes: the mirror of a record that changed, or re-asserted after another writer changed it.",
 		}),
+		recordWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gatehouse", Subsystem: "reattest", Name: "record_writes_total",
+			Help: "Attestation record writes (on a change of outcome, or a due heartbeat).",
+		}),
+		reasserted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gatehouse", Subsystem: "reattest", Name: "mirror_reasserted_total",
+			Help: "Node conditions and taints written back after another writer (e.g. the node itself) changed them, by what (condition, taint).",
+		}, []string{"what"}),
 		oldestSuccessAge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gatehouse", Subsystem: "reattest", Name: "oldest_success_age_seconds",
 			Help: "Age of the oldest last successful verification among the Nodes.",
@@ -351,7 +424,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Duration of one round over every Node.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.verifications, m.actions, m.writes, m.oldestSuccessAge, m.roundSeconds} {
+	for _, c := range []prometheus.Collector{m.verifications, m.actions, m.writes, m.recordWrites, m.reasserted, m.oldestSuccessAge, m.roundSeconds} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}

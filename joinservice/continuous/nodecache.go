@@ -52,6 +52,30 @@ func (c *NodeCache) WaitForCacheSync(ctx context.Context) error {
 	return nil
 }
 
+// Get returns the cached Node name. It is the cache's: read it, never
+// change it.
+func (c *NodeCache) Get(name string) (*corev1.Node, error) {
+	if !c.informer.HasSynced() {
+		return nil, errors.New("the cache of Nodes has not synced yet")
+	}
+	return c.lister.Get(name)
+}
+
+// OnChange calls f with the name of every Node added or changed, until
+// remove is called.
+func (c *NodeCache) OnChange(f func(name string)) (remove func(), err error) {
+	call := func(obj any) {
+		if n, ok := obj.(*corev1.Node); ok {
+			f(n.Name)
+		}
+	}
+	reg, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: call, UpdateFunc: func(_, obj any) { call(obj) }})
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = c.informer.RemoveEventHandler(reg) }, nil
+}
+
 // List returns every cached Node. The Nodes are the cache's: read them,
 // never change them.
 func (c *NodeCache) List() ([]*corev1.Node, error) {

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
@@ -99,6 +98,10 @@ type Outcome struct {
 	Message string
 	// Identity is the attestation identity the evidence came from, when it verified.
 	Identity string
+	// Identities are every identity the verified evidence proves
+	// (attestation.Result.Identities): the deny list and the credential
+	// gate match them all.
+	Identities []string
 	// Address is where the verified evidence was fetched: an address the
 	// machine answers at (attested TLS), when it verified.
 	Address netip.Addr
@@ -183,7 +186,7 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 		out.Reason, out.Message = ReasonUnreachable, err.Error()
 		return out, nil
 	}
-	out.Identity = result.Identity
+	out.Identity, out.Identities = result.Identity, result.Identities()
 	if ap, perr := netip.ParseAddrPort(addr); perr == nil {
 		out.Address = ap.Addr().Unmap()
 	}
@@ -294,17 +297,6 @@ func containsRole(roles []policy.Role, r policy.Role) bool {
 		}
 	}
 	return false
-}
-
-// condition is o as the Node condition, transitioning at now.
-func (o Outcome) condition(now time.Time) corev1.NodeCondition {
-	status := corev1.ConditionFalse
-	if o.Attested {
-		status = corev1.ConditionTrue
-	}
-	t := metav1.NewTime(now)
-	return corev1.NodeCondition{Type: ConditionType, Status: status, Reason: o.Reason, Message: truncate(o.Message, 512),
-		LastHeartbeatTime: t, LastTransitionTime: t}
 }
 
 func truncate(s string, n int) string {
