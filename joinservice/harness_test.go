@@ -49,10 +49,10 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
-	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
-	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 	"github.com/gatehouse-dev/gatehouse/keyservice"
 )

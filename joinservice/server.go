@@ -90,11 +90,11 @@ type boundNames interface {
 
 // Config holds a Server's dependencies.
 type Config struct {
-	Policy           *Policy
+	Policy *Policy
 	// Gate decides every ticket after the request's own checks.
 	Gate credentialGate
 	// BoundNames finds the node a rejoining machine is, for the gate.
-	BoundNames boundNames
+	BoundNames       boundNames
 	Keys             keySource
 	Tokens           tokenIssuer
 	ControlPlaneLock controlPlaneLocker

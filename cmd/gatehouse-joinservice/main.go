@@ -26,10 +26,12 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 )
 
 func main() {
@@ -68,6 +70,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		apiQPS         = flag.Float64("kube-api-qps", 50, "Kubernetes API requests per second")
 		apiBurst       = flag.Int("kube-api-burst", 100, "Kubernetes API request burst")
 		reattestEvery  = flag.Duration("reattest-interval", continuous.DefaultInterval, "continuous attestation: how often every Node's fresh evidence is verified (±10 %); 0 turns it off (docs/continuous-attestation.md)")
+		fetchTimeout   = flag.Duration("reattest-fetch-timeout", continuous.DefaultFetchTimeout, "continuous attestation and CSR approval: the longest one node's evidence fetch and check may take; a node that does not answer in time is Unreachable and delays no other")
 		evidencePort   = flag.Int("evidence-port", 9001, "the nodes' evidence endpoint port (gatehouse-bootstrapper serve-evidence)")
 		approveCSRs    = flag.Bool("approve-kubelet-csrs", true, "approve kubelet client renewals and serving certificates only after the node's fresh evidence verifies, and remove kubeadm's automatic approval of client renewals (docs/continuous-attestation.md)")
 		kubeletCertTTL = flag.Duration("kubelet-cert-lifetime", kubeadm.DefaultKubeletCertLifetime, "lifetime of the kubelet serving certificate a join ticket carries: the cluster's kubeletCertificateLifetime")
@@ -118,8 +121,29 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	}
 	keySource := joinservice.NewKeyServiceKeys(keyConn)
 	bindings := nodebinding.New(client, *namespace, time.Now)
+	// Every check reads the node's binding and record, and every round the
+	// Nodes, from informers' caches rather than the API server
+	// (docs/continuous-attestation.md, "Cost"); every credential decision
+	// reads the record and the Node (the gate).
+	bindingCache := nodebinding.NewCache(client, *namespace)
+	records := nodeattestation.NewCache(client, *namespace)
+	nodes := continuous.NewNodeCache(client)
+	synced := []func(context.Context) error{}
+	for _, c := range []interface {
+		Start(context.Context)
+		WaitForCacheSync(context.Context) error
+	}{bindingCache, records, nodes} {
+		c.Start(ctx)
+		synced = append(synced, c.WaitForCacheSync)
+	}
+	credentialGate, err := gate.New(policy, records, nodes, log, reg)
+	if err != nil {
+		return err
+	}
 	srv, err := joinservice.NewServer(joinservice.Config{
 		Policy:              policy,
+		Gate:                credentialGate,
+		BoundNames:          bindingCache,
 		Keys:                keySource,
 		Tokens:              joinservice.NewTokens(client, time.Now),
 		ControlPlaneLock:    joinservice.NewControlPlaneLock(client, *namespace, joinservice.ControlPlaneJoinTimeout, time.Now),
@@ -152,22 +176,13 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return fmt.Errorf("connection limits: %w", err)
 	}
 	if *reattestEvery > 0 || *approveCSRs {
-		// Every check reads the node's binding, and every round the
-		// Nodes, from informers' caches rather than the API server
-		// (docs/continuous-attestation.md, "Cost").
-		bindingCache := nodebinding.NewCache(client, *namespace)
-		bindingCache.Start(ctx)
-		synced := []func(context.Context) error{bindingCache.WaitForCacheSync}
 		verifier := continuous.NewVerifier(policy, bindingCache, atls.FetchEvidence, continuous.ClusterID(keySource, policy), *evidencePort)
 		events := continuous.NewEventRecorder(ctx, client)
 		var loop *continuous.Loop
 		if *reattestEvery > 0 {
-			nodes := continuous.NewNodeCache(client)
-			nodes.Start(ctx)
-			synced = append(synced, nodes.WaitForCacheSync)
 			if loop, err = continuous.NewLoop(continuous.LoopConfig{
-				Client: client, Nodes: nodes, Verifier: verifier, Events: events,
-				Interval: *reattestEvery, Log: log, Registerer: reg,
+				Client: client, Nodes: nodes, Records: nodeattestation.NewStore(client, *namespace), RecordCache: records,
+				Verifier: verifier, Events: events, Interval: *reattestEvery, FetchTimeout: *fetchTimeout, Log: log, Registerer: reg,
 			}); err != nil {
 				return err
 			}
@@ -175,7 +190,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		var approver *continuous.Approver
 		if *approveCSRs {
 			if approver, err = continuous.NewApprover(continuous.ApproverConfig{
-				Client: client, Verifier: verifier, Events: events, Log: log, Registerer: reg,
+				Client: client, Verifier: verifier, Gate: credentialGate, Bindings: bindingCache, Events: events,
+				FetchTimeout: *fetchTimeout, Log: log, Registerer: reg,
 			}); err != nil {
 				return err
 			}

@@ -38,6 +38,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
+	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
 // createNode creates Node name with InternalIP ip, labelled a control
@@ -135,14 +137,16 @@ func TestApprover(t *testing.T) {
 	if err := pol.ApplyJoinConfig(joinConfig(t, []*runningNode{good, compromised, other}, nil)); err != nil {
 		t.Fatal(err)
 	}
-	if err := pol.ApplyDenyList(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gatehouse-deny-list"}}); err != nil {
+	if err := pol.ApplyDenyList(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gatehouse-deny-list"},
+		Data: map[string]string{joinconfig.KeyDenyList: "node:worker-denied\n"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	bindings := nodebinding.New(client, namespace, time.Now)
-	for node, n := range map[string]*runningNode{"worker-good": good, "worker-bad": compromised, "worker-other": other, "worker-tainted": other} {
+	for node, n := range map[string]*runningNode{"worker-good": good, "worker-bad": compromised, "worker-other": other, "worker-tainted": other,
+		"worker-new": good, "worker-denied": other} {
 		if _, err := bindings.Bind(ctx, node, n.identity(t)); err != nil {
 			t.Fatal(err)
 		}
@@ -181,9 +185,18 @@ func TestApprover(t *testing.T) {
 	}
 	// Bootstrap tokens: the join service's for worker-new (after its
 	// evidence verified), one an administrator made, one expired.
-	joinToken, err := joinservice.NewTokens(client, time.Now).Issue(ctx, good.identity(t)+"\x00worker-new", "join of worker-new")
+	// Tokens that outlived their node's good standing: issued to nodes
+	// that are now tainted, compromised or denied (a rejoin mints one too).
+	tokens := joinservice.NewTokens(client, time.Now)
+	joinToken, err := tokens.Issue(ctx, good.identity(t)+"\x00worker-new", "127.0.0.1", "join of worker-new")
 	if err != nil {
 		t.Fatal(err)
+	}
+	staleTokens := map[string]bootstraptoken.Token{}
+	for node, addr := range map[string]string{"worker-tainted": "127.0.0.3", "worker-bad": "127.0.0.2", "worker-denied": "127.0.0.3"} {
+		if staleTokens[node], err = tokens.Issue(ctx, "identity\x00"+node, addr, "rejoin of "+node); err != nil {
+			t.Fatal(err)
+		}
 	}
 	adminToken, err := bootstraptoken.New("admin0", time.Now().Add(time.Hour))
 	if err != nil {
@@ -215,7 +228,13 @@ func TestApprover(t *testing.T) {
 		t.Fatal(err)
 	}
 	verifier := NewVerifier(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
-	approver, err := NewApprover(ApproverConfig{Client: approverClient, Verifier: verifier, Events: NewEventRecorder(ctx, client), Log: log, Registerer: reg})
+	caches := startCaches(t, client)
+	credentialGate, err := gate.New(pol, caches.records, caches.nodes, log, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	approver, err := NewApprover(ApproverConfig{Client: approverClient, Verifier: verifier, Gate: credentialGate, Bindings: bindings,
+		Events: NewEventRecorder(ctx, client), Log: log, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +281,7 @@ func TestApprover(t *testing.T) {
 		{"compromised-serving", asNode(t, env.Config, "worker-bad"), SignerKubeletServing, servingUsages,
 			csrPEM(t, nodeSubject("worker-bad"), []string{"worker-bad"}, nil), ReasonEvidenceRejected},
 		{"tainted-renewal", asNode(t, env.Config, "worker-tainted"), SignerKubeletClient, clientUsages,
-			csrPEM(t, nodeSubject("worker-tainted"), nil, nil), reasonTainted},
+			csrPEM(t, nodeSubject("worker-tainted"), nil, nil), gate.ReasonTainted},
 		{"ghost-renewal", asNode(t, env.Config, "worker-ghost"), SignerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-ghost"), nil, nil), reasonNoNode},
 		{"user-asks-for-a-node", client, SignerKubeletClient, clientUsages,
@@ -274,6 +293,17 @@ func TestApprover(t *testing.T) {
 			csrPEM(t, nodeSubject("worker-good"), nil, nil), reasonNotItsOwn},
 		{"admin-token", asToken(adminToken.ID), SignerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-hand"), nil, nil), ReasonApprovedJoin},
+		// The attacks on first certificates: a token still alive for a
+		// node that is tainted, compromised since, or denied; an
+		// administrator's token for a name an attested machine holds.
+		{"token-of-a-tainted-node", asToken(staleTokens["worker-tainted"].ID), SignerKubeletClient, clientUsages,
+			csrPEM(t, nodeSubject("worker-tainted"), nil, nil), gate.ReasonTainted},
+		{"token-of-a-compromised-node", asToken(staleTokens["worker-bad"].ID), SignerKubeletClient, clientUsages,
+			csrPEM(t, nodeSubject("worker-bad"), nil, nil), ReasonEvidenceRejected},
+		{"token-of-a-denied-node", asToken(staleTokens["worker-denied"].ID), SignerKubeletClient, clientUsages,
+			csrPEM(t, nodeSubject("worker-denied"), nil, nil), gate.ReasonDenied},
+		{"admin-token-for-an-attested-name", asToken(adminToken.ID), SignerKubeletClient, clientUsages,
+			csrPEM(t, nodeSubject("worker-good"), nil, nil), reasonNotItsOwn},
 		{"expired-token", asToken(expiredToken.ID), SignerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-late"), nil, nil), reasonTokenInvalid},
 		{"unknown-token", asToken("nonexi"), SignerKubeletClient, clientUsages,

@@ -31,6 +31,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
@@ -131,17 +132,18 @@ func BenchmarkReattest(b *testing.B) {
 	}
 	nodeBytes := createNodes(b, admin, n, r.Identity)
 
-	nodes, bindings := startCaches(b, client)
-	verifier := NewVerifier(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+	c := startCaches(b, client)
+	nodes := c.nodes
+	verifier := NewVerifier(pol, c.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
 	timed := &timedChecker{checker: verifier}
 	var offset atomic.Int64 // the loop's clock runs ahead by this much
 	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
-	loop, err := NewLoop(LoopConfig{Client: client, Nodes: nodes, Verifier: timed, Events: NewEventRecorder(ctx, client),
-		Log: log, Registerer: reg, Now: now})
+	loop, err := NewLoop(LoopConfig{Client: client, Nodes: nodes, Records: nodeattestation.NewStore(client, namespace), RecordCache: c.records,
+		Verifier: timed, Events: NewEventRecorder(ctx, client), Log: log, Registerer: reg, Now: now})
 	if err != nil {
 		b.Fatal(err)
 	}
-	writes := func() int { return int(testutil.ToFloat64(loop.metrics.writes)) }
+	writes := func() int { return int(testutil.ToFloat64(loop.metrics.recordWrites)) }
 	serverCPU := func() time.Duration { return processCPU() + testenv.ProcessesCPU(b, env.PIDs()) }
 	// split is the server side's CPU time by process, for the log.
 	split := func() map[string]time.Duration {

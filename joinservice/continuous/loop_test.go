@@ -37,6 +37,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -239,12 +240,10 @@ func TestLoop(t *testing.T) {
 		}
 	}
 	// The caches production reads the Nodes and the bindings from.
-	nodes, bindingCache := startCaches(t, client)
-	verifier := NewVerifier(pol, bindingCache, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
-	loop, err := NewLoop(LoopConfig{Client: client, Nodes: nodes, Verifier: verifier, Events: NewEventRecorder(ctx, client), Log: log, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := startCaches(t, client)
+	nodes := c.nodes
+	verifier := NewVerifier(pol, c.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+	loop := newLoop(t, client, c, verifier, log, reg, 0)
 	round := func(want map[string]string) {
 		t.Helper()
 		waitCached(t, client, nodes)
@@ -336,22 +335,41 @@ func TestLoop(t *testing.T) {
 	}
 }
 
-// startCaches starts the caches of the Nodes and of the bindings in
-// namespace, and waits for their sync.
-func startCaches(t testing.TB, client kubernetes.Interface) (*NodeCache, *nodebinding.Cache) {
+// caches are the informers' caches production reads.
+type caches struct {
+	nodes    *NodeCache
+	bindings *nodebinding.Cache
+	records  *nodeattestation.Cache
+}
+
+// startCaches starts the caches of the Nodes, and of the bindings and the
+// attestation records in namespace, and waits for their sync.
+func startCaches(t testing.TB, client kubernetes.Interface) caches {
 	t.Helper()
-	nodes, bindings := NewNodeCache(client), nodebinding.NewCache(client, namespace)
-	nodes.Start(t.Context())
-	bindings.Start(t.Context())
+	c := caches{NewNodeCache(client), nodebinding.NewCache(client, namespace), nodeattestation.NewCache(client, namespace)}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	if err := nodes.WaitForCacheSync(ctx); err != nil {
+	for _, s := range []interface {
+		Start(context.Context)
+		WaitForCacheSync(context.Context) error
+	}{c.nodes, c.bindings, c.records} {
+		s.Start(t.Context())
+		if err := s.WaitForCacheSync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// newLoop returns a loop over the caches c, writing records in namespace.
+func newLoop(t testing.TB, client kubernetes.Interface, c caches, v checker, log *slog.Logger, reg prometheus.Registerer, fetchTimeout time.Duration) *Loop {
+	t.Helper()
+	loop, err := NewLoop(LoopConfig{Client: client, Nodes: c.nodes, Records: nodeattestation.NewStore(client, namespace), RecordCache: c.records,
+		Verifier: v, Events: NewEventRecorder(t.Context(), client), FetchTimeout: fetchTimeout, Log: log, Registerer: reg})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := bindings.WaitForCacheSync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return nodes, bindings
+	return loop
 }
 
 // waitCached waits until the cache holds every Node as the API server

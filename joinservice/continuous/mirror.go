@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
@@ -151,13 +152,19 @@ func (l *Loop) setTaint(ctx context.Context, name string, taint bool) error {
 		if hasTaint(node) == taint {
 			return nil
 		}
-		node = node.DeepCopy()
-		node.Spec.Taints = slices.DeleteFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintKey })
+		taints := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(t corev1.Taint) bool { return t.Key == TaintKey })
 		if taint {
-			node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: TaintKey, Effect: corev1.TaintEffectNoExecute,
-				TimeAdded: ptr.To(metav1.NewTime(l.cfg.Now()))})
+			taints = append(taints, corev1.Taint{Key: TaintKey, Effect: corev1.TaintEffectNoExecute, TimeAdded: ptr.To(metav1.NewTime(l.cfg.Now()))})
 		}
-		_, err = l.cfg.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
+		// Conditional on the Node just read: a conflict reads it again.
+		patch, err := json.Marshal(map[string]any{
+			"metadata": map[string]any{"resourceVersion": node.ResourceVersion},
+			"spec":     map[string]any{"taints": taints},
+		})
+		if err != nil {
+			return err
+		}
+		_, err = l.cfg.Client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	})
 	if err != nil {
