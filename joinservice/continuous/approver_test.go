@@ -353,8 +353,8 @@ func TestApprover(t *testing.T) {
 			t.Errorf("%s: no audit line", r.name)
 		}
 	}
-	if got := testutil.ToFloat64(approver.decisions.WithLabelValues(SignerKubeletClient, ReasonEvidenceRejected)); got != 1 {
-		t.Errorf("%v client renewals counted as EvidenceRejected, want 1", got)
+	if got := testutil.ToFloat64(approver.decisions.WithLabelValues(SignerKubeletClient, ReasonEvidenceRejected)); got != 2 {
+		t.Errorf("%v client renewals counted as EvidenceRejected, want 2 (a renewal and a first certificate)", got)
 	}
 	// A denial is a Warning Event on the Node.
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
