@@ -390,4 +390,3 @@ func (c *countingChecker) Check(ctx context.Context, node *corev1.Node) (Outcome
 	}
 	return c.Verifier.Check(ctx, node)
 }
-
