@@ -377,6 +377,7 @@ func (p InitParams) Render() ([]byte, error) {
 		ControllerManager: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs(
 			kubeadmv1beta4.Arg{Name: "terminated-pod-gc-threshold", Value: "1000"},
 			kubeadmv1beta4.Arg{Name: "cluster-signing-duration", Value: p.kubeletCertLifetime().String()},
+			kubeadmv1beta4.Arg{Name: "controllers", Value: ControllerManagerControllers},
 		)},
 		Scheduler: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs()},
 	}
@@ -386,6 +387,17 @@ func (p InitParams) Render() ([]byte, error) {
 	}
 	return marshalDocs(docs...)
 }
+
+// ControllerManagerControllers is the controller manager's --controllers
+// in clusters Gatehouse initialises: kubeadm's own value (every default
+// controller, and the bootstrap-token signer and cleaner) without
+// csrapproving, which would approve kubelet client certificates through
+// kubeadm's node-autoapprove ClusterRoleBindings, unattested. Only the
+// join service's approver approves them (docs/continuous-attestation.md,
+// "Certificates"). kubeadm keeps the ClusterConfiguration's extra
+// arguments in its kubeadm-config ConfigMap, so `kubeadm upgrade` renders
+// the controller manager with it again.
+const ControllerManagerControllers = "*,bootstrapsigner,tokencleaner,-csrapproving"
 
 // hardenedArgs are the flags every control-plane component gets, plus extra.
 func hardenedArgs(extra ...kubeadmv1beta4.Arg) []kubeadmv1beta4.Arg {
