@@ -19,11 +19,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 )
 
@@ -45,7 +47,7 @@ type verifyReport struct {
 }
 
 func newVerifyCmd() *cobra.Command {
-	var config, node, stateFile, output, kubeconfig string
+	var config, node, stateFile, output, kubeconfig, namespace string
 	var all bool
 	cmd := &cobra.Command{
 		Use:   "verify",
@@ -64,7 +66,7 @@ func newVerifyCmd() *cobra.Command {
 				if node != "" {
 					return errors.New("--all and --node exclude each other: --all shows every Node's state from the cluster")
 				}
-				return printAllNodes(cmd.Context(), cmd.OutOrStdout(), kubeconfig, output)
+				return printAllNodes(cmd.Context(), cmd.OutOrStdout(), kubeconfig, namespace, output)
 			}
 			if node == "" {
 				return errors.New("--node is required (the node's evidence address, host:port), or --all for every Node's state")
@@ -112,29 +114,39 @@ func newVerifyCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&config, "config", clusterconfig.DefaultPath, "cluster configuration file")
 	f.StringVar(&node, "node", "", "the node's evidence address, host:port")
-	f.BoolVar(&all, "all", false, "print every Node's continuous attestation state (its gatehouse.dev/Attested condition)")
+	f.BoolVar(&all, "all", false, "print every Node's continuous attestation state, from the records only Gatehouse writes")
+	f.StringVar(&namespace, "namespace", charts.Namespace, "namespace of the join service (where the attestation records live; with --all)")
 	f.StringVar(&kubeconfig, "kubeconfig", clusterconfig.DefaultKubeconfig, "admin kubeconfig (with --all)")
 	f.StringVar(&stateFile, "state-file", clusterconfig.DefaultStateFile, "cluster state file (holds the cluster ID)")
 	f.StringVarP(&output, "output", "o", "text", "output format: text or json")
 	return cmd
 }
 
-// nodeAttestation is one row of verify --all: a Node's
-// gatehouse.dev/Attested condition.
+// nodeAttestation is one row of verify --all: a Node's authoritative
+// attestation record (internal/nodeattestation).
 type nodeAttestation struct {
 	Node     string    `json:"node"`
-	Attested string    `json:"attested"` // True, False or Unknown (no condition yet)
+	Attested string    `json:"attested"` // True, False or Unknown (no record yet)
 	Reason   string    `json:"reason,omitempty"`
 	Message  string    `json:"message,omitempty"`
 	Since    time.Time `json:"since,omitzero"`
-	// Heartbeat is when the condition was last written (on a change, or
-	// every 10 minutes while unchanged).
-	Heartbeat time.Time `json:"heartbeat,omitzero"`
+	// Checked is the last verification that wrote the record (on a
+	// change, or every heartbeat while unchanged).
+	Checked time.Time `json:"checked,omitzero"`
+	// Tainted says continuous attestation taints the node; AwaitingRestore
+	// that an administrator must restore it (gatehouse node restore).
+	Tainted         bool `json:"tainted,omitempty"`
+	AwaitingRestore bool `json:"awaitingRestore,omitempty"`
+	// NodeSays is the Node's own gatehouse.dev/Attested condition when it
+	// differs from the record: someone (the node itself?) changed the
+	// mirror; the loop writes it back.
+	NodeSays string `json:"nodeSays,omitempty"`
 }
 
-// printAllNodes prints every Node's continuous attestation state, as the
-// join service's loop records it (docs/continuous-attestation.md).
-func printAllNodes(ctx context.Context, out io.Writer, kubeconfig, output string) error {
+// printAllNodes prints every Node's continuous attestation state from the
+// records the join service's loop keeps in namespace, which nodes cannot
+// write (docs/continuous-attestation.md, "The verdict").
+func printAllNodes(ctx context.Context, out io.Writer, kubeconfig, namespace, output string) error {
 	restCfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return fmt.Errorf("reading the kubeconfig: %w", err)
@@ -147,13 +159,28 @@ func printAllNodes(ctx context.Context, out io.Writer, kubeconfig, output string
 	if err != nil {
 		return fmt.Errorf("listing Nodes: %w", err)
 	}
+	records, err := nodeattestation.NewStore(client, namespace).List(ctx)
+	if err != nil {
+		return err
+	}
+	byNode := map[string]nodeattestation.Record{}
+	for _, r := range records {
+		byNode[r.Node] = r
+	}
 	rows := make([]nodeAttestation, 0, len(nodes.Items))
 	for _, n := range nodes.Items {
 		row := nodeAttestation{Node: n.Name, Attested: string(corev1.ConditionUnknown), Message: "not verified yet"}
+		rec, ok := byNode[n.Name]
+		if ok {
+			row = nodeAttestation{Node: n.Name, Attested: string(corev1.ConditionFalse), Reason: rec.Reason, Message: rec.Message,
+				Since: rec.Since, Checked: rec.CheckedAt, Tainted: rec.Tainted, AwaitingRestore: rec.AwaitingRestore}
+			if rec.Attested {
+				row.Attested = string(corev1.ConditionTrue)
+			}
+		}
 		for _, c := range n.Status.Conditions {
-			if c.Type == continuous.ConditionType {
-				row = nodeAttestation{Node: n.Name, Attested: string(c.Status), Reason: c.Reason, Message: c.Message,
-					Since: c.LastTransitionTime.Time, Heartbeat: c.LastHeartbeatTime.Time}
+			if c.Type == continuous.ConditionType && (!ok || string(c.Status) != row.Attested || c.Reason != row.Reason) {
+				row.NodeSays = string(c.Status) + "/" + c.Reason
 			}
 		}
 		rows = append(rows, row)
@@ -164,13 +191,24 @@ func printAllNodes(ctx context.Context, out io.Writer, kubeconfig, output string
 		return enc.Encode(rows)
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NODE\tATTESTED\tREASON\tSINCE\tMESSAGE")
+	fmt.Fprintln(w, "NODE\tATTESTED\tREASON\tSINCE\tTAINTED\tMESSAGE")
 	for _, r := range rows {
 		since := "-"
 		if !r.Since.IsZero() {
 			since = time.Since(r.Since).Round(time.Second).String()
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Node, r.Attested, r.Reason, since, r.Message)
+		tainted := "no"
+		switch {
+		case r.AwaitingRestore:
+			tainted = "yes, awaiting restore"
+		case r.Tainted:
+			tainted = "yes"
+		}
+		message := r.Message
+		if r.NodeSays != "" {
+			message += " (the Node's own condition says " + r.NodeSays + ": not from Gatehouse)"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, r.Attested, r.Reason, since, tainted, message)
 	}
 	return w.Flush()
 }
