@@ -1,8 +1,10 @@
 // Package nodebinding binds node names to the attestation identity of the
 // machine that first took them, persisted as ConfigMaps in the join
 // service's namespace (docs/joinservice.md, "Node names"). The join service
-// binds joiners, the first control plane binds itself at init, and
-// continuous attestation checks running nodes against the bindings.
+// binds joiners (Claim), the first control plane binds itself at init
+// (Bind), administrators adopt the names of Nodes that joined without
+// Gatehouse (Adopt), and continuous attestation checks running nodes
+// against the bindings.
 package nodebinding
 
 import (
