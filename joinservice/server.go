@@ -72,7 +72,9 @@ type controlPlaneLocker interface {
 // nameBinder binds node names to attestation identities; *nodebinding.Store in
 // production.
 type nameBinder interface {
-	Bind(ctx context.Context, node, identity string) (nodebinding.Binding, error)
+	// Claim binds a joiner's node name, refusing one an existing Node
+	// holds without a binding unless an administrator adopted it.
+	Claim(ctx context.Context, node, identity string) (nodebinding.Binding, error)
 	Identity(ctx context.Context, node string) (string, error)
 }
 
@@ -176,6 +178,7 @@ type decision struct {
 	diskUUID     string
 	tokenID      string
 	rebound      *nodebinding.Binding
+	adoption     *nodebinding.Adoption
 }
 
 // admission is what the checks every request passes first established:
@@ -189,8 +192,10 @@ type admission struct {
 // Unauthenticated without attestation; ResourceExhausted over the rate
 // limit; PermissionDenied for a denied identity or node, evidence that no
 // longer satisfies the policy, a role the evidence does not prove
-// (role_not_attested), a node name bound to another identity (name_bound)
-// or certificate names the node does not own (name_not_owned);
+// (role_not_attested), a node name bound to another identity (name_bound),
+// held by a Node that joined without Gatehouse and that no administrator
+// adopted (name_held), or certificate names the node does not own
+// (name_not_owned);
 // InvalidArgument for a malformed disk UUID or CSR or unknown fields,
 // naming what is wrong; Unavailable (retry) while the policy is not loaded,
 // another control plane joins, or the key service or API server fail;
@@ -238,14 +243,18 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 	if err := s.pass(ctx, gate.Join, d, kubelet.NodeName); err != nil {
 		return nil, err
 	}
-	binding, err := s.cfg.Bindings.Bind(ctx, kubelet.NodeName, d.peer.Identity)
+	binding, err := s.cfg.Bindings.Claim(ctx, kubelet.NodeName, d.peer.Identity)
 	switch {
 	case errors.Is(err, nodebinding.ErrNameBound):
 		return nil, refuse(codes.PermissionDenied, "name_bound", "%w", err)
+	case errors.Is(err, nodebinding.ErrNameHeld):
+		return nil, refuse(codes.PermissionDenied, "name_held", "%w", err)
 	case err != nil:
 		return nil, refuse(codes.Unavailable, "api_error", "%w", err)
 	case binding.Rebound:
 		d.rebound = &binding
+	case binding.Adoption != nil:
+		d.adoption = binding.Adoption
 	}
 	join := adm.join
 	resp := &joinservicev1.IssueJoinTicketResponse{
@@ -556,6 +565,9 @@ func (s *Server) finish(ctx context.Context, d *decision, start time.Time, err e
 	}
 	if d.rebound != nil {
 		attrs = append(attrs, slog.String("previousIdentity", d.rebound.PreviousIdentity), slog.Bool("rebound", true))
+	}
+	if a := d.adoption; a != nil {
+		attrs = append(attrs, slog.Group("adoption", slog.String("by", a.By), slog.Time("at", a.At), slog.String("identity", a.Identity)))
 	}
 	if d.tokenID != "" {
 		attrs = append(attrs, slog.String("tokenID", d.tokenID))
