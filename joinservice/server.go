@@ -412,10 +412,11 @@ func (s *Server) reappraise(ctx context.Context, join *joinconfig.JoinConfig, d 
 	return nil
 }
 
-// checkDenied consults deny with the caller's identity and, once known, its
+// checkDenied consults deny with every identity the caller's evidence
+// proves (attestation.Result.Identities) and, once known, its
 // node name.
 func checkDenied(deny *joinconfig.DenyList, d *decision) error {
-	if entry, denied := deny.Denies(d.peer.Identity, d.node); denied {
+	if entry, denied := deny.DeniesAny(d.peer.Identities(), d.node); denied {
 		return refuse(codes.PermissionDenied, "denied", "denied by the cluster's deny list (entry %q)", entry)
 	}
 	return nil
