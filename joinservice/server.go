@@ -520,7 +520,8 @@ func (s *Server) finish(ctx context.Context, d *decision, start time.Time, err e
 }
 
 // evidenceSummary describes verified evidence for the audit log: variant,
-// identity, how its key is endorsed, a digest of the measurements and the
+// identity, every identity it proves (deny-list entries), how its key is
+// endorsed, a digest of the measurements and the
 // warn-only mismatches.
 func evidenceSummary(r *attestation.Result) slog.Attr {
 	if r == nil {
@@ -529,6 +530,7 @@ func evidenceSummary(r *attestation.Result) slog.Attr {
 	return slog.Group("evidence",
 		slog.String("variant", string(r.Variant)),
 		slog.String("identity", r.Identity),
+		slog.Any("identities", r.Identities()),
 		slog.String("endorsement", r.Endorsement),
 		slog.String("measurements", measurementsDigest(r.Measurements)),
 		slog.Any("warnings", r.Warnings),
