@@ -93,7 +93,7 @@ func (h *harness) deniedEverywhere(t *testing.T, machine attestation.Attester, n
 	h.refused(t, err, codes.PermissionDenied, "IssueRejoinTicket", "denied")
 	h.assertNothingIssued(t, before)
 
-	if entry == joinconfig.PrefixNode+node {
+	if entry == "node:"+node {
 		return
 	}
 	if !h.auditListsIdentity(t, entry) {

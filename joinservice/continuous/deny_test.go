@@ -80,7 +80,8 @@ type deniedMachine struct {
 // (the attestation key, the EK certificate, the Compute Engine instance,
 // the SEV-SNP chip, also when the host masks CHIP_ID, the TDX platform)
 // and for the node name, a running node whose evidence verifies is
-// Verified until the deny list names that identity; then the
+// Verified, and its kubelet client renewal approved and signed, until the
+// deny list names that identity; then the
 // re-verification gives Denied naming the entry, and a renewal of its
 // kubelet client certificate through the approver is denied with reason
 // Denied and nothing is signed. Before issue 32 only the attestation key
@@ -115,7 +116,7 @@ func TestDenyListEveryIdentity(t *testing.T) {
 		t.Run(m.kind, func(t *testing.T) {
 			node := fmt.Sprintf("worker-denied-%d", i)
 			if m.kind == "node name" {
-				m.entry = joinconfig.PrefixNode + node
+				m.entry = "node:" + node
 			}
 			serveEvidence(t, m.attester, m.ip, port)
 			identity, err := m.vtpm.Identity()
@@ -152,6 +153,9 @@ func TestDenyListEveryIdentity(t *testing.T) {
 			if o, err := verifier.Check(ctx, n); err != nil || o.Reason != ReasonVerified {
 				t.Fatalf("before the deny list names it: %+v, %v; want %s", o, err, ReasonVerified)
 			}
+			if csr := denyRenew(t, env.Config, client, verifier, log, node, "before"); len(csr.Status.Certificate) == 0 {
+				t.Fatalf("before the deny list names it, the renewal was not signed: %+v", csr.Status.Conditions)
+			}
 
 			applyDeny("# " + m.kind + "\n" + m.entry + "\n")
 			o, err := verifier.Check(ctx, n)
@@ -162,7 +166,7 @@ func TestDenyListEveryIdentity(t *testing.T) {
 				t.Fatalf("denied by %s: outcome %+v, want %s naming the entry", m.entry, o, ReasonDenied)
 			}
 
-			csr := denyRenew(t, env.Config, client, verifier, log, node)
+			csr := denyRenew(t, env.Config, client, verifier, log, node, "denied")
 			if len(csr.Status.Conditions) != 1 || csr.Status.Conditions[0].Type != certificatesv1.CertificateDenied ||
 				csr.Status.Conditions[0].Reason != ReasonDenied || !strings.Contains(csr.Status.Conditions[0].Message, m.entry) {
 				t.Fatalf("the denied machine's renewal: conditions %+v, want Denied with reason %s naming the entry", csr.Status.Conditions, ReasonDenied)
@@ -394,10 +398,10 @@ func denyCreateNode(t *testing.T, client kubernetes.Interface, name, ip string) 
 	}
 }
 
-// denyRenew has node's kubelet ask for a new client certificate, runs an
-// approver with verifier until the request is decided (and signed, if
-// approved), and returns the request.
-func denyRenew(t *testing.T, cfg *rest.Config, client kubernetes.Interface, verifier *Verifier, log *slog.Logger, node string) *certificatesv1.CertificateSigningRequest {
+// denyRenew has node's kubelet ask for a new client certificate (request
+// node-renewal-suffix), runs an approver with verifier until the request
+// is decided (and signed, if approved), and returns the request.
+func denyRenew(t *testing.T, cfg *rest.Config, client kubernetes.Interface, verifier *Verifier, log *slog.Logger, node, suffix string) *certificatesv1.CertificateSigningRequest {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -414,7 +418,7 @@ func denyRenew(t *testing.T, cfg *rest.Config, client kubernetes.Interface, veri
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := node + "-renewal"
+	name := node + "-renewal-" + suffix
 	if _, err := kubelet.CertificatesV1().CertificateSigningRequests().Create(t.Context(), &certificatesv1.CertificateSigningRequest{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: certificatesv1.CertificateSigningRequestSpec{
