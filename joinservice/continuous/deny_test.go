@@ -438,7 +438,9 @@ func denyRenew(t *testing.T, cfg *rest.Config, client kubernetes.Interface, veri
 	go func() { done <- approver.Run(ctx) }()
 	defer func() {
 		stop()
-		<-done
+		if err := <-done; err != nil && ctx.Err() == nil {
+			t.Errorf("approver: %v", err)
+		}
 	}()
 	var csr *certificatesv1.CertificateSigningRequest
 	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {

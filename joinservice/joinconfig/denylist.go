@@ -104,12 +104,7 @@ func hexDigits(n int) func(string) (string, error) {
 }
 
 func isHex(v string) bool {
-	for _, c := range v {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-			return false
-		}
-	}
-	return v != ""
+	return v != "" && strings.Trim(v, "0123456789abcdefABCDEF") == ""
 }
 
 // ekValue accepts "<64 hex digits>:<hex serial>", the serial without
