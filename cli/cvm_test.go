@@ -135,12 +135,19 @@ func TestInitAndVerifyConfidentialVM(t *testing.T) {
 			}
 			out := run(t, "verify", "--config", config, "--node", n.evidence, "--output", "json")
 			var report struct {
-				Variant     string `json:"variant"`
-				Endorsement string `json:"endorsement"`
+				Variant     string   `json:"variant"`
+				Endorsement string   `json:"endorsement"`
+				Identity    string   `json:"identity"`
+				Identities  []string `json:"identities"`
 			}
 			if err := json.Unmarshal([]byte(out), &report); err != nil || report.Variant != string(p.variant) || !strings.HasPrefix(report.Endorsement, string(p.variant)+" ") ||
 				!strings.Contains(report.Endorsement, hex.EncodeToString(launch)) {
 				t.Fatalf("verify report %s (%v): want the %s hardware and its measurement named", out, err, p.variant)
+			}
+			// The vTPM's key and the host, each a deny-list entry.
+			hostPrefix := map[attestation.Variant]string{attestation.VariantSNP: "sev-snp-chip:", attestation.VariantTDX: "tdx-ppid:"}[p.variant]
+			if len(report.Identities) != 2 || report.Identities[0] != report.Identity || !strings.HasPrefix(report.Identities[1], hostPrefix) {
+				t.Fatalf("verify report's identities %q, want the AK and the %s host", report.Identities, p.variant)
 			}
 		})
 	}

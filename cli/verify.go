@@ -34,6 +34,9 @@ type verifyReport struct {
 	Node     string `json:"node"`
 	Variant  string `json:"variant"`
 	Identity string `json:"identity"`
+	// Identities are every identity the evidence proves, as deny-list
+	// entries (attestation.Result.Identities).
+	Identities []string `json:"identities"`
 	// Endorsement says how the node's attestation key is trusted
 	// (attestation.Result.Endorsement).
 	Endorsement string `json:"endorsement,omitempty"`
@@ -97,7 +100,7 @@ func newVerifyCmd() *cobra.Command {
 				return fmt.Errorf("node %s does not verify: %w", node, err)
 			}
 			report.Variant, report.Identity, report.Warnings = string(result.Variant), result.Identity, result.Warnings
-			report.Endorsement = result.Endorsement
+			report.Endorsement, report.Identities = result.Endorsement, result.Identities()
 			report.Roles = appraisal.Roles(result.Measurements)
 			report.Measurements = map[string]string{}
 			for i, v := range result.Measurements {
@@ -219,6 +222,10 @@ func printVerifyReport(out io.Writer, r verifyReport, result *attestation.Result
 		fmt.Fprintf(out, "Its attestation key is trusted by: %s.\n", r.Endorsement)
 	}
 	fmt.Fprintf(out, "Its evidence proves the roles: %v.\n", r.Roles)
+	fmt.Fprintln(out, "Its identities (deny-list entries; docs/joinservice.md, \"Deny list\"), besides node:<Node name>:")
+	for _, id := range r.Identities {
+		fmt.Fprintln(out, "  "+id)
+	}
 	if r.ClusterID != "" {
 		fmt.Fprintf(out, "PCR %d holds cluster ID %s.\n", keys.NodeLockPCR, r.ClusterID)
 	} else {

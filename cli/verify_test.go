@@ -23,8 +23,9 @@ func TestVerify(t *testing.T) {
 	config := writeConfig(t, dir, n, false)
 
 	out := run(t, "verify", "--config", config, "--node", n.evidence)
-	if !strings.Contains(out, "is verified") || !strings.Contains(out, "PCR 15 is zero") {
-		t.Fatalf("verify before init:\n%s", out)
+	if !strings.Contains(out, "is verified") || !strings.Contains(out, "PCR 15 is zero") || !strings.Contains(out, "deny-list entries") ||
+		!strings.Contains(out, "\n  tpm-ak:sha256:") {
+		t.Fatalf("verify before init (want its identity as a deny-list entry):\n%s", out)
 	}
 
 	if err := os.WriteFile("secret", []byte(n.secret), 0o600); err != nil {
@@ -42,6 +43,7 @@ func TestVerify(t *testing.T) {
 	}
 	id := state.ClusterID
 	if report.ClusterID != id || report.Measurements["15"] == "" || !strings.HasPrefix(report.Identity, "tpm-ak:sha256:") ||
+		!slices.Equal(report.Identities, []string{report.Identity}) ||
 		!slices.Equal(report.Roles, []policy.Role{policy.RoleControlPlane}) {
 		t.Fatalf("report %+v", report)
 	}

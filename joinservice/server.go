@@ -481,10 +481,11 @@ func (s *Server) reappraise(ctx context.Context, join *joinconfig.JoinConfig, d 
 	return nil
 }
 
-// checkDenied consults deny with the caller's identity and, once known, its
+// checkDenied consults deny with every identity the caller's evidence
+// proves (attestation.Result.Identities) and, once known, its
 // node name.
 func checkDenied(deny *joinconfig.DenyList, d *decision) error {
-	if entry, denied := deny.Denies(d.peer.Identity, d.node); denied {
+	if entry, denied := deny.DeniesAny(d.peer.Identities(), d.node); denied {
 		return refuse(codes.PermissionDenied, "denied", "denied by the cluster's deny list (entry %q)", entry)
 	}
 	return nil
@@ -591,7 +592,8 @@ func (s *Server) finish(ctx context.Context, d *decision, start time.Time, err e
 }
 
 // evidenceSummary describes verified evidence for the audit log: variant,
-// identity, how its key is endorsed, a digest of the measurements and the
+// identity, every identity it proves (deny-list entries), how its key is
+// endorsed, a digest of the measurements and the
 // warn-only mismatches.
 func evidenceSummary(r *attestation.Result) slog.Attr {
 	if r == nil {
@@ -600,6 +602,7 @@ func evidenceSummary(r *attestation.Result) slog.Attr {
 	return slog.Group("evidence",
 		slog.String("variant", string(r.Variant)),
 		slog.String("identity", r.Identity),
+		slog.Any("identities", r.Identities()),
 		slog.String("endorsement", r.Endorsement),
 		slog.String("measurements", measurementsDigest(r.Measurements)),
 		slog.Any("warnings", r.Warnings),

@@ -100,9 +100,20 @@ type Result struct {
 	// variant the (v)TPM's AK, "tpm-ak:sha256:<hex of the AK's
 	// SubjectPublicKeyInfo digest>". A hardware report's own result
 	// (Hardware) names the host instead: "sev-snp-chip:<hex CHIP_ID>",
-	// "tdx-ppid:<hex PPID of the PCK certificate>". It is what deny lists
-	// match.
+	// "tdx-ppid:<hex PPID of the PCK certificate>", or "" when the report
+	// names no host (see package snp). Node bindings and audit logs use
+	// it; deny lists match every identity of Identities.
 	Identity string
+	// EKCertificate names the TPM endorsement key certificate that
+	// endorsed the AK: set only when the verifier trusts keys through EK
+	// certificates (a policy's ekRoots) and this one chained to them; nil
+	// otherwise (an EK certificate sent to another policy is activated
+	// against but not trusted, so it proves no identity).
+	EKCertificate *CertificateName
+	// GCEInstance is the Compute Engine instance named by the AK
+	// certificate that Google's vTPM CA issued (a policy's gce); nil
+	// otherwise.
+	GCEInstance *GCEInstance
 	// Measurements are the verified measurements by index (see package
 	// measurements for what an index means per variant).
 	Measurements map[uint32][]byte
@@ -264,17 +275,4 @@ func Binding512(nonce, userData []byte) []byte {
 	h.Write(nonce)
 	h.Write(userData)
 	return h.Sum(nil)
-}
-
-// Identities returns every identity r proves: its Identity and, for the
-// confidential VM variants, the hardware's.
-func (r *Result) Identities() []string {
-	if r == nil {
-		return nil
-	}
-	ids := []string{r.Identity}
-	if r.Hardware != nil && r.Hardware.Identity != "" {
-		ids = append(ids, r.Hardware.Identity)
-	}
-	return ids
 }

@@ -59,9 +59,13 @@ const (
 // PCR still zero.
 var errNotLocked = errors.New("the evidence verifies with the node-lock PCR zero: the node rebooted and has not rejoined yet")
 
-// notLockedError is errNotLocked with the identity the evidence came from:
-// a rebooting machine must still be the one bound to the name.
-type notLockedError struct{ identity string }
+// notLockedError is errNotLocked with the identities the evidence proves:
+// a rebooting machine must still be the one bound to the name, and not
+// denied.
+type notLockedError struct {
+	identity   string
+	identities []string
+}
 
 func (e *notLockedError) Error() string { return errNotLocked.Error() }
 func (e *notLockedError) Unwrap() error { return errNotLocked }
@@ -81,7 +85,7 @@ func (v runningOrRebooting) Verify(ctx context.Context, evidence, nonce []byte) 
 		return r, err
 	}
 	if joined, jerr := v.joining.Verify(ctx, evidence, nonce); jerr == nil {
-		return nil, fmt.Errorf("%w: %w", attestation.ErrPolicy, &notLockedError{identity: joined.Identity})
+		return nil, fmt.Errorf("%w: %w", attestation.ErrPolicy, &notLockedError{identity: joined.Identity, identities: joined.Identities()})
 	}
 	return nil, err
 }
@@ -98,9 +102,9 @@ type Outcome struct {
 	Message string
 	// Identity is the attestation identity the evidence came from, when it verified.
 	Identity string
-	// Identities are every identity the verified evidence proves
-	// (attestation.Result.Identities): the deny list and the credential
-	// gate match them all.
+	// Identities are every identity the evidence proves
+	// (attestation.Result.Identities), Identity first, when it verified:
+	// the deny list and the credential gate match them all.
 	Identities []string
 	// Address is where the verified evidence was fetched: an address the
 	// machine answers at (attested TLS), when it verified.
@@ -173,7 +177,7 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 	case err == nil:
 	case errors.As(err, &notLocked):
 		// The grace a reboot gets is only for the machine that joined.
-		out.Identity = notLocked.identity
+		out.Identity, out.Identities = notLocked.identity, notLocked.identities
 		if o, bad := v.checkMachine(ctx, out, node.Name, deny); bad {
 			return o, nil
 		}
@@ -207,7 +211,8 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 }
 
 // checkMachine checks that out.Identity is the machine bound to node's
-// name and is not denied; bad reports a failed outcome.
+// name and that none of out.Identities nor the name is denied; bad
+// reports a failed outcome.
 func (v *Verifier) checkMachine(ctx context.Context, out Outcome, node string, deny *joinconfig.DenyList) (Outcome, bool) {
 	bound, err := v.bindings.Identity(ctx, node)
 	switch {
@@ -218,7 +223,7 @@ func (v *Verifier) checkMachine(ctx context.Context, out Outcome, node string, d
 		out.Reason, out.Message = ReasonIdentityChanged, fmt.Sprintf("the node name is bound to %s; its evidence comes from %s", bound, out.Identity)
 		return out, true
 	}
-	if entry, denied := deny.Denies(out.Identity, node); denied {
+	if entry, denied := deny.DeniesAny(out.Identities, node); denied {
 		out.Reason, out.Message = ReasonDenied, fmt.Sprintf("denied by the cluster's deny list (entry %q)", entry)
 		return out, true
 	}

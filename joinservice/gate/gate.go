@@ -214,10 +214,5 @@ func Denied(deny *joinconfig.DenyList, identities []string, node string) (string
 	if deny == nil {
 		return "", false
 	}
-	for _, id := range identities {
-		if entry, denied := deny.Denies(id, ""); denied {
-			return entry, true
-		}
-	}
-	return deny.Denies("", node)
+	return deny.DeniesAny(identities, node)
 }

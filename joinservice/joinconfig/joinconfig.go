@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -122,12 +121,6 @@ func parseContinuousAttestation(data string) (ContinuousAttestation, error) {
 	}
 	return c, errors.Join(errs...)
 }
-
-// KeyDenyList is the key of the deny list ConfigMap: one entry per line,
-// '#' starts a comment. An entry is an attestation identity
-// (attestation.Result.Identity: "tpm-ak:sha256:<hex>",
-// "sev-snp-chip:<hex>", "tdx-ppid:<hex>") or "node:<node name>".
-const KeyDenyList = "denied"
 
 // maxComponents bounds the component list of a join config.
 const maxComponents = 64
@@ -317,52 +310,3 @@ func (c *JoinConfig) RunningAppraisal(lockPCR []byte) (*policy.Appraisal, error)
 	}
 	return c.policy.Appraisal(c.now, lockPCR)
 }
-
-// DenyList is a parsed deny list: attestation identities and node names
-// refused on every request.
-type DenyList struct {
-	identities map[string]bool
-	nodes      map[string]bool
-}
-
-// denyPrefixes are the entry forms of a deny list.
-var denyPrefixes = []string{"tpm-ak:sha256:", "sev-snp-chip:", "tdx-ppid:", "node:"}
-
-// ParseDenyList parses the deny list format (see KeyDenyList). An entry of
-// an unknown form is an error naming its line.
-func ParseDenyList(text string) (DenyList, error) {
-	d := DenyList{identities: map[string]bool{}, nodes: map[string]bool{}}
-	for i, line := range strings.Split(text, "\n") {
-		if j := strings.IndexByte(line, '#'); j >= 0 {
-			line = line[:j]
-		}
-		line = strings.TrimSpace(line)
-		if line == "" {
-			continue
-		}
-		if !slices.ContainsFunc(denyPrefixes, func(p string) bool { return strings.HasPrefix(line, p) && len(line) > len(p) }) {
-			return DenyList{}, fmt.Errorf("deny list line %d: %q is not one of %s followed by a value", i+1, line, strings.Join(denyPrefixes, ", "))
-		}
-		if node, ok := strings.CutPrefix(line, "node:"); ok {
-			d.nodes[node] = true
-		} else {
-			d.identities[line] = true
-		}
-	}
-	return d, nil
-}
-
-// Denies returns the entry that refuses identity or nodeName ("" for a
-// request without a node name), if any.
-func (d DenyList) Denies(identity, nodeName string) (string, bool) {
-	if d.identities[identity] {
-		return identity, true
-	}
-	if nodeName != "" && d.nodes[nodeName] {
-		return "node:" + nodeName, true
-	}
-	return "", false
-}
-
-// Len returns the number of entries.
-func (d DenyList) Len() int { return len(d.identities) + len(d.nodes) }

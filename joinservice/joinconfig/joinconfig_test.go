@@ -150,35 +150,6 @@ func TestAKRoots(t *testing.T) {
 	}
 }
 
-func TestDenyList(t *testing.T) {
-	d, err := ParseDenyList("# revoked after the incident\ntpm-ak:sha256:abcd  # node 7\n\nnode:worker-9\n sev-snp-chip:0102\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Len() != 3 {
-		t.Errorf("Len = %d, want 3", d.Len())
-	}
-	for _, tt := range []struct {
-		identity, node, want string
-	}{
-		{"tpm-ak:sha256:abcd", "worker-1", "tpm-ak:sha256:abcd"},
-		{"tpm-ak:sha256:ffff", "worker-9", "node:worker-9"},
-		{"sev-snp-chip:0102", "", "sev-snp-chip:0102"},
-		{"tpm-ak:sha256:ffff", "worker-1", ""},
-		{"tpm-ak:sha256:ffff", "", ""},
-	} {
-		entry, denied := d.Denies(tt.identity, tt.node)
-		if entry != tt.want || denied != (tt.want != "") {
-			t.Errorf("Denies(%q, %q) = %q, %t; want %q", tt.identity, tt.node, entry, denied, tt.want)
-		}
-	}
-	for _, bad := range []string{"worker-9", "node:", "tpm-ak:sha1:abcd", "tdx-ppid:"} {
-		if _, err := ParseDenyList(bad); err == nil || !strings.Contains(err.Error(), "line 1") {
-			t.Errorf("ParseDenyList(%q) = %v, want an error naming line 1", bad, err)
-		}
-	}
-}
-
 // FuzzParseJoinConfig checks that no ConfigMap content crashes the parser
 // and that an accepted config always enforces the node-lock PCR.
 func FuzzParseJoinConfig(f *testing.F) {
@@ -191,17 +162,6 @@ func FuzzParseJoinConfig(f *testing.F) {
 		cfg, err := ParseJoinConfig(d, attestation.VariantTPM, time.Now)
 		if err == nil && (!strings.Contains(cfg.Summary, "15") || len(cfg.MeasurementSalt) != keys.MeasurementSaltSize) {
 			t.Fatalf("accepted config %+v", cfg)
-		}
-	})
-}
-
-// FuzzParseDenyList checks the deny list parser on arbitrary text.
-func FuzzParseDenyList(f *testing.F) {
-	f.Add("tpm-ak:sha256:abcd\nnode:worker-1 # x\n")
-	f.Fuzz(func(t *testing.T, text string) {
-		d, err := ParseDenyList(text)
-		if err == nil && d.Len() > strings.Count(text, "\n")+1 {
-			t.Fatalf("%d entries from %d lines", d.Len(), strings.Count(text, "\n")+1)
 		}
 	})
 }

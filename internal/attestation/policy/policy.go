@@ -80,6 +80,13 @@ type GCEPolicy struct {
 	Projects []string `json:"projects"`
 	// Zones, when set, are the allowed zones, e.g. us-central1-a.
 	Zones []string `json:"zones,omitempty"`
+	// Roots, when set, is a PEM bundle of CAs that replace Google's
+	// embedded vTPM CAs (tpm.GCERoots): for a CA Google introduces before
+	// this release embeds it, or a test CA. Optional.
+	Roots string `json:"roots,omitempty"`
+	// Intermediates is a PEM bundle of issuing CAs the AK certificates
+	// chain through to Roots; only with Roots.
+	Intermediates string `json:"intermediates,omitempty"`
 }
 
 // Decode decodes a Policy from YAML (or JSON) strictly: unknown fields
@@ -200,7 +207,19 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 				"otherwise every Compute Engine VM of every Google customer would be trusted")
 		}
 		e.GCE = &tpm.GCEEndorsement{Projects: p.GCE.Projects, Zones: p.GCE.Zones}
-		return e, nil
+		if strings.TrimSpace(p.GCE.Intermediates) != "" && strings.TrimSpace(p.GCE.Roots) == "" {
+			return e, errors.New("gce.intermediates is set without gce.roots")
+		}
+		if strings.TrimSpace(p.GCE.Roots) != "" {
+			if e.GCE.Roots, err = certPool("gce.roots", p.GCE.Roots); err != nil {
+				return e, err
+			}
+			e.GCE.Intermediates = x509.NewCertPool()
+			if strings.TrimSpace(p.GCE.Intermediates) != "" {
+				e.GCE.Intermediates, err = certPool("gce.intermediates", p.GCE.Intermediates)
+			}
+		}
+		return e, err
 	case strings.TrimSpace(p.AKRoots) != "":
 		e.Roots, err = certPool("akRoots", p.AKRoots)
 		return e, err
@@ -240,6 +259,9 @@ func (p Policy) keyTrust() string {
 	case p.EKRoots != "":
 		return "ekRoots:" + Fingerprint([]byte(p.EKRoots))
 	case p.GCE != nil:
+		if p.GCE.Roots != "" {
+			return fmt.Sprintf("gce(projects=%v zones=%v roots=%s)", p.GCE.Projects, p.GCE.Zones, Fingerprint([]byte(p.GCE.Roots)))
+		}
 		return fmt.Sprintf("gce(projects=%v zones=%v)", p.GCE.Projects, p.GCE.Zones)
 	default:
 		return "akRoots:" + Fingerprint([]byte(p.AKRoots))

@@ -60,6 +60,11 @@ func TestKeyTrust(t *testing.T) {
 		{"AK roots", func(p *policy.Policy) { p.AKRoots = ca }, "", "keys=akRoots:"},
 		{"GCE", func(p *policy.Policy) { p.GCE = &policy.GCEPolicy{Projects: []string{"p"}, Zones: []string{"z"}} }, "", "keys=gce(projects=[p] zones=[z])"},
 		{"GCE without projects", func(p *policy.Policy) { p.GCE = &policy.GCEPolicy{} }, "gce.projects is empty", ""},
+		{"GCE with its own CA", func(p *policy.Policy) {
+			p.GCE = &policy.GCEPolicy{Projects: []string{"p"}, Roots: ca, Intermediates: ca}
+		}, "", "keys=gce(projects=[p] zones=[] roots=sha256:"},
+		{"GCE roots not PEM", func(p *policy.Policy) { p.GCE = &policy.GCEPolicy{Projects: []string{"p"}, Roots: "x"} }, "gce.roots holds no PEM certificate", ""},
+		{"GCE intermediates alone", func(p *policy.Policy) { p.GCE = &policy.GCEPolicy{Projects: []string{"p"}, Intermediates: ca} }, "gce.intermediates is set without gce.roots", ""},
 		{"GCE and pinned AKs", func(p *policy.Policy) { p.GCE, p.PinnedAKs = &policy.GCEPolicy{Projects: []string{"p"}}, []string{ak} }, "set exactly one of", ""},
 		{"none", func(*policy.Policy) {}, "set exactly one of pinnedAKs", ""},
 		{"two", func(p *policy.Policy) { p.PinnedAKs, p.EKRoots = []string{ak}, ca }, "set exactly one of pinnedAKs", ""},

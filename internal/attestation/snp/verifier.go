@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -173,12 +174,40 @@ func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attesta
 	result := &attestation.Result{
 		Variant:      attestation.VariantSNP,
 		UserData:     ev.GetUserData(),
-		Identity:     "sev-snp-chip:" + hex.EncodeToString(report.GetChipId()),
+		Identity:     chipIdentity(att),
 		Measurements: got,
 		Endorsement: fmt.Sprintf("sev-snp chip=%x measurement=%x reportedTCB=%#x vmpl=%d",
 			report.GetChipId(), report.GetMeasurement(), report.GetReportedTcb(), report.GetVmpl()),
 	}
 	return result, nil
+}
+
+// chipIdentity names the chip of a verified report,
+// "sev-snp-chip:<hex CHIP_ID>": the report's CHIP_ID, which the chip's
+// firmware writes; when the host masked it (MASK_CHIP_ID: zeros, SNP ABI
+// spec §7.3), the HWID of the VCEK that signed the report, which is the
+// same chip's ID (go-sev-guest checked the VCEK's signature and chain).
+// It is "" when neither names a chip: a masked report signed with a VLEK,
+// the cloud provider's key shared by its hosts. Without this fallback a
+// host on a denied chip could mask CHIP_ID to slip past the deny list.
+func chipIdentity(att *spb.Attestation) string {
+	chip := att.GetReport().GetChipId()
+	if slices.ContainsFunc(chip, func(b byte) bool { return b != 0 }) {
+		return attestation.PrefixSNPChip + hex.EncodeToString(chip)
+	}
+	info, err := abi.ParseSignerInfo(att.GetReport().GetSignerInfo())
+	if err != nil || info.SigningKey != abi.VcekReportSigner {
+		return ""
+	}
+	vcek, err := x509.ParseCertificate(att.GetCertificateChain().GetVcekCert())
+	if err != nil {
+		return ""
+	}
+	exts, err := kds.VcekCertificateExtensions(vcek)
+	if err != nil || !slices.ContainsFunc(exts.HWID, func(b byte) bool { return b != 0 }) {
+		return ""
+	}
+	return attestation.PrefixSNPChip + hex.EncodeToString(exts.HWID)
 }
 
 // parse decodes the report and certificate table into go-sev-guest's form.

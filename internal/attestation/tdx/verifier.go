@@ -211,7 +211,7 @@ func platformIdentity(quote *pb.QuoteV4) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: PCK certificate extensions: %w", attestation.ErrMalformed, err)
 	}
-	return "tdx-ppid:" + ext.PPID, nil
+	return attestation.PrefixTDXPPID + ext.PPID, nil
 }
 
 // Evidence assembles TDXEvidence from a raw quote, as an attester does.

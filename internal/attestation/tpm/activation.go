@@ -60,44 +60,59 @@ func NewActivationChallenge(ek crypto.PublicKey, akPublic []byte) (*ActivationCh
 	return &ActivationChallenge{Credential: cred, EncryptedSecret: encSecret}, secret, nil
 }
 
-// endorsement returns how the evidence's AK is trusted (Result.Endorsement)
-// and, when the evidence carries an EK certificate, the credential
-// activation it asks for. With EK roots the certificate is required and
-// must chain to them; with another trust anchor a certificate sent along is
-// still activated against (the attester waits for the challenge), but its
-// chain is not what makes the AK trusted.
-func (v *Verifier) endorsement(ev *attestationv1.TPMEvidence) (string, attestation.KeyActivation, error) {
+// ekEndorsement is what the evidence's EK certificate says about its AK.
+type ekEndorsement struct {
+	// desc is how the AK is trusted (Result.Endorsement).
+	desc string
+	// activation is the credential activation the evidence asks for, when
+	// it carries an EK certificate.
+	activation attestation.KeyActivation
+	// name names the EK certificate when it is what the AK is trusted by
+	// (Result.EKCertificate).
+	name *attestation.CertificateName
+}
+
+// endorsement returns how the evidence's AK is trusted and, when the
+// evidence carries an EK certificate, the credential activation it asks
+// for. With EK roots the certificate is required and must chain to them,
+// and then names an identity; with another trust anchor a certificate sent
+// along is still activated against (the attester waits for the
+// challenge), but its chain is not what makes the AK trusted, and it
+// proves no identity.
+func (v *Verifier) endorsement(ev *attestationv1.TPMEvidence) (ekEndorsement, error) {
 	mode := v.mode
 	if mode == modeBound {
 		// The hardware report vouches for the AK; an EK adds nothing.
-		return mode, nil, nil
+		return ekEndorsement{desc: mode}, nil
 	}
 	der := ev.GetEndorsementKeyCertificate()
 	if len(der) == 0 {
 		if mode == "ek-certificate" {
-			return "", nil, fmt.Errorf("%w: the evidence carries no EK certificate, and the policy trusts only attestation keys "+
+			return ekEndorsement{}, fmt.Errorf("%w: the evidence carries no EK certificate, and the policy trusts only attestation keys "+
 				"activated against an EK certificate from its ekRoots (a TPM without one in NV index 0x01c00002 needs a pinned AK)", attestation.ErrUntrustedKey)
 		}
-		return mode, nil, nil
+		return ekEndorsement{desc: mode}, nil
 	}
 	ek, err := ParseEKCertificate(der)
 	if err != nil {
-		return "", nil, err
+		return ekEndorsement{}, err
 	}
 	pub, ok := ek.Certificate.PublicKey.(*rsa.PublicKey)
 	if !ok || pub.N.BitLen() != 2048 {
-		return "", nil, fmt.Errorf("%w: the EK certificate holds a %T key; only RSA 2048 EKs (the TCG default template) can be activated against",
+		return ekEndorsement{}, fmt.Errorf("%w: the EK certificate holds a %T key; only RSA 2048 EKs (the TCG default template) can be activated against",
 			attestation.ErrUntrustedKey, ek.Certificate.PublicKey)
 	}
+	act := &activation{ek: pub, akPublic: ev.GetAttestationKey()}
 	if mode != "ek-certificate" {
-		return mode, &activation{ek: pub, akPublic: ev.GetAttestationKey()}, nil
+		return ekEndorsement{desc: mode, activation: act}, nil
 	}
 	if err := ek.Verify(v.policy.Endorsement.EKRoots, v.policy.Endorsement.EKIntermediates, v.now()); err != nil {
-		return "", nil, err
+		return ekEndorsement{}, err
 	}
 	desc := fmt.Sprintf("ek-certificate manufacturer=%s model=%s issuer=%q serial=%s",
 		ek.Manufacturer, ek.Model, ek.Certificate.Issuer.String(), ek.Certificate.SerialNumber.Text(16))
-	return desc, &activation{ek: pub, akPublic: ev.GetAttestationKey()}, nil
+	name := &attestation.CertificateName{Issuer: ek.Certificate.RawIssuer, Serial: ek.Certificate.SerialNumber}
+	return ekEndorsement{desc: desc, activation: act, name: name}, nil
 }
 
 // activation is the credential activation a tpm Result asks for: a

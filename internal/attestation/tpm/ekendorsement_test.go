@@ -3,8 +3,11 @@ package tpm_test
 import (
 	"bytes"
 	"crypto"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +85,14 @@ func TestEKEndorsement(t *testing.T) {
 		if err != nil || result.Identity != want {
 			t.Fatalf("identity %q, want the AK's %q (%v)", result.Identity, want, err)
 		}
+		// The EK certificate is an identity of its own, named by issuer
+		// and serial, for deny lists.
+		issuer := sha256.Sum256(node.ekCert.RawIssuer)
+		ekID := "tpm-ek:" + hex.EncodeToString(issuer[:]) + ":" + node.ekCert.SerialNumber.Text(16)
+		if ek := result.EKCertificate; ek == nil || !bytes.Equal(ek.Issuer, node.ekCert.RawIssuer) || ek.Serial.Cmp(node.ekCert.SerialNumber) != 0 ||
+			!slices.Equal(result.Identities(), []string{want, ekID}) {
+			t.Fatalf("EK certificate %+v, identities %q; want the node's EK certificate and %q", ek, result.Identities(), ekID)
+		}
 		challenge, secret, err := result.Activation.Challenge()
 		if err != nil {
 			t.Fatal(err)
@@ -157,6 +168,10 @@ func TestEKEndorsement(t *testing.T) {
 		}
 		if result.Activation == nil || result.Endorsement != "pinned" {
 			t.Fatalf("activation %v, endorsement %q; want an activation (the attester waits for its challenge) and pinned", result.Activation, result.Endorsement)
+		}
+		// The certificate's chain was not checked: it proves no identity.
+		if result.EKCertificate != nil || len(result.Identities()) != 1 {
+			t.Fatalf("EK certificate %+v, identities %q; want only the AK", result.EKCertificate, result.Identities())
 		}
 	})
 }

@@ -64,30 +64,32 @@ func GCERoots() (roots, intermediates *x509.CertPool, err error) {
 	return roots, intermediates, nil
 }
 
-// verifyGCE checks a Compute Engine AK certificate chain (leaf first) for
-// key and the instance it names, and describes the instance. Errors wrap
-// attestation.ErrUntrustedKey (chain, no instance) or attestation.ErrPolicy
-// (an instance outside the allowed projects or zones).
-func (e *GCEEndorsement) verify(chain [][]byte, key any, v *Verifier) (string, error) {
+// verify checks a Compute Engine AK certificate chain (leaf first) for
+// key and the instance it names, and returns a description of the
+// instance and the instance. Errors wrap attestation.ErrUntrustedKey
+// (chain, no instance) or attestation.ErrPolicy (an instance outside the
+// allowed projects or zones).
+func (e *GCEEndorsement) verify(chain [][]byte, key any, v *Verifier) (string, *attestation.GCEInstance, error) {
 	leaf, err := v.verifyChain(chain, key, e.Roots, e.Intermediates)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	info, err := server.GetGCEInstanceInfo(leaf)
 	if err != nil {
-		return "", fmt.Errorf("%w: AK certificate: %w", attestation.ErrMalformed, err)
+		return "", nil, fmt.Errorf("%w: AK certificate: %w", attestation.ErrMalformed, err)
 	}
 	if info == nil {
-		return "", fmt.Errorf("%w: the AK certificate names no production Compute Engine instance", attestation.ErrUntrustedKey)
+		return "", nil, fmt.Errorf("%w: the AK certificate names no production Compute Engine instance", attestation.ErrUntrustedKey)
 	}
 	if !slices.Contains(e.Projects, info.GetProjectId()) {
-		return "", fmt.Errorf("%w: instance %s is in project %q, which the policy does not allow (gce.projects: %v)",
+		return "", nil, fmt.Errorf("%w: instance %s is in project %q, which the policy does not allow (gce.projects: %v)",
 			attestation.ErrPolicy, info.GetInstanceName(), info.GetProjectId(), e.Projects)
 	}
 	if len(e.Zones) > 0 && !slices.Contains(e.Zones, info.GetZone()) {
-		return "", fmt.Errorf("%w: instance %s is in zone %q, which the policy does not allow (gce.zones: %v)",
+		return "", nil, fmt.Errorf("%w: instance %s is in zone %q, which the policy does not allow (gce.zones: %v)",
 			attestation.ErrPolicy, info.GetInstanceName(), info.GetZone(), e.Zones)
 	}
+	instance := &attestation.GCEInstance{ProjectID: info.GetProjectId(), Zone: info.GetZone(), Name: info.GetInstanceName(), ID: info.GetInstanceId()}
 	return fmt.Sprintf("gce-instance project=%s zone=%s instance=%s id=%d resource=%s", info.GetProjectId(), info.GetZone(),
-		info.GetInstanceName(), info.GetInstanceId(), server.GCEInstanceResourceName(info)), nil
+		info.GetInstanceName(), info.GetInstanceId(), server.GCEInstanceResourceName(info)), instance, nil
 }

@@ -6,8 +6,10 @@ import (
 	"crypto/x509/pkix"
 	"encoding/asn1"
 	"errors"
+	"fmt"
 	"io"
 	"math/big"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +85,11 @@ func TestGCERecordedEvidence(t *testing.T) {
 	}
 	if !strings.HasPrefix(result.Identity, "tpm-ak:sha256:") || len(result.Measurements) != len(pcrs) {
 		t.Fatalf("identity %q, %d measurements", result.Identity, len(result.Measurements))
+	}
+	// The instance is an identity of its own, by its never-reused ID.
+	if g := result.GCEInstance; g == nil || g.ProjectID != project || g.Name != "cos-test" || g.ID == 0 ||
+		!slices.Equal(result.Identities(), []string{result.Identity, fmt.Sprintf("gce-instance:%s/%s/%d", project, g.Zone, g.ID)}) {
+		t.Fatalf("instance %+v, identities %q", g, result.Identities())
 	}
 	zone := strings.Fields(strings.TrimPrefix(result.Endorsement, "gce-instance project="+project+" zone="))[0]
 	if _, err := verify(t, tpm.GCEEndorsement{Projects: []string{project}, Zones: []string{zone}}, evidence, extraData); err != nil {
@@ -226,6 +233,9 @@ func TestGCEAttester(t *testing.T) {
 			}
 			if !strings.HasPrefix(result.Endorsement, "gce-instance project=my-project zone=europe-west3-a instance=node-1 id=7") {
 				t.Fatalf("endorsement %q", result.Endorsement)
+			}
+			if ids := result.Identities(); len(ids) != 2 || ids[1] != "gce-instance:my-project/europe-west3-a/7" {
+				t.Fatalf("identities %q, want the AK and the instance", ids)
 			}
 		})
 	}

@@ -235,18 +235,19 @@ func (v *Verifier) VerifyExtraData(_ context.Context, evidence, extraData []byte
 // verify checks parsed evidence whose quote must carry extraData; boundAK
 // is the AK a hardware report binds, for a verifier in modeBound.
 func (v *Verifier) verify(ev *attestationv1.TPMEvidence, extraData, boundAK []byte) (*attestation.Result, error) {
-	akPub, identity, keyEndorsement, err := v.trustedAK(ev, boundAK)
+	ak, err := v.trustedAK(ev, boundAK)
 	if err != nil {
 		return nil, err
 	}
-	endorsement, activation, err := v.endorsement(ev)
+	ek, err := v.endorsement(ev)
 	if err != nil {
 		return nil, err
 	}
-	if keyEndorsement != "" {
-		endorsement = keyEndorsement
+	endorsement := ek.desc
+	if ak.endorsement != "" {
+		endorsement = ak.endorsement
 	}
-	sigHash, err := verifySignature(ev.GetQuote(), ev.GetSignature(), akPub)
+	sigHash, err := verifySignature(ev.GetQuote(), ev.GetSignature(), ak.key)
 	if err != nil {
 		return nil, err
 	}
@@ -271,12 +272,14 @@ func (v *Verifier) verify(ev *attestationv1.TPMEvidence, extraData, boundAK []by
 		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurement, err)
 	}
 	result := &attestation.Result{
-		Variant:      attestation.VariantTPM,
-		UserData:     ev.GetUserData(),
-		Identity:     identity,
-		Measurements: pcrs,
-		Endorsement:  endorsement,
-		Activation:   activation,
+		Variant:       attestation.VariantTPM,
+		UserData:      ev.GetUserData(),
+		Identity:      ak.identity,
+		EKCertificate: ek.name,
+		GCEInstance:   ak.gce,
+		Measurements:  pcrs,
+		Endorsement:   endorsement,
+		Activation:    ek.activation,
 	}
 	for _, w := range warnings {
 		result.Warnings = append(result.Warnings, "PCR "+w.String())
@@ -294,7 +297,7 @@ func Identity(ak crypto.PublicKey) (string, error) {
 		return "", fmt.Errorf("encoding attestation key: %w", err)
 	}
 	sum := sha256.Sum256(spki)
-	return "tpm-ak:sha256:" + hex.EncodeToString(sum[:]), nil
+	return attestation.PrefixAK + hex.EncodeToString(sum[:]), nil
 }
 
 // ParseEvidence decodes marshalled TPMEvidence, refusing more than
@@ -310,53 +313,65 @@ func ParseEvidence(evidence []byte) (*attestationv1.TPMEvidence, error) {
 	return ev, nil
 }
 
+// trustedKey is an AK that trustedAK accepted.
+type trustedKey struct {
+	key      crypto.PublicKey
+	identity string
+	// endorsement describes the AK's trust when the AK's own certificate
+	// says more than the mode (gce); "" otherwise.
+	endorsement string
+	// gce is the instance a gce AK certificate names.
+	gce *attestation.GCEInstance
+}
+
 // trustedAK decodes the AK, checks its attributes and its endorsement, and
 // returns its public key and identity.
-func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte) (crypto.PublicKey, string, string, error) {
+func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte) (trustedKey, error) {
 	pub, err := tpm2.DecodePublic(ev.GetAttestationKey())
 	if err != nil {
-		return nil, "", "", fmt.Errorf("%w: decoding attestation key: %w", attestation.ErrMalformed, err)
+		return trustedKey{}, fmt.Errorf("%w: decoding attestation key: %w", attestation.ErrMalformed, err)
 	}
 	if pub.Attributes&requiredAKAttributes != requiredAKAttributes {
-		return nil, "", "", fmt.Errorf("%w: attestation key is not a restricted, TPM-resident signing key (attributes %#x)",
+		return trustedKey{}, fmt.Errorf("%w: attestation key is not a restricted, TPM-resident signing key (attributes %#x)",
 			attestation.ErrUntrustedKey, uint32(pub.Attributes))
 	}
 	key, err := pub.Key()
 	if err != nil {
-		return nil, "", "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
+		return trustedKey{}, fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
 	}
 	identity, err := Identity(key)
 	if err != nil {
-		return nil, "", "", fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
+		return trustedKey{}, fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
 	}
+	ak := trustedKey{key: key, identity: identity}
 
 	switch v.mode {
 	case modeBound:
 		if subtle.ConstantTimeCompare(ev.GetAttestationKey(), boundAK) != 1 {
-			return nil, "", "", fmt.Errorf("%w: attestation key %s is not the key the hardware report binds", attestation.ErrUntrustedKey, identity)
+			return trustedKey{}, fmt.Errorf("%w: attestation key %s is not the key the hardware report binds", attestation.ErrUntrustedKey, identity)
 		}
-		return key, identity, "", nil
+		return ak, nil
 	case "ek-certificate":
 		// Trusted through the EK: see endorsement.
-		return key, identity, "", nil
+		return ak, nil
 	case "gce":
-		desc, err := v.policy.Endorsement.GCE.verify(ev.GetAttestationKeyCertificates(), key, v)
+		ak.endorsement, ak.gce, err = v.policy.Endorsement.GCE.verify(ev.GetAttestationKeyCertificates(), key, v)
 		if err != nil {
-			return nil, "", "", err
+			return trustedKey{}, err
 		}
-		return key, identity, desc, nil
+		return ak, nil
 	case "pinned":
 		for _, pinned := range v.policy.Endorsement.PinnedKeys {
 			if eq, ok := pinned.(interface{ Equal(crypto.PublicKey) bool }); ok && eq.Equal(key) {
-				return key, identity, "", nil
+				return ak, nil
 			}
 		}
-		return nil, "", "", fmt.Errorf("%w: attestation key %s is not pinned", attestation.ErrUntrustedKey, identity)
+		return trustedKey{}, fmt.Errorf("%w: attestation key %s is not pinned", attestation.ErrUntrustedKey, identity)
 	}
 	if err := v.verifyAKCertificate(ev.GetAttestationKeyCertificates(), key); err != nil {
-		return nil, "", "", err
+		return trustedKey{}, err
 	}
-	return key, identity, "", nil
+	return ak, nil
 }
 
 func (v *Verifier) verifyAKCertificate(chain [][]byte, key crypto.PublicKey) error {

@@ -6,6 +6,7 @@
 package snptest
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/pem"
 	"sync"
@@ -29,7 +30,13 @@ type AMD struct {
 	Signer *test.AmdSigner
 	// TCB is the TCB the VCEK certifies; reports carry it unless told otherwise.
 	TCB kds.TCBParts
+	// ChipID is the chip's ID (abi.ChipIDSize bytes): the VCEK's HWID, and
+	// the CHIP_ID of reports that do not mask it.
+	ChipID []byte
 }
+
+// DefaultChipID is the chip ID of a hierarchy made without Options.ChipID.
+var DefaultChipID = bytes.Repeat([]byte{0xc1}, abi.ChipIDSize)
 
 // Options vary the hierarchy.
 type Options struct {
@@ -40,6 +47,8 @@ type Options struct {
 	// VCEKCreated, when set, is when the VCEK was made (it is valid for
 	// seven years from then), e.g. long ago for an expired VCEK.
 	VCEKCreated time.Time
+	// ChipID is the chip's ID, abi.ChipIDSize bytes (nil: DefaultChipID).
+	ChipID []byte
 }
 
 // NewAMD makes a hierarchy.
@@ -49,8 +58,12 @@ func NewAMD(t testing.TB, opts Options) *AMD {
 	if created.IsZero() {
 		created = time.Now().Add(-time.Hour)
 	}
+	chip := opts.ChipID
+	if chip == nil {
+		chip = DefaultChipID
+	}
 	product := kds.ProductName(abi.DefaultSevProduct())
-	vcek := test.CertOverride{Extensions: test.CustomExtensions(opts.TCB, make([]byte, abi.ChipIDSize), "", product)}
+	vcek := test.CertOverride{Extensions: test.CustomExtensions(opts.TCB, chip, "", product)}
 	vcekCreated := created
 	if !opts.VCEKCreated.IsZero() {
 		vcekCreated = opts.VCEKCreated
@@ -63,7 +76,7 @@ func NewAMD(t testing.TB, opts Options) *AMD {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &AMD{Signer: signer, TCB: opts.TCB}
+	return &AMD{Signer: signer, TCB: opts.TCB, ChipID: bytes.Clone(chip)}
 }
 
 // Roots returns the hierarchy's ARK and ASK as go-sev-guest trusted roots.
@@ -88,6 +101,9 @@ type Report struct {
 	// TCB is the reported TCB; zero means the AMD's.
 	TCB  *kds.TCBParts
 	VMPL uint32
+	// MaskChipID makes the report's CHIP_ID zeros, as a host that sets
+	// MASK_CHIP_ID does (SNP ABI spec §7.3).
+	MaskChipID bool
 }
 
 // Unsigned returns r's report (abi.ReportSize bytes) with reportData and a
@@ -106,13 +122,17 @@ func (a *AMD) Unsigned(t testing.TB, r Report, reportData []byte) []byte {
 	if measurement == nil {
 		measurement = make([]byte, abi.MeasurementSize)
 	}
+	chip := bytes.Clone(a.ChipID)
+	if r.MaskChipID || chip == nil {
+		chip = make([]byte, abi.ChipIDSize)
+	}
 	rep := &spb.Report{
 		Version: 2, Policy: abi.SnpPolicyToBytes(abi.SnpPolicy{Debug: r.Debug}), SignatureAlgo: abi.SignEcdsaP384Sha384,
 		Vmpl: r.VMPL, ReportData: reportData, Measurement: measurement,
 		FamilyId: make([]byte, abi.FamilyIDSize), ImageId: make([]byte, abi.ImageIDSize),
 		HostData: make([]byte, abi.HostDataSize), IdKeyDigest: make([]byte, abi.IDKeyDigestSize),
 		AuthorKeyDigest: make([]byte, abi.AuthorKeyDigestSize), ReportId: make([]byte, abi.ReportIDSize),
-		ReportIdMa: make([]byte, abi.ReportIDMASize), ChipId: make([]byte, abi.ChipIDSize),
+		ReportIdMa: make([]byte, abi.ReportIDMASize), ChipId: chip,
 		CurrentTcb: uint64(tcb), ReportedTcb: uint64(tcb), CommittedTcb: uint64(tcb), LaunchTcb: uint64(tcb),
 		Signature: make([]byte, abi.SignatureSize),
 	}
