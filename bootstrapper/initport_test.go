@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	testingclock "k8s.io/utils/clock/testing"
 
+	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	recoveryservicev1 "github.com/gatehouse-dev/gatehouse/api/recoveryservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
@@ -230,6 +231,53 @@ func TestInitPortAttacks(t *testing.T) {
 		}
 		if got := metric(t, tg.reg, "gatehouse_bootstrapper_connections_refused_total", connlimit.ReasonSourceConnections); got != 1 {
 			t.Errorf("connections_refused_total{source_connection_limit} = %v, want 1", got)
+		}
+	})
+
+	t.Run("an init in flight is neither evicted nor closed as idle, however long it runs", func(t *testing.T) {
+		running, release := make(chan struct{}, 1), make(chan struct{})
+		t.Cleanup(func() {
+			select {
+			case <-release:
+			default:
+				close(release)
+			}
+		})
+		tg := newInitTarget(t, DefaultSecretAttemptLimits, InitPortLimits{Listen: connlimit.Limits{
+			Handshakes: connlimit.Rate{Rate: 100, Burst: 100}, Total: 2, MaxIdle: time.Minute,
+		}}, recordKubeadm, func(tg *initTarget) {
+			tg.f.node.runner.onRun = func(args []string) {
+				if args[0] == "init" {
+					running <- struct{}{}
+					<-release
+				}
+			}
+		})
+		type result struct {
+			final *initservicev1.InitResponse
+			err   error
+		}
+		done := make(chan result, 1)
+		honest, _ := tg.client(t, "127.0.0.66")
+		go func() {
+			final, err := sendInit(t.Context(), t, honest, tg.f.req, tg.f.secret)
+			done <- result{final, err}
+		}()
+		<-running                                  // kubeadm init runs: the honest stream is in flight
+		v := verifier(t, tg.f.node.attester, true) // the node lock is taken by now
+		holdIdle(t, tg.addr, "127.0.0.67", v)
+		// At the cap the newcomer evicts the idle connection, not the older
+		// one with the init in flight.
+		holdIdle(t, tg.addr, "127.0.0.68", v)
+		if got := metric(t, tg.reg, "gatehouse_bootstrapper_connections_closed_total", connlimit.ReasonEvicted); got != 1 {
+			t.Fatalf("connections_closed_total{evicted} = %v, want 1", got)
+		}
+		tg.clock.Step(2 * time.Minute)
+		awaitOpen(t, tg.reg, 1) // the idle newcomer
+		close(release)
+		r := <-done
+		if r.err != nil || r.final.GetSuccess() == nil {
+			t.Fatalf("the init in flight: %v (failure %q), want it to finish over its connection", r.err, r.final.GetFailure().GetError())
 		}
 	})
 
