@@ -31,7 +31,7 @@ type InitPortLimits struct {
 	HandshakeTimeout time.Duration
 }
 
-// DefaultInitPortLimits: 1 new connection per second per source (5 at
+// DefaultInitPortLimits are 1 new connection per second per source (5 at
 // once), 4 open per source and 64 in all, idle connections closed after
 // 10 s, handshakes within 10 s.
 var DefaultInitPortLimits = InitPortLimits{
