@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
@@ -57,10 +58,18 @@ type Config struct {
 	Lock    *nodelock.Lock
 	Disk    bootDisk
 	// InitServer serves InitService on InitListener through
-	// InitGRPCServer (a gRPC server with attested TLS credentials).
+	// InitGRPCServer (a gRPC server with attested TLS credentials; both
+	// from ListenInitPort, which bounds the port's connections). On a
+	// rebooted node the same server and listener serve RecoveryService.
 	InitServer     *InitServer
 	InitGRPCServer *grpc.Server
 	InitListener   net.Listener
+	// RecoveryAttempts bound wrong recovery keys per source; zero is
+	// DefaultSecretAttemptLimits.
+	RecoveryAttempts SecretAttemptLimits
+	// Registerer registers gatehouse_bootstrapper_recover_refused_total;
+	// nil registers nothing.
+	Registerer prometheus.Registerer
 	// Join is nil on a node that can only be initialised (no join service
 	// to ask, e.g. the first node of a local cluster).
 	Join    *JoinClient
@@ -141,7 +150,10 @@ func rejoinOrRecover(ctx context.Context, cfg Config) error {
 	}
 	var recovered chan error // nil without a server
 	if cfg.InitGRPCServer != nil {
-		rs := newRecoveryServer(cfg)
+		rs, err := newRecoveryServer(cfg)
+		if err != nil {
+			return err
+		}
 		recovered = rs.done
 		recoveryservicev1.RegisterRecoveryServiceServer(cfg.InitGRPCServer, rs)
 		go func() { _ = cfg.InitGRPCServer.Serve(cfg.InitListener) }()

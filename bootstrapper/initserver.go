@@ -80,6 +80,9 @@ type InitServer struct {
 	initservicev1.UnimplementedInitServiceServer
 	cfg      InitServerConfig
 	attempts *secretAttempts
+	// compare reports whether secret is the init secret; it holds no lock
+	// (bcrypt compares in constant time).
+	compare func(secret []byte) bool
 
 	mu  sync.Mutex
 	job *initJob
@@ -111,12 +114,14 @@ func NewInitServer(cfg InitServerConfig) (*InitServer, error) {
 	if cfg.SecretAttempts == (SecretAttemptLimits{}) {
 		cfg.SecretAttempts = DefaultSecretAttemptLimits
 	}
-	attempts, err := newSecretAttempts(cfg.SecretAttempts, cfg.Now, cfg.Registerer)
+	attempts, err := newSecretAttempts(cfg.SecretAttempts, cfg.Now, cfg.Registerer, initAttemptMetric)
 	if err != nil {
 		return nil, fmt.Errorf("init server: %w", err)
 	}
+	hash := cfg.InitSecretHash
+	compare := func(secret []byte) bool { return bcrypt.CompareHashAndPassword(hash, secret) == nil }
 	lifetime, stop := context.WithCancel(context.Background())
-	return &InitServer{cfg: cfg, attempts: attempts, finished: make(chan struct{}), delivered: make(chan struct{}),
+	return &InitServer{cfg: cfg, attempts: attempts, compare: compare, finished: make(chan struct{}), delivered: make(chan struct{}),
 		lifetime: lifetime, stop: stop}, nil
 }
 
@@ -179,11 +184,13 @@ func (j *initJob) snapshot(from int) ([]*initservicev1.InitResponse, bool, <-cha
 
 // Init creates the cluster (see InitService). Errors: InvalidArgument for a
 // malformed request, naming the field; ResourceExhausted while the caller's
-// source backs off after wrong init secrets or too many secrets are tried
-// overall (SecretAttemptLimits), saying when to retry; PermissionDenied for
-// a wrong init secret; FailedPrecondition when the node joins another
-// cluster or is being initialised with a different request. None of them
-// change the node.
+// source backs off after wrong init secrets, saying when to retry, or while
+// another secret of its source is being compared (SecretAttemptLimits);
+// PermissionDenied for a wrong init secret; FailedPrecondition when the
+// node joins another cluster or is being initialised with a different
+// request. None of them change the node. Secrets are compared without a
+// lock, beside those of other sources: only the start of the job after a
+// right secret is serialised.
 func (s *InitServer) Init(req *initservicev1.InitRequest, stream initservicev1.InitService_InitServer) error {
 	plan, err := s.plan(req)
 	if err != nil {
@@ -193,12 +200,11 @@ func (s *InitServer) Init(req *initservicev1.InitRequest, stream initservicev1.I
 	if p, ok := peer.FromContext(stream.Context()); ok {
 		source = connlimit.Source(p.Addr)
 	}
-	if reason, wait := s.attempts.admit(source); reason != "" {
+	if reason, wait := s.attempts.begin(source); reason != "" {
 		s.cfg.Machine.Log.Warn("Init refused before comparing the init secret", "source", source, "reason", reason, "retryAfter", wait.Round(time.Millisecond).String())
-		return status.Errorf(codes.ResourceExhausted, "too many init secrets tried (%s); retry in %s", reason, wait.Round(time.Millisecond))
+		return status.Error(codes.ResourceExhausted, "too many init secrets tried ("+reason+"); "+retryHint(reason, wait))
 	}
-	// bcrypt compares in constant time.
-	if bcrypt.CompareHashAndPassword(s.cfg.InitSecretHash, req.GetInitSecret()) != nil {
+	if !s.compare(req.GetInitSecret()) {
 		s.attempts.wrong(source)
 		s.cfg.Machine.Log.Warn("Init refused: wrong init secret", "source", source)
 		return status.Error(codes.PermissionDenied, "the init secret does not match the one this node was provisioned with")
@@ -209,6 +215,14 @@ func (s *InitServer) Init(req *initservicev1.InitRequest, stream initservicev1.I
 		return err
 	}
 	return s.follow(stream, job)
+}
+
+// retryHint says when a source refused by secretAttempts may try again.
+func retryHint(reason string, wait time.Duration) string {
+	if reason == reasonSourceBusy {
+		return "retry once the other attempt from this address has its answer"
+	}
+	return "retry in " + wait.Round(time.Millisecond).String()
 }
 
 // attach returns the running job for plan, starting it if none runs.

@@ -103,7 +103,11 @@ func TestRunRecover(t *testing.T) {
 		t.Fatalf("status %s, want done", st.Phase)
 	}
 	// A second recovery of a node that holds its lock changes nothing.
-	if _, err := newRecoveryServer(f.cfg).Recover(ctx, right); status.Code(err) != codes.FailedPrecondition {
+	again, err := newRecoveryServer(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.Recover(ctx, right); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("recovering a locked node: %v, want FailedPrecondition", err)
 	}
 	if f.kubelet.restarts.Load() != 1 {

@@ -26,7 +26,6 @@ import (
 	"github.com/google/go-tpm/tpmutil"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 
 	"k8s.io/utils/ptr"
@@ -117,12 +116,13 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		hsRate          = flag.Float64("init-handshake-rate", 1, "InitService connections per second per source address (each costs a TPM quote)")
 		hsBurst         = flag.Int("init-handshake-burst", 5, "InitService connections a source address may open at once")
 		maxSourceConns  = flag.Int("init-max-connections-per-source", 4, "open InitService connections per source address")
-		maxConns        = flag.Int("init-max-connections", 64, "open InitService connections in all")
-		hsTimeout       = flag.Duration("init-handshake-timeout", 10*time.Second, "longest attested TLS handshake on InitService")
-		freeAttempts    = flag.Int("init-secret-free-attempts", bootstrapper.DefaultSecretAttemptLimits.Free, "wrong init secrets a source may send before it backs off")
+		maxConns        = flag.Int("init-max-connections", 64, "open InitService connections in all; at the cap the oldest connection without a request in flight is closed for a new one")
+		hsTimeout       = flag.Duration("init-handshake-timeout", bootstrapper.DefaultInitPortLimits.HandshakeTimeout, "longest attested TLS handshake on InitService")
+		maxIdle         = flag.Duration("init-max-connection-idle", bootstrapper.DefaultInitPortLimits.Listen.MaxIdle, "InitService (and RecoveryService) connections without a request in flight for this long are closed")
+		freeAttempts    = flag.Int("init-secret-free-attempts", bootstrapper.DefaultSecretAttemptLimits.Free, "wrong init secrets (recovery keys on a rebooted node) a source may send before it backs off")
 		attemptBackoff  = flag.Duration("init-secret-backoff", bootstrapper.DefaultSecretAttemptLimits.Backoff, "first wait after the free wrong init secrets; doubles with each further one")
 		attemptMax      = flag.Duration("init-secret-max-backoff", bootstrapper.DefaultSecretAttemptLimits.MaxBackoff, "longest wait between init secret attempts of a source")
-		attemptRate     = flag.Float64("init-secret-rate", bootstrapper.DefaultSecretAttemptLimits.Global.Rate, "init secrets compared per second over all sources")
+		attemptRate     = flag.Float64("init-secret-rate", bootstrapper.DefaultSecretAttemptLimits.Global.Rate, "init secrets compared per second over all sources with free attempts; past it a source's next wrong secret starts its backoff")
 	)
 	flag.Parse()
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -200,13 +200,16 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
+	// The same limits bound init secrets on a new node and recovery keys
+	// on a rebooted one (the port serves one door or the other).
+	attempts := bootstrapper.SecretAttemptLimits{
+		Free: *freeAttempts, Backoff: *attemptBackoff, MaxBackoff: *attemptMax,
+		Global: connlimit.Rate{Rate: *attemptRate, Burst: bootstrapper.DefaultSecretAttemptLimits.Global.Burst},
+	}
 	initServer, err := bootstrapper.NewInitServer(bootstrapper.InitServerConfig{
 		Machine: setup, Lock: lock, Identity: identity, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
-		BindName: bootstrapper.BindNodeName,
-		SecretAttempts: bootstrapper.SecretAttemptLimits{
-			Free: *freeAttempts, Backoff: *attemptBackoff, MaxBackoff: *attemptMax,
-			Global: connlimit.Rate{Rate: *attemptRate, Burst: bootstrapper.DefaultSecretAttemptLimits.Global.Burst},
-		},
+		BindName:        bootstrapper.BindNodeName,
+		SecretAttempts:  attempts,
 		Registerer:      reg,
 		ImageRepository: *imageRepo, SkipPhases: splitList(*skipPhases),
 		KubeProxy: kubeProxyOptions(*proxyMasqAll, *proxyConntrack),
@@ -233,24 +236,26 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return fmt.Errorf("listening for InitService: %w", err)
 	}
 	// Each anonymous handshake costs a TPM quote: limit them per source
-	// before any attestation work.
-	lis, err := connlimit.NewListener(inner, connlimit.Limits{
-		Handshakes: connlimit.Rate{Rate: *hsRate, Burst: *hsBurst}, PerSource: *maxSourceConns, Total: *maxConns,
-	}, connlimit.Options{
-		Registerer: reg, Subsystem: "bootstrapper",
-		OnRefuse: func(source, reason string) {
-			log.Warn("InitService connection refused before the handshake", "source", source, "reason", reason)
+	// before any attestation work, and close idle connections.
+	lis, initGRPC, err := bootstrapper.ListenInitPort(inner, bootstrapper.InitPortConfig{
+		Creds: creds, Log: log, Registerer: reg,
+		Limits: bootstrapper.InitPortLimits{
+			Listen: connlimit.Limits{
+				Handshakes: connlimit.Rate{Rate: *hsRate, Burst: *hsBurst}, PerSource: *maxSourceConns, Total: *maxConns, MaxIdle: *maxIdle,
+			},
+			HandshakeTimeout: *hsTimeout,
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("InitService connection limits: %w", err)
+		return err
 	}
 	if *metricsListen != "" {
 		go serveMetrics(log, *metricsListen, reg)
 	}
 	cfg := bootstrapper.Config{
 		Machine: setup, Lock: lock, Disk: disk,
-		InitServer: initServer, InitGRPCServer: grpc.NewServer(grpc.Creds(creds), grpc.ConnectionTimeout(*hsTimeout)), InitListener: lis,
+		InitServer: initServer, InitGRPCServer: initGRPC, InitListener: lis,
+		RecoveryAttempts: attempts, Registerer: reg,
 		Join: join, Kubelet: kubelet, SuccessFile: *successFile,
 	}
 	if ok, why := statedisk.DeviceMapperAvailable(); ok {
