@@ -61,6 +61,7 @@ func (f EvidenceFetcher) Fetch(ctx context.Context, addr string, verifiers []att
 		return nil, err
 	}
 	outerCfg.NextProtos = append([]string{EvidenceProtocol}, outerCfg.NextProtos...)
+	outerCfg.CurvePreferences = doorCurves()
 	verifyAttested := outerCfg.VerifyConnection
 	outerCfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		if cs.NegotiatedProtocol == EvidenceProtocol {
