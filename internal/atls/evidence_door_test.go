@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	testingclock "k8s.io/utils/clock/testing"
-
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 )
@@ -44,7 +42,7 @@ func TestEvidenceDoor(t *testing.T) {
 		reason     string // "" when answered
 		says       string // in the caller's error
 	}{
-		{name: "the join service's certificate is answered", cert: c.verifier()},
+		{name: "the join service's certificate is answered", cert: c.verifier(t)},
 		{name: "an administrator's certificate (kubeadm:cluster-admins) is answered", cert: c.admin(t)},
 		{name: "a super-admin's certificate (system:masters) is answered",
 			cert: c.signed(t, pkix.Name{CommonName: "kubernetes-super-admin", Organization: []string{"system:masters"}}, x509.ExtKeyUsageClientAuth, now)},
@@ -52,7 +50,7 @@ func TestEvidenceDoor(t *testing.T) {
 		{name: "a caller from before the door is refused", beforeDoor: true, reason: ReasonAnonymousProtocol},
 		{name: "a kubelet's certificate (system:nodes) of the cluster CA is refused", cert: c.kubelet(t), reason: ReasonOrganization,
 			says: "refused this caller's client certificate"},
-		{name: "the join service's certificate from another cluster's CA is refused", cert: other.verifier(), reason: ReasonUntrustedCertificate},
+		{name: "the join service's certificate from another cluster's CA is refused", cert: other.verifier(t), reason: ReasonUntrustedCertificate},
 		{name: "a verifier certificate for servers only is refused",
 			cert:   c.signed(t, pkix.Name{CommonName: "gatehouse-joinservice", Organization: []string{"gatehouse:verifiers"}}, x509.ExtKeyUsageServerAuth, now),
 			reason: ReasonUntrustedCertificate},
@@ -108,14 +106,14 @@ func TestEvidenceDoor(t *testing.T) {
 func TestEvidenceDoorFollowsTheClusterCA(t *testing.T) {
 	pair := newTPMPair(t)
 	c := newCluster(t)
-	clock := testingclock.NewFakeClock(time.Now())
-	ep := serveEndpoint(t, pair, EvidenceEndpoint{ClientCAFile: c.caFile, Limits: generous(), Now: clock.Now}, nil)
+	clk := &clock{now: time.Now()}
+	ep := serveEndpoint(t, pair, EvidenceEndpoint{ClientCAFile: c.caFile, Limits: generous(), Now: clk.Now}, nil)
 	verifiers := []attestation.Verifier{pair.verifier}
 	fetch := func(cert func() (*tls.Certificate, error)) error {
 		_, err := fetcher("127.0.0.1", cert).Fetch(t.Context(), ep.addr, verifiers)
 		return err
 	}
-	later := func() { clock.Step(DefaultClientCARecheck) }
+	later := func() { clk.Step(DefaultClientCARecheck) }
 
 	if err := fetch(nil); err != nil {
 		t.Fatalf("anonymous caller before the node joined: %v", err)
@@ -123,7 +121,7 @@ func TestEvidenceDoorFollowsTheClusterCA(t *testing.T) {
 	if _, err := fetchBeforeTheDoor(t.Context(), ep.addr, verifiers); err != nil {
 		t.Fatalf("caller from before the door, before the node joined: %v", err)
 	}
-	if err := fetch(c.verifier()); err != nil {
+	if err := fetch(c.verifier(t)); err != nil {
 		t.Fatalf("the join service before the node joined: %v", err)
 	}
 
@@ -132,19 +130,19 @@ func TestEvidenceDoorFollowsTheClusterCA(t *testing.T) {
 	if err := fetch(nil); !errors.Is(err, ErrRefused) {
 		t.Fatalf("anonymous caller once the CA file exists: %v, want ErrRefused", err)
 	}
-	if err := fetch(c.verifier()); err != nil {
+	if err := fetch(c.verifier(t)); err != nil {
 		t.Fatalf("the join service once the CA file exists: %v", err)
 	}
 
 	rotated := newCluster(t)
-	if err := os.WriteFile(c.caFile, rotated.caPEM, 0o600); err != nil {
+	if err := os.WriteFile(c.caFile, rotated.ca.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	later()
-	if err := fetch(c.verifier()); !errors.Is(err, ErrRefused) {
+	if err := fetch(c.verifier(t)); !errors.Is(err, ErrRefused) {
 		t.Fatalf("the old CA's join service certificate after the CA changed: %v, want ErrRefused", err)
 	}
-	if err := fetch(rotated.verifier()); err != nil {
+	if err := fetch(rotated.verifier(t)); err != nil {
 		t.Fatalf("the new CA's join service certificate: %v", err)
 	}
 
@@ -153,7 +151,7 @@ func TestEvidenceDoorFollowsTheClusterCA(t *testing.T) {
 	}
 	later()
 	quotes := ep.attester.calls.Load()
-	for _, cert := range []func() (*tls.Certificate, error){nil, rotated.verifier()} {
+	for _, cert := range []func() (*tls.Certificate, error){nil, rotated.verifier(t)} {
 		if err := fetch(cert); err == nil {
 			t.Fatal("a caller was answered while the CA file is unreadable")
 		}
@@ -231,7 +229,7 @@ func TestFetchFromANodeBeforeTheDoor(t *testing.T) {
 		}
 	})
 	c := newCluster(t)
-	for _, cert := range []func() (*tls.Certificate, error){nil, c.verifier()} {
+	for _, cert := range []func() (*tls.Certificate, error){nil, c.verifier(t)} {
 		r, err := fetcher("127.0.0.1", cert).Fetch(t.Context(), lis.Addr().String(), []attestation.Verifier{pair.verifier})
 		if err != nil {
 			t.Fatalf("fetching from a node before the door: %v", err)

@@ -60,7 +60,7 @@ func TestEvidenceFlood(t *testing.T) {
 
 	<-started
 	const deadline = 3 * time.Second
-	honest := fetcher("127.0.0.3", c.verifier())
+	honest := fetcher("127.0.0.3", c.verifier(t))
 	fetches := 0
 	for fetches < 8 {
 		ctx, cancel := context.WithTimeout(t.Context(), deadline)
@@ -210,14 +210,14 @@ func TestEvidenceConnectionLimits(t *testing.T) {
 			t.Fatalf("a third open connection from one source: read %d, %v; want it closed at once", n, err)
 		}
 		ep.waitMetric(t, 1, "gatehouse_evidence_connections_refused_total", "reason", connlimit.ReasonSourceConnections)
-		if _, err := fetcher("127.0.0.6", c.verifier()).Fetch(t.Context(), ep.addr, verifiers); err != nil {
+		if _, err := fetcher("127.0.0.6", c.verifier(t)).Fetch(t.Context(), ep.addr, verifiers); err != nil {
 			t.Fatalf("another source while one holds its cap: %v", err)
 		}
 	})
 
 	t.Run("new connections per source", func(t *testing.T) {
 		quotes := ep.attester.calls.Load()
-		f := fetcher("127.0.0.7", c.verifier())
+		f := fetcher("127.0.0.7", c.verifier(t))
 		for i := range 3 {
 			if _, err := f.Fetch(t.Context(), ep.addr, verifiers); err != nil {
 				t.Fatalf("fetch %d within the burst: %v", i+1, err)
@@ -230,7 +230,7 @@ func TestEvidenceConnectionLimits(t *testing.T) {
 		if got := ep.attester.calls.Load() - quotes; got != 3 {
 			t.Errorf("%d quotes for 3 fetches within the budget and one beyond it", got)
 		}
-		if _, err := fetcher("127.0.0.8", c.verifier()).Fetch(t.Context(), ep.addr, verifiers); err != nil {
+		if _, err := fetcher("127.0.0.8", c.verifier(t)).Fetch(t.Context(), ep.addr, verifiers); err != nil {
 			t.Fatalf("another source after one spent its budget: %v", err)
 		}
 	})

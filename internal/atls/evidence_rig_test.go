@@ -2,7 +2,6 @@ package atls
 
 import (
 	"context"
-	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -16,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,7 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
-	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 // countingAttester counts the quotes asked of the node's attester; a
@@ -145,79 +145,65 @@ func fetchBeforeTheDoor(ctx context.Context, addr string, verifiers []attestatio
 	return finishFetch(ctx, addr, tconn, verified)
 }
 
-// cluster is a cluster CA with the client certificates callers present.
+// cluster is a cluster CA with the client certificates callers present,
+// as clusterpki issues them (clusterpki's tests check its issuers; this
+// test binary stays clear of the Kubernetes libraries, docs/development.md).
 type cluster struct {
-	ca     *clusterpki.CA
-	caPEM  []byte
-	caKey  crypto.Signer
+	ca     *testkit.CA
 	caFile string
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	t.Helper()
-	ca, certPEM, keyPEM, err := clusterpki.GenerateCA(time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &cluster{ca: ca, caPEM: certPEM, caKey: pair.PrivateKey.(crypto.Signer), caFile: filepath.Join(t.TempDir(), "ca.crt")}
+	return &cluster{ca: testkit.NewCA(t, "kubernetes"), caFile: filepath.Join(t.TempDir(), "ca.crt")}
 }
 
 // join writes the cluster CA where the node reads it, as kubeadm join does.
-func (c *cluster) join(t *testing.T) {
+func (c *cluster) join(t testing.TB) {
 	t.Helper()
-	if err := os.WriteFile(c.caFile, c.caPEM, 0o600); err != nil {
+	if err := os.WriteFile(c.caFile, c.ca.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// verifier is the join service's client certificate.
-func (c *cluster) verifier() func() (*tls.Certificate, error) {
-	return clusterpki.NewVerifierIdentity(c.ca, time.Now).Certificate
+// verifier is the join service's client certificate
+// (clusterpki.NewVerifierIdentity).
+func (c *cluster) verifier(t *testing.T) func() (*tls.Certificate, error) {
+	t.Helper()
+	return c.signed(t, pkix.Name{CommonName: "gatehouse-joinservice", Organization: []string{"gatehouse:verifiers"}}, x509.ExtKeyUsageClientAuth, time.Now())
 }
 
-// admin is kubeadm's admin.conf certificate (O=kubeadm:cluster-admins).
+// admin is an administrator's certificate (clusterpki's SignAdmin,
+// kubeadm's admin.conf: O=kubeadm:cluster-admins).
 func (c *cluster) admin(t *testing.T) func() (*tls.Certificate, error) {
 	t.Helper()
-	certPEM, keyPEM, err := c.ca.SignAdmin("alice", time.Now())
-	return keyPair(t, certPEM, keyPEM, err)
+	return c.signed(t, pkix.Name{CommonName: "alice", Organization: []string{"kubeadm:cluster-admins"}}, x509.ExtKeyUsageClientAuth, time.Now())
 }
 
-// kubelet is a node's kubelet client certificate (O=system:nodes).
+// kubelet is a node's kubelet client certificate (clusterpki's
+// SignKubeletClient: O=system:nodes).
 func (c *cluster) kubelet(t *testing.T) func() (*tls.Certificate, error) {
 	t.Helper()
-	certPEM, keyPEM, err := c.ca.SignKubeletClient("worker-1", time.Now(), time.Hour)
-	return keyPair(t, certPEM, keyPEM, err)
-}
-
-func keyPair(t *testing.T, certPEM, keyPEM []byte, err error) func() (*tls.Certificate, error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return func() (*tls.Certificate, error) { return &pair, nil }
+	return c.signed(t, pkix.Name{CommonName: "system:node:worker-1", Organization: []string{"system:nodes"}}, x509.ExtKeyUsageClientAuth, time.Now())
 }
 
 // signed is a certificate of the cluster CA for subject, with usage,
-// valid from notBefore for an hour.
+// valid from notBefore (backdated 5 minutes) for an hour.
 func (c *cluster) signed(t *testing.T, subject pkix.Name, usage x509.ExtKeyUsage, notBefore time.Time) func() (*tls.Certificate, error) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		t.Fatal(err)
+	}
 	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: subject,
-		NotBefore: notBefore, NotAfter: notBefore.Add(time.Hour),
+		SerialNumber: serial, Subject: subject,
+		NotBefore: notBefore.Add(-5 * time.Minute), NotAfter: notBefore.Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-	}, c.ca.Certificate(), key.Public(), c.caKey)
+	}, c.ca.Cert, key.Public(), c.ca.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,9 +212,27 @@ func (c *cluster) signed(t *testing.T, subject pkix.Name, usage x509.ExtKeyUsage
 	}
 }
 
+// clock is a clock tests move by hand.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Step(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
 // clientHello returns the first TLS record a client with protos sends:
 // what a flooder replays without doing any crypto of its own.
-func clientHello(t *testing.T, protos []string) []byte {
+func clientHello(t testing.TB, protos []string) []byte {
 	t.Helper()
 	client, server := net.Pipe()
 	done := make(chan struct{})
