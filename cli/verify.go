@@ -20,7 +20,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gatehouse-dev/gatehouse/charts"
-	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
@@ -58,9 +57,12 @@ func newVerifyCmd() *cobra.Command {
 		Long: "Fetch fresh evidence from a node (its evidence endpoint, or the InitService of a\n" +
 			"node not yet initialised) for a new nonce, verify it against the configuration's\n" +
 			"policy and print the verified measurements. PCR 15 must hold the cluster ID from\n" +
-			"the state file, or zero when there is no state file.",
-		Example: "  gatehouse verify --node 192.0.2.11:9001\n  gatehouse verify --node 192.0.2.11:9001 --output json",
-		Args:    cobra.NoArgs,
+			"the state file, or zero when there is no state file. A node that belongs to a cluster\n" +
+			"answers only its join service and administrators: verify presents the client certificate\n" +
+			"of the admin kubeconfig (--kubeconfig).",
+		Example: "  gatehouse verify --node 192.0.2.11:9001\n  gatehouse verify --node 192.0.2.11:9001 --output json\n" +
+			"  gatehouse verify --node 192.0.2.11:9001 --kubeconfig gatehouse-admin.conf   # a node that joined a cluster",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "text" && output != "json" {
 				return fmt.Errorf("unknown --output %q: use text or json", output)
@@ -95,9 +97,13 @@ func newVerifyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			result, err := atls.FetchEvidence(cmd.Context(), node, []attestation.Verifier{appraisal})
+			fetcher, err := evidenceFetcher(kubeconfig, cmd.Flags().Changed("kubeconfig"))
 			if err != nil {
-				return fmt.Errorf("node %s does not verify: %w", node, err)
+				return err
+			}
+			result, err := fetcher.Fetch(cmd.Context(), node, []attestation.Verifier{appraisal})
+			if err != nil {
+				return fetchError(node, kubeconfig, fetcher, err)
 			}
 			report.Variant, report.Identity, report.Warnings = string(result.Variant), result.Identity, result.Warnings
 			report.Endorsement, report.Identities = result.Endorsement, result.Identities()
@@ -119,7 +125,8 @@ func newVerifyCmd() *cobra.Command {
 	f.StringVar(&node, "node", "", "the node's evidence address, host:port")
 	f.BoolVar(&all, "all", false, "print every Node's continuous attestation state, from the records only Gatehouse writes")
 	f.StringVar(&namespace, "namespace", charts.Namespace, "namespace of the join service (where the attestation records live; with --all)")
-	f.StringVar(&kubeconfig, "kubeconfig", clusterconfig.DefaultKubeconfig, "admin kubeconfig (with --all)")
+	f.StringVar(&kubeconfig, "kubeconfig", clusterconfig.DefaultKubeconfig, "admin kubeconfig: --all reads the cluster with it; "+
+		"--node presents its client certificate to a node that belongs to a cluster (the default file only when it exists)")
 	f.StringVar(&stateFile, "state-file", clusterconfig.DefaultStateFile, "cluster state file (holds the cluster ID)")
 	f.StringVarP(&output, "output", "o", "text", "output format: text or json")
 	return cmd

@@ -32,6 +32,10 @@ var privateDirs = []string{
 	"/run/netns",
 }
 
+// nodeClientCA is the cluster CA as a node sees it: kubeadm writes it on
+// init and join, into the node's private /etc/kubernetes.
+const nodeClientCA = "/etc/kubernetes/pki/ca.crt"
+
 // Status files the agent writes into the node directory.
 const (
 	bootstrapStatusFile = "bootstrap.status" // "ok" or "failed: <error>"
@@ -97,8 +101,14 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	if err := errors.Join(tpm.err, runtimeErr); err != nil {
 		return err
 	}
+	// The evidence endpoint answers anyone until kubeadm writes the
+	// cluster CA, then only the join service and administrators. The path
+	// is as the node sees it: this process and its children run in the
+	// node's mount namespace, where the node's own root/etc/kubernetes is
+	// bind-mounted over /etc/kubernetes (mountPrivateDirs).
 	procs.start(ctx, "evidence", filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), "serve-evidence",
-		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--listen", fmt.Sprintf("%s:%d", spec.IP, EvidencePort))
+		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--listen", fmt.Sprintf("%s:%d", spec.IP, EvidencePort),
+		"--client-ca", nodeClientCA)
 	// On a first boot kubeadm needs the kubelet while it runs, and the
 	// kubelet starts once kubeadm wrote its configuration. After a reboot
 	// that configuration is there from the start, but a real node's lives

@@ -176,7 +176,12 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return fmt.Errorf("connection limits: %w", err)
 	}
 	if *reattestEvery > 0 || *approveCSRs {
-		verifier := continuous.NewVerifier(policy, bindingCache, atls.FetchEvidence, continuous.ClusterID(keySource, policy), *evidencePort)
+		// Nodes answer only the cluster CA's verifiers: present the join
+		// service's own short-lived client certificate, renewed at half
+		// its life (docs/continuous-attestation.md, "The evidence
+		// endpoint's door").
+		fetch := atls.EvidenceFetcher{Certificate: clusterpki.NewVerifierIdentity(ca, time.Now).Certificate}.Fetch
+		verifier := continuous.NewVerifier(policy, bindingCache, fetch, continuous.ClusterID(keySource, policy), *evidencePort)
 		events := continuous.NewEventRecorder(ctx, client)
 		var loop *continuous.Loop
 		if *reattestEvery > 0 {

@@ -23,6 +23,40 @@
 //
 // Both are covered by the TLS 1.3 transcript, so a man in the middle cannot
 // change them without breaking the handshake.
+//
+// # The evidence endpoint
+//
+// A node's evidence endpoint (EvidenceEndpoint, EvidenceFetcher) puts a
+// door in front of the attested handshake, because in TLS 1.3 the server
+// sends its Certificate, which carries the quote, before it sees the
+// client's: an attested server cannot authenticate its client before
+// quoting. On one TCP connection:
+//
+//  1. The door: a TLS 1.3 handshake with ALPN EvidenceProtocol
+//     ("gatehouse-evidence/1"). The server presents a self-signed Ed25519
+//     certificate that proves nothing (the client does not check it). Once
+//     the node has its cluster's CA file, the server requests a client
+//     certificate and accepts only one chained to that CA for client
+//     authentication whose subject organization is allowed
+//     (DefaultVerifierOrganizations); before it has one, no certificate is
+//     asked for.
+//  2. The server sends one byte, 0x01, once it accepted the client; a
+//     refused client instead reads the TLS alert the server sent
+//     (ErrRefused). The client sends nothing before this byte, so a
+//     refusal is never lost to a reset.
+//  3. The attested handshake above, inside the door's TLS connection,
+//     with the client's fresh nonce, and the key activation exchange.
+//
+// The client's first ClientHello also carries the attested handshake's
+// "h2" and nonce protocols: a node from before the door answers it as
+// its attested handshake (ALPN "h2"), and the client verifies that
+// handshake's evidence instead, so verifiers can be upgraded before nodes.
+// A client from before the door (no EvidenceProtocol) is answered only
+// while the node has no cluster CA. Connection limits apply at accept and
+// quotes pass a bounded queue that honours each connection's deadline, so
+// no caller can make the node quote more than one quote at a time, nor
+// more than a few wait (docs/continuous-attestation.md, "The evidence
+// endpoint's door").
 package atls
 
 import (

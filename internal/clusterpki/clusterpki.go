@@ -258,22 +258,62 @@ func (ca *CA) SignKubelet(req *KubeletRequest, now time.Time, lifetime time.Dura
 	return der, nil
 }
 
-// Identity is the join service's own TLS certificate, signed by the cluster
-// CA with the URI name IdentityURI, renewed at half its life. It is safe for
-// concurrent use.
+// Identity is a certificate of the join service's own, signed by the
+// cluster CA and renewed at half its life: its TLS server identity
+// (NewIdentity) or its client certificate for nodes' evidence endpoints
+// (NewVerifierIdentity). It is safe for concurrent use.
 type Identity struct {
-	ca  *CA
-	now func() time.Time
+	ca       *CA
+	now      func() time.Time
+	validity time.Duration
+	template func() (*x509.Certificate, error)
 
 	mu      sync.Mutex
 	cert    *tls.Certificate
 	renewAt time.Time
 }
 
-// NewIdentity returns the service identity signed by ca; now is the clock
-// (time.Now in production).
+// NewIdentity returns the service identity signed by ca: CN
+// gatehouse-joinservice with the URI name IdentityURI, for server
+// authentication, valid 7 days; now is the clock (time.Now in production).
 func NewIdentity(ca *CA, now func() time.Time) *Identity {
-	return &Identity{ca: ca, now: now}
+	return &Identity{ca: ca, now: now, validity: identityValidity, template: func() (*x509.Certificate, error) {
+		uri, err := url.Parse(IdentityURI)
+		if err != nil {
+			return nil, err
+		}
+		return &x509.Certificate{
+			Subject:     pkix.Name{CommonName: "gatehouse-joinservice"},
+			URIs:        []*url.URL{uri},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		}, nil
+	}}
+}
+
+// VerifierGroup is the subject organization of the client certificate the
+// join service presents to nodes' evidence endpoints, which answer it
+// (docs/continuous-attestation.md, "The evidence endpoint's door"). The
+// API server would read it as a group that no RBAC binding names; only
+// the cluster CA's holders (control planes, the join service) and
+// administrators approving a kube-apiserver-client CSR can issue it.
+const VerifierGroup = "gatehouse:verifiers"
+
+// VerifierValidity is how long the join service's evidence client
+// certificate is valid; it is renewed at half its life, so a certificate
+// that leaked stops working within an hour.
+const VerifierValidity = time.Hour
+
+// NewVerifierIdentity returns the join service's client certificate for
+// nodes' evidence endpoints, signed by ca: CN gatehouse-joinservice,
+// O=VerifierGroup, client authentication only, valid VerifierValidity
+// (backdated ClockSkew) and renewed at half of it; now is the clock.
+func NewVerifierIdentity(ca *CA, now func() time.Time) *Identity {
+	return &Identity{ca: ca, now: now, validity: VerifierValidity, template: func() (*x509.Certificate, error) {
+		return &x509.Certificate{
+			Subject:     pkix.Name{CommonName: "gatehouse-joinservice", Organization: []string{VerifierGroup}},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		}, nil
+	}}
 }
 
 // Certificate returns the current certificate chain (leaf, CA), issuing a new
@@ -289,24 +329,18 @@ func (id *Identity) Certificate() (*tls.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("generating join service key: %w", err)
 	}
-	uri, err := url.Parse(IdentityURI)
+	tmpl, err := id.template()
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{
-		Subject:     pkix.Name{CommonName: "gatehouse-joinservice"},
-		URIs:        []*url.URL{uri},
-		NotBefore:   now.Add(-ClockSkew),
-		NotAfter:    now.Add(identityValidity),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
+	tmpl.NotBefore, tmpl.NotAfter = now.Add(-ClockSkew), now.Add(id.validity)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := id.ca.sign(tmpl, key.Public())
 	if err != nil {
-		return nil, fmt.Errorf("issuing join service certificate: %w", err)
+		return nil, fmt.Errorf("issuing join service certificate %s: %w", tmpl.Subject, err)
 	}
 	id.cert = &tls.Certificate{Certificate: [][]byte{der, id.ca.cert.Raw}, PrivateKey: key}
-	id.renewAt = now.Add(identityValidity / 2)
+	id.renewAt = now.Add(id.validity / 2)
 	return id.cert, nil
 }
 

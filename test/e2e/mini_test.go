@@ -218,7 +218,15 @@ func TestMiniCluster(t *testing.T) {
 
 	t.Run("verify", func(t *testing.T) {
 		config, state := filepath.Join(dir, "gatehouse-config.yaml"), filepath.Join(dir, "gatehouse-state.json")
-		out, err := gatehouse(t, bin, "verify", "--config", config, "--state-file", state, "--node", ip("worker-1")+":9001", "--output", "json")
+		// worker-1 belongs to the cluster: its evidence endpoint answers
+		// only the join service and administrators.
+		admin := filepath.Join(dir, "gatehouse-admin.conf")
+		if out, err := gatehouse(t, bin, "verify", "--config", config, "--state-file", state, "--node", ip("worker-1")+":9001"); err == nil ||
+			!strings.Contains(out, "refused this anonymous caller") {
+			t.Fatalf("anonymous verify of a worker in the cluster: %v\n%s", err, out)
+		}
+		out, err := gatehouse(t, bin, "verify", "--config", config, "--state-file", state, "--kubeconfig", admin,
+			"--node", ip("worker-1")+":9001", "--output", "json")
 		if err != nil {
 			t.Fatalf("verify worker-1: %v\n%s", err, out)
 		}

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"sync"
 
 	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm/legacy/tpm2"
@@ -84,9 +83,13 @@ func ParseEKCertificateMode(s string) (EKCertificateMode, error) {
 // Attester produces "tpm" evidence with a TPM. It creates a transient ECC
 // P-256 attestation key from the TPM's owner hierarchy with go-tpm-tools'
 // AK template; on a given TPM that key is the same every time, so verifiers
-// can pin it. It is safe for concurrent use: TPM commands are serialised.
+// can pin it. It is safe for concurrent use: TPM commands are serialised,
+// and a caller waiting for the TPM stops waiting when its context ends.
 type Attester struct {
-	mu     sync.Mutex
+	// turn holds one token while a TPM command runs: a lock that a waiter
+	// can leave when its context ends (sync.Mutex cannot), so a caller
+	// whose deadline passed never waits behind a queue of quotes.
+	turn   chan struct{}
 	tpm    io.ReadWriter
 	ak     *client.Key
 	opts   Options
@@ -133,7 +136,7 @@ func New(rw io.ReadWriter, opts Options) (*Attester, error) {
 		return nil, fmt.Errorf("tpm attester: unknown EK certificate mode %q", opts.EKCertificate)
 	}
 	opts.PCRs = slices.Clone(opts.PCRs)
-	return &Attester{tpm: rw, ak: ak, opts: opts, pub: pub, ekCert: ekCert}, nil
+	return &Attester{turn: make(chan struct{}, 1), tpm: rw, ak: ak, opts: opts, pub: pub, ekCert: ekCert}, nil
 }
 
 // gceAK loads a Compute Engine vTPM's ECC AK with its certificate.
@@ -178,15 +181,36 @@ func (a *Attester) AttestationKey() crypto.PublicKey { return a.ak.PublicKey() }
 // (see tpm.Identity).
 func (a *Attester) Identity() (string, error) { return tpm.Identity(a.ak.PublicKey()) }
 
+// lock waits for the TPM until ctx ends; on success the caller must call
+// unlock. A command already sent to the TPM is not interrupted: only the
+// wait ends. The error wraps ctx's cause (context.DeadlineExceeded,
+// context.Canceled).
+func (a *Attester) lock(ctx context.Context) error {
+	if err := context.Cause(ctx); err != nil {
+		return fmt.Errorf("waiting for the TPM: %w", err)
+	}
+	select {
+	case a.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the TPM: %w", context.Cause(ctx))
+	}
+}
+
+func (a *Attester) unlock() { <-a.turn }
+
 // Attest quotes the selected PCRs with extraData SHA-256(nonce || userData)
-// and returns marshalled TPMEvidence.
-func (a *Attester) Attest(_ context.Context, userData, nonce []byte) ([]byte, error) {
+// and returns marshalled TPMEvidence. It waits for the TPM (another
+// caller's command) at most until ctx ends, then fails wrapping ctx's cause.
+func (a *Attester) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}
-	a.mu.Lock()
+	if err := a.lock(ctx); err != nil {
+		return nil, err
+	}
 	q, err := a.ak.Quote(tpm2.PCRSelection{Hash: tpm2.AlgSHA256, PCRs: a.opts.PCRs}, attestation.Binding256(nonce, userData))
-	a.mu.Unlock()
+	a.unlock()
 	if err != nil {
 		return nil, fmt.Errorf("quoting PCRs %v: %w", a.opts.PCRs, err)
 	}
@@ -208,10 +232,13 @@ func (a *Attester) Attest(_ context.Context, userData, nonce []byte) ([]byte, er
 	return out, nil
 }
 
-// Close flushes the attestation key from the TPM. It does not close the TPM.
+// Close flushes the attestation key from the TPM, after any command in
+// progress. It does not close the TPM.
 func (a *Attester) Close() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	if err := a.lock(context.Background()); err != nil {
+		return err
+	}
+	defer a.unlock()
 	a.ak.Close()
 	return nil
 }
@@ -226,13 +253,14 @@ func (a *Attester) EKCertificate() []byte { return a.ekCert }
 func (a *Attester) RequestsActivation() bool { return a.ekCert != nil }
 
 // Activate answers a marshalled TPMActivationChallenge (the verifier's
-// attestation.KeyActivation) with ActivateCredential.
-func (a *Attester) Activate(_ context.Context, challenge []byte) ([]byte, error) {
+// attestation.KeyActivation) with ActivateCredential, waiting for the TPM
+// at most until ctx ends, as Attest does.
+func (a *Attester) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
 	c, err := tpm.ParseActivationChallenge(challenge)
 	if err != nil {
 		return nil, err
 	}
-	return a.ActivateCredential(c.Credential, c.EncryptedSecret)
+	return a.activateCredential(ctx, c.Credential, c.EncryptedSecret)
 }
 
 // ActivateCredential answers a credential activation challenge
@@ -241,13 +269,21 @@ func (a *Attester) Activate(_ context.Context, challenge []byte) ([]byte, error)
 // TPM2_ActivateCredential, with the EK's policy satisfied by
 // PolicySecret(TPM_RH_ENDORSEMENT). It returns the challenge's secret; a
 // TPM that does not hold both keys cannot recover it, and the TPM refuses.
-// credential and encryptedSecret are the challenge's TPM2B encodings.
+// credential and encryptedSecret are the challenge's TPM2B encodings. It
+// waits for the TPM as long as another command takes; Activate is the
+// variant whose wait ends with its context.
 func (a *Attester) ActivateCredential(credential, encryptedSecret []byte) ([]byte, error) {
+	return a.activateCredential(context.Background(), credential, encryptedSecret)
+}
+
+func (a *Attester) activateCredential(ctx context.Context, credential, encryptedSecret []byte) ([]byte, error) {
 	if len(credential) < 2 || len(encryptedSecret) < 2 {
 		return nil, errors.New("activating the credential: challenge too short")
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	if err := a.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer a.unlock()
 	ek, err := client.EndorsementKeyRSA(a.tpm)
 	if err != nil {
 		return nil, fmt.Errorf("loading the endorsement key: %w", err)

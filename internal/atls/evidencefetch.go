@@ -1,0 +1,156 @@
+package atls
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+)
+
+// ErrRefused means a node's evidence endpoint refused the caller at its
+// door: the node belongs to a cluster, and the caller presented no client
+// certificate, or one the node does not answer.
+var ErrRefused = errors.New("atls: the evidence endpoint refused this caller")
+
+// EvidenceFetcher fetches nodes' evidence from their evidence endpoints
+// (EvidenceEndpoint, `gatehouse-bootstrapper serve-evidence`). The zero
+// value is an anonymous caller.
+type EvidenceFetcher struct {
+	// Certificate, when set, returns the client certificate (chain leaf
+	// first, with its key) presented to a node that asks for one: a node
+	// that belongs to a cluster answers certificates of the cluster CA in
+	// one of DefaultVerifierOrganizations. It is called once per fetch,
+	// so it may renew certificates.
+	Certificate func() (*tls.Certificate, error)
+	// Timeout bounds one fetch when ctx's deadline is later; 0 is 30 s.
+	Timeout time.Duration
+	// Dialer connects to the node; nil is a zero net.Dialer.
+	Dialer *net.Dialer
+}
+
+// FetchEvidence is EvidenceFetcher{}.Fetch: an anonymous caller.
+func FetchEvidence(ctx context.Context, addr string, verifiers []attestation.Verifier) (*attestation.Result, error) {
+	return EvidenceFetcher{}.Fetch(ctx, addr, verifiers)
+}
+
+// Fetch dials addr (host:port), passes the node's door, checks the
+// evidence of the attested TLS handshake behind it with verifiers against
+// a fresh nonce, and returns the verified result. A node from before the
+// door (an attested handshake at once) is fetched from as well. Errors
+// wrap ErrRefused when the node refused this caller, and otherwise say
+// whether the node was unreachable or its evidence did not verify
+// (wrapping the verifier's error).
+func (f EvidenceFetcher) Fetch(ctx context.Context, addr string, verifiers []attestation.Verifier) (*attestation.Result, error) {
+	timeout := f.Timeout
+	if timeout <= 0 {
+		timeout = handshakeTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	// The outer ClientHello is an attested one plus EvidenceProtocol: a
+	// node with a door chooses EvidenceProtocol and ignores the nonce, a
+	// node without one attests for the nonce in this very handshake.
+	outerCfg, outerVerified, err := ClientConfig(ctx, Config{Verifiers: verifiers})
+	if err != nil {
+		return nil, err
+	}
+	outerCfg.NextProtos = append([]string{EvidenceProtocol}, outerCfg.NextProtos...)
+	outerCfg.CurvePreferences = doorCurves()
+	verifyAttested := outerCfg.VerifyConnection
+	outerCfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if cs.NegotiatedProtocol == EvidenceProtocol {
+			return nil // the door's certificate proves nothing; the evidence comes inside
+		}
+		return verifyAttested(cs)
+	}
+	presented := false
+	outerCfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		if f.Certificate == nil {
+			return &tls.Certificate{}, nil // none: the node refuses, and says so
+		}
+		c, err := f.Certificate()
+		if err != nil {
+			return nil, fmt.Errorf("the client certificate: %w", err)
+		}
+		presented = true
+		return c, nil
+	}
+
+	d := f.Dialer
+	if d == nil {
+		d = &net.Dialer{}
+	}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", addr, err)
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	outer := tls.Client(conn, outerCfg)
+	if err := outer.HandshakeContext(ctx); err != nil {
+		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
+	}
+	if outer.ConnectionState().NegotiatedProtocol != EvidenceProtocol {
+		return finishFetch(ctx, addr, outer, outerVerified)
+	}
+	// In TLS 1.3 the server judges the client's certificate after the
+	// client's handshake ended: wait for its verdict before sending more,
+	// so a refusal arrives as the alert it sent, not as a reset.
+	var ready [1]byte
+	if _, err := io.ReadFull(outer, ready[:]); err != nil {
+		if alert, ok := remoteAlert(err); ok {
+			return nil, refusedError(addr, presented, alert)
+		}
+		return nil, fmt.Errorf("the evidence endpoint %s closed the connection before answering: %w", addr, err)
+	}
+	if ready[0] != evidenceReady {
+		return nil, fmt.Errorf("the evidence endpoint %s sent %#x, not the ready byte %#x", addr, ready[0], evidenceReady)
+	}
+	cfg, verified, err := ClientConfig(ctx, Config{Verifiers: verifiers})
+	if err != nil {
+		return nil, err
+	}
+	inner := tls.Client(outer, cfg)
+	if err := inner.HandshakeContext(ctx); err != nil {
+		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
+	}
+	return finishFetch(ctx, addr, inner, verified)
+}
+
+func finishFetch(ctx context.Context, addr string, conn net.Conn, verified *Verified) (*attestation.Result, error) {
+	if err := finish(ctx, conn, nil, verified); err != nil {
+		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
+	}
+	r := verified.Result()
+	if r == nil {
+		return nil, fmt.Errorf("%s sent no evidence", addr)
+	}
+	return r, nil
+}
+
+// remoteAlert returns the TLS alert the peer sent, if err is one
+// (crypto/tls reports it as a net.OpError "remote error").
+func remoteAlert(err error) (string, bool) {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "remote error" {
+		return op.Err.Error(), true
+	}
+	return "", false
+}
+
+func refusedError(addr string, presented bool, alert string) error {
+	groups := strings.Join(DefaultVerifierOrganizations(), ", ")
+	if !presented {
+		return fmt.Errorf("%w: %s belongs to a cluster and answers only client certificates of the cluster CA in the groups %s; "+
+			"this caller presented none (%s)", ErrRefused, addr, groups, alert)
+	}
+	return fmt.Errorf("%w: %s refused this caller's client certificate (%s): it answers only certificates of its cluster's CA "+
+		"in the groups %s", ErrRefused, addr, alert, groups)
+}
