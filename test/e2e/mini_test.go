@@ -368,6 +368,10 @@ func TestMiniCluster(t *testing.T) {
 		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
 	})
 
+	t.Run("flood on a worker's evidence port leaves it Verified", func(t *testing.T) {
+		testEvidenceFlood(ctx, t, dir, client, "worker-1", ip("worker-1")+":9001")
+	})
+
 	t.Run("compromised running worker tainted, restored by policy", func(t *testing.T) {
 		testCompromisedWorker(ctx, t, dir, client, "worker-4", "worker-1")
 	})

@@ -6,18 +6,22 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"net"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/google/go-tpm/tpmutil"
+	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -32,6 +36,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 	"github.com/gatehouse-dev/gatehouse/mini"
@@ -222,6 +227,76 @@ func testCompromisedWorker(ctx context.Context, t *testing.T, dir string, client
 	if err := client.AppsV1().Deployments("default").Delete(ctx, "mover", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// testEvidenceFlood floods node's evidence endpoint at addr from this host
+// (an address on the node network) with 5,000 TLS ClientHellos, 64 at a
+// time, for at least two re-verification intervals: the endpoint refuses
+// them before any TPM work, and the node stays Verified throughout: its
+// record is never anything else, nor its condition.
+func testEvidenceFlood(ctx context.Context, t *testing.T, dir string, client kubernetes.Interface, node, addr string) {
+	t.Helper()
+	waitAttested(ctx, t, client, map[string]string{node: continuous.ReasonVerified})
+	before, err := nodeattestation.NewStore(client, charts.Namespace).Get(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var hellos, answered atomic.Int64
+	flood, stop := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(flood)
+	for range 64 {
+		g.Go(func() error {
+			for gctx.Err() == nil && (hellos.Load() < 5000 || time.Since(start) < 2*reattestInterval*11/10) {
+				hellos.Add(1)
+				d := net.Dialer{Timeout: 2 * time.Second}
+				conn, err := d.DialContext(gctx, "tcp", addr)
+				if err != nil {
+					continue
+				}
+				tconn := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}) //nolint:gosec // an attacker's hello, nothing to verify
+				hctx, cancel := context.WithTimeout(gctx, 2*time.Second)
+				if tconn.HandshakeContext(hctx) == nil {
+					answered.Add(1)
+				}
+				cancel()
+				_ = conn.Close()
+			}
+			return nil
+		})
+	}
+	// Meanwhile the node's verdict holds, as recorded and as mirrored.
+	var flipped string
+	sample := time.NewTicker(time.Second)
+	defer sample.Stop()
+	for time.Since(start) < 2*reattestInterval*11/10 && flipped == "" {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err == nil {
+			for _, c := range n.Status.Conditions {
+				if c.Type == continuous.ConditionType && c.Reason != continuous.ReasonVerified {
+					flipped = c.Reason + ": " + c.Message
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-sample.C:
+		}
+	}
+	_ = g.Wait()
+	stop()
+	if flipped != "" {
+		t.Fatalf("%s was not Verified during a flood of %d hellos on its evidence port: %s", node, hellos.Load(), flipped)
+	}
+	after, err := nodeattestation.NewStore(client, charts.Namespace).Get(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !after.Attested || !after.Since.Equal(before.Since) {
+		t.Fatalf("%s's record after the flood: %+v (before: %+v); want Verified throughout", node, after, before)
+	}
+	t.Logf("%d hellos in %s on %s's evidence port (%d completed a TLS handshake, none got evidence); it stayed Verified",
+		hellos.Load(), time.Since(start).Round(time.Second), node, answered.Load())
 }
 
 func setUnschedulable(ctx context.Context, t *testing.T, client kubernetes.Interface, node string, on bool) {
