@@ -116,7 +116,7 @@ func newAttackRig(t *testing.T, machines map[string]string, silent map[string]st
 
 // holdSilent listens at addr and holds every connection open without a
 // byte, as a node whose evidence endpoint hangs does.
-func holdSilent(t *testing.T, addr string) {
+func holdSilent(t testing.TB, addr string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {

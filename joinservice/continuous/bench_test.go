@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -100,7 +102,15 @@ func BenchmarkReattest(b *testing.B) {
 	}
 	port := probe.Addr().(*net.TCPAddr).Port
 	_ = probe.Close()
-	r := startRig(b, rigSetup{Nodes: n, Port: port, ClusterID: clusterID, Nonce: nonce})
+	caFile := filepath.Join(env.Dir, "pki", "ca.crt")
+	r := startRig(b, rigSetup{Nodes: n, Port: port, ClusterID: clusterID, Nonce: nonce, ClientCAFile: caFile})
+	ca, err := clusterpki.LoadCA(caFile, filepath.Join(env.Dir, "pki", "ca.key"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The join service's fetch: its own verifier certificate through the
+	// nodes' door.
+	fetch := atls.EvidenceFetcher{Certificate: clusterpki.NewVerifierIdentity(ca, time.Now).Certificate}.Fetch
 
 	log := slog.New(slog.DiscardHandler)
 	reg := prometheus.NewRegistry()
@@ -134,7 +144,7 @@ func BenchmarkReattest(b *testing.B) {
 
 	c := startCaches(b, client)
 	nodes := c.nodes
-	verifier := NewVerifier(pol, c.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+	verifier := NewVerifier(pol, c.bindings, fetch, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
 	timed := &timedChecker{checker: verifier}
 	var offset atomic.Int64 // the loop's clock runs ahead by this much
 	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
@@ -173,7 +183,7 @@ func BenchmarkReattest(b *testing.B) {
 	cpu, rigCPU, start, byProcess := serverCPU(), r.cpu(b), now(), split()
 	reattestRound(b, loop, n)
 	firstWall := now().Sub(start)
-	waitHeartbeats(b, nodes, start)
+	waitHeartbeats(b, c.records, nodes, start, true)
 	events := waitEvents(b, admin, n)
 	firstCPU, firstRig, firstWrites := serverCPU()-cpu, r.cpu(b)-rigCPU, writes()
 	logSplit("first round", byProcess, n)
@@ -194,7 +204,7 @@ func BenchmarkReattest(b *testing.B) {
 	steadyWrites := writes() - before
 	logSplit("steady rounds", byProcess, n*rounds)
 	if steadyWrites != 0 {
-		b.Errorf("%d Node status writes in %d unchanged rounds, want none", steadyWrites, rounds)
+		b.Errorf("%d record writes in %d unchanged rounds, want none", steadyWrites, rounds)
 	}
 	latencies := timed.sorted()
 
@@ -202,11 +212,11 @@ func BenchmarkReattest(b *testing.B) {
 	offset.Store(int64(DefaultHeartbeat + time.Minute))
 	cpu, before, start, byProcess = serverCPU(), writes(), now(), split()
 	reattestRound(b, loop, n)
-	waitHeartbeats(b, nodes, start)
+	waitHeartbeats(b, c.records, nodes, start, false)
 	heartbeatCPU, heartbeatWrites := serverCPU()-cpu, writes()-before
 	logSplit("heartbeat round", byProcess, n)
 	if heartbeatWrites != n {
-		b.Errorf("%d Node status writes in the round with every heartbeat due, want %d", heartbeatWrites, n)
+		b.Errorf("%d record writes in the round with every heartbeat due, want %d", heartbeatWrites, n)
 	}
 
 	// The plain verification of one node's evidence, in this process.
@@ -230,8 +240,21 @@ func BenchmarkReattest(b *testing.B) {
 
 	steady := perNode(steadyCPU, rounds)
 	// Production rounds come every DefaultInterval, and rewrite an
-	// unchanged condition every DefaultHeartbeat.
+	// unchanged record every DefaultHeartbeat; the target is 10,000 nodes
+	// every 15 s in one core.
 	withHeartbeat := steady + (perNode(heartbeatCPU, 1)-steady)*float64(DefaultInterval)/float64(DefaultHeartbeat)
+	withHeartbeat15s := steady + (perNode(heartbeatCPU, 1)-steady)*float64(15*time.Second)/float64(DefaultHeartbeat)
+
+	// The attack: 1 % of the nodes go silent (their endpoints accept and
+	// never answer), and one node is compromised (its name now bound to
+	// another machine: IdentityChanged, tainted at once). The loop runs
+	// every 15 s, as at the target; the compromised node must be tainted
+	// within two intervals.
+	taintAfter := reattestAttack(b, admin, loop, c, n, port)
+	b.ReportMetric(taintAfter.Seconds(), "attack-taint-s")
+	if most := 2 * 15 * time.Second * 11 / 10; taintAfter > most {
+		b.Errorf("the compromised node was tainted %v after the compromise, with 1 %% of the nodes silent; want within two 15 s intervals (%v)", taintAfter, most)
+	}
 	b.ReportMetric(float64(n), "nodes")
 	b.ReportMetric(float64(nodeBytes)/1e3, "node-kB")
 	b.ReportMetric(steady, "server-cpu-ms/reverify")
@@ -239,6 +262,8 @@ func BenchmarkReattest(b *testing.B) {
 	b.ReportMetric(verifyMs, "verify-cpu-ms")
 	b.ReportMetric(steady/verifyMs, "ratio")
 	b.ReportMetric(60e3/withHeartbeat, "nodes/min/core")
+	b.ReportMetric(withHeartbeat15s, "server-cpu-ms/reverify+heartbeat@15s")
+	b.ReportMetric(15e3/withHeartbeat15s, "nodes/15s/core")
 	b.ReportMetric(float64(latencies[len(latencies)/2].Microseconds())/1e3, "check-p50-ms")
 	b.ReportMetric(float64(latencies[len(latencies)*99/100].Microseconds())/1e3, "check-p99-ms")
 	b.ReportMetric(steadyWall.Seconds()/float64(rounds), "round-s")
@@ -342,25 +367,79 @@ func kubeletStatus(name, addr string) corev1.NodeStatus {
 // waitHeartbeats waits until every cached Node carries the condition with
 // a heartbeat at or after since: the round's writes came back through the
 // watch. It reads the cache only, costing the API server nothing.
-func waitHeartbeats(b *testing.B, nodes *NodeCache, since time.Time) {
+func waitHeartbeats(b *testing.B, records *nodeattestation.Cache, nodes *NodeCache, since time.Time, conditions bool) {
 	b.Helper()
-	since = since.Truncate(time.Second) // as metav1.Time keeps it
 	err := wait.PollUntilContextTimeout(b.Context(), 10*time.Millisecond, 5*time.Minute, true, func(context.Context) (bool, error) {
 		list, err := nodes.List()
 		if err != nil {
 			return false, nil
 		}
 		for _, node := range list {
-			c := condition(node)
-			if c == nil || c.LastHeartbeatTime.Before(&metav1.Time{Time: since}) {
+			rec, err := records.Get(node.Name)
+			if err != nil || rec.CheckedAt.Before(since) {
+				return false, nil
+			}
+			if c := condition(node); conditions && c == nil {
 				return false, nil
 			}
 		}
 		return true, nil
 	})
 	if err != nil {
-		b.Fatalf("the Nodes' cache did not see the round's writes: %v", err)
+		b.Fatalf("the caches did not see the round's writes: %v", err)
 	}
+}
+
+// reattestAttack makes 1 % of n nodes silent (new Nodes whose addresses,
+// 127.4.x.y, accept connections and never answer; checked once, so the
+// loop knows them) and then compromises worker-00000 (its binding names
+// another machine), runs the loop every 15 s, and returns how long after
+// the compromise the node was tainted.
+func reattestAttack(b *testing.B, admin kubernetes.Interface, loop *Loop, c caches, n, port int) time.Duration {
+	b.Helper()
+	ctx := b.Context()
+	bindings := nodebinding.New(admin, namespace, time.Now)
+	for i := range max(1, n/100) {
+		name, addr := fmt.Sprintf("silent-%05d", i), fmt.Sprintf("127.4.%d.%d", i/250, i%250+1)
+		holdSilent(b, net.JoinHostPort(addr, strconv.Itoa(port)))
+		if _, err := bindings.Bind(ctx, name, "tpm-ak:sha256:"+strings.Repeat("00", 32)); err != nil {
+			b.Fatal(err)
+		}
+		created, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		created.Status = kubeletStatus(name, addr)
+		if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	waitCached(b, admin, c.nodes)
+	if _, err := loop.Round(ctx); err != nil {
+		b.Fatal(err)
+	}
+	cms := admin.CoreV1().ConfigMaps(namespace)
+	cm, err := cms.Get(ctx, nodebinding.Name("worker-00000"), metav1.GetOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cm.Data[nodebinding.KeyIdentity] = "tpm-ak:sha256:" + strings.Repeat("11", 32)
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	compromised := time.Now()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	loop.cfg.Interval = 15 * time.Second
+	go func() { _ = loop.Run(runCtx) }()
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		node, err := admin.CoreV1().Nodes().Get(ctx, "worker-00000", metav1.GetOptions{})
+		return err == nil && hasTaint(node), nil
+	})
+	if err != nil {
+		b.Fatalf("the compromised node was never tainted: %v", err)
+	}
+	return time.Since(compromised)
 }
 
 // waitEvents waits until n Events are recorded, or their number has not

@@ -104,6 +104,7 @@ type Loop struct {
 
 	mu          sync.Mutex
 	lastSuccess map[string]time.Time // by node: the last time it verified
+	unreachable map[string]bool      // by node: it did not answer at its last check
 	// controlPlanes holds, by control-plane node, whether it is attested
 	// as the records and this round's verdicts say: one is never tainted
 	// while none other is attested.
@@ -135,7 +136,7 @@ func NewLoop(cfg LoopConfig) (*Loop, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Loop{cfg: cfg, metrics: m, lastSuccess: map[string]time.Time{}, controlPlanes: map[string]bool{}}, nil
+	return &Loop{cfg: cfg, metrics: m, lastSuccess: map[string]time.Time{}, unreachable: map[string]bool{}, controlPlanes: map[string]bool{}}, nil
 }
 
 // Run mirrors the records onto the Nodes as they or the Nodes change, and
@@ -178,29 +179,68 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 	}
 	l.seedControlPlanes(nodes)
 	outcomes := make([]Outcome, len(nodes))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(l.cfg.Concurrency)
-	for i := range nodes {
+	// Nodes that did not answer last time are checked in a pool of their
+	// own: however many are silent, their deadlines take no slot from the
+	// nodes that answer.
+	var answering, silent []int
+	for i, n := range nodes {
+		if l.wasUnreachable(n.Name) {
+			silent = append(silent, i)
+		} else {
+			answering = append(answering, i)
+		}
+	}
+	var g errgroup.Group
+	for _, pool := range [][]int{answering, silent} {
 		g.Go(func() error {
-			cctx, cancel := context.WithTimeout(gctx, l.cfg.FetchTimeout)
-			o, err := l.cfg.Verifier.Check(cctx, nodes[i])
-			cancel()
-			if err != nil {
-				return err
+			p, pctx := errgroup.WithContext(ctx)
+			p.SetLimit(l.cfg.Concurrency)
+			for _, i := range pool {
+				p.Go(func() error { return l.checkOne(pctx, nodes[i], settings, &outcomes[i]) })
 			}
-			outcomes[i] = o
-			l.metrics.verifications.WithLabelValues(o.Reason).Inc()
-			// A write that fails is tried again next round (or at the
-			// next change of the Node); it does not stop the others.
-			if err := l.record(gctx, nodes[i], o, settings); err != nil && gctx.Err() == nil {
-				l.cfg.Log.Warn("Continuous attestation could not record a verdict; the next round tries again", "node", nodes[i].Name, "error", err.Error())
-			}
-			return nil
+			return p.Wait()
 		})
 	}
 	err = g.Wait()
 	l.updateOldest(nodes)
 	return outcomes, err
+}
+
+// checkOne checks node, bounded by FetchTimeout, stores its outcome in
+// out, and records it. It returns an error only when nothing can be
+// judged (no policy).
+func (l *Loop) checkOne(ctx context.Context, node *corev1.Node, settings joinconfig.ContinuousAttestation, out *Outcome) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.FetchTimeout)
+	o, err := l.cfg.Verifier.Check(cctx, node)
+	cancel()
+	if err != nil {
+		return err
+	}
+	*out = o
+	l.metrics.verifications.WithLabelValues(o.Reason).Inc()
+	l.mu.Lock()
+	if o.Reason == ReasonUnreachable {
+		l.unreachable[node.Name] = true
+	} else {
+		delete(l.unreachable, node.Name)
+	}
+	l.mu.Unlock()
+	// A write that fails is tried again next round (or at the next change
+	// of the Node); it does not stop the others.
+	if err := l.record(ctx, node, o, settings); err != nil && ctx.Err() == nil {
+		l.cfg.Log.Warn("Continuous attestation could not record a verdict; the next round tries again", "node", node.Name, "error", err.Error())
+	}
+	return nil
+}
+
+// wasUnreachable reports whether node did not answer at its last check.
+func (l *Loop) wasUnreachable(node string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.unreachable[node]
 }
 
 // TaintKey is the taint continuous attestation puts on a node that stopped
@@ -378,6 +418,11 @@ func (l *Loop) updateOldest(nodes []*corev1.Node) {
 	for name := range l.lastSuccess {
 		if !present[name] {
 			delete(l.lastSuccess, name)
+		}
+	}
+	for name := range l.unreachable {
+		if !present[name] {
+			delete(l.unreachable, name)
 		}
 	}
 	l.metrics.oldestSuccessAge.Set(oldest.Seconds())

@@ -55,6 +55,9 @@ type rigSetup struct {
 	Port      int    `json:"port"`
 	ClusterID []byte `json:"clusterID"`
 	Nonce     []byte `json:"nonce"`
+	// ClientCAFile is the cluster CA the nodes' evidence endpoints admit
+	// verifiers by, as serve-evidence does on a node that joined.
+	ClientCAFile string `json:"clientCAFile"`
 }
 
 // rigHello is the rig's answer once every endpoint listens: the AK its
@@ -73,7 +76,8 @@ type rigCPU struct {
 
 // serveRig boots this process's simulated TPM as a worker that took its
 // node lock, serves its evidence at every address of the setup as
-// gatehouse-bootstrapper serve-evidence does (atls.ServeEvidence), and
+// gatehouse-bootstrapper serve-evidence does (atls.EvidenceEndpoint, with
+// its door: only the cluster CA's verifiers), and
 // answers each further line with its CPU time until in ends. All nodes
 // share the one simulated TPM, so they share its AK: the go-tpm-tools
 // simulator is one TPM per process, and a TPM holds only a few loaded
@@ -110,7 +114,10 @@ func serveRig(in io.Reader, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		go func() { _ = atls.ServeEvidence(ctx, lis, attester) }()
+		// The production door and its default limits (one check per
+		// node per round stays well within them).
+		endpoint := atls.EvidenceEndpoint{Attester: attester, ClientCAFile: setup.ClientCAFile}
+		go func() { _ = endpoint.Serve(ctx, lis) }()
 	}
 	ak, err := x509.MarshalPKIXPublicKey(attester.AttestationKey())
 	if err != nil {
