@@ -310,9 +310,7 @@ func (l *Loop) record(ctx context.Context, node *corev1.Node, o Outcome, setting
 	if wrote {
 		l.metrics.recordWrites.Inc()
 	}
-	if existed && before.Tainted != rec.Tainted {
-		l.audit(node, rec)
-	} else if !existed && rec.Tainted {
+	if before.Tainted != rec.Tainted { // a new record is untainted before
 		l.audit(node, rec)
 	}
 	return l.mirror(ctx, node, rec)
