@@ -254,6 +254,7 @@ func testEvidenceFlood(ctx context.Context, t *testing.T, dir string, client kub
 				if err != nil {
 					continue
 				}
+				// An attacker's hello: it verifies nothing.
 				tconn := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
 				hctx, cancel := context.WithTimeout(gctx, 2*time.Second)
 				if tconn.HandshakeContext(hctx) == nil {
