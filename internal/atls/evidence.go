@@ -407,7 +407,12 @@ func (s *evidenceServer) refuse(source string, r refusal, err error) {
 // logRefusal logs at most three refusals per source, then one a minute:
 // a flood is counted, not written out.
 func (s *evidenceServer) logRefusal(source, reason, subject string, err error) {
-	if !s.logLimit.Allow(source) {
+	level := slog.LevelWarn
+	if reason == ReasonHandshakeFailed {
+		level = slog.LevelDebug // scanners, callers that went away
+	}
+	// Only a line that is written spends the source's budget.
+	if !s.log.Enabled(context.Background(), level) || !s.logLimit.Allow(source) {
 		return
 	}
 	attrs := []any{"source", source, "reason", reason}
@@ -416,10 +421,6 @@ func (s *evidenceServer) logRefusal(source, reason, subject string, err error) {
 	}
 	if err != nil {
 		attrs = append(attrs, "error", err.Error())
-	}
-	level := slog.LevelWarn
-	if reason == ReasonHandshakeFailed {
-		level = slog.LevelDebug
 	}
 	s.log.Log(context.Background(), level, "Evidence caller refused", attrs...)
 }

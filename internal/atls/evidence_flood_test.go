@@ -2,6 +2,7 @@ package atls
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -206,7 +207,7 @@ func TestEvidenceConnectionLimits(t *testing.T) {
 		if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		if n, err := conn.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		if n, err := conn.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
 			t.Fatalf("a third open connection from one source: read %d, %v; want it closed at once", n, err)
 		}
 		ep.waitMetric(t, 1, "gatehouse_evidence_connections_refused_total", "reason", connlimit.ReasonSourceConnections)

@@ -238,7 +238,7 @@ func clientHello(t testing.TB, protos []string) []byte {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = tls.Client(client, &tls.Config{MinVersion: tls.VersionTLS13, NextProtos: protos, InsecureSkipVerify: true}).Handshake() //nolint:gosec // a ClientHello to replay
+		_ = tls.Client(client, &tls.Config{MinVersion: tls.VersionTLS13, NextProtos: protos, InsecureSkipVerify: true}).Handshake()
 	}()
 	header := make([]byte, 5)
 	if _, err := io.ReadFull(server, header); err != nil {

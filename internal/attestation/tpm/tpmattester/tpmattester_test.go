@@ -96,8 +96,7 @@ func TestWaitingForTheTPMEndsWithTheContext(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		release()
-		<-first
-		<-second
+		_, _ = <-first, <-second
 		t.Fatal("a quote whose deadline passed still waits for the TPM")
 	}
 
