@@ -117,6 +117,11 @@ func (f EvidenceFetcher) Fetch(ctx context.Context, addr string, verifiers []att
 	if err != nil {
 		return nil, err
 	}
+	// Inside the door, too, X25519 alone: this channel carries evidence
+	// and a one-time key activation, nothing that must stay secret for
+	// years, so a post-quantum key exchange on every fetch buys nothing
+	// (join tickets, which carry keys, keep the hybrid one).
+	cfg.CurvePreferences = doorCurves()
 	inner := tls.Client(outer, cfg)
 	if err := inner.HandshakeContext(ctx); err != nil {
 		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
