@@ -390,3 +390,46 @@ func (c *countingChecker) Check(ctx context.Context, node *corev1.Node) (Outcome
 	}
 	return c.Verifier.Check(ctx, node)
 }
+
+// TestSilentNodesHaveTheirOwnPool: nodes that did not answer last round
+// are checked apart. With two checks at a time and four nodes silent since
+// the last round, a shared pool would hold the compromised node's check
+// behind two whole deadlines; it is tainted within half of one.
+func TestSilentNodesHaveTheirOwnPool(t *testing.T) {
+	silent := map[string]string{}
+	for i := range 4 {
+		silent["worker-silent-"+strconv.Itoa(i)] = "127.0.0." + strconv.Itoa(10+i)
+	}
+	r := newAttackRig(t, map[string]string{"worker-bad": "127.0.0.2"}, silent)
+	ctx := t.Context()
+	const deadline = 6 * time.Second
+	loop, err := NewLoop(LoopConfig{Client: r.client, Nodes: r.caches.nodes, Records: nodeattestation.NewStore(r.client, namespace),
+		RecordCache: r.caches.records, Verifier: r.verifier, Events: NewEventRecorder(ctx, r.client), FetchTimeout: deadline,
+		Concurrency: 2, Log: r.log, Registerer: r.reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loop.Round(ctx); err != nil { // the silent nodes are seen silent once
+		t.Fatal(err)
+	}
+	r.compromise(t, "worker-bad")
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := loop.Round(ctx)
+		done <- err
+	}()
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 4*deadline, true, func(ctx context.Context) (bool, error) {
+		n, err := r.client.CoreV1().Nodes().Get(ctx, "worker-bad", metav1.GetOptions{})
+		return err == nil && hasTaint(n), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > deadline/2 {
+		t.Errorf("the compromised node was tainted %v after the round began, behind the silent nodes (deadline %v)", took, deadline)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
