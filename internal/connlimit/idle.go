@@ -64,13 +64,6 @@ func (l *Listener) oldestIdleLocked() *trackedConn {
 	return oldest
 }
 
-// handshaken marks the end of c's handshake: its idle time starts now.
-func (c *trackedConn) handshaken() {
-	c.l.mu.Lock()
-	defer c.l.mu.Unlock()
-	c.idleSince = c.l.clock.Now()
-}
-
 // begin marks a request in flight on c.
 func (c *trackedConn) begin() {
 	c.l.mu.Lock()
@@ -123,13 +116,11 @@ func (h statsHandler) TagConn(ctx context.Context, info *stats.ConnTagInfo) cont
 	return ctx
 }
 
-func (h statsHandler) HandleConn(ctx context.Context, s stats.ConnStats) {
-	if c, ok := ctx.Value(connCtxKey{}).(*trackedConn); ok {
-		if _, begin := s.(*stats.ConnBegin); begin {
-			c.handshaken()
-		}
-	}
-}
+// HandleConn does nothing: a connection's idle time starts at accept,
+// not at the end of its handshake, which the server learns of only after
+// the client may have sent its first request (a race no fake clock could
+// order).
+func (h statsHandler) HandleConn(context.Context, stats.ConnStats) {}
 
 func (h statsHandler) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
 	return context.WithValue(ctx, rpcCtxKey{}, &rpcMark{})

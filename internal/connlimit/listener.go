@@ -22,8 +22,8 @@ type Limits struct {
 	// Total caps all open connections.
 	Total int
 	// MaxIdle closes a connection that had no request in flight for this
-	// long: since it was accepted, since its handshake completed, or since
-	// its last request ended. Requests are known only through the server's
+	// long: since it was accepted (its handshake included) or since its
+	// last request ended. Requests are known only through the server's
 	// StatsHandler; without it every connection is closed MaxIdle after it
 	// was accepted.
 	MaxIdle time.Duration
