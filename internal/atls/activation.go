@@ -124,9 +124,17 @@ func checkAnswer(conn net.Conn, secret []byte) error {
 	return nil
 }
 
+// writeFrame writes payload as one frame of at most
+// attestation.MaxActivationSize bytes.
 func writeFrame(w io.Writer, payload []byte) error {
-	if len(payload) > attestation.MaxActivationSize {
-		return fmt.Errorf("frame of %d bytes exceeds %d", len(payload), attestation.MaxActivationSize)
+	return writeFrameMax(w, payload, attestation.MaxActivationSize)
+}
+
+// writeFrameMax writes payload as one frame: a 4-byte big-endian length,
+// then the payload, at most limit bytes.
+func writeFrameMax(w io.Writer, payload []byte, limit int) error {
+	if len(payload) > limit {
+		return fmt.Errorf("frame of %d bytes exceeds %d", len(payload), limit)
 	}
 	frame := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(payload)), uint32(len(payload)))
 	_, err := w.Write(append(frame, payload...))
@@ -136,13 +144,19 @@ func writeFrame(w io.Writer, payload []byte) error {
 // readFrame reads one frame, refusing a length over
 // attestation.MaxActivationSize before reading the payload.
 func readFrame(r io.Reader) ([]byte, error) {
+	return readFrameMax(r, attestation.MaxActivationSize)
+}
+
+// readFrameMax reads one frame, refusing a length over limit before
+// reading the payload.
+func readFrameMax(r io.Reader, limit int) ([]byte, error) {
 	var header [4]byte
 	if _, err := io.ReadFull(r, header[:]); err != nil {
 		return nil, err
 	}
 	n := binary.BigEndian.Uint32(header[:])
-	if n > attestation.MaxActivationSize {
-		return nil, fmt.Errorf("%w: frame of %d bytes exceeds %d", attestation.ErrMalformed, n, attestation.MaxActivationSize)
+	if uint64(n) > uint64(limit) {
+		return nil, fmt.Errorf("%w: frame of %d bytes exceeds %d", attestation.ErrMalformed, n, limit)
 	}
 	payload := make([]byte, n)
 	if _, err := io.ReadFull(r, payload); err != nil {

@@ -26,26 +26,34 @@
 //
 // # The evidence endpoint
 //
-// A node's evidence endpoint (EvidenceEndpoint, EvidenceFetcher) puts a
-// door in front of the attested handshake, because in TLS 1.3 the server
-// sends its Certificate, which carries the quote, before it sees the
-// client's: an attested server cannot authenticate its client before
-// quoting. On one TCP connection:
+// A node's evidence endpoint (EvidenceEndpoint, EvidenceFetcher) does not
+// use the attested handshake, because in TLS 1.3 the server sends its
+// Certificate, which carries the quote, before it sees the client's: an
+// attested server cannot authenticate its client before quoting. On one
+// TCP connection:
 //
 //  1. The door: a TLS 1.3 handshake with ALPN EvidenceProtocol
-//     ("gatehouse-evidence/1"). The server presents a self-signed Ed25519
+//     ("gatehouse-evidence/2"). The server presents a self-signed Ed25519
 //     certificate that proves nothing (the client does not check it). Once
 //     the node has its cluster's CA file, the server requests a client
 //     certificate and accepts only one chained to that CA for client
 //     authentication whose subject organization is allowed
 //     (DefaultVerifierOrganizations); before it has one, no certificate is
-//     asked for.
-//  2. The server sends one byte, 0x01, once it accepted the client; a
-//     refused client instead reads the TLS alert the server sent
-//     (ErrRefused). The client sends nothing before this byte, so a
+//     asked for. A refused client reads the TLS alert the server sent
+//     (ErrRefused); the client sends nothing after its Finished, so a
 //     refusal is never lost to a reset.
-//  3. The attested handshake above, inside the door's TLS connection,
-//     with the client's fresh nonce, and the key activation exchange.
+//  2. Once it accepted the client, the server quotes with the connection's
+//     exporter value (RFC 8446 §7.5, label "EXPORTER-gatehouse-evidence",
+//     32 bytes; RFC 9266's tls-exporter channel binding) as the nonce and
+//     a fixed domain separator as user data, and sends two frames (4-byte
+//     big-endian length, payload): the variant's name and the evidence.
+//     The exporter covers the client's random and key share, so the
+//     evidence is fresh, and a man in the middle, who has a different
+//     exporter on each side, cannot relay it.
+//  3. The key activation exchange, over the same connection.
+//
+// One handshake and one quote per fetch: the evidence needs no second,
+// attested handshake of its own.
 //
 // The client's first ClientHello also carries the attested handshake's
 // "h2" and nonce protocols: a node from before the door answers it as

@@ -23,14 +23,12 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 )
 
-// EvidenceProtocol is the ALPN protocol of the evidence endpoint's outer
-// TLS handshake, the door a caller passes before any quote is made.
-const EvidenceProtocol = "gatehouse-evidence/1"
-
-// evidenceReady is the one byte the server sends over the outer TLS
-// connection once it accepted the caller; the inner attested handshake
-// follows.
-const evidenceReady byte = 0x01
+// EvidenceProtocol is the ALPN protocol of the evidence endpoint's door,
+// the TLS 1.3 handshake a caller passes before any quote is made; the
+// evidence then comes over the door's connection, bound to it. (Its
+// first version, never released, ran an attested handshake inside the
+// door; it is not answered.)
+const EvidenceProtocol = "gatehouse-evidence/2"
 
 // handshakeTimeout bounds one FetchEvidence.
 const handshakeTimeout = 30 * time.Second
@@ -218,14 +216,15 @@ func (e EvidenceEndpoint) newServer() (*evidenceServer, error) {
 }
 
 // doorCurves are the door's key exchanges: X25519 alone, the cheapest.
-// The door keeps nothing secret (a client certificate is public, and the
-// attested handshake inside has its own key exchange, post-quantum hybrid
-// by default), so the hybrid's extra cost would buy nothing on every fetch.
+// The door's connection carries a public client certificate, evidence and
+// a one-time key activation, nothing that must stay secret for years, so
+// a post-quantum hybrid's extra cost would buy nothing on every fetch
+// (join tickets, which carry keys, keep the hybrid).
 func doorCurves() []tls.CurveID { return []tls.CurveID{tls.X25519} }
 
 // doorCertificate is the outer handshake's server certificate: a fresh
 // Ed25519 key, self-signed. It proves nothing and callers do not check it;
-// the node is authenticated by the evidence of the inner handshake.
+// the node is authenticated by its evidence, bound to the connection.
 func doorCertificate(now time.Time) (tls.Certificate, error) {
 	pub, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
@@ -292,11 +291,11 @@ func resourceShortage(err error) bool {
 	return false
 }
 
-// handle serves one connection: the door (outer TLS 1.3 handshake, the
-// caller authenticated when the node has a cluster CA), the ready byte,
-// then the attested handshake and key activation inside it. A caller of
-// the protocol before the door, on a node without a cluster CA, gets the
-// attested handshake at once.
+// handle serves one connection: the door (TLS 1.3 handshake, the caller
+// authenticated when the node has a cluster CA), then evidence bound to
+// the connection and the key activation over it. A caller of the protocol
+// before the door, on a node without a cluster CA, gets the attested
+// handshake at once.
 func (s *evidenceServer) handle(ctx context.Context, conn net.Conn) {
 	defer conn.Close()
 	source := connlimit.Source(conn.RemoteAddr())
@@ -328,16 +327,11 @@ func (s *evidenceServer) handle(ctx context.Context, conn net.Conn) {
 		s.finish(hctx, source, outer, attester, verified, &r)
 		return
 	}
-	if _, err := outer.Write([]byte{evidenceReady}); err != nil {
+	if err := attestChannel(hctx, outer, attester); err != nil {
 		s.refuse(source, r, err)
 		return
 	}
-	inner := tls.Server(outer, attested)
-	if err := inner.HandshakeContext(hctx); err != nil {
-		s.refuse(source, r, err)
-		return
-	}
-	s.finish(hctx, source, inner, attester, verified, &r)
+	s.served.Inc()
 }
 
 func (s *evidenceServer) finish(ctx context.Context, source string, conn net.Conn, attester attestation.Attester, verified *Verified, r *refusal) {

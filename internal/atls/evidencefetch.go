@@ -40,8 +40,9 @@ func FetchEvidence(ctx context.Context, addr string, verifiers []attestation.Ver
 }
 
 // Fetch dials addr (host:port), passes the node's door, checks the
-// evidence of the attested TLS handshake behind it with verifiers against
-// a fresh nonce, and returns the verified result. A node from before the
+// evidence the node sends over the door's connection with verifiers
+// against the connection's channel binding, and returns the verified
+// result. A node from before the
 // door (an attested handshake at once) is fetched from as well. Errors
 // wrap ErrRefused when the node refused this caller, and otherwise say
 // whether the node was unreachable or its evidence did not verify
@@ -97,36 +98,28 @@ func (f EvidenceFetcher) Fetch(ctx context.Context, addr string, verifiers []att
 	if err := outer.HandshakeContext(ctx); err != nil {
 		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
 	}
-	if outer.ConnectionState().NegotiatedProtocol != EvidenceProtocol {
+	cs := outer.ConnectionState()
+	if cs.NegotiatedProtocol != EvidenceProtocol {
 		return finishFetch(ctx, addr, outer, outerVerified)
 	}
 	// In TLS 1.3 the server judges the client's certificate after the
-	// client's handshake ended: wait for its verdict before sending more,
-	// so a refusal arrives as the alert it sent, not as a reset.
-	var ready [1]byte
-	if _, err := io.ReadFull(outer, ready[:]); err != nil {
-		if alert, ok := remoteAlert(err); ok {
-			return nil, refusedError(addr, presented, alert)
-		}
-		return nil, fmt.Errorf("the evidence endpoint %s closed the connection before answering: %w", addr, err)
-	}
-	if ready[0] != evidenceReady {
-		return nil, fmt.Errorf("the evidence endpoint %s sent %#x, not the ready byte %#x", addr, ready[0], evidenceReady)
-	}
-	cfg, verified, err := ClientConfig(ctx, Config{Verifiers: verifiers})
+	// client's handshake ended, and the client sends nothing more: its
+	// first read returns the evidence, or the alert of a refusal.
+	nonce, err := channelNonce(cs)
 	if err != nil {
 		return nil, err
 	}
-	// Inside the door, too, X25519 alone: this channel carries evidence
-	// and a one-time key activation, nothing that must stay secret for
-	// years, so a post-quantum key exchange on every fetch buys nothing
-	// (join tickets, which carry keys, keep the hybrid one).
-	cfg.CurvePreferences = doorCurves()
-	inner := tls.Client(outer, cfg)
-	if err := inner.HandshakeContext(ctx); err != nil {
-		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
+	verified, err := verifyChannel(ctx, outer, nonce, verifiers)
+	if err != nil {
+		if alert, ok := remoteAlert(err); ok {
+			return nil, refusedError(addr, presented, alert)
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, fmt.Errorf("the evidence endpoint %s closed the connection before answering: %w", addr, err)
+		}
+		return nil, fmt.Errorf("evidence from %s: %w", addr, err)
 	}
-	return finishFetch(ctx, addr, inner, verified)
+	return verified.Result(), nil
 }
 
 func finishFetch(ctx context.Context, addr string, conn net.Conn, verified *Verified) (*attestation.Result, error) {

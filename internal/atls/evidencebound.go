@@ -1,0 +1,100 @@
+package atls
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"slices"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+)
+
+// exporterLabel is the TLS exporter label (RFC 8446 §7.5) of the evidence
+// endpoint's channel binding, in the manner of RFC 9266's tls-exporter.
+const exporterLabel = "EXPORTER-gatehouse-evidence"
+
+// maxVariantSize bounds the variant frame in bytes.
+const maxVariantSize = 64
+
+// channelUserData is the user data of evidence sent over the door: a
+// fixed domain separator, so evidence made for an attested handshake
+// (whose user data is the hash of a certificate key) can never pass as
+// door evidence, nor the reverse.
+func channelUserData() []byte {
+	h := sha256.Sum256([]byte(EvidenceProtocol + " channel-bound evidence"))
+	return h[:]
+}
+
+// channelNonce is the nonce of evidence sent over the door: the door
+// connection's exporter value (attestation.NonceSize bytes). It is unique
+// to the connection and unpredictable to the node (it covers the
+// client's random and key share), so evidence bound to it is fresh and
+// cannot be relayed: a man in the middle has a different exporter on
+// each side.
+func channelNonce(cs tls.ConnectionState) ([]byte, error) {
+	nonce, err := cs.ExportKeyingMaterial(exporterLabel, nil, attestation.NonceSize)
+	if err != nil {
+		return nil, fmt.Errorf("atls: exporting the channel binding: %w", err)
+	}
+	return nonce, nil
+}
+
+// attestChannel is the node's side after the door accepted the caller:
+// quote for the connection's exporter, send the variant and the evidence
+// as two frames, then run the key activation exchange.
+func attestChannel(ctx context.Context, conn *tls.Conn, attester attestation.Attester) error {
+	nonce, err := channelNonce(conn.ConnectionState())
+	if err != nil {
+		return err
+	}
+	evidence, err := attester.Attest(ctx, channelUserData(), nonce)
+	if err != nil {
+		return fmt.Errorf("atls: attesting: %w", err)
+	}
+	if err := writeFrameMax(conn, []byte(attester.Variant()), maxVariantSize); err != nil {
+		return fmt.Errorf("atls: sending the evidence's variant: %w", err)
+	}
+	if err := writeFrameMax(conn, evidence, attestation.MaxEvidenceSize); err != nil {
+		return fmt.Errorf("atls: sending the evidence: %w", err)
+	}
+	verified := &Verified{}
+	verified.markAttested()
+	return finish(ctx, conn, attester, verified)
+}
+
+// verifyChannel is the caller's side: read the variant and the evidence
+// the node sent over conn, verify them against nonce (the connection's
+// channelNonce) with the verifier of that variant, then run the key
+// activation exchange.
+// Errors wrap ErrUnknownVariant, ErrEvidenceInvalid (wrapping the
+// verifier's error), ErrKeyBinding or attestation.ErrMalformed; a read
+// error is returned as it came (the caller tells a refusal alert apart).
+func verifyChannel(ctx context.Context, conn net.Conn, nonce []byte, verifiers []attestation.Verifier) (*Verified, error) {
+	variant, err := readFrameMax(conn, maxVariantSize)
+	if err != nil {
+		return nil, err
+	}
+	evidence, err := readFrameMax(conn, attestation.MaxEvidenceSize)
+	if err != nil {
+		return nil, fmt.Errorf("reading the evidence: %w", err)
+	}
+	i := slices.IndexFunc(verifiers, func(v attestation.Verifier) bool { return string(v.Variant()) == string(variant) })
+	if i < 0 {
+		return nil, fmt.Errorf("%w: the node attests with %q", ErrUnknownVariant, variant)
+	}
+	result, err := verifyRecovering(ctx, verifiers[i], evidence, nonce)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrEvidenceInvalid, err)
+	}
+	if string(result.UserData) != string(channelUserData()) {
+		return nil, ErrKeyBinding
+	}
+	verified := &Verified{}
+	verified.set(result, Evidence{Data: evidence, Nonce: nonce})
+	if err := finish(ctx, conn, nil, verified); err != nil {
+		return nil, err
+	}
+	return verified, nil
+}
