@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -180,7 +181,12 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		// service's own short-lived client certificate, renewed at half
 		// its life (docs/continuous-attestation.md, "The evidence
 		// endpoint's door").
-		fetch := atls.EvidenceFetcher{Certificate: clusterpki.NewVerifierIdentity(ca, time.Now).Certificate}.Fetch
+		// The door's sessions are kept per node, so a re-verification
+		// resumes instead of redoing both certificates.
+		fetch := atls.EvidenceFetcher{
+			Certificate: clusterpki.NewVerifierIdentity(ca, time.Now).Certificate,
+			Sessions:    tls.NewLRUClientSessionCache(atls.DefaultEvidenceSessions),
+		}.Fetch
 		verifier := continuous.NewVerifier(policy, bindingCache, fetch, continuous.ClusterID(keySource, policy), *evidencePort)
 		events := continuous.NewEventRecorder(ctx, client)
 		var loop *continuous.Loop

@@ -140,6 +140,7 @@ type evidenceServer struct {
 	orgs      []string
 	timeout   time.Duration
 	outerCert tls.Certificate
+	tickets   ticketKeys
 	now       func() time.Time
 	log       *slog.Logger
 	logLimit  *connlimit.Buckets
@@ -363,13 +364,20 @@ func (s *evidenceServer) doorConfig(chi *tls.ClientHelloInfo, attested *tls.Conf
 		}
 		return attested, nil
 	}
-	cfg := &tls.Config{
-		MinVersion:             tls.VersionTLS13,
-		Certificates:           []tls.Certificate{s.outerCert},
-		NextProtos:             []string{EvidenceProtocol},
-		SessionTicketsDisabled: true,
-		CurvePreferences:       doorCurves(),
+	keys, err := s.tickets.current(s.now())
+	if err != nil {
+		return nil, err
 	}
+	cfg := &tls.Config{
+		MinVersion:       tls.VersionTLS13,
+		Certificates:     []tls.Certificate{s.outerCert},
+		NextProtos:       []string{EvidenceProtocol},
+		CurvePreferences: doorCurves(),
+	}
+	// Tickets let the join service resume (EvidenceFetcher.Sessions): a
+	// resumed session's client certificate is checked again below, and
+	// its evidence is bound to the new connection all the same.
+	cfg.SetSessionTicketKeys(keys)
 	if pool != nil {
 		// Request, and verify in VerifyConnection, to record the reason;
 		// crypto/tls checks the client's CertificateVerify either way.

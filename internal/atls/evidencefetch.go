@@ -26,12 +26,20 @@ type EvidenceFetcher struct {
 	// first, with its key) presented to a node that asks for one: a node
 	// that belongs to a cluster answers certificates of the cluster CA in
 	// one of DefaultVerifierOrganizations. It is called once per fetch,
-	// so it may renew certificates.
+	// before connecting, so it may renew certificates.
 	Certificate func() (*tls.Certificate, error)
 	// Timeout bounds one fetch when ctx's deadline is later; 0 is 30 s.
 	Timeout time.Duration
 	// Dialer connects to the node; nil is a zero net.Dialer.
 	Dialer *net.Dialer
+	// Sessions, when set, keeps the door's TLS 1.3 sessions (RFC 8446
+	// §2.2), one per node address and client certificate, so the next
+	// fetch from that node resumes: neither side's certificate is sent,
+	// parsed or signed for again. The evidence is as fresh as on a full
+	// handshake (it is bound to the new connection's exporter). A
+	// tls.NewLRUClientSessionCache of DefaultEvidenceSessions; nil makes
+	// every handshake a full one.
+	Sessions tls.ClientSessionCache
 }
 
 // FetchEvidence is EvidenceFetcher{}.Fetch: an anonymous caller.
@@ -54,15 +62,47 @@ func (f EvidenceFetcher) Fetch(ctx context.Context, addr string, verifiers []att
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	var cert *tls.Certificate
+	if f.Certificate != nil {
+		c, err := f.Certificate()
+		if err != nil {
+			return nil, fmt.Errorf("the client certificate: %w", err)
+		}
+		cert = c
+	}
+	var sessions tls.ClientSessionCache
+	if f.Sessions != nil {
+		sessions = newCertSessions(f.Sessions, cert)
+	}
+	r, resumed, err := f.fetch(ctx, addr, verifiers, cert, sessions)
+	if resumed && errors.Is(err, ErrRefused) {
+		// The node judged the certificate of the session's first
+		// handshake again and refused it (its CA changed): forget the
+		// session and present the current certificate.
+		r, _, err = f.fetch(ctx, addr, verifiers, cert, nil)
+	}
+	return r, err
+}
+
+// fetch is one connection of Fetch; resumed reports whether the door's
+// session was resumed from sessions (nil: a full handshake).
+func (f EvidenceFetcher) fetch(ctx context.Context, addr string, verifiers []attestation.Verifier, cert *tls.Certificate,
+	sessions tls.ClientSessionCache) (_ *attestation.Result, resumed bool, _ error) {
 	// The outer ClientHello is an attested one plus EvidenceProtocol: a
 	// node with a door chooses EvidenceProtocol and ignores the nonce, a
 	// node without one attests for the nonce in this very handshake.
 	outerCfg, outerVerified, err := ClientConfig(ctx, Config{Verifiers: verifiers})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	outerCfg.NextProtos = append([]string{EvidenceProtocol}, outerCfg.NextProtos...)
 	outerCfg.CurvePreferences = doorCurves()
+	if sessions != nil {
+		// Only the door issues tickets: a node without it attests in
+		// its handshake, which it never resumes, and a resumed session
+		// offered as that handshake fails its evidence check.
+		outerCfg.SessionTicketsDisabled, outerCfg.ClientSessionCache = false, sessions
+	}
 	verifyAttested := outerCfg.VerifyConnection
 	outerCfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		if cs.NegotiatedProtocol == EvidenceProtocol {
@@ -70,17 +110,11 @@ func (f EvidenceFetcher) Fetch(ctx context.Context, addr string, verifiers []att
 		}
 		return verifyAttested(cs)
 	}
-	presented := false
 	outerCfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		if f.Certificate == nil {
+		if cert == nil {
 			return &tls.Certificate{}, nil // none: the node refuses, and says so
 		}
-		c, err := f.Certificate()
-		if err != nil {
-			return nil, fmt.Errorf("the client certificate: %w", err)
-		}
-		presented = true
-		return c, nil
+		return cert, nil
 	}
 
 	d := f.Dialer
@@ -89,37 +123,41 @@ func (f EvidenceFetcher) Fetch(ctx context.Context, addr string, verifiers []att
 	}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to %s: %w", addr, err)
+		return nil, false, fmt.Errorf("connecting to %s: %w", addr, err)
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 	outer := tls.Client(conn, outerCfg)
 	if err := outer.HandshakeContext(ctx); err != nil {
-		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
+		return nil, false, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
 	}
 	cs := outer.ConnectionState()
 	if cs.NegotiatedProtocol != EvidenceProtocol {
-		return finishFetch(ctx, addr, outer, outerVerified)
+		r, err := finishFetch(ctx, addr, outer, outerVerified)
+		return r, false, err
 	}
 	// In TLS 1.3 the server judges the client's certificate after the
 	// client's handshake ended, and the client sends nothing more: its
 	// first read returns the evidence, or the alert of a refusal.
 	nonce, err := channelNonce(cs)
 	if err != nil {
-		return nil, err
+		return nil, cs.DidResume, err
 	}
 	verified, err := verifyChannel(ctx, outer, nonce, verifiers)
 	if err != nil {
 		if alert, ok := remoteAlert(err); ok {
-			return nil, refusedError(addr, presented, alert)
+			if sessions != nil {
+				sessions.Put(conn.RemoteAddr().String(), nil)
+			}
+			return nil, cs.DidResume, refusedError(addr, cert != nil, alert)
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, fmt.Errorf("the evidence endpoint %s closed the connection before answering: %w", addr, err)
+			return nil, cs.DidResume, fmt.Errorf("the evidence endpoint %s closed the connection before answering: %w", addr, err)
 		}
-		return nil, fmt.Errorf("evidence from %s: %w", addr, err)
+		return nil, cs.DidResume, fmt.Errorf("evidence from %s: %w", addr, err)
 	}
-	return verified.Result(), nil
+	return verified.Result(), cs.DidResume, nil
 }
 
 func finishFetch(ctx context.Context, addr string, conn net.Conn, verified *Verified) (*attestation.Result, error) {

@@ -6,6 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -110,7 +111,10 @@ func BenchmarkReattest(b *testing.B) {
 	}
 	// The join service's fetch: its own verifier certificate through the
 	// nodes' door.
-	fetch := atls.EvidenceFetcher{Certificate: clusterpki.NewVerifierIdentity(ca, time.Now).Certificate}.Fetch
+	fetch := atls.EvidenceFetcher{
+		Certificate: clusterpki.NewVerifierIdentity(ca, time.Now).Certificate,
+		Sessions:    tls.NewLRUClientSessionCache(atls.DefaultEvidenceSessions),
+	}.Fetch
 
 	log := slog.New(slog.DiscardHandler)
 	reg := prometheus.NewRegistry()

@@ -101,6 +101,9 @@ type Verifier struct {
 	policy Policy
 	mode   string // policy.Endorsement.mode(), fixed at construction
 	now    func() time.Time
+	// pinned holds the Identity of each of policy.Endorsement.PinnedKeys,
+	// so finding a pinned key costs the same with one key or thousands.
+	pinned map[string]bool
 }
 
 // NewVerifier returns a verifier for policy. now gives the time AK
@@ -160,7 +163,15 @@ func newVerifier(policy Policy, mode string, now func() time.Time) (*Verifier, e
 	p.PCRs = slices.Clone(policy.PCRs)
 	slices.Sort(p.PCRs)
 	p.PCRs = slices.Compact(p.PCRs)
-	return &Verifier{policy: p, mode: mode, now: now}, nil
+	v := &Verifier{policy: p, mode: mode, now: now, pinned: map[string]bool{}}
+	for i, key := range policy.Endorsement.PinnedKeys {
+		identity, err := Identity(key)
+		if err != nil {
+			return nil, fmt.Errorf("tpm policy: pinned attestation key %d: %w", i, err)
+		}
+		v.pinned[identity] = true
+	}
+	return v, nil
 }
 
 // Variant returns attestation.VariantTPM.
@@ -361,10 +372,10 @@ func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte) (tru
 		}
 		return ak, nil
 	case "pinned":
-		for _, pinned := range v.policy.Endorsement.PinnedKeys {
-			if eq, ok := pinned.(interface{ Equal(crypto.PublicKey) bool }); ok && eq.Equal(key) {
-				return ak, nil
-			}
+		// The identity is the SHA-256 of the key's SubjectPublicKeyInfo:
+		// equal identities are equal keys.
+		if v.pinned[identity] {
+			return ak, nil
 		}
 		return trustedKey{}, fmt.Errorf("%w: attestation key %s is not pinned", attestation.ErrUntrustedKey, identity)
 	}
