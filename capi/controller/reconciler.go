@@ -372,7 +372,7 @@ func (r *Reconciler) writeData(ctx context.Context, s *scope, role render.Role) 
 		switch {
 		case errors.Is(err, render.ErrNoBaseTemplate):
 			setWaiting(s.config, ReasonNoBaseTemplate, err.Error())
-		case errors.Is(err, render.ErrContainerLinuxConfig):
+		case errors.Is(err, render.ErrContainerLinuxConfig), errors.Is(err, render.ErrAttestedSpec):
 			setWaiting(s.config, ReasonInvalidSpec, err.Error())
 		default:
 			setWaiting(s.config, ReasonRenderFailed, err.Error())
