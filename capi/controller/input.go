@@ -142,13 +142,21 @@ func (r *Reconciler) initInput(ctx context.Context, s *scope, in *render.Input) 
 // which must exist, and the join.
 func (r *Reconciler) joinControlPlaneInput(ctx context.Context, s *scope, in *render.Input) (*wait, error) {
 	certs := secret.NewControlPlaneJoinCerts(&in.Spec.ClusterConfiguration)
-	if err := certs.LookupCached(ctx, r.client, r.direct(), s.clusterKey()); err != nil {
-		return nil, fmt.Errorf("looking up the cluster CAs: %w", err)
+	problem, err := r.joinCAProblem(ctx, s.clusterKey(), certs)
+	if err != nil {
+		return nil, err
 	}
-	if err := certs.EnsureAllExist(); err != nil {
-		setCertificates(s.config, false, ReasonWaitingForClusterCA, "the cluster CA Secrets are missing")
-		return &wait{ReasonWaitingForClusterCA, "a control-plane join needs the cluster CA Secrets (" +
-			secret.Name(s.cluster.Name, secret.ClusterCA) + " and the others)"}, nil
+	if problem == "" {
+		if err := certs.LookupCached(ctx, r.client, r.direct(), s.clusterKey()); err != nil {
+			return nil, fmt.Errorf("looking up the cluster CAs: %w", err)
+		}
+		if err := certs.EnsureAllExist(); err != nil {
+			problem = "a control-plane join needs the cluster CA Secrets: " + err.Error() // changed since read
+		}
+	}
+	if problem != "" {
+		setCertificates(s.config, false, ReasonWaitingForClusterCA, problem)
+		return &wait{ReasonWaitingForClusterCA, problem}, nil
 	}
 	setCertificates(s.config, true, ReasonCertificatesAvailable, "")
 	in.Files = append(in.Files, renderFiles(certs.AsFiles())...)

@@ -273,8 +273,10 @@ func TestMachinePoolTokenRefresh(t *testing.T) {
 	}
 }
 
-// TestMachinePoolTokenReplaced: a pool's token that was deleted or expired
-// in the workload cluster is replaced at the next look: the data Secret,
+// TestMachinePoolTokenReplaced: a pool's token that was deleted in the
+// workload cluster, or expired once every replica has joined, is replaced
+// at the next look (one that expired while the pool scales is extended:
+// TestTokenOutlivesLongWaits): the data Secret,
 // under the same name, is rewritten with a new token and the old one is
 // gone. A pool whose spec no longer renders gets its condition and no new
 // token.
@@ -299,6 +301,7 @@ func TestMachinePoolTokenReplaced(t *testing.T) {
 			old, _ := f.token(t)
 			before := f.dataSecret(t)
 			if tc.expire {
+				f.joined(t, 1)
 				patch := client.MergeFrom(old.DeepCopy())
 				old.Data["expiration"] = []byte(f.start.Add(-time.Minute).Format(time.RFC3339))
 				if err := f.e.Client.Patch(ctx, old, patch); err != nil {

@@ -20,10 +20,11 @@ import (
 // pools, the token in that data is kept valid for as long as the pool
 // exists, and never deleted because nodes have joined. While the pool
 // scales (not every replica has a node) the token is extended as a
-// Machine's is. Once every replica has joined, it is rotated instead when
-// less than half its TTL is left (CABPK's rotateMachinePoolBootstrapToken),
-// so that a token read from a running instance's data stops working; and a
-// token that is gone or has expired is rotated whatever the pool's state.
+// Machine's is, also once it has expired if its Secret still exists. Once
+// every replica has joined, it is rotated instead when less than half its
+// TTL is left (CABPK's rotateMachinePoolBootstrapToken), so that a token
+// read from a running instance's data stops working; and a token whose
+// Secret is gone is rotated whatever the pool's state.
 // Rotating renders the data again with a new token, from the config's spec
 // as it is now (as CABPK's recreateBootstrapToken), and rewrites the data
 // Secret under its name; the pool's infrastructure provider takes the new
@@ -84,8 +85,8 @@ func (r *Reconciler) rotateToken(ctx context.Context, s *scope, rotation int) (o
 
 // checkPool looks at a MachinePool config's tokens: it deletes those the
 // data no longer carries that have expired, extends the current one
-// (number rotation) while the pool scales, and says when it must be
-// rotated instead: it is gone, has expired or holds no token, or every
+// (number rotation) while the pool scales, expired or not, and says when
+// it must be rotated instead: it is gone or holds no token, or every
 // replica has joined and less than half the TTL is left. next is when to
 // look again.
 func (t *tokens) checkPool(ctx context.Context, uid types.UID, rotation int, joined bool) (next time.Duration, rotate bool, err error) {
@@ -97,9 +98,11 @@ func (t *tokens) checkPool(ctx context.Context, uid types.UID, rotation int, joi
 	if !ok {
 		return 0, true, nil // the next sweep deletes it
 	}
+	// A token whose Secret exists is extended while the pool scales, even
+	// when its expiration has passed (nothing looked at it for longer than
+	// the TTL), as CABPK's refreshBootstrapTokenIfNeeded does: instances
+	// that booted from the data can still join with it.
 	switch left := tok.Expiration.Sub(t.now()); {
-	case left <= 0:
-		return 0, true, nil
 	case left > t.ttl/2:
 		next = left - t.ttl/2
 	case joined:
@@ -107,7 +110,7 @@ func (t *tokens) checkPool(ctx context.Context, uid types.UID, rotation int, joi
 	default:
 		next, err = t.extend(ctx, current, tok)
 		if errors.Is(err, errTokenGone) {
-			return 0, true, nil // it expired in between
+			return 0, true, nil // deleted in between
 		}
 		if err != nil {
 			return 0, false, err

@@ -372,7 +372,7 @@ func (r *Reconciler) writeData(ctx context.Context, s *scope, role render.Role) 
 		switch {
 		case errors.Is(err, render.ErrNoBaseTemplate):
 			setWaiting(s.config, ReasonNoBaseTemplate, err.Error())
-		case errors.Is(err, render.ErrContainerLinuxConfig):
+		case errors.Is(err, render.ErrContainerLinuxConfig), errors.Is(err, render.ErrAttestedSpec):
 			setWaiting(s.config, ReasonInvalidSpec, err.Error())
 		default:
 			setWaiting(s.config, ReasonRenderFailed, err.Error())
@@ -453,15 +453,22 @@ func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Re
 		}
 		return reconcile.Result{}, nil
 	}
+	name := tokenName(s.config.UID, tokenRotation(s.config))
 	next, err := t.refresh(ctx, s.config.UID, tokenRotation(s.config))
 	if errors.Is(err, errTokenGone) {
+		// As CABPK, a Machine's token is not made again: its data may be on
+		// a machine already, and a deleted token may have been revoked.
 		r.tokenChecks.Delete(s.config.UID)
-		setWaiting(s.config, ReasonBootstrapTokenExpired,
-			"the Machine's bootstrap token expired or was deleted before its node joined; delete the Machine to replace it")
+		setWaiting(s.config, ReasonBootstrapTokenExpired, fmt.Sprintf("the Machine's bootstrap token Secret %s/%s in the workload cluster "+
+			"no longer exists (the token cleaner removes a token once it has expired, or it was deleted) and the node has not joined: "+
+			"delete the Machine to replace it", metav1.NamespaceSystem, name))
 		return reconcile.Result{}, nil
 	}
 	if err != nil {
 		return reconcile.Result{}, err
+	}
+	if c := meta.FindStatusCondition(s.config.Status.Conditions, ConditionDataSecretAvailable); c != nil && c.Reason == ReasonBootstrapTokenExpired {
+		setDataAvailable(s.config) // the Secret was restored
 	}
 	r.tokenChecks.Store(s.config.UID, now.Add(next))
 	return reconcile.Result{RequeueAfter: next}, nil

@@ -141,9 +141,12 @@ func (t *tokens) owned(ctx context.Context, uid types.UID, name string) (*corev1
 }
 
 // refresh extends the config's token number rotation to now+TTL once less
-// than half the TTL is left, and returns when it next needs looking at. It
-// returns errTokenGone when the token Secret no longer exists or has
-// expired.
+// than half the TTL is left, and returns when it next needs looking at. A
+// token whose Secret still exists is extended even when its expiration has
+// passed (nothing reconciled it for longer than the TTL), as CABPK's
+// refreshBootstrapTokenIfNeeded does; errTokenGone means the Secret no
+// longer exists (the token cleaner removed it once it expired, or someone
+// deleted it) or is not the config's.
 func (t *tokens) refresh(ctx context.Context, uid types.UID, rotation int) (time.Duration, error) {
 	s, err := t.owned(ctx, uid, tokenName(uid, rotation))
 	if err != nil {
@@ -156,20 +159,20 @@ func (t *tokens) refresh(ctx context.Context, uid types.UID, rotation int) (time
 	return t.extend(ctx, s, tok)
 }
 
-// extend extends a token expiring in less than half the TTL to now+TTL,
-// and returns when it next needs looking at; errTokenGone when it has
-// expired.
+// extend extends a token expiring in less than half the TTL, or expired
+// already, to now+TTL, and returns when it next needs looking at. The
+// Secret s must exist: a token whose Secret is gone cannot be extended.
 func (t *tokens) extend(ctx context.Context, s *corev1.Secret, tok bootstraptoken.Token) (time.Duration, error) {
 	now := t.now()
-	if !tok.Expiration.After(now) {
-		return 0, errTokenGone
-	}
 	if left := tok.Expiration.Sub(now); left > t.ttl/2 {
 		return left - t.ttl/2, nil
 	}
 	patch := client.MergeFrom(s.DeepCopy())
 	bootstraptoken.SetExpiration(s, now.Add(t.ttl))
 	if err := t.client.Patch(ctx, s, patch); err != nil {
+		if apierrors.IsNotFound(err) {
+			return 0, errTokenGone // deleted in between
+		}
 		return 0, fmt.Errorf("extending bootstrap token Secret %s: %w", s.Name, err)
 	}
 	return t.ttl / 2, nil

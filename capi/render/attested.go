@@ -1,12 +1,21 @@
 package render
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
 // Attested mode: the data only configures gatehouse-bootstrapper through
@@ -29,8 +38,15 @@ var dnsName = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)
 // caHash is kubeadm's discovery token CA cert hash.
 var caHash = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
-// envSafe is what an argument written into the environment file may hold.
-var envSafe = regexp.MustCompile(`^[A-Za-z0-9._:,/\[\]-]+$`)
+// envSafe is what an argument written into the environment file may hold:
+// nothing systemd, a shell or Jinja would read ("=<>@+" for node labels,
+// taints and kubelet arguments, checked by kubeadm.CheckRegistration).
+var envSafe = regexp.MustCompile(`^[A-Za-z0-9._:,/=<>@+\[\]-]+$`)
+
+// ErrAttestedSpec is a spec value attested mode refuses: one it cannot
+// carry to the machine, or one the machine's kubelet or NodeRestriction
+// would refuse. The controller reports it as InvalidSpec.
+var ErrAttestedSpec = errors.New("attested mode")
 
 // joinEndpoint checks a join service endpoint: host:port with a DNS name
 // or an IP address (IPv6 in brackets, without a zone) and a port 1-65535.
@@ -81,7 +97,75 @@ func bootstrapperArgs(in Input) ([]string, error) {
 	if in.ControlPlane {
 		args = append(args, "--control-plane")
 	}
-	return args, nil
+	reg, err := nodeRegistrationArgs(in.Spec.JoinConfiguration)
+	if err != nil {
+		return nil, err
+	}
+	return append(args, reg...), nil
+}
+
+// nodeRegistrationArgs carries a join's node registration to the
+// bootstrapper, which puts it into its `kubeadm join` configuration:
+// nodeRegistration.taints as --node-taints (kubeadm.FormatTaints; none
+// given is kubeadm's default) and each kubeletExtraArgs entry, node-labels
+// among them, as --kubelet-arg name=value, checked by
+// kubeadm.CheckRegistration (NodeRestriction's label rules). Every other
+// joinConfiguration field is refused, naming it: the bootstrapper makes the
+// rest of the configuration from the join ticket and its own flags, so
+// nothing of the spec is dropped silently. Errors wrap ErrAttestedSpec.
+func nodeRegistrationArgs(join cabpkv1.JoinConfiguration) ([]string, error) {
+	reg := join.NodeRegistration
+	taints := ptr.Deref(reg.Taints, nil)
+	if reg.Taints != nil && taints == nil {
+		taints = []corev1.Taint{}
+	}
+	args := make([]kubeadm.KubeletArg, 0, len(reg.KubeletExtraArgs))
+	for _, a := range reg.KubeletExtraArgs {
+		args = append(args, kubeadm.KubeletArg{Name: a.Name, Value: ptr.Deref(a.Value, "")})
+	}
+	if fields := uncarriedJoinFields(join); len(fields) > 0 {
+		return nil, fmt.Errorf("%w: %s not carried to the machine (the bootstrapper makes the join configuration; "+
+			"only joinConfiguration.nodeRegistration.taints and .kubeletExtraArgs, node-labels among them, are carried): remove them",
+			ErrAttestedSpec, strings.Join(fields, ", "))
+	}
+	if err := kubeadm.CheckRegistration(taints, args); err != nil {
+		return nil, fmt.Errorf("%w: spec.joinConfiguration.nodeRegistration: %w", ErrAttestedSpec, err)
+	}
+	var out []string
+	if reg.Taints != nil {
+		out = append(out, "--node-taints", kubeadm.FormatTaints(taints))
+	}
+	for _, a := range args {
+		out = append(out, "--kubelet-arg", a.Name+"="+a.Value)
+	}
+	return out, nil
+}
+
+// uncarriedJoinFields names the fields of join set beyond what attested
+// mode carries (nodeRegistration's taints and kubeletExtraArgs).
+func uncarriedJoinFields(join cabpkv1.JoinConfiguration) []string {
+	join.NodeRegistration.Taints, join.NodeRegistration.KubeletExtraArgs = nil, nil
+	b, err := json.Marshal(join)
+	if err != nil {
+		return []string{"spec.joinConfiguration (" + err.Error() + ")"}
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return []string{"spec.joinConfiguration (" + err.Error() + ")"}
+	}
+	var fields []string
+	for k, v := range m {
+		var sub map[string]json.RawMessage
+		if k == "nodeRegistration" && json.Unmarshal(v, &sub) == nil {
+			for sk := range sub {
+				fields = append(fields, "spec.joinConfiguration.nodeRegistration."+sk)
+			}
+			continue
+		}
+		fields = append(fields, "spec.joinConfiguration."+k)
+	}
+	slices.Sort(fields)
+	return fields
 }
 
 // bootstrapperEnv is the environment file's content.

@@ -124,7 +124,21 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		attemptMax      = flag.Duration("init-secret-max-backoff", bootstrapper.DefaultSecretAttemptLimits.MaxBackoff, "longest wait between init secret attempts of a source")
 		attemptRate     = flag.Float64("init-secret-rate", bootstrapper.DefaultSecretAttemptLimits.Global.Rate, "init secrets compared per second over all sources with free attempts; past it a source's next wrong secret starts its backoff")
 	)
+	var nodeTaints []corev1.Taint
+	flag.Func("node-taints", "taints the node registers with, key[=value]:Effect separated by commas, or \""+kubeadm.NoTaints+"\" for none; unset: kubeadm's default (a control plane's control-plane taint)", func(v string) (err error) {
+		nodeTaints, err = kubeadm.ParseTaints(v)
+		return err
+	})
+	var kubeletArgs []kubeadm.KubeletArg
+	flag.Func("kubelet-arg", "a kubelet argument name=value (without --), e.g. node-labels=tier=web; repeatable; node labels follow NodeRestriction's rules; none by default", func(v string) error {
+		a, err := kubeadm.ParseKubeletArg(v)
+		kubeletArgs = append(kubeletArgs, a)
+		return err
+	})
 	flag.Parse()
+	if err := kubeadm.CheckRegistration(nodeTaints, kubeletArgs); err != nil {
+		return fmt.Errorf("--node-taints and --kubelet-arg: %w", err)
+	}
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
@@ -187,6 +201,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		Node: kubeadm.Node{
 			Name: *nodeName, AdvertiseAddress: *advertise, CRISocket: *criSocket,
 			ImagePullPolicy: corev1.PullPolicy(*pullPolicy), IgnorePreflightErrors: splitList(*ignorePreflight),
+			Taints: nodeTaints, KubeletExtraArgs: kubeletArgs,
 		},
 		Kubelet: kubeadm.KubeletOptions{
 			CgroupDriver: *cgroupDriver, CgroupRoot: *cgroupRoot, AllowCgroupV1: *allowCgroupV1,

@@ -85,6 +85,13 @@ type Node struct {
 	// IgnorePreflightErrors are preflight checks to ignore, e.g.
 	// "SystemVerification" on cgroup v1 hosts.
 	IgnorePreflightErrors []string
+	// Taints are the node's registration taints: nil is kubeadm's default
+	// (a control plane's node-role.kubernetes.io/control-plane:NoSchedule),
+	// an empty list none (noderegistration.go).
+	Taints []corev1.Taint
+	// KubeletExtraArgs are kubelet arguments beside the node IP, node
+	// labels among them (CheckRegistration).
+	KubeletExtraArgs []KubeletArg
 }
 
 func (n Node) validate() error {
@@ -98,6 +105,9 @@ func (n Node) validate() error {
 	if ip.IsLoopback() || ip.IsUnspecified() {
 		return fmt.Errorf("advertise address %s is loopback or unspecified; kubeadm needs the node's routable address", ip)
 	}
+	if err := CheckRegistration(n.Taints, n.KubeletExtraArgs); err != nil {
+		return fmt.Errorf("node registration: %w", err)
+	}
 	return nil
 }
 
@@ -106,14 +116,19 @@ func (n Node) registration() kubeadmv1beta4.NodeRegistrationOptions {
 	if socket == "" {
 		socket = DefaultCRISocket
 	}
+	// The kubelet registers with the advertised address, not whichever
+	// interface has the default route.
+	args := []kubeadmv1beta4.Arg{{Name: "node-ip", Value: n.AdvertiseAddress}}
+	for _, a := range n.KubeletExtraArgs {
+		args = append(args, kubeadmv1beta4.Arg{Name: a.Name, Value: a.Value})
+	}
 	return kubeadmv1beta4.NodeRegistrationOptions{
 		Name:                  n.Name,
 		CRISocket:             socket,
 		ImagePullPolicy:       n.ImagePullPolicy,
 		IgnorePreflightErrors: n.IgnorePreflightErrors,
-		// The kubelet registers with the advertised address, not whichever
-		// interface has the default route.
-		KubeletExtraArgs: []kubeadmv1beta4.Arg{{Name: "node-ip", Value: n.AdvertiseAddress}},
+		Taints:                n.Taints,
+		KubeletExtraArgs:      args,
 	}
 }
 

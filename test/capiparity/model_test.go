@@ -245,11 +245,10 @@ func cloudConfigModel(data []byte, o modelOptions) (map[string]any, error) {
 		lines = append(lines, commandLine(c))
 	}
 	// cloud-init runs runcmd as one script, which goes on after a failure
-	// unless its first line is "set -e".
+	// unless its first line is "set -e". The line stays in the list: ours
+	// has it and CABPK's has not, a listed difference (differences_test.go)
+	// rather than one the comparison hides.
 	stops := len(lines) > 0 && (lines[0] == "set -e" || lines[0] == "set -eu")
-	if stops {
-		lines = lines[1:]
-	}
 	steps, configPath, chained := commandSteps(lines)
 	m["runcmd"] = steps
 	m["sentinelOnlyAfterKubeadmSucceeded"] = sentinelAfterKubeadm(steps, chained, stops)
