@@ -353,6 +353,7 @@ func serveEvidence(log *slog.Logger, args []string) error {
 	maxSourceConns := fs.Int("max-connections-per-source", limits.PerSource, "open connections per source address at most")
 	maxConns := fs.Int("max-connections", limits.Total, "open connections at most")
 	hsTimeout := fs.Duration("handshake-timeout", atls.DefaultEvidenceHandshakeTimeout, "longest connection: door, quote (waiting in the queue included) and key activation")
+	idleTimeout := fs.Duration("idle-timeout", atls.DefaultEvidenceIdleTimeout, "how long a connection that served evidence waits for its caller's next request (the join service keeps one per node); negative closes each after its first evidence")
 	quoteQueue := fs.Int("quote-queue", atls.DefaultQuoteQueue, "quotes that may wait while one is made; a connection beyond them gets no quote and is closed")
 	metricsListen := fs.String("metrics-listen", "", "HTTP address of /metrics (refusals by reason, queue length); empty serves none")
 	if err := fs.Parse(args); err != nil {
@@ -398,7 +399,7 @@ func serveEvidence(log *slog.Logger, args []string) error {
 		Limits: connlimit.Limits{
 			Handshakes: connlimit.Rate{Rate: *hsRate, Burst: *hsBurst}, PerSource: *maxSourceConns, Total: *maxConns,
 		},
-		QuoteQueue: *quoteQueue, HandshakeTimeout: *hsTimeout, Log: log, Registerer: reg,
+		QuoteQueue: *quoteQueue, HandshakeTimeout: *hsTimeout, IdleTimeout: *idleTimeout, Log: log, Registerer: reg,
 	}
 	if err := endpoint.Serve(ctx, lis); err != nil && !errors.Is(err, context.Canceled) {
 		return err

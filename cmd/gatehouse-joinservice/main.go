@@ -181,11 +181,14 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		// service's own short-lived client certificate, renewed at half
 		// its life (docs/continuous-attestation.md, "The evidence
 		// endpoint's door").
-		// The door's sessions are kept per node, so a re-verification
-		// resumes instead of redoing both certificates.
+		// Each node's door connection is kept open between checks, and
+		// its session for when the node closed it: a re-verification asks
+		// again over it instead of redoing the handshake
+		// (docs/continuous-attestation.md, "The evidence endpoint's door").
 		fetch := atls.EvidenceFetcher{
 			Certificate: clusterpki.NewVerifierIdentity(ca, time.Now).Certificate,
 			Sessions:    tls.NewLRUClientSessionCache(atls.DefaultEvidenceSessions),
+			Conns:       atls.NewEvidenceConns(atls.DefaultEvidenceSessions),
 		}.Fetch
 		verifier := continuous.NewVerifier(policy, bindingCache, fetch, continuous.ClusterID(keySource, policy), *evidencePort)
 		events := continuous.NewEventRecorder(ctx, client)

@@ -42,6 +42,10 @@ const (
 	DefaultQuoteQueue = 4
 	// DefaultClientCARecheck is how often the cluster CA file is read again.
 	DefaultClientCARecheck = time.Second
+	// DefaultEvidenceIdleTimeout is how long a door connection is kept
+	// open waiting for its caller's next request: twice the join
+	// service's default re-verification interval.
+	DefaultEvidenceIdleTimeout = 2 * time.Minute
 )
 
 // DefaultEvidenceLimits returns the evidence endpoint's default connection
@@ -85,6 +89,11 @@ type EvidenceEndpoint struct {
 	// ClientCARecheck is how often ClientCAFile is read again; 0 is
 	// DefaultClientCARecheck.
 	ClientCARecheck time.Duration
+	// IdleTimeout is how long a door connection waits for its caller's
+	// next request once it served evidence; each request is then bounded
+	// by HandshakeTimeout. 0 is DefaultEvidenceIdleTimeout; negative
+	// closes every connection after its first evidence.
+	IdleTimeout time.Duration
 	// Log receives refusals (at most three per source, then one a minute)
 	// and CA file changes; nil discards them.
 	Log *slog.Logger
@@ -139,6 +148,7 @@ type evidenceServer struct {
 	cas       *clientCAs // nil: anonymous
 	orgs      []string
 	timeout   time.Duration
+	idle      time.Duration // < 0: one evidence per connection
 	outerCert tls.Certificate
 	tickets   ticketKeys
 	now       func() time.Time
@@ -152,7 +162,10 @@ func (e EvidenceEndpoint) newServer() (*evidenceServer, error) {
 	if e.Attester == nil {
 		return nil, errors.New("no attester")
 	}
-	s := &evidenceServer{orgs: e.Organizations, timeout: e.HandshakeTimeout, now: e.Now, log: e.Log}
+	s := &evidenceServer{orgs: e.Organizations, timeout: e.HandshakeTimeout, idle: e.IdleTimeout, now: e.Now, log: e.Log}
+	if s.idle == 0 {
+		s.idle = DefaultEvidenceIdleTimeout
+	}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -328,11 +341,13 @@ func (s *evidenceServer) handle(ctx context.Context, conn net.Conn) {
 		s.finish(hctx, source, outer, attester, verified, &r)
 		return
 	}
-	if err := attestChannel(hctx, outer, attester); err != nil {
+	if err := attestChannel(hctx, outer, attester, nil); err != nil {
 		s.refuse(source, r, err)
 		return
 	}
 	s.served.Inc()
+	stop() // the connection now lives from request to request
+	s.serveRequests(ctx, source, outer, attester, &r)
 }
 
 func (s *evidenceServer) finish(ctx context.Context, source string, conn net.Conn, attester attestation.Attester, verified *Verified, r *refusal) {

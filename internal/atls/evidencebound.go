@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 )
@@ -28,24 +29,27 @@ func channelUserData() []byte {
 }
 
 // channelNonce is the nonce of evidence sent over the door: the door
-// connection's exporter value (attestation.NonceSize bytes). It is unique
-// to the connection and unpredictable to the node (it covers the
-// client's random and key share), so evidence bound to it is fresh and
-// cannot be relayed: a man in the middle has a different exporter on
-// each side.
-func channelNonce(cs tls.ConnectionState) ([]byte, error) {
-	nonce, err := cs.ExportKeyingMaterial(exporterLabel, nil, attestation.NonceSize)
+// connection's exporter value (attestation.NonceSize bytes) with the
+// caller's request nonce as its context (none for the evidence the node
+// sends unasked right after the handshake). It is unique to the
+// connection and unpredictable to the node (it covers the client's random
+// and key share, and each later request's fresh nonce), so evidence bound
+// to it is fresh and cannot be relayed: a man in the middle has a
+// different exporter on each side.
+func channelNonce(cs tls.ConnectionState, request []byte) ([]byte, error) {
+	nonce, err := cs.ExportKeyingMaterial(exporterLabel, request, attestation.NonceSize)
 	if err != nil {
 		return nil, fmt.Errorf("atls: exporting the channel binding: %w", err)
 	}
 	return nonce, nil
 }
 
-// attestChannel is the node's side after the door accepted the caller:
-// quote for the connection's exporter, send the variant and the evidence
-// as two frames, then run the key activation exchange.
-func attestChannel(ctx context.Context, conn *tls.Conn, attester attestation.Attester) error {
-	nonce, err := channelNonce(conn.ConnectionState())
+// attestChannel is the node's side after the door accepted the caller,
+// and for each later request (a nonce) on the connection: quote for the
+// connection's exporter, send the variant and the evidence as two frames,
+// then run the key activation exchange.
+func attestChannel(ctx context.Context, conn *tls.Conn, attester attestation.Attester, request []byte) error {
+	nonce, err := channelNonce(conn.ConnectionState(), request)
 	if err != nil {
 		return err
 	}
@@ -97,4 +101,66 @@ func verifyChannel(ctx context.Context, conn net.Conn, nonce []byte, verifiers [
 		return nil, err
 	}
 	return verified, nil
+}
+
+// serveRequests keeps an accepted door connection for its caller's next
+// requests: each a frame holding a fresh nonce (attestation.NonceSize
+// bytes), answered as attestChannel does, within the handshake timeout.
+// The caller's certificate is judged again before each, against the
+// cluster CA and the clock of that moment. It returns when the caller
+// sends nothing for the idle timeout, sends anything else, goes away, or
+// ctx ends.
+func (s *evidenceServer) serveRequests(ctx context.Context, source string, conn *tls.Conn, attester attestation.Attester, r *refusal) {
+	if s.idle < 0 {
+		return
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	for {
+		// Deadlines on a connection follow the real clock.
+		if err := conn.SetReadDeadline(time.Now().Add(s.idle)); err != nil {
+			return
+		}
+		request, err := readFrameMax(conn, attestation.NonceSize)
+		if err != nil || len(request) != attestation.NonceSize {
+			return // idle, gone, or not a request: closed without a word
+		}
+		if err := s.stillAccepted(conn.ConnectionState(), r); err != nil {
+			s.refuse(source, *r, err)
+			return
+		}
+		if err := conn.SetReadDeadline(time.Time{}); err != nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, s.timeout)
+		closeAtDeadline := context.AfterFunc(rctx, func() { _ = conn.Close() })
+		err = attestChannel(rctx, conn, attester, request)
+		kept := closeAtDeadline()
+		cancel()
+		if err != nil {
+			s.refuse(source, *r, err)
+			return
+		}
+		s.served.Inc()
+		if !kept {
+			return
+		}
+	}
+}
+
+// stillAccepted judges a kept connection's client certificate again, as
+// the door would now.
+func (s *evidenceServer) stillAccepted(cs tls.ConnectionState, r *refusal) error {
+	if s.cas == nil {
+		return nil
+	}
+	pool, err := s.cas.current()
+	if err != nil {
+		r.reason = ReasonCAUnreadable
+		return err
+	}
+	if pool == nil {
+		return nil
+	}
+	return checkClient(cs.PeerCertificates, pool, s.orgs, s.now(), r)
 }

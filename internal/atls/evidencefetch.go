@@ -40,6 +40,10 @@ type EvidenceFetcher struct {
 	// tls.NewLRUClientSessionCache of DefaultEvidenceSessions; nil makes
 	// every handshake a full one.
 	Sessions tls.ClientSessionCache
+	// Conns, when set, keeps each node's door connection open after a
+	// fetch, so the next fetch asks again over it (a fresh nonce, one
+	// quote, no handshake); nil closes every connection after its fetch.
+	Conns *EvidenceConns
 }
 
 // FetchEvidence is EvidenceFetcher{}.Fetch: an anonymous caller.
@@ -74,26 +78,90 @@ func (f EvidenceFetcher) Fetch(ctx context.Context, addr string, verifiers []att
 	if f.Sessions != nil {
 		sessions = newCertSessions(f.Sessions, cert)
 	}
-	r, resumed, err := f.fetch(ctx, addr, verifiers, cert, sessions)
+	key := certID(cert) + " " + addr
+	if f.Conns != nil {
+		if conn := f.Conns.take(key); conn != nil {
+			r, err := again(ctx, conn, verifiers)
+			if err == nil {
+				f.Conns.put(key, conn)
+				return r, nil
+			}
+			_ = conn.Close()
+			if rejected(err) {
+				return nil, fmt.Errorf("evidence from %s: %w", addr, err)
+			}
+			// The node closed the kept connection (idle, restarted, or it
+			// no longer accepts the certificate): a new one says why.
+		}
+	}
+	r, kept, resumed, err := f.fetch(ctx, addr, verifiers, cert, sessions, f.Conns != nil)
 	if resumed && errors.Is(err, ErrRefused) {
 		// The node judged the certificate of the session's first
 		// handshake again and refused it (its CA changed): forget the
 		// session and present the current certificate.
-		r, _, err = f.fetch(ctx, addr, verifiers, cert, nil)
+		r, kept, _, err = f.fetch(ctx, addr, verifiers, cert, nil, f.Conns != nil)
+	}
+	if kept != nil {
+		f.Conns.put(key, kept)
 	}
 	return r, err
 }
 
+// again asks for fresh evidence over a kept door connection, within half
+// the time ctx has left (the rest is for a new connection should the
+// node have closed this one).
+func again(ctx context.Context, conn *tls.Conn, verifiers []attestation.Verifier) (*attestation.Result, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	if d, ok := ctx.Deadline(); ok {
+		deadline = time.Now().Add(time.Until(d) / 2)
+	}
+	if err := conn.SetDeadline(deadline); err != nil {
+		return nil, err
+	}
+	request, err := newNonce()
+	if err != nil {
+		return nil, err
+	}
+	if err := writeFrameMax(conn, request, attestation.NonceSize); err != nil {
+		return nil, err
+	}
+	nonce, err := channelNonce(conn.ConnectionState(), request)
+	if err != nil {
+		return nil, err
+	}
+	verified, err := verifyChannel(ctx, conn, nonce, verifiers)
+	if err != nil {
+		return nil, err
+	}
+	if err := conn.SetDeadline(time.Time{}); err != nil {
+		return nil, err
+	}
+	return verified.Result(), nil
+}
+
+// rejected reports whether err is the node's evidence failing, as opposed
+// to the connection failing.
+func rejected(err error) bool {
+	for _, e := range []error{ErrEvidenceInvalid, ErrUnknownVariant, ErrKeyBinding, attestation.ErrMalformed, attestation.ErrActivation} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
 // fetch is one connection of Fetch; resumed reports whether the door's
-// session was resumed from sessions (nil: a full handshake).
+// session was resumed from sessions (nil: a full handshake). With keep,
+// a door connection that served its evidence is returned open (kept),
+// for the caller to ask again later; otherwise it is closed.
 func (f EvidenceFetcher) fetch(ctx context.Context, addr string, verifiers []attestation.Verifier, cert *tls.Certificate,
-	sessions tls.ClientSessionCache) (_ *attestation.Result, resumed bool, _ error) {
+	sessions tls.ClientSessionCache, keep bool) (_ *attestation.Result, kept *tls.Conn, resumed bool, _ error) {
 	// The outer ClientHello is an attested one plus EvidenceProtocol: a
 	// node with a door chooses EvidenceProtocol and ignores the nonce, a
 	// node without one attests for the nonce in this very handshake.
 	outerCfg, outerVerified, err := ClientConfig(ctx, Config{Verifiers: verifiers})
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	outerCfg.NextProtos = append([]string{EvidenceProtocol}, outerCfg.NextProtos...)
 	outerCfg.CurvePreferences = doorCurves()
@@ -123,26 +191,30 @@ func (f EvidenceFetcher) fetch(ctx context.Context, addr string, verifiers []att
 	}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, false, fmt.Errorf("connecting to %s: %w", addr, err)
+		return nil, nil, false, fmt.Errorf("connecting to %s: %w", addr, err)
 	}
-	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
-	defer stop()
 	outer := tls.Client(conn, outerCfg)
+	defer func() {
+		if !stop() || kept == nil {
+			kept = nil
+			_ = conn.Close()
+		}
+	}()
 	if err := outer.HandshakeContext(ctx); err != nil {
-		return nil, false, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
+		return nil, nil, false, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
 	}
 	cs := outer.ConnectionState()
 	if cs.NegotiatedProtocol != EvidenceProtocol {
 		r, err := finishFetch(ctx, addr, outer, outerVerified)
-		return r, false, err
+		return r, nil, false, err
 	}
 	// In TLS 1.3 the server judges the client's certificate after the
 	// client's handshake ended, and the client sends nothing more: its
 	// first read returns the evidence, or the alert of a refusal.
-	nonce, err := channelNonce(cs)
+	nonce, err := channelNonce(cs, nil)
 	if err != nil {
-		return nil, cs.DidResume, err
+		return nil, nil, cs.DidResume, err
 	}
 	verified, err := verifyChannel(ctx, outer, nonce, verifiers)
 	if err != nil {
@@ -150,14 +222,17 @@ func (f EvidenceFetcher) fetch(ctx context.Context, addr string, verifiers []att
 			if sessions != nil {
 				sessions.Put(conn.RemoteAddr().String(), nil)
 			}
-			return nil, cs.DidResume, refusedError(addr, cert != nil, alert)
+			return nil, nil, cs.DidResume, refusedError(addr, cert != nil, alert)
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, cs.DidResume, fmt.Errorf("the evidence endpoint %s closed the connection before answering: %w", addr, err)
+			return nil, nil, cs.DidResume, fmt.Errorf("the evidence endpoint %s closed the connection before answering: %w", addr, err)
 		}
-		return nil, cs.DidResume, fmt.Errorf("evidence from %s: %w", addr, err)
+		return nil, nil, cs.DidResume, fmt.Errorf("evidence from %s: %w", addr, err)
 	}
-	return verified.Result(), cs.DidResume, nil
+	if keep {
+		kept = outer
+	}
+	return verified.Result(), kept, cs.DidResume, nil
 }
 
 func finishFetch(ctx context.Context, addr string, conn net.Conn, verified *Verified) (*attestation.Result, error) {

@@ -62,12 +62,71 @@ type certSessions struct {
 }
 
 func newCertSessions(inner tls.ClientSessionCache, cert *tls.Certificate) certSessions {
-	s := certSessions{inner: inner}
-	if cert != nil && len(cert.Certificate) > 0 {
-		sum := sha256.Sum256(cert.Certificate[0])
-		s.cert = hex.EncodeToString(sum[:8])
+	return certSessions{inner: inner, cert: certID(cert)}
+}
+
+// certID names a client certificate in cache keys: the hex of the first
+// 8 bytes of its leaf's SHA-256, "" for none.
+func certID(cert *tls.Certificate) string {
+	if cert == nil || len(cert.Certificate) == 0 {
+		return ""
 	}
-	return s
+	sum := sha256.Sum256(cert.Certificate[0])
+	return hex.EncodeToString(sum[:8])
+}
+
+// EvidenceConns keeps door connections open between fetches
+// (EvidenceFetcher.Conns), one per node address and client certificate,
+// at most a fixed number; each is used by one fetch at a time. A node
+// closes a connection its caller leaves idle (EvidenceEndpoint's
+// IdleTimeout); the next fetch then makes a new one. Safe for concurrent
+// use.
+type EvidenceConns struct {
+	mu    sync.Mutex
+	conns map[string]*tls.Conn
+	max   int
+}
+
+// NewEvidenceConns keeps at most max connections (DefaultEvidenceSessions
+// for a large cluster: an idle TLS connection holds a few KiB here and a
+// socket on both ends).
+func NewEvidenceConns(max int) *EvidenceConns {
+	return &EvidenceConns{conns: map[string]*tls.Conn{}, max: max}
+}
+
+// take removes and returns the connection kept for key, or nil.
+func (p *EvidenceConns) take(key string) *tls.Conn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.conns[key]
+	delete(p.conns, key)
+	return c
+}
+
+// put keeps c for key, or closes it when one is kept already or the
+// pool is full.
+func (p *EvidenceConns) put(key string, c *tls.Conn) {
+	p.mu.Lock()
+	_, exists := p.conns[key]
+	if !exists && len(p.conns) < p.max {
+		p.conns[key] = c
+		c = nil
+	}
+	p.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
+}
+
+// Close closes every kept connection.
+func (p *EvidenceConns) Close() {
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = map[string]*tls.Conn{}
+	p.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 func (s certSessions) Get(key string) (*tls.ClientSessionState, bool) {

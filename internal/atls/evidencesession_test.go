@@ -1,8 +1,11 @@
 package atls
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -33,7 +36,7 @@ func TestDoorSessionsResume(t *testing.T) {
 	fetch := func(want bool) {
 		t.Helper()
 		quotes := ep.attester.calls.Load()
-		r, resumed, err := f.fetch(t.Context(), ep.addr, verifiers, cert, sessions)
+		r, _, resumed, err := f.fetch(t.Context(), ep.addr, verifiers, cert, sessions, false)
 		if err != nil || r == nil {
 			t.Fatalf("fetch: %v", err)
 		}
@@ -62,7 +65,7 @@ func TestDoorSessionsResume(t *testing.T) {
 	}
 	clk.Step(DefaultClientCARecheck)
 	quotes := ep.attester.calls.Load()
-	_, resumed, err := f.fetch(t.Context(), ep.addr, verifiers, cert, sessions)
+	_, _, resumed, err := f.fetch(t.Context(), ep.addr, verifiers, cert, sessions, false)
 	if !resumed || !errors.Is(err, ErrRefused) {
 		t.Fatalf("resuming with the old CA's certificate: resumed %v, %v; want a resumed session refused", resumed, err)
 	}
@@ -98,5 +101,147 @@ func TestTicketKeysRotate(t *testing.T) {
 	back, _ := k.current(t0) // the clock went back: rotate rather than keep a key from the future
 	if back[0] == third[0] {
 		t.Fatal("a clock stepped back kept the key")
+	}
+}
+
+// TestDoorConnectionsAreKept: with Conns, the next fetch from a node asks
+// again over the kept connection (a fresh quote, no handshake); a node
+// that closed it while idle gets a new one; and a kept connection whose
+// certificate the node no longer accepts (its CA changed) gets no quote.
+func TestDoorConnectionsAreKept(t *testing.T) {
+	pair := newTPMPair(t)
+	c := newCluster(t)
+	c.join(t)
+	clk := &clock{now: time.Now()}
+	ep := serveEndpoint(t, pair, EvidenceEndpoint{ClientCAFile: c.caFile, Limits: generous(), Now: clk.Now}, nil)
+	verifiers := []attestation.Verifier{pair.verifier}
+	cert, err := c.verifier(t)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fetcher("127.0.0.1", func() (*tls.Certificate, error) { return cert, nil })
+	f.Conns = NewEvidenceConns(4)
+	t.Cleanup(f.Conns.Close)
+	key := certID(cert) + " " + ep.addr
+	kept := func() *tls.Conn {
+		f.Conns.mu.Lock()
+		defer f.Conns.mu.Unlock()
+		return f.Conns.conns[key]
+	}
+	fetch := func() {
+		t.Helper()
+		quotes := ep.attester.calls.Load()
+		if _, err := f.Fetch(t.Context(), ep.addr, verifiers); err != nil {
+			t.Fatalf("fetch: %v", err)
+		}
+		if got := ep.attester.calls.Load() - quotes; got != 1 {
+			t.Fatalf("%d quotes for one fetch, want 1", got)
+		}
+	}
+
+	fetch()
+	first := kept()
+	if first == nil {
+		t.Fatal("no connection kept after the first fetch")
+	}
+	fetch()
+	fetch()
+	if kept() != first {
+		t.Fatal("a later fetch did not ask over the kept connection")
+	}
+	ep.waitMetric(t, 1, "gatehouse_evidence_connections_open")
+
+	rotated := newCluster(t)
+	if err := os.WriteFile(c.caFile, rotated.ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(DefaultClientCARecheck)
+	quotes := ep.attester.calls.Load()
+	if _, err := f.Fetch(t.Context(), ep.addr, verifiers); !errors.Is(err, ErrRefused) {
+		t.Fatalf("fetch over a kept connection after the CA changed: %v, want ErrRefused", err)
+	}
+	if got := ep.attester.calls.Load() - quotes; got != 0 {
+		t.Fatalf("%d quotes for a certificate the node no longer accepts", got)
+	}
+	ep.waitMetric(t, 2, "gatehouse_evidence_refused_total", "reason", ReasonUntrustedCertificate)
+	if kept() != nil {
+		t.Fatal("a refused connection is kept")
+	}
+}
+
+// TestIdleDoorConnectionsAreClosed: a node closes a kept connection its
+// caller leaves idle for IdleTimeout; the caller's next fetch makes a new
+// one, unaware.
+func TestIdleDoorConnectionsAreClosed(t *testing.T) {
+	pair := newTPMPair(t)
+	ep := serveEndpoint(t, pair, EvidenceEndpoint{anonymous: true, IdleTimeout: 50 * time.Millisecond}, nil)
+	f := EvidenceFetcher{Conns: NewEvidenceConns(4)}
+	t.Cleanup(f.Conns.Close)
+	verifiers := []attestation.Verifier{pair.verifier}
+	if _, err := f.Fetch(t.Context(), ep.addr, verifiers); err != nil {
+		t.Fatal(err)
+	}
+	ep.waitMetric(t, 1, "gatehouse_evidence_served_total")
+	quotes := ep.attester.calls.Load()
+	// The node closes the idle connection; poll until the client's kept
+	// connection reads its end.
+	conn := f.Conns.take(" " + ep.addr)
+	if conn == nil {
+		t.Fatal("no connection kept")
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the node sent data on an idle connection")
+	}
+	f.Conns.put(" "+ep.addr, conn)
+	if _, err := f.Fetch(t.Context(), ep.addr, verifiers); err != nil {
+		t.Fatalf("fetch after the node closed the kept connection: %v", err)
+	}
+	if got := ep.attester.calls.Load() - quotes; got != 1 {
+		t.Fatalf("%d quotes, want 1", got)
+	}
+}
+
+// TestKeptConnectionEvidenceIsFresh: a node answering a later request on a
+// kept connection with evidence for an earlier nonce (its first evidence,
+// replayed) is refused.
+func TestKeptConnectionEvidenceIsFresh(t *testing.T) {
+	pair := newTPMPair(t)
+	door, err := doorCertificate(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := net.Pipe()
+	server := tls.Server(b, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{door}})
+	client := tls.Client(a, &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true}) //nolint:gosec // the door's certificate proves nothing
+	defer client.Close()
+	go func() {
+		defer server.Close()
+		if server.Handshake() != nil {
+			return
+		}
+		if _, err := readFrameMax(server, attestation.NonceSize); err != nil {
+			return
+		}
+		stale, err := channelNonce(server.ConnectionState(), nil) // the first evidence's nonce
+		if err != nil {
+			return
+		}
+		evidence, err := pair.attester.Attest(context.Background(), channelUserData(), stale)
+		if err != nil {
+			return
+		}
+		_ = writeFrameMax(server, []byte(pair.attester.Variant()), maxVariantSize)
+		_ = writeFrameMax(server, evidence, attestation.MaxEvidenceSize)
+		_, _ = io.Copy(io.Discard, server)
+	}()
+	if err := client.HandshakeContext(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = again(t.Context(), client, []attestation.Verifier{pair.verifier})
+	if !errors.Is(err, ErrEvidenceInvalid) || !errors.Is(err, attestation.ErrNonce) || !rejected(err) {
+		t.Fatalf("replayed evidence on a kept connection: %v, want ErrEvidenceInvalid wrapping attestation.ErrNonce", err)
 	}
 }

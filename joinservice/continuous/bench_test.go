@@ -114,6 +114,7 @@ func BenchmarkReattest(b *testing.B) {
 	fetch := atls.EvidenceFetcher{
 		Certificate: clusterpki.NewVerifierIdentity(ca, time.Now).Certificate,
 		Sessions:    tls.NewLRUClientSessionCache(atls.DefaultEvidenceSessions),
+		Conns:       atls.NewEvidenceConns(atls.DefaultEvidenceSessions),
 	}.Fetch
 
 	log := slog.New(slog.DiscardHandler)
