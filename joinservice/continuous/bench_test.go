@@ -48,13 +48,15 @@ const envBenchNodes = "GATEHOUSE_BENCH_REATTEST_NODES"
 // side at scale. n simulated nodes (GATEHOUSE_BENCH_REATTEST_NODES, 500 by
 // default), each a Node of a real API server with its own loopback
 // address 127.3.x.y as InternalIP and a binding to its machine's
-// identity, serve real TPM evidence at the evidence port from a rig
-// process of their own (see serveRig): one simulated TPM, whose AK every
-// node attests with and every binding names, pinned by the policy among n
-// AKs as in a cluster of n nodes with pinned keys. The loop runs in this
-// process as in the join service: Nodes and bindings from informers'
-// caches, evidence fetched over attested TLS (atls.FetchEvidence), the
-// client's rate limits the join service's defaults (50/s, burst 100).
+// identity, serve real TPM evidence at the evidence port from rig
+// processes of their own (see serveRig; one per 4,000 nodes): each one
+// simulated TPM, whose AK its nodes attest with and their bindings name,
+// pinned by the policy among n AKs as in a cluster of n nodes with pinned
+// keys. The loop runs in this process as in the join service: Nodes and
+// bindings from informers' caches, evidence fetched through the nodes'
+// doors with the join service's fetcher (kept connections, resumed
+// sessions), the client's rate limits the join service's defaults (50/s,
+// burst 100).
 //
 // It measures, as server CPU (this process, kube-apiserver and etcd,
 // from getrusage and /proc) per re-verification:
@@ -104,7 +106,7 @@ func BenchmarkReattest(b *testing.B) {
 	port := probe.Addr().(*net.TCPAddr).Port
 	_ = probe.Close()
 	caFile := filepath.Join(env.Dir, "pki", "ca.crt")
-	r := startRig(b, rigSetup{Nodes: n, Port: port, ClusterID: clusterID, Nonce: nonce, ClientCAFile: caFile})
+	r := startRigs(b, rigSetup{Nodes: n, Port: port, ClusterID: clusterID, Nonce: nonce, ClientCAFile: caFile})
 	ca, err := clusterpki.LoadCA(caFile, filepath.Join(env.Dir, "pki", "ca.key"))
 	if err != nil {
 		b.Fatal(err)
@@ -124,17 +126,19 @@ func BenchmarkReattest(b *testing.B) {
 		b.Fatal(err)
 	}
 	// The policy pins n AKs, as a cluster of n nodes with pinned keys
-	// would: n-1 others, and the rig's in the middle, where a node's key
-	// is on average.
+	// would: n-len(r) others, and the rigs' in the middle, where a node's
+	// key is on average.
 	var aks []crypto.PublicKey
-	for range n - 1 {
+	for range n - len(r) {
 		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			b.Fatal(err)
 		}
 		aks = append(aks, k.Public())
 	}
-	aks = slices.Insert(aks, len(aks)/2, r.ak)
+	for _, rr := range r {
+		aks = slices.Insert(aks, len(aks)/2, rr.ak)
+	}
 	if err := pol.ApplyJoinConfig(joinConfigPinning(b, aks, nil)); err != nil {
 		b.Fatal(err)
 	}
@@ -145,7 +149,7 @@ func BenchmarkReattest(b *testing.B) {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	nodeBytes := createNodes(b, admin, n, r.Identity)
+	nodeBytes := createNodes(b, admin, n, func(i int) string { return r.of(i).Identity })
 
 	c := startCaches(b, client)
 	nodes := c.nodes
@@ -236,7 +240,7 @@ func BenchmarkReattest(b *testing.B) {
 	verifies := 0
 	cpu, start = processCPU(), time.Now()
 	for verifies < 200 || time.Since(start) < time.Second {
-		if _, err := appraisal.Verify(ctx, r.Evidence, nonce); err != nil {
+		if _, err := appraisal.Verify(ctx, r[0].Evidence, nonce); err != nil {
 			b.Fatal(err)
 		}
 		verifies++
@@ -301,10 +305,10 @@ func reattestRound(b *testing.B, loop *Loop, n int) {
 	}
 }
 
-// createNodes binds n node names to identity and creates their Nodes,
+// createNodes binds n node names to identity(i) and creates their Nodes,
 // node i with rigAddr(i) as InternalIP and a kubelet's status besides. It
 // returns the size of one Node's JSON.
-func createNodes(b *testing.B, client kubernetes.Interface, n int, identity string) int {
+func createNodes(b *testing.B, client kubernetes.Interface, n int, identity func(i int) string) int {
 	b.Helper()
 	bindings := nodebinding.New(client, namespace, time.Now)
 	g, ctx := errgroup.WithContext(b.Context())
@@ -313,7 +317,7 @@ func createNodes(b *testing.B, client kubernetes.Interface, n int, identity stri
 	for i := range n {
 		g.Go(func() error {
 			name := fmt.Sprintf("worker-%05d", i)
-			if _, err := bindings.Bind(ctx, name, identity); err != nil {
+			if _, err := bindings.Bind(ctx, name, identity(i)); err != nil {
 				return err
 			}
 			created, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,

@@ -51,6 +51,9 @@ func TestMain(m *testing.M) {
 // (rigAddr of each node at Port) and the cluster ID their node lock holds,
 // and a nonce for one evidence the parent verifies on its own.
 type rigSetup struct {
+	// First and Nodes are the nodes this rig serves: First to
+	// First+Nodes-1.
+	First     int    `json:"first"`
 	Nodes     int    `json:"nodes"`
 	Port      int    `json:"port"`
 	ClusterID []byte `json:"clusterID"`
@@ -109,7 +112,7 @@ func serveRig(in io.Reader, out io.Writer) error {
 	defer attester.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	for i := range setup.Nodes {
+	for i := setup.First; i < setup.First+setup.Nodes; i++ {
 		lis, err := net.Listen("tcp", net.JoinHostPort(rigAddr(i), strconv.Itoa(setup.Port)))
 		if err != nil {
 			return err
@@ -202,6 +205,40 @@ func startRig(b *testing.B, setup rigSetup) *rig {
 		b.Fatal(err)
 	}
 	return r
+}
+
+// rigNodes is how many nodes one rig process serves at most: each
+// holds a listener and, kept by the join service, a connection, and a
+// process may have 20,000 open files on the machines here.
+const rigNodes = 4000
+
+// rigs are the rig processes of a benchmark, each serving up to
+// rigNodes nodes with its own simulated TPM.
+type rigs []*rig
+
+// startRigs starts as many rigs as setup.Nodes needs.
+func startRigs(b *testing.B, setup rigSetup) rigs {
+	b.Helper()
+	var rs rigs
+	for first := 0; first < setup.Nodes; first += rigNodes {
+		s := setup
+		s.First, s.Nodes = first, min(rigNodes, setup.Nodes-first)
+		rs = append(rs, startRig(b, s))
+	}
+	return rs
+}
+
+// of returns the rig serving node i.
+func (rs rigs) of(i int) *rig { return rs[i/rigNodes] }
+
+// cpu returns the CPU time the rig processes have used so far.
+func (rs rigs) cpu(b *testing.B) time.Duration {
+	b.Helper()
+	var sum time.Duration
+	for _, r := range rs {
+		sum += r.cpu(b)
+	}
+	return sum
 }
 
 // cpu returns the CPU time the rig process has used so far.
