@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -216,6 +217,12 @@ func BenchmarkReattest(b *testing.B) {
 		b.Errorf("%d record writes in %d unchanged rounds, want none", steadyWrites, rounds)
 	}
 	latencies := timed.sorted()
+	// What the loop process keeps between rounds: the informers' caches
+	// (Nodes, bindings, records) and each node's kept door connection.
+	runtime.GC()
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	heapPerNode := float64(mem.HeapAlloc) / 1024 / float64(n)
 
 	// A round with every heartbeat due rewrites every condition.
 	offset.Store(int64(DefaultHeartbeat + time.Minute))
@@ -269,6 +276,7 @@ func BenchmarkReattest(b *testing.B) {
 	b.ReportMetric(steady, "server-cpu-ms/reverify")
 	b.ReportMetric(withHeartbeat, "server-cpu-ms/reverify+heartbeat")
 	b.ReportMetric(verifyMs, "verify-cpu-ms")
+	b.ReportMetric(heapPerNode, "loop-heap-kB/node")
 	b.ReportMetric(steady/verifyMs, "ratio")
 	b.ReportMetric(60e3/withHeartbeat, "nodes/min/core")
 	b.ReportMetric(withHeartbeat15s, "server-cpu-ms/reverify+heartbeat@15s")
