@@ -109,3 +109,23 @@ func (c *Cache) Current(node string) (Current, error) {
 	}
 	return Current{Record: r, Exists: true, ResourceVersion: cm.ResourceVersion}, nil
 }
+
+// List returns every cached record, each with its resourceVersion.
+func (c *Cache) List() ([]Current, error) {
+	if !c.informer.HasSynced() {
+		return nil, fmt.Errorf("listing the attestation records: %w", errNotSynced)
+	}
+	var out []Current
+	for _, obj := range c.informer.GetStore().List() {
+		cm, ok := obj.(*corev1.ConfigMap)
+		if !ok {
+			continue
+		}
+		r, err := FromConfigMap(cm, "")
+		if err != nil {
+			continue // not a record this package wrote; left alone
+		}
+		out = append(out, Current{Record: r, Exists: true, ResourceVersion: cm.ResourceVersion})
+	}
+	return out, nil
+}

@@ -254,6 +254,22 @@ func (s *Store) Restore(ctx context.Context, node, by string, now time.Time) (Re
 	return before, err
 }
 
+// Delete removes node's record if it is still at resourceVersion: a record
+// written meanwhile is kept (the writer saw a reason to). A record already
+// gone is no error.
+func (s *Store) Delete(ctx context.Context, node, resourceVersion string) error {
+	err := s.client.CoreV1().ConfigMaps(s.namespace).Delete(ctx, Name(node), metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{ResourceVersion: &resourceVersion},
+	})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("deleting the attestation record of node %s: %w", node, err)
+	}
+	return nil
+}
+
 // List reads every record in the namespace from the API server.
 func (s *Store) List(ctx context.Context) ([]Record, error) {
 	list, err := s.client.CoreV1().ConfigMaps(s.namespace).List(ctx, metav1.ListOptions{LabelSelector: Label + "=true"})

@@ -42,6 +42,7 @@ type nodeLister interface {
 // recordCache reads the authoritative records (*nodeattestation.Cache).
 type recordCache interface {
 	Current(node string) (nodeattestation.Current, error)
+	List() ([]nodeattestation.Current, error)
 	OnChange(f func(node string)) (remove func(), err error)
 }
 
@@ -49,6 +50,7 @@ type recordCache interface {
 type recordWriter interface {
 	Update(ctx context.Context, node string, cur *nodeattestation.Current,
 		change func(old nodeattestation.Record, exists bool) (nodeattestation.Record, bool)) (nodeattestation.Record, error)
+	Delete(ctx context.Context, node, resourceVersion string) error
 }
 
 // LoopConfig configures a Loop.
@@ -203,6 +205,7 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 	}
 	err = g.Wait()
 	l.updateOldest(nodes)
+	l.collect(ctx, nodes)
 	return outcomes, err
 }
 
@@ -431,6 +434,7 @@ type metrics struct {
 	actions          *prometheus.CounterVec
 	writes           prometheus.Counter
 	recordWrites     prometheus.Counter
+	recordsDeleted   prometheus.Counter
 	reasserted       *prometheus.CounterVec
 	oldestSuccessAge prometheus.Gauge
 	roundSeconds     prometheus.Histogram
@@ -454,6 +458,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "gatehouse", Subsystem: "reattest", Name: "record_writes_total",
 			Help: "Attestation record writes (on a change of outcome, or a due heartbeat).",
 		}),
+		recordsDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gatehouse", Subsystem: "reattest", Name: "records_deleted_total",
+			Help: "Attestation records deleted because their Node is gone (kept while awaiting an administrator's restore).",
+		}),
 		reasserted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gatehouse", Subsystem: "reattest", Name: "mirror_reasserted_total",
 			Help: "Node conditions and taints written back after another writer (e.g. the node itself) changed them, by what (condition, taint).",
@@ -467,7 +475,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Duration of one round over every Node.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.verifications, m.actions, m.writes, m.recordWrites, m.reasserted, m.oldestSuccessAge, m.roundSeconds} {
+	for _, c := range []prometheus.Collector{m.verifications, m.actions, m.writes, m.recordWrites, m.recordsDeleted, m.reasserted, m.oldestSuccessAge, m.roundSeconds} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}
