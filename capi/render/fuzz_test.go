@@ -403,34 +403,6 @@ func js(v any) string {
 	return string(b)
 }
 
-// walkStrings calls fn on each string of a JSON-shaped value.
-func walkStrings(v any, fn func(string)) {
-	_ = mapStrings(v, func(s string) string { fn(s); return s })
-}
-
-// mapStrings is a JSON-shaped value with each string replaced by fn's.
-func mapStrings(v any, fn func(string) string) any {
-	switch t := v.(type) {
-	case string:
-		return fn(t)
-	case []any:
-		out := make([]any, len(t))
-		for i, e := range t {
-			out[i] = mapStrings(e, fn)
-		}
-		return out
-	case map[string]any:
-		// Keys too: Jinja renders the whole document (disk_setup's keys are
-		// the spec's devices).
-		out := make(map[string]any, len(t))
-		for k, e := range t {
-			out[fn(k)] = mapStrings(e, fn)
-		}
-		return out
-	}
-	return v
-}
-
 // jsonShaped is v as encoding/json reads it back.
 func jsonShaped(v any) any {
 	b, err := json.Marshal(v)
