@@ -102,13 +102,13 @@ func TestAttestedInjection(t *testing.T) {
 		}
 	}
 	in := attestedJoin(bootstrapv1.FormatIgnition, "10.0.0.9:9090")
-	in.Spec.Mounts = []cabpkv1.MountPoints{{"/dev/vdb", "/mnt/my data", "ext4", "x-systemd.description=%n"}}
+	in.Spec.Mounts = []cabpkv1.MountPoints{{"/dev/vdb", "/mnt/my-data", "ext4", "x-systemd.description=%n"}}
 	data, err := Render(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	assertEqual(t, "mount unit", unitSettings(t, rendertest.Ignition(t, data), `mnt-my\x20data.mount`), map[string]string{
-		"What": "/dev/vdb", "Where": "/mnt/my data", "Type": "ext4", "Options": "x-systemd.description=%%n", "RequiredBy": "local-fs.target"})
+	assertEqual(t, "mount unit", unitSettings(t, rendertest.Ignition(t, data), `mnt-my\x2ddata.mount`), map[string]string{
+		"What": "/dev/vdb", "Where": "/mnt/my-data", "Type": "ext4", "Options": "x-systemd.description=%%n", "RequiredBy": "local-fs.target"})
 }
 
 // TestAttestedDataSize: a joining worker's attested data stays within

@@ -32,7 +32,7 @@ func cloudConfig(t *testing.T, s *bootstrapv1.KubeadmConfigSpec) map[string]any 
 	if err != nil {
 		t.Fatal(err)
 	}
-	rendertest.CloudInitSchema(t, data)
+	data = rendertest.CloudInitSchema(t, data)
 	var cfg map[string]any
 	if err := yaml.Unmarshal(data, &cfg); err != nil {
 		t.Fatalf("parsing the cloud-config: %v", err)
@@ -185,7 +185,7 @@ func disksSpec() *bootstrapv1.KubeadmConfigSpec {
 		Mounts: []cabpkv1.MountPoints{
 			{"LABEL=etcd", "/var/lib/etcd", "ext4", "defaults,noatime"},
 			{"data", "/var/lib/data"},                            // a label alone, as CAPZ's templates write it
-			{"/dev/vde1", "/mnt/scratch disk", "auto", "nofail"}, // no file system of this data's
+			{"/dev/vde1", "/mnt/scratch-disk", "auto", "nofail"}, // no file system of this data's
 			{"/dev/vdc2", "none", "swap", "sw"},
 		},
 	}
@@ -223,7 +223,7 @@ func TestDisks(t *testing.T) {
 		for name, want := range map[string]map[string]string{
 			"var-lib-etcd.mount":        {"What": "/dev/disk/by-label/etcd", "Where": "/var/lib/etcd", "Type": "ext4", "Options": "defaults,noatime", "RequiredBy": "local-fs.target"},
 			"var-lib-data.mount":        {"What": "/dev/vdd", "Where": "/var/lib/data", "Type": "xfs", "RequiredBy": "local-fs.target"},
-			`mnt-scratch\x20disk.mount`: {"What": "/dev/vde1", "Where": "/mnt/scratch disk", "Options": "nofail", "WantedBy": "local-fs.target"},
+			`mnt-scratch\x2ddisk.mount`: {"What": "/dev/vde1", "Where": "/mnt/scratch-disk", "Options": "nofail", "WantedBy": "local-fs.target"},
 			"dev-vdc2.swap":             {"What": "/dev/vdc2", "Options": "sw", "WantedBy": "swap.target"},
 		} {
 			assertEqual(t, name, unitSettings(t, cfg, name), want)
@@ -376,7 +376,7 @@ func TestJinja(t *testing.T) {
 	}
 
 	for _, bad := range []string{"echo ${#PATH}", "echo {{ unclosed", "{% raw %} never closed", "{% if x %}a block closed elsewhere",
-		"echo 'a' {% if true %}b{% endif %}", "{{- 'strips into the YAML' }}", "{{ x -}}", "{{ x }}\u0085", "a {# c #}\nb"} {
+		"echo 'a' {% if true %}b{% endif %}", "{{- 'strips into the YAML' }}", "{{ x -}}", "a {# c #}\nb"} {
 		s := &bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatCloudConfig, PostKubeadmCommands: []string{bad}}
 		if _, err := Render(input(s, RoleJoin)); err == nil || !strings.Contains(err.Error(), "Jinja") {
 			t.Errorf("%q: %v, want a refusal naming Jinja", bad, err)

@@ -25,6 +25,7 @@ import (
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
 	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/cloudinit"
 	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
 )
 
@@ -114,7 +115,7 @@ diskSetup:
 mounts:
 - [LABEL=etcd_disk, /var/lib/etcddisk]
 - [data, /var/lib/data]
-- [/dev/vde1, /mnt/scratch disk, auto, "nofail,x-systemd.description=%n"]
+- [/dev/vde1, /mnt/scratch-disk, auto, "nofail,x-systemd.description=%n"]
 - [/dev/vdc2, none, swap, sw]
 `,
 	`
@@ -239,33 +240,92 @@ func cloudInitChecker(t *testing.T) *rendertest.CloudInit {
 	return cloudInit.ci
 }
 
-// hasJinja says s opens a Jinja construct.
+// hasJinja says s opens a Jinja delimiter.
 func hasJinja(s string) bool {
 	return strings.Contains(s, "{{") || strings.Contains(s, "{%") || strings.Contains(s, "{#")
 }
 
-// checkCloudConfig: the YAML before Jinja holds exactly the expected
-// values; cloud-init renders the Jinja, accepts the result and reads
-// exactly the expected values, each as Jinja renders it alone. A value
-// that is a template Jinja refuses alone, or whose expressions output
-// YAML-shaping characters, is the spec's own template: the document is
-// then only checked before Jinja.
+// templateValues calls fn with each value of a cloud-config (JSON-shaped)
+// that cloud-init's Jinja renders as a template: the contents of files
+// without an encoding and the commands' arguments (cloudinit.RenderJinja).
+// fn's result replaces the value.
+func templateValues(doc any, fn func(string) string) {
+	m, _ := doc.(map[string]any)
+	if files, ok := m["write_files"].([]any); ok {
+		for _, f := range files {
+			if f := f.(map[string]any); f["encoding"] == nil {
+				f["content"] = fn(f["content"].(string))
+			}
+		}
+	}
+	for _, key := range []string{"bootcmd", "runcmd"} {
+		cmds, _ := m[key].([]any)
+		for _, c := range cmds {
+			argv := c.([]any)
+			for i, a := range argv {
+				argv[i] = fn(a.(string))
+			}
+		}
+	}
+}
+
+// checkCloudConfig: cloud-init renders the Jinja, accepts the result and
+// reads exactly the expected values: every value as the spec has it, but
+// a template value (a file's content, a command) with each of its
+// references to instance data replaced by what cloud-init's Jinja makes of
+// that reference alone. No value, whatever it holds, may change the
+// document's structure or another value.
 func checkCloudConfig(t *testing.T, in Input, data []byte, seeding bool) {
 	t.Helper()
-	body, ok := bytes.CutPrefix(data, []byte(JinjaHeader+"#cloud-config\n"))
-	if !ok {
+	if !bytes.HasPrefix(data, []byte(JinjaHeader+"#cloud-config\n")) {
 		t.Fatalf("the data does not start with %q:\n%s", JinjaHeader+"#cloud-config", data)
 	}
 	want := expectedCloudConfig(in)
-	var got any
-	if err := yaml.Unmarshal(body, &got); err != nil {
-		t.Fatalf("the cloud-config is not YAML: %v\n%s", err, data)
+	var refs []string
+	templateValues(want, func(s string) string {
+		if !hasJinja(s) {
+			return s
+		}
+		parts, err := cloudinit.ParseTemplate(s)
+		if err != nil {
+			t.Fatalf("the data renders %q, which is no template of references and raw text: %v", s, err)
+		}
+		for _, p := range parts {
+			if p.Ref != nil && !slices.Contains(refs, cloudinit.RefExpr(p.Ref)) {
+				refs = append(refs, cloudinit.RefExpr(p.Ref))
+			}
+		}
+		return s
+	})
+	res, err := cloudInitChecker(t).Check(data, nil, refs)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("the cloud-config (before Jinja) does not hold exactly the spec's values: %s\n%s", jsonDiff("", got, want), data)
+	if res.Error != "" && !partitionNumbers.MatchString(res.Error) {
+		t.Fatalf("cloud-init refuses the data: %s\n%s", res.Error, data)
 	}
+	for _, r := range refs {
+		if res.Refs[r].Error != "" {
+			t.Fatalf("cloud-init's Jinja cannot render the reference %s: %s", r, res.Refs[r].Error)
+		}
+	}
+	templateValues(want, func(s string) string {
+		if !hasJinja(s) {
+			return s
+		}
+		parts, _ := cloudinit.ParseTemplate(s)
+		var b strings.Builder
+		for _, p := range parts {
+			if p.Ref != nil {
+				b.WriteString(res.Refs[cloudinit.RefExpr(p.Ref)].Rendered)
+			} else {
+				b.WriteString(p.Text)
+			}
+		}
+		return b.String()
+	})
 	// The files decode as cloud-init decodes them.
-	for _, f := range got.(map[string]any)["write_files"].([]any) {
+	for _, f := range want.(map[string]any)["write_files"].([]any) {
 		f := f.(map[string]any)
 		if enc, _ := f["encoding"].(string); enc != "" {
 			b, err := base64.StdEncoding.DecodeString(f["content"].(string))
@@ -277,43 +337,22 @@ func checkCloudConfig(t *testing.T, in Input, data []byte, seeding bool) {
 			}
 		}
 	}
-	var templates []string
-	walkStrings(want, func(s string) {
-		if hasJinja(s) && !slices.Contains(templates, s) {
-			templates = append(templates, s)
-		}
-	})
-	res, err := cloudInitChecker(t).Check(data, templates)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tpl := range templates {
-		if r := res.Templates[tpl]; r.Error != "" || r.ShapesYAML {
-			return // the spec's own template decides what the YAML becomes
-		}
-	}
-	if res.Error != "" && !partitionNumbers.MatchString(res.Error) {
-		t.Fatalf("cloud-init refuses the data: %s\n%s", res.Error, data)
-	}
 	if res.Error != "" {
-		return
+		return // the schema gaps below; the values were read by YAML alone
 	}
-	rendered := mapStrings(want, func(s string) string {
-		if hasJinja(s) {
-			return res.Templates[s].Rendered
-		}
-		return s
-	})
-	if !reflect.DeepEqual(res.Config, rendered) {
-		t.Fatalf("cloud-init does not read exactly the spec's values: %s\n%s", jsonDiff("", res.Config, rendered), data)
+	if !reflect.DeepEqual(res.Config, want) {
+		t.Fatalf("cloud-init does not read exactly the spec's values: %s\n%s", jsonDiff("", res.Config, want), data)
 	}
 	if seeding {
-		// The command lines themselves, and the files as they decode.
-		files := rendertest.Files(t, bootstrapv1.FormatCloudConfig, data)
-		for _, f := range in.Files {
-			if _, ok := files[f.Path]; !ok {
-				t.Errorf("the cloud-config writes no %s", f.Path)
-			}
+		// The command lines themselves: `cloud-init devel render`, then
+		// `cloud-init schema`, read the same document.
+		rendered := rendertest.CloudInitSchema(t, data)
+		var got any
+		if err := yaml.Unmarshal(rendered, &got); err != nil {
+			t.Fatalf("the rendered cloud-config is not YAML: %v\n%s", err, rendered)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("`cloud-init devel render` does not give exactly the spec's values: %s\n%s", jsonDiff("", got, want), rendered)
 		}
 	}
 }
@@ -362,34 +401,6 @@ func jsonDiff(at string, got, want any) string {
 func js(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
-}
-
-// walkStrings calls fn on each string of a JSON-shaped value.
-func walkStrings(v any, fn func(string)) {
-	_ = mapStrings(v, func(s string) string { fn(s); return s })
-}
-
-// mapStrings is a JSON-shaped value with each string replaced by fn's.
-func mapStrings(v any, fn func(string) string) any {
-	switch t := v.(type) {
-	case string:
-		return fn(t)
-	case []any:
-		out := make([]any, len(t))
-		for i, e := range t {
-			out[i] = mapStrings(e, fn)
-		}
-		return out
-	case map[string]any:
-		// Keys too: Jinja renders the whole document (disk_setup's keys are
-		// the spec's devices).
-		out := make(map[string]any, len(t))
-		for k, e := range t {
-			out[fn(k)] = mapStrings(e, fn)
-		}
-		return out
-	}
-	return v
 }
 
 // jsonShaped is v as encoding/json reads it back.
@@ -875,7 +886,7 @@ func checkAttested(t *testing.T, in Input, format bootstrapv1.Format, data []byt
 		var cfg struct {
 			WriteFiles []struct{ Path, Content string } `json:"write_files"`
 		}
-		if err := yaml.Unmarshal(data, &cfg); err != nil {
+		if err := yaml.Unmarshal(cloudInitRendered(t, data), &cfg); err != nil {
 			t.Fatal(err)
 		}
 		for _, f := range cfg.WriteFiles {
@@ -898,4 +909,22 @@ func checkAttested(t *testing.T, in Input, format bootstrapv1.Format, data []byt
 	if got := strings.Fields(m[1]); !slices.Equal(got, want) {
 		t.Fatalf("bootstrapper arguments %q, want %q", got, want)
 	}
+}
+
+// cloudInitRendered is the document cloud-init reads of cloud-config data
+// (after Jinja), from the long-running cloud-init.
+func cloudInitRendered(t *testing.T, data []byte) []byte {
+	t.Helper()
+	res, err := cloudInitChecker(t).Check(data, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Config == nil {
+		t.Fatalf("cloud-init refuses the data: %s", res.Error)
+	}
+	b, err := json.Marshal(res.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

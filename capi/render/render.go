@@ -194,21 +194,18 @@ func plan(in Input) (*steps, error) {
 	if s.format == "" {
 		s.format = bootstrapv1.FormatCloudConfig
 	}
-	for _, u := range spec.Users {
+	for i, u := range spec.Users {
 		if u.PasswdFrom.IsDefined() && u.Passwd == "" {
-			return nil, fmt.Errorf("user %s: passwdFrom is not resolved", u.Name)
-		}
-		// Both formats write the rule as a line of a sudoers file, which a
-		// line break would end and a trailing backslash continue.
-		if strings.ContainsFunc(u.Sudo, isControl) || strings.HasSuffix(u.Sudo, `\`) {
-			return nil, fmt.Errorf("user %q: the sudo rule %q must be one line without a trailing backslash", u.Name, u.Sudo)
+			return nil, fmt.Errorf("spec.users[%d]: passwdFrom is not resolved", i)
 		}
 	}
-	for i, srv := range spec.NTP.Servers {
-		// Each server becomes a line "server <name> iburst" of the time
-		// daemon's configuration.
-		if !ntpServer.MatchString(srv) {
-			return nil, fmt.Errorf("ntp.servers[%d] %q: a server is a host name or an IP address", i, srv)
+	// Each value for its reader on the machine, in both formats alike.
+	if err := checkValues(in); err != nil {
+		return nil, err
+	}
+	if s.format == bootstrapv1.FormatCloudConfig {
+		if err := checkTemplates(in); err != nil {
+			return nil, err
 		}
 	}
 	devices := map[string]bool{}

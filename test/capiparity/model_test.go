@@ -14,6 +14,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -233,9 +236,45 @@ func kubeadmDocs(content string, o modelOptions) (any, error) {
 
 // ---- cloud-config ----
 
+// jinjaInstanceData is the instance data cloud-config is rendered with.
+const jinjaInstanceData = `{"v1": {"local_hostname": "node-0"}, "ds": {"meta_data": {"local_hostname": "node-0"}}}`
+
+// renderJinja renders Jinja cloud-config with `cloud-init devel render`,
+// as cloud-init does at boot.
+func renderJinja(data []byte) ([]byte, error) {
+	dir, err := os.MkdirTemp("", "capiparity-jinja")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	ud, id := filepath.Join(dir, "user-data"), filepath.Join(dir, "instance-data.json")
+	if err := os.WriteFile(ud, data, 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(id, []byte(jinjaInstanceData), 0o600); err != nil {
+		return nil, err
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command("cloud-init", "devel", "render", "--instance-data", id, ud)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("cloud-init devel render: %w: %s", err, stderr.Bytes())
+	}
+	return out, nil
+}
+
 // cloudConfigModel is the meaning of a #cloud-config.
 func cloudConfigModel(data []byte, o modelOptions) (map[string]any, error) {
 	m := map[string]any{"jinja": bytes.HasPrefix(data, []byte("## template: jinja\n"))}
+	if m["jinja"] == true {
+		// What cloud-init reads: the document after Jinja (ours is YAML
+		// only then: its references are escaped expressions).
+		var err error
+		if data, err = renderJinja(data); err != nil {
+			return nil, err
+		}
+	}
 	var doc map[string]any
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("cloud-config: %w", err)

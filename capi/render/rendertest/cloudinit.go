@@ -37,6 +37,9 @@ type CloudInitResult struct {
 	// Templates holds, for each template asked about, what Jinja makes of
 	// it alone, as cloud-init's Jinja renders user data.
 	Templates map[string]Template `json:"templates"`
+	// Refs holds, for each Jinja expression asked about, its value as
+	// cloud-init's Jinja renders {{ expression }} with the instance data.
+	Refs map[string]Template `json:"refs"`
 }
 
 // Template is what Jinja makes of one value alone.
@@ -102,6 +105,7 @@ for line in sys.stdin:
     req = json.loads(line)
     resp = check(base64.b64decode(req["data"]))
     resp["templates"] = {t: alone(t) for t in req.get("templates") or []}
+    resp["refs"] = {e: alone("{{ " + e + " }}") for e in req.get("refs") or []}
     sys.stdout.write(json.dumps(resp) + "\n")
     sys.stdout.flush()
 `
@@ -140,11 +144,12 @@ func StartCloudInit() (*CloudInit, error) {
 }
 
 // Check renders data's Jinja with InstanceData and validates the result
-// as `cloud-init schema` does; each of templates is also rendered alone.
-func (c *CloudInit) Check(data []byte, templates []string) (CloudInitResult, error) {
+// as `cloud-init schema` does; each of templates is also rendered alone,
+// and each of refs, a Jinja expression, as {{ ref }}.
+func (c *CloudInit) Check(data []byte, templates, refs []string) (CloudInitResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	req, err := json.Marshal(map[string]any{"data": base64.StdEncoding.EncodeToString(data), "templates": templates})
+	req, err := json.Marshal(map[string]any{"data": base64.StdEncoding.EncodeToString(data), "templates": templates, "refs": refs})
 	if err != nil {
 		return CloudInitResult{}, err
 	}

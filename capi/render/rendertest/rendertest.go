@@ -32,8 +32,9 @@ const jinjaHeader = "## template: jinja\n"
 
 // CloudInitSchema fails the test unless `cloud-init schema` accepts data;
 // Jinja cloud-config is first rendered with InstanceData by `cloud-init
-// devel render`, as cloud-init renders it at boot.
-func CloudInitSchema(t testing.TB, data []byte) {
+// devel render`, as cloud-init renders it at boot. It returns the
+// document cloud-init reads (after Jinja).
+func CloudInitSchema(t testing.TB, data []byte) []byte {
 	t.Helper()
 	if bytes.HasPrefix(data, []byte(jinjaHeader)) {
 		data = RenderJinja(t, data, InstanceData)
@@ -46,6 +47,7 @@ func CloudInitSchema(t testing.TB, data []byte) {
 	if err != nil || !strings.Contains(string(out), "Valid cloud-config") {
 		t.Fatalf("cloud-init schema: %v\n%s", err, out)
 	}
+	return data
 }
 
 // RenderJinja renders Jinja cloud-config with instance data (JSON of
@@ -106,7 +108,7 @@ func Files(t testing.TB, format bootstrapv1.Format, data []byte) map[string][]by
 		}
 		return files
 	}
-	CloudInitSchema(t, data)
+	data = CloudInitSchema(t, data)
 	var cfg struct {
 		WriteFiles []struct {
 			Path, Content, Encoding string

@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"path"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -195,6 +197,81 @@ func (c *Config) Render() ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("cloud-config: %w", err)
 	}
+	return c.encode(nil)
+}
+
+// RenderJinja validates c and returns the cloud-config document as a
+// Jinja template, JinjaHeader first. The contents of files without an
+// encoding and the arguments of commands are templates (ParseTemplate; an
+// error names the value and wraps ErrTemplate); every other value is
+// literal. Whatever the values hold and the instance data says, the
+// document cloud-init reads after Jinja has the structure of c, each
+// template rendered alone in its place (jinja.go).
+func (c *Config) RenderJinja() ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("cloud-config: %w", err)
+	}
+	// Template values are written through placeholders that no value of
+	// the document holds.
+	var prefix string
+	for k := 0; prefix == ""; k++ {
+		prefix = "\x00jinja" + strconv.Itoa(k) + ":"
+		c.Strings(func(s string) {
+			if strings.Contains(s, prefix) {
+				prefix = ""
+			}
+		})
+	}
+	tpl := templates{}
+	expand := func(what string, v *string) error {
+		if !jinja(*v) {
+			return nil
+		}
+		parts, err := ParseTemplate(*v)
+		if err != nil {
+			return fmt.Errorf("cloud-config: %s: %w", what, err)
+		}
+		if len(parts) == 1 && parts[0].Ref == nil {
+			*v = parts[0].Text
+			return nil
+		}
+		if len(parts) == 0 {
+			*v = ""
+			return nil
+		}
+		key := prefix + strconv.Itoa(len(tpl))
+		tpl[key], *v = parts, key
+		return nil
+	}
+	out := *c
+	out.WriteFiles = slices.Clone(c.WriteFiles)
+	for i := range out.WriteFiles {
+		if f := &out.WriteFiles[i]; f.Encoding == "" {
+			if err := expand("write_files "+f.Path, &f.Content); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, cmds := range []*[]Command{&out.BootCmd, &out.RunCmd} {
+		*cmds = slices.Clone(*cmds)
+		for i := range *cmds {
+			(*cmds)[i] = slices.Clone((*cmds)[i])
+			for j := range (*cmds)[i] {
+				if err := expand(fmt.Sprintf("command %q", (*cmds)[i]), &(*cmds)[i][j]); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	doc, err := out.encode(tpl)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(JinjaHeader), doc...), nil
+}
+
+// encode writes c, tpl's placeholders as their templates.
+func (c *Config) encode(tpl templates) ([]byte, error) {
 	j, err := json.Marshal(c)
 	if err != nil {
 		return nil, fmt.Errorf("encoding cloud-config: %w", err)
@@ -205,5 +282,5 @@ func (c *Config) Render() ([]byte, error) {
 	if err := dec.Decode(&doc); err != nil {
 		return nil, fmt.Errorf("encoding cloud-config: %w", err)
 	}
-	return append([]byte(Header), encode(doc)...), nil
+	return append([]byte(Header), encode(doc, tpl)...), nil
 }

@@ -17,19 +17,26 @@ import (
 // Unicode line breaks (U+0085, U+2028, U+2029) that PyYAML turns into
 // newlines or spaces. So the document is written here, with each string
 // in the first of these styles that holds it as it is, character for
-// character (so that a Jinja construct reaches Jinja as written):
+// character:
 //
 //   - plain, when no YAML 1.1 or 1.2 parser can read it as anything but
-//     this string, and it holds no Jinja construct;
-//   - single-quoted, when it is one line without a quote;
+//     this string, and it opens no Jinja delimiter;
+//   - single-quoted, when it is one line without a quote or a Jinja
+//     delimiter;
 //   - literal (|), with an explicit indentation indicator, so that leading
-//     spaces and what Jinja makes of the first line never move the block;
-//   - double-quoted with escapes, for what no other style holds
-//     (control characters, Unicode line breaks).
+//     spaces never move the block, when it opens no Jinja delimiter;
+//   - double-quoted with escapes, for what no other style holds (control
+//     characters, Unicode line breaks, Jinja delimiters, whose brace is
+//     escaped: jinja.go).
+
+// templates are the strings of a document that are Jinja templates, by
+// the placeholder each stands for, parsed (jinja.go).
+type templates map[string][]Part
 
 // encode writes v, as encoding/json reads JSON (maps, lists, strings,
-// numbers, booleans, null), as a block YAML document.
-func encode(v any) []byte {
+// numbers, booleans, null), as a block YAML document; a string that is a
+// key of tpl is written as that template.
+func encode(v any, tpl templates) []byte {
 	var b bytes.Buffer
 	switch t := v.(type) {
 	case map[string]any:
@@ -37,9 +44,9 @@ func encode(v any) []byte {
 			b.WriteString("{}\n")
 			return b.Bytes()
 		}
-		writeMapping(&b, t, 0, false)
+		writeMapping(&b, t, 0, false, tpl)
 	default:
-		b.WriteString(scalar(v, 0))
+		b.WriteString(scalar(v, 0, tpl))
 		b.WriteByte('\n')
 	}
 	return b.Bytes()
@@ -47,7 +54,7 @@ func encode(v any) []byte {
 
 // writeMapping writes m's entries at column indent, sorted by key; the
 // first one continues the current line when inline.
-func writeMapping(b *bytes.Buffer, m map[string]any, indent int, inline bool) {
+func writeMapping(b *bytes.Buffer, m map[string]any, indent int, inline bool, tpl templates) {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -66,7 +73,7 @@ func writeMapping(b *bytes.Buffer, m map[string]any, indent int, inline bool) {
 				continue
 			}
 			b.WriteByte('\n')
-			writeMapping(b, v, indent+2, false)
+			writeMapping(b, v, indent+2, false, tpl)
 		case []any:
 			if len(v) == 0 {
 				b.WriteString(" []\n")
@@ -74,16 +81,16 @@ func writeMapping(b *bytes.Buffer, m map[string]any, indent int, inline bool) {
 			}
 			// A list in a mapping starts at the key's column.
 			b.WriteByte('\n')
-			writeSequence(b, v, indent, false)
+			writeSequence(b, v, indent, false, tpl)
 		default:
-			b.WriteString(" " + scalar(v, indent) + "\n")
+			b.WriteString(" " + scalar(v, indent, tpl) + "\n")
 		}
 	}
 }
 
 // writeSequence writes l's items at column indent; the first one
 // continues the current line when inline.
-func writeSequence(b *bytes.Buffer, l []any, indent int, inline bool) {
+func writeSequence(b *bytes.Buffer, l []any, indent int, inline bool, tpl templates) {
 	for i, item := range l {
 		if i > 0 || !inline {
 			b.WriteString(strings.Repeat(" ", indent))
@@ -95,22 +102,22 @@ func writeSequence(b *bytes.Buffer, l []any, indent int, inline bool) {
 				b.WriteString("{}\n")
 				continue
 			}
-			writeMapping(b, v, indent+2, true)
+			writeMapping(b, v, indent+2, true, tpl)
 		case []any:
 			if len(v) == 0 {
 				b.WriteString("[]\n")
 				continue
 			}
-			writeSequence(b, v, indent+2, true)
+			writeSequence(b, v, indent+2, true, tpl)
 		default:
-			b.WriteString(scalar(v, indent) + "\n")
+			b.WriteString(scalar(v, indent, tpl) + "\n")
 		}
 	}
 }
 
 // scalar is v written as a node owned by a key or list item at column
 // indent (a literal block's lines go two columns further).
-func scalar(v any, indent int) string {
+func scalar(v any, indent int, tpl templates) string {
 	switch t := v.(type) {
 	case nil:
 		return "null"
@@ -122,6 +129,9 @@ func scalar(v any, indent int) string {
 	case json.Number:
 		return t.String()
 	case string:
+		if parts, ok := tpl[t]; ok {
+			return writeTemplate(parts)
+		}
 		return str(t, indent)
 	}
 	panic(fmt.Sprintf("cloudinit: cannot write %T", v))
@@ -144,7 +154,7 @@ func str(s string, indent int) string {
 		return s
 	case SingleQuoted(s):
 		return "'" + s + "'"
-	case Verbatim(s) && strings.TrimRight(s, "\n") != "":
+	case Verbatim(s) && !jinja(s) && strings.TrimRight(s, "\n") != "":
 		return literal(s, indent)
 	}
 	return doubleQuoted(s)
@@ -175,11 +185,18 @@ func literal(s string, indent int) string {
 }
 
 // doubleQuoted escapes what YAML cannot hold as it is.
-func doubleQuoted(s string) string {
+func doubleQuoted(s string) string { return `"` + escapeDouble(s) + `"` }
+
+// escapeDouble is s escaped for YAML's double quotes. A brace that opens
+// a Jinja delimiter ({{, {%, {#), or ends s (where a template's reference
+// may follow), is written \x7b, so that Jinja never sees a delimiter in
+// the value.
+func escapeDouble(s string) string {
 	var b strings.Builder
-	b.WriteByte('"')
-	for _, r := range s {
+	for i, r := range s {
 		switch {
+		case r == '{' && (i+1 == len(s) || s[i+1] == '{' || s[i+1] == '%' || s[i+1] == '#'):
+			b.WriteString(`\x7b`)
 		case r == '"' || r == '\\':
 			b.WriteString(`\` + string(r))
 		case r == '\n':
@@ -200,7 +217,6 @@ func doubleQuoted(s string) string {
 			b.WriteRune(r)
 		}
 	}
-	b.WriteByte('"')
 	return b.String()
 }
 
@@ -213,17 +229,14 @@ func printable(r rune) bool {
 }
 
 // SingleQuoted says s is written in single quotes: one line of verbatim
-// text without a quote that is not plain, or holds a Jinja construct.
-// Quotes end the scalar on the line, so Jinja's whitespace control and
-// its removal of the line break after a block tag stay within it.
+// text without a quote that is not plain and opens no Jinja delimiter
+// (which only double quotes can escape).
 func SingleQuoted(s string) bool {
-	return (!plainSafe(s) || jinja(s)) && !strings.ContainsAny(s, "'\n\t") && Verbatim(s)
+	return !plainSafe(s) && !jinja(s) && !strings.ContainsAny(s, "'\n\t") && Verbatim(s)
 }
 
-// jinja says s opens a Jinja construct.
-func jinja(s string) bool {
-	return strings.Contains(s, "{{") || strings.Contains(s, "{%") || strings.Contains(s, "{#")
-}
+// jinja says s opens a Jinja delimiter.
+func jinja(s string) bool { return delimiter(s) >= 0 }
 
 // Verbatim says a literal block or single quotes hold s character for
 // character: printable text whose only line breaks are newlines.
