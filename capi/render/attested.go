@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 
+	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
@@ -79,6 +80,10 @@ func joinEndpoint(ep string) error {
 func bootstrapperArgs(in Input) ([]string, error) {
 	args := []string{"--success-file", SentinelPath}
 	if in.Role == RoleInit {
+		if fields := uncarriedInitFields(in.Spec); len(fields) > 0 {
+			return nil, fmt.Errorf("%w: %s not carried to the machine (an attested init machine takes its configuration from "+
+				"`gatehouse init`, docs/capi.md): remove them, and give them to gatehouse init", ErrAttestedSpec, strings.Join(fields, ", "))
+		}
 		return args, nil
 	}
 	endpoints := in.Spec.Attested.JoinEndpoints
@@ -145,27 +150,42 @@ func nodeRegistrationArgs(join cabpkv1.JoinConfiguration) ([]string, error) {
 // mode carries (nodeRegistration's taints and kubeletExtraArgs).
 func uncarriedJoinFields(join cabpkv1.JoinConfiguration) []string {
 	join.NodeRegistration.Taints, join.NodeRegistration.KubeletExtraArgs = nil, nil
-	b, err := json.Marshal(join)
+	return setFields("spec.joinConfiguration", join)
+}
+
+// setFields names the fields of v (a kubeadm configuration of the spec)
+// that are set, under prefix: its top-level fields, and nodeRegistration's
+// one by one.
+func setFields(prefix string, v any) []string {
+	b, err := json.Marshal(v)
 	if err != nil {
-		return []string{"spec.joinConfiguration (" + err.Error() + ")"}
+		return []string{prefix + " (" + err.Error() + ")"}
 	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
-		return []string{"spec.joinConfiguration (" + err.Error() + ")"}
+		return []string{prefix + " (" + err.Error() + ")"}
 	}
 	var fields []string
 	for k, v := range m {
 		var sub map[string]json.RawMessage
 		if k == "nodeRegistration" && json.Unmarshal(v, &sub) == nil {
 			for sk := range sub {
-				fields = append(fields, "spec.joinConfiguration.nodeRegistration."+sk)
+				fields = append(fields, prefix+".nodeRegistration."+sk)
 			}
 			continue
 		}
-		fields = append(fields, "spec.joinConfiguration."+k)
+		fields = append(fields, prefix+"."+k)
 	}
 	slices.Sort(fields)
 	return fields
+}
+
+// uncarriedInitFields names what an attested init machine's spec sets of
+// the kubeadm configuration: `gatehouse init` makes that machine's
+// configuration, so none of it would reach the machine.
+func uncarriedInitFields(spec *bootstrapv1.KubeadmConfigSpec) []string {
+	return append(setFields("spec.clusterConfiguration", spec.ClusterConfiguration),
+		setFields("spec.initConfiguration", spec.InitConfiguration)...)
 }
 
 // bootstrapperEnv is the environment file's content.

@@ -162,3 +162,29 @@ func mustRender(t *testing.T, in Input) []byte {
 	}
 	return data
 }
+
+// TestAttestedInitConfigurationRefused: an attested init machine takes its
+// configuration from `gatehouse init`, so a spec's initConfiguration or
+// clusterConfiguration would never reach it: each set field is refused
+// with ErrAttestedSpec, naming it, in both formats; a spec setting
+// neither renders.
+func TestAttestedInitConfigurationRefused(t *testing.T) {
+	for _, format := range []bootstrapv1.Format{bootstrapv1.FormatCloudConfig, bootstrapv1.FormatIgnition} {
+		in := attestedJoin(format)
+		in.Role = RoleInit
+		if _, err := Render(in); err != nil {
+			t.Fatalf("%s: an attested init machine without kubeadm configuration: %v", format, err)
+		}
+		in.Spec.InitConfiguration.NodeRegistration.Name = "cp-0"
+		in.Spec.ClusterConfiguration.APIServer.ExtraArgs = []cabpkv1.Arg{{Name: "audit-log-path", Value: ptr.To("-")}}
+		_, err := Render(in)
+		if !errors.Is(err, ErrAttestedSpec) {
+			t.Fatalf("%s: %v, want ErrAttestedSpec", format, err)
+		}
+		for _, field := range []string{"spec.initConfiguration.nodeRegistration.name", "spec.clusterConfiguration.apiServer"} {
+			if !strings.Contains(err.Error(), field) {
+				t.Errorf("%s: %v does not name %s", format, err, field)
+			}
+		}
+	}
+}
