@@ -27,6 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
 	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/cloudinit"
 	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
 // The fuzz targets: any spec, in any role, either renders data that is
@@ -904,6 +905,14 @@ func checkAttested(t *testing.T, in Input, format bootstrapv1.Format, data []byt
 		want = append(want, "--join-endpoints", strings.Join(in.Spec.Attested.JoinEndpoints, ","), "--cluster-ca-hash", in.ClusterCAHash)
 		if in.ControlPlane {
 			want = append(want, "--control-plane")
+		}
+		// The join's node registration, exactly as the spec has it.
+		reg := in.Spec.JoinConfiguration.NodeRegistration
+		if reg.Taints != nil {
+			want = append(want, "--node-taints", kubeadm.FormatTaints(*reg.Taints))
+		}
+		for _, a := range reg.KubeletExtraArgs {
+			want = append(want, "--kubelet-arg", a.Name+"="+ptr.Deref(a.Value, ""))
 		}
 	}
 	if got := strings.Fields(m[1]); !slices.Equal(got, want) {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
@@ -99,6 +100,12 @@ func TestHostileValuesInEveryField(t *testing.T) {
 				base := &bootstrapv1.KubeadmConfigSpec{}
 				if err := yaml.Unmarshal([]byte(hostileSpec), base); err != nil {
 					t.Fatal(err)
+				}
+				if tg.target == targetAttested {
+					// Attested mode carries only the join's node
+					// registration; the rest is refused (attestedreg_test.go).
+					base.ClusterConfiguration, base.InitConfiguration = cabpkv1.ClusterConfiguration{}, cabpkv1.InitConfiguration{}
+					base.JoinConfiguration.NodeRegistration.Name = ""
 				}
 				var accepted []string
 				render := func(spec *bootstrapv1.KubeadmConfigSpec) (Input, []byte, error, bool) {
