@@ -20,17 +20,7 @@ import (
 // changed) is refused, with no quote, instead of being trusted because
 // it was accepted once.
 func TestDoorSessionsResume(t *testing.T) {
-	pair := newTPMPair(t)
-	c := newCluster(t)
-	c.join(t)
-	clk := &clock{now: time.Now()}
-	ep := serveEndpoint(t, pair, EvidenceEndpoint{ClientCAFile: c.caFile, Limits: generous(), Now: clk.Now}, nil)
-	verifiers := []attestation.Verifier{pair.verifier}
-	cert, err := c.verifier(t)()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := fetcher("127.0.0.1", func() (*tls.Certificate, error) { return cert, nil })
+	c, clk, ep, verifiers, cert, f := joinedDoor(t)
 	f.Sessions = tls.NewLRUClientSessionCache(16)
 	sessions := newCertSessions(f.Sessions, cert)
 	fetch := func(want bool) {
@@ -77,6 +67,24 @@ func TestDoorSessionsResume(t *testing.T) {
 	}
 }
 
+// joinedDoor serves the door of a node that joined cluster c, on clock
+// clk, and returns a fetcher presenting the join service's certificate
+// cert of c.
+func joinedDoor(t *testing.T) (c *cluster, clk *clock, ep *endpoint, verifiers []attestation.Verifier, cert *tls.Certificate, f EvidenceFetcher) {
+	t.Helper()
+	pair := newTPMPair(t)
+	c = newCluster(t)
+	c.join(t)
+	clk = &clock{now: time.Now()}
+	ep = serveEndpoint(t, pair, EvidenceEndpoint{ClientCAFile: c.caFile, Limits: generous(), Now: clk.Now}, nil)
+	cert, err := c.verifier(t)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f = fetcher("127.0.0.1", func() (*tls.Certificate, error) { return cert, nil })
+	return c, clk, ep, []attestation.Verifier{pair.verifier}, cert, f
+}
+
 // TestTicketKeysRotate: the door issues tickets under one key for
 // DoorTicketKeyLifetime and accepts the previous key for as long again.
 func TestTicketKeysRotate(t *testing.T) {
@@ -109,17 +117,7 @@ func TestTicketKeysRotate(t *testing.T) {
 // that closed it while idle gets a new one; and a kept connection whose
 // certificate the node no longer accepts (its CA changed) gets no quote.
 func TestDoorConnectionsAreKept(t *testing.T) {
-	pair := newTPMPair(t)
-	c := newCluster(t)
-	c.join(t)
-	clk := &clock{now: time.Now()}
-	ep := serveEndpoint(t, pair, EvidenceEndpoint{ClientCAFile: c.caFile, Limits: generous(), Now: clk.Now}, nil)
-	verifiers := []attestation.Verifier{pair.verifier}
-	cert, err := c.verifier(t)()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := fetcher("127.0.0.1", func() (*tls.Certificate, error) { return cert, nil })
+	c, clk, ep, verifiers, cert, f := joinedDoor(t)
 	f.Conns = NewEvidenceConns(4)
 	t.Cleanup(f.Conns.Close)
 	key := certID(cert) + " " + ep.addr
