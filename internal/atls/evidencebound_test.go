@@ -41,7 +41,7 @@ func manInTheMiddle(t *testing.T, nodeAddr string, cert func() (*tls.Certificate
 			return
 		}
 		node, err := tls.Dial("tcp", nodeAddr, &tls.Config{
-			MinVersion: tls.VersionTLS13, InsecureSkipVerify: true, //nolint:gosec // the attacker checks nothing
+			MinVersion: tls.VersionTLS13, InsecureSkipVerify: true, // the attacker checks nothing
 			NextProtos:           []string{EvidenceProtocol},
 			GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert() },
 		})
