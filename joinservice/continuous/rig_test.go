@@ -119,7 +119,11 @@ func serveRig(in io.Reader, out io.Writer) error {
 		}
 		// The production door and its default limits (one check per
 		// node per round stays well within them).
-		endpoint := atls.EvidenceEndpoint{Attester: attester, ClientCAFile: setup.ClientCAFile}
+		// The idle timeout is longer than the first round of 10,000
+		// nodes takes (its writes), so that the steady rounds find the
+		// connections kept: in a cluster, rounds come every interval,
+		// within the default's 2 minutes.
+		endpoint := atls.EvidenceEndpoint{Attester: attester, ClientCAFile: setup.ClientCAFile, IdleTimeout: 30 * time.Minute}
 		go func() { _ = endpoint.Serve(ctx, lis) }()
 	}
 	ak, err := x509.MarshalPKIXPublicKey(attester.AttestationKey())
