@@ -364,13 +364,9 @@ func (s *evidenceServer) finish(ctx context.Context, source string, conn net.Con
 // an older client on a node without a cluster CA, and a refusal for an
 // older client on a node with one.
 func (s *evidenceServer) doorConfig(chi *tls.ClientHelloInfo, attested *tls.Config, r *refusal) (*tls.Config, error) {
-	var pool *x509.CertPool
-	if s.cas != nil {
-		var err error
-		if pool, err = s.cas.current(); err != nil {
-			r.reason = ReasonCAUnreadable
-			return nil, err
-		}
+	pool, err := s.clientPool(r)
+	if err != nil {
+		return nil, err
 	}
 	if !slices.Contains(chi.SupportedProtos, EvidenceProtocol) {
 		if pool != nil {
@@ -403,6 +399,20 @@ func (s *evidenceServer) doorConfig(chi *tls.ClientHelloInfo, attested *tls.Conf
 		}
 	}
 	return cfg, nil
+}
+
+// clientPool is the cluster CA pool callers are judged by now: nil while
+// the node answers anyone (no CA file yet, or an anonymous endpoint). An
+// unreadable CA file refuses everyone (ReasonCAUnreadable).
+func (s *evidenceServer) clientPool(r *refusal) (*x509.CertPool, error) {
+	if s.cas == nil {
+		return nil, nil
+	}
+	pool, err := s.cas.current()
+	if err != nil {
+		r.reason = ReasonCAUnreadable
+	}
+	return pool, err
 }
 
 // refuse counts and logs a connection that ended without evidence.

@@ -151,16 +151,9 @@ func (s *evidenceServer) serveRequests(ctx context.Context, source string, conn 
 // stillAccepted judges a kept connection's client certificate again, as
 // the door would now.
 func (s *evidenceServer) stillAccepted(cs tls.ConnectionState, r *refusal) error {
-	if s.cas == nil {
-		return nil
-	}
-	pool, err := s.cas.current()
-	if err != nil {
-		r.reason = ReasonCAUnreadable
+	pool, err := s.clientPool(r)
+	if err != nil || pool == nil {
 		return err
-	}
-	if pool == nil {
-		return nil
 	}
 	return checkClient(cs.PeerCertificates, pool, s.orgs, s.now(), r)
 }

@@ -65,6 +65,9 @@ func TestDoorSessionsResume(t *testing.T) {
 	if got := ep.attester.calls.Load() - quotes; got != 0 {
 		t.Fatalf("%d quotes for a refused certificate", got)
 	}
+	// The resumed handshake, then Fetch's full one (the refusal dropped
+	// the session).
+	ep.waitMetric(t, 2, "gatehouse_evidence_refused_total", "reason", ReasonUntrustedCertificate)
 }
 
 // joinedDoor serves the door of a node that joined cluster c, on clock

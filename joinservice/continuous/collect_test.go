@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
@@ -60,9 +62,10 @@ func TestRecordsOfGoneNodesAreCollected(t *testing.T) {
 	}
 	waitCached(t, client, c.nodes)
 	reg := prometheus.NewRegistry()
+	var logs testkit.LogBuffer
 	loop, err := NewLoop(LoopConfig{Client: client, Nodes: c.nodes, Records: store, RecordCache: c.records,
 		Verifier: stubChecker{}, Events: NewEventRecorder(ctx, client), Interval: 15 * time.Second,
-		Log: slog.New(slog.DiscardHandler), Registerer: reg, Now: func() time.Time { return now }})
+		Log: slog.New(slog.NewJSONHandler(&logs, nil)), Registerer: reg, Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +82,9 @@ func TestRecordsOfGoneNodesAreCollected(t *testing.T) {
 			t.Errorf("the record of %s: %v, want it kept", node, err)
 		case !kept && !errors.Is(err, nodeattestation.ErrNoRecord):
 			t.Errorf("the record of %s: %v, want it deleted", node, err)
+		}
+		if audited := strings.Contains(logs.String(), `"event":"reattest.record_deleted","node":"`+node+`"`); audited == kept {
+			t.Errorf("the record of %s: audited as deleted %v, want %v", node, audited, !kept)
 		}
 	}
 	if got := testutil.ToFloat64(loop.metrics.recordsDeleted); got != 2 {
