@@ -35,8 +35,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
-// DefaultAdminName is the user name of the admin kubeconfig Init returns.
-const DefaultAdminName = "gatehouse-admin"
+// defaultAdminName is the user name of the admin kubeconfig Init returns.
+const defaultAdminName = "gatehouse-admin"
 
 // InitServerConfig holds an InitServer's dependencies.
 type InitServerConfig struct {
@@ -106,7 +106,7 @@ func NewInitServer(cfg InitServerConfig) (*InitServer, error) {
 		return nil, fmt.Errorf("init server: the provisioned init secret hash is not a bcrypt hash: %w", err)
 	}
 	if cfg.AdminName == "" {
-		cfg.AdminName = DefaultAdminName
+		cfg.AdminName = defaultAdminName
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -428,7 +428,7 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 	}
 
 	step("kubeadm-config", "Writing the kubeadm configuration and audit policy")
-	configPath := KubeadmDir + "/init.yaml"
+	configPath := kubeadmDir + "/init.yaml"
 	if err := s.writeInitFiles(machine, p, configPath); err != nil {
 		return nil, err
 	}

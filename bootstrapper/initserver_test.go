@@ -223,7 +223,7 @@ func TestInit(t *testing.T) {
 			t.Errorf("%s has mode %v, want %v", path, got, mode)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(root, KubeadmDir, "init.yaml")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(root, kubeadmDir, "init.yaml")); !os.IsNotExist(err) {
 		t.Error("the init configuration (it holds a bootstrap token) was not removed")
 	}
 	if got := f.node.runner.subcommands(); got != "init,token" {

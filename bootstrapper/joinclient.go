@@ -175,13 +175,13 @@ func (c *JoinClient) setUp(ctx context.Context, t *joinservicev1.IssueJoinTicket
 		Token:             t.GetToken(),
 		CACertHash:        t.GetDiscoveryTokenCaCertHash(),
 		ControlPlane:      c.cfg.ControlPlane,
-		PatchesDir:        machine.path(KubeadmDir + "/patches"),
+		PatchesDir:        machine.path(kubeadmDir + "/patches"),
 	}
 	config, patches, err := params.Render()
 	if err != nil {
 		return err
 	}
-	configPath := KubeadmDir + "/join.yaml"
+	configPath := kubeadmDir + "/join.yaml"
 	defer func() {
 		// It holds the bootstrap token.
 		if err := removeFile(machine.path(configPath)); err != nil {
@@ -241,7 +241,7 @@ func (c *JoinClient) writeJoinFiles(t *joinservicev1.IssueJoinTicketResponse, ku
 		}
 	}
 	for name, data := range patches {
-		if err := machine.writeFile(KubeadmDir+"/patches/"+name, data, 0o600); err != nil {
+		if err := machine.writeFile(kubeadmDir+"/patches/"+name, data, 0o600); err != nil {
 			return err
 		}
 	}

@@ -233,7 +233,7 @@ func TestJoin(t *testing.T) {
 	if cert := servingCert(t, root); cert.Subject.CommonName != "system:node:node-1" {
 		t.Errorf("kubelet certificate for %s", cert.Subject)
 	}
-	if _, err := os.Stat(filepath.Join(root, KubeadmDir, "join.yaml")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(root, kubeadmDir, "join.yaml")); !os.IsNotExist(err) {
 		t.Error("the join configuration (it holds the token) was not removed")
 	}
 	if got := n.runner.subcommands(); got != "join" {

@@ -24,8 +24,8 @@ import (
 
 // Files the bootstrapper writes, relative to the node's root.
 const (
-	// KubeadmDir holds the generated kubeadm configuration and patches.
-	KubeadmDir = "/etc/gatehouse/kubeadm"
+	// kubeadmDir holds the generated kubeadm configuration and patches.
+	kubeadmDir = "/etc/gatehouse/kubeadm"
 )
 
 // stateDisk is the part of the state disk a bootstrap changes.

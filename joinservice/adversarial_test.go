@@ -424,7 +424,7 @@ func TestAttacks(t *testing.T) {
 
 	t.Run("oversized request is refused, audited and counted (was open)", func(t *testing.T) {
 		before := h.snapshot(t)
-		_, err := attacker.IssueJoinTicket(ctx, &joinservicev1.IssueJoinTicketRequest{DiskUuid: uuid.NewString(), CertificateRequest: make([]byte, MaxRequestSize)})
+		_, err := attacker.IssueJoinTicket(ctx, &joinservicev1.IssueJoinTicketRequest{DiskUuid: uuid.NewString(), CertificateRequest: make([]byte, maxRequestSize)})
 		h.refused(t, err, codes.ResourceExhausted, "IssueJoinTicket", "oversized_request")
 		if got := testutil.ToFloat64(h.server.metrics.verdicts.WithLabelValues("IssueJoinTicket", "refused", "oversized_request")); got != 1 {
 			t.Errorf("oversized_request verdicts = %v, want 1", got)

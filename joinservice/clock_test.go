@@ -44,11 +44,11 @@ func TestTokenReuseAndRenewal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := clock.Now().Add(TokenTTL); !first.Expiration.Equal(want) {
+	if want := clock.Now().Add(tokenTTL); !first.Expiration.Equal(want) {
 		t.Fatalf("expiration %s, want %s", first.Expiration, want)
 	}
 
-	clock.Step(TokenTTL - tokenReuseMargin) // exactly the margin left: reused
+	clock.Step(tokenTTL - tokenReuseMargin) // exactly the margin left: reused
 	again, err := tokens.Issue(ctx, key, "", "again")
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +65,7 @@ func TestTokenReuseAndRenewal(t *testing.T) {
 	if renewed.ID != first.ID || renewed.Secret == first.Secret {
 		t.Fatalf("renewal must keep the id and change the secret: got %s, first %s", renewed.ID, first.ID)
 	}
-	if want := clock.Now().Add(TokenTTL); !renewed.Expiration.Equal(want) {
+	if want := clock.Now().Add(tokenTTL); !renewed.Expiration.Equal(want) {
 		t.Fatalf("renewed expiration %s, want %s", renewed.Expiration, want)
 	}
 	list, err := client.CoreV1().Secrets(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
@@ -123,7 +123,7 @@ func TestControlPlaneLockDeadline(t *testing.T) {
 	if _, err := lock.Acquire(ctx, "cp-1", "id-1"); err != nil {
 		t.Fatal(err)
 	}
-	var busy *BusyError
+	var busy *busyError
 	if _, err := lock.Acquire(ctx, "cp-1", "id-other"); !errors.As(err, &busy) || busy.Holder != "cp-1" {
 		t.Fatalf("the holder's name with another identity: %v, want busy", err)
 	}

@@ -22,19 +22,19 @@ const ControlPlaneLeaseName = "gatehouse-control-plane-join"
 // Pods, short enough that a node dying mid-join does not block others long.
 const ControlPlaneJoinTimeout = 10 * time.Minute
 
-// ControlPlaneBusyRetry is the retry delay a control plane refused with
-// ErrControlPlaneBusy is told to wait (a google.rpc.RetryInfo detail): a
+// controlPlaneBusyRetry is the retry delay a control plane refused with
+// errControlPlaneBusy is told to wait (a google.rpc.RetryInfo detail): a
 // control-plane join takes a minute or so, and the next one should start
 // soon after, not after a backoff grown through the wait.
-const ControlPlaneBusyRetry = 3 * time.Second
+const controlPlaneBusyRetry = 3 * time.Second
 
 // labelControlPlane is the label kubeadm puts on control-plane Nodes once
 // `kubeadm join --control-plane` has added the etcd member
 // (mark-control-plane phase).
 const labelControlPlane = "node-role.kubernetes.io/control-plane"
 
-// ErrControlPlaneBusy means another control plane is joining; retry later.
-var ErrControlPlaneBusy = errors.New("another control plane is joining")
+// errControlPlaneBusy means another control plane is joining; retry later.
+var errControlPlaneBusy = errors.New("another control plane is joining")
 
 // annotationHolderIdentity records on the Lease the attestation identity
 // of the node holding it, so only that identity can resume it.
@@ -61,22 +61,22 @@ func NewControlPlaneLock(client kubernetes.Interface, namespace string, timeout 
 	return &ControlPlaneLock{client: client, namespace: namespace, timeout: timeout, now: now}
 }
 
-// BusyError says who holds the lock and until when.
-type BusyError struct {
+// busyError says who holds the lock and until when.
+type busyError struct {
 	Holder string
 	Until  time.Time
 }
 
-func (e *BusyError) Error() string {
+func (e *busyError) Error() string {
 	return fmt.Sprintf("%v: node %s holds the control-plane join lock until %s or until it joins; retry then",
-		ErrControlPlaneBusy, e.Holder, e.Until.UTC().Format(time.RFC3339))
+		errControlPlaneBusy, e.Holder, e.Until.UTC().Format(time.RFC3339))
 }
 
-func (e *BusyError) Unwrap() error { return ErrControlPlaneBusy }
+func (e *busyError) Unwrap() error { return errControlPlaneBusy }
 
 // Acquire takes the lock for node, attested as identity. It returns a release function that
 // frees the lock if this call took it (to undo a join that failed before its
-// ticket was complete), a *BusyError while another node holds it, or an API
+// ticket was complete), a *busyError while another node holds it, or an API
 // error. Updates use the Lease's resourceVersion, so two service replicas
 // racing for it cannot both win.
 func (l *ControlPlaneLock) Acquire(ctx context.Context, node, identity string) (release func(context.Context) error, err error) {
@@ -98,7 +98,7 @@ func (l *ControlPlaneLock) Acquire(ctx context.Context, node, identity string) (
 		}
 		created, err := leases.Create(ctx, lease, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
-			return nil, &BusyError{Holder: "(another replica's choice)", Until: l.now().Add(l.timeout)}
+			return nil, &busyError{Holder: "(another replica's choice)", Until: l.now().Add(l.timeout)}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("creating control-plane join Lease: %w", err)
@@ -110,7 +110,7 @@ func (l *ControlPlaneLock) Acquire(ctx context.Context, node, identity string) (
 	if free, err := l.free(ctx, lease, node, identity); err != nil {
 		return nil, err
 	} else if !free {
-		return nil, &BusyError{Holder: ptr.Deref(lease.Spec.HolderIdentity, ""), Until: leaseEnd(lease)}
+		return nil, &busyError{Holder: ptr.Deref(lease.Spec.HolderIdentity, ""), Until: leaseEnd(lease)}
 	}
 	lease.Spec = spec
 	if lease.Annotations == nil {
@@ -119,7 +119,7 @@ func (l *ControlPlaneLock) Acquire(ctx context.Context, node, identity string) (
 	lease.Annotations[annotationHolderIdentity] = identity
 	updated, err := leases.Update(ctx, lease, metav1.UpdateOptions{})
 	if apierrors.IsConflict(err) {
-		return nil, &BusyError{Holder: "(another replica's choice)", Until: l.now().Add(l.timeout)}
+		return nil, &busyError{Holder: "(another replica's choice)", Until: l.now().Add(l.timeout)}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("taking control-plane join Lease: %w", err)

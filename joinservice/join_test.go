@@ -55,8 +55,8 @@ func (h *harness) checkTicket(t testing.TB, resp *joinservicev1.IssueJoinTicketR
 	if !bootstraputil.IsValidBootstrapToken(resp.GetToken()) {
 		t.Errorf("token %q is not a bootstrap token", "<redacted>")
 	}
-	if left := time.Until(resp.GetTokenExpiration().AsTime()); left < TokenTTL-time.Minute || left > TokenTTL {
-		t.Errorf("token expires in %s, want about %s", left, TokenTTL)
+	if left := time.Until(resp.GetTokenExpiration().AsTime()); left < tokenTTL-time.Minute || left > tokenTTL {
+		t.Errorf("token expires in %s, want about %s", left, tokenTTL)
 	}
 	wantHash, err := kubeadm.DiscoveryTokenCACertHashPEM(h.env.CACertPEM)
 	if err != nil {
@@ -218,8 +218,8 @@ func TestJoinTickets(t *testing.T) {
 		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "node cp-2 holds the control-plane join lock") {
 			t.Fatalf("second concurrent control plane: %v, want Unavailable naming cp-2", err)
 		}
-		if retry := retryInfo(err); retry != ControlPlaneBusyRetry {
-			t.Errorf("the busy refusal tells to retry after %v, want %v (a google.rpc.RetryInfo detail)", retry, ControlPlaneBusyRetry)
+		if retry := retryInfo(err); retry != controlPlaneBusyRetry {
+			t.Errorf("the busy refusal tells to retry after %v, want %v (a google.rpc.RetryInfo detail)", retry, controlPlaneBusyRetry)
 		}
 		if got := len(h.tokenSecrets(t)); got != tokensBefore {
 			t.Errorf("a refused control-plane join left a token: %d token Secrets, want %d", got, tokensBefore)
@@ -421,7 +421,7 @@ func TestRefusals(t *testing.T) {
 			{"bad disk UUID", &joinservicev1.IssueJoinTicketRequest{DiskUuid: "disk-1"}, "disk_uuid \"disk-1\" is not a UUID"},
 			{"no CSR", &joinservicev1.IssueJoinTicketRequest{DiskUuid: uuid.NewString()}, "certificate request is empty"},
 			{"loopback SAN", &joinservicev1.IssueJoinTicketRequest{DiskUuid: uuid.NewString(), CertificateRequest: csr}, "IP address 127.0.0.1 is loopback"},
-			{"oversized", &joinservicev1.IssueJoinTicketRequest{DiskUuid: uuid.NewString(), CertificateRequest: make([]byte, MaxRequestSize)}, "larger than max"},
+			{"oversized", &joinservicev1.IssueJoinTicketRequest{DiskUuid: uuid.NewString(), CertificateRequest: make([]byte, maxRequestSize)}, "larger than max"},
 		} {
 			_, err := client.IssueJoinTicket(ctx, tt.req)
 			if err == nil || !strings.Contains(err.Error(), tt.wantMsg) {

@@ -18,10 +18,10 @@ import (
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
-// ErrNotReady means the join config (or a deny list that exists) has not
+// errNotReady means the join config (or a deny list that exists) has not
 // loaded yet or never validated; the service refuses to act on a policy it
 // does not have.
-var ErrNotReady = errors.New("join service policy not loaded")
+var errNotReady = errors.New("join service policy not loaded")
 
 // Policy is the live policy of the join service: the join config and the
 // deny list, each swapped atomically when its ConfigMap changes. An update
@@ -94,14 +94,14 @@ func (p *Policy) refused(cm *corev1.ConfigMap, err error) {
 	p.reloads.WithLabelValues(cm.Name, "refused").Inc()
 }
 
-// Current returns the join config and deny list in force, or ErrNotReady.
+// Current returns the join config and deny list in force, or errNotReady.
 func (p *Policy) Current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error) {
 	join, deny := p.join.Load(), p.deny.Load()
 	switch {
 	case join == nil:
-		return nil, nil, fmt.Errorf("%w: no valid join config yet", ErrNotReady)
+		return nil, nil, fmt.Errorf("%w: no valid join config yet", errNotReady)
 	case deny == nil:
-		return nil, nil, fmt.Errorf("%w: the deny list ConfigMap does not validate", ErrNotReady)
+		return nil, nil, fmt.Errorf("%w: the deny list ConfigMap does not validate", errNotReady)
 	}
 	return join, deny, nil
 }
@@ -113,7 +113,7 @@ func (p *Policy) Variant() attestation.Variant { return p.variant }
 func (p *Policy) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
 	join := p.join.Load()
 	if join == nil {
-		return nil, fmt.Errorf("%w: %w: no valid join config yet", attestation.ErrPolicy, ErrNotReady)
+		return nil, fmt.Errorf("%w: %w: no valid join config yet", attestation.ErrPolicy, errNotReady)
 	}
 	return join.Appraisal.Verify(ctx, evidence, nonce)
 }

@@ -42,8 +42,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
-// MaxRequestSize bounds a request message in bytes; a CSR is well under 4 KiB.
-const MaxRequestSize = 16 << 10
+// maxRequestSize bounds a request message in bytes; a CSR is well under 4 KiB.
+const maxRequestSize = 16 << 10
 
 // ControlPlaneFiles are the files, relative to the PKI directory, a control
 // plane needs to run `kubeadm join --control-plane` without a certificate
@@ -275,9 +275,9 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 	release := func(context.Context) error { return nil }
 	if role == policy.RoleControlPlane {
 		if release, err = s.cfg.ControlPlaneLock.Acquire(ctx, kubelet.NodeName, d.peer.Identity); err != nil {
-			if errors.Is(err, ErrControlPlaneBusy) {
+			if errors.Is(err, errControlPlaneBusy) {
 				r := refuse(codes.Unavailable, "control_plane_busy", "%w", err)
-				r.retryAfter = ControlPlaneBusyRetry
+				r.retryAfter = controlPlaneBusyRetry
 				return nil, r
 			}
 			return nil, refuse(codes.Unavailable, "api_error", "%w", err)

@@ -441,7 +441,7 @@ func rawTokenCreates(b *testing.B, client kubernetes.Interface, n, round int) fl
 	start := time.Now()
 	for i := range n {
 		wg.Go(func() {
-			_, s, err := requestTokens.NewSecret(fmt.Sprintf("raw-%d-%d", round, i), time.Now().Add(TokenTTL), "raw rate")
+			_, s, err := requestTokens.NewSecret(fmt.Sprintf("raw-%d-%d", round, i), time.Now().Add(tokenTTL), "raw rate")
 			if err == nil {
 				_, err = client.CoreV1().Secrets(metav1.NamespaceSystem).Create(b.Context(), s, metav1.CreateOptions{})
 			}

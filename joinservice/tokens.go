@@ -18,11 +18,11 @@ import (
 // Bootstrap token settings (kubeadm reference, "kubeadm token"; Kubernetes
 // docs, "Authenticating with Bootstrap Tokens").
 const (
-	// TokenTTL is the lifetime of an issued bootstrap token.
-	TokenTTL = 15 * time.Minute
-	// TokenGroup is the extra group of issued tokens, the one kubeadm's
+	// tokenTTL is the lifetime of an issued bootstrap token.
+	tokenTTL = 15 * time.Minute
+	// tokenGroup is the extra group of issued tokens, the one kubeadm's
 	// RBAC lets join nodes.
-	TokenGroup = bootstraptoken.Group
+	tokenGroup = bootstraptoken.Group
 	// tokenReuseMargin: a token of the same join request is handed out again
 	// while it has at least this long left; otherwise it is renewed.
 	tokenReuseMargin = 10 * time.Minute
@@ -67,8 +67,8 @@ type Token = bootstraptoken.Token
 // Issue returns the bootstrap token of the request identified by
 // requestKey (attestation identity, NUL, node name; the Secret names the
 // node in bootstraptoken.AnnotationNode): the existing one while it has tokenReuseMargin left, else a
-// new or renewed one with TokenTTL, authentication and signing usages and
-// the group TokenGroup. description is stored in the Secret (not secret).
+// new or renewed one with tokenTTL, authentication and signing usages and
+// the group tokenGroup. description is stored in the Secret (not secret).
 // A token id held by another owner's token is bootstraptoken.ErrIDTaken.
 //
 // address is where the node connected from, recorded on the Secret
@@ -85,7 +85,7 @@ func (t *Tokens) Issue(ctx context.Context, requestKey, address, description str
 		}
 	}
 	now := t.now()
-	token, existing, err := requestTokens.Ensure(ctx, secrets, requestKey, now.Add(TokenTTL), description)
+	token, existing, err := requestTokens.Ensure(ctx, secrets, requestKey, now.Add(tokenTTL), description)
 	switch {
 	case existing == nil && err == nil:
 		return token, nil
@@ -95,7 +95,7 @@ func (t *Tokens) Issue(ctx context.Context, requestKey, address, description str
 		return Token{}, err
 	}
 	// Too little time left, or malformed: renew in place (same id).
-	token, renewed, err := requestTokens.NewSecret(requestKey, now.Add(TokenTTL), description)
+	token, renewed, err := requestTokens.NewSecret(requestKey, now.Add(tokenTTL), description)
 	if err != nil {
 		return Token{}, err
 	}

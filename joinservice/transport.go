@@ -85,7 +85,7 @@ func (s *Server) Listen(inner net.Listener, limits connlimit.Limits) (net.Listen
 
 // NewGRPCServer returns a gRPC server with the join service, using creds
 // (attested TLS) wrapped so that refused handshakes are audited. It bounds
-// request size (MaxRequestSize; larger requests are refused, audited and
+// request size (maxRequestSize; larger requests are refused, audited and
 // counted) and connections by limits, with the transport settings of
 // grpcopts (joiners dial with them too). Probes use Ready over plain HTTP
 // instead of gRPC health, since a prober cannot attest.
@@ -93,7 +93,7 @@ func NewGRPCServer(s *Server, creds credentials.TransportCredentials, limits Con
 	limits = limits.withDefaults()
 	srv := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.Creds(&handshake.ObservedCredentials{TransportCredentials: creds, Observe: s.observeHandshake}),
-		grpc.MaxRecvMsgSize(MaxRequestSize),
+		grpc.MaxRecvMsgSize(maxRequestSize),
 		grpc.ConnectionTimeout(limits.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionIdle:     limits.MaxIdle,
@@ -107,7 +107,7 @@ func NewGRPCServer(s *Server, creds credentials.TransportCredentials, limits Con
 }
 
 // oversizedAudit audits and counts requests gRPC refused for exceeding
-// MaxRequestSize: gRPC refuses them before any handler runs, so only a
+// maxRequestSize: gRPC refuses them before any handler runs, so only a
 // stats handler sees them.
 type oversizedAudit struct {
 	s *Server

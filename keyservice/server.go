@@ -164,13 +164,13 @@ func ServerTLSConfig(files TLSFiles, allowedClients []string) (*tls.Config, erro
 // NewGRPCServer returns a gRPC server with the key service and the gRPC
 // health service (reporting SERVING for "" and the key service) on creds
 // (mutual TLS), wrapped so every refused handshake is logged and counted;
-// a handshake may take at most HandshakeTimeout. Its messages are small,
+// a handshake may take at most handshakeTimeout. Its messages are small,
 // so it takes grpcopts' transport settings, as the join service's client
 // does.
 func NewGRPCServer(s *Server, creds credentials.TransportCredentials) *grpc.Server {
 	srv := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.Creds(&handshake.ObservedCredentials{TransportCredentials: creds, Observe: s.observeHandshake}),
-		grpc.MaxRecvMsgSize(4 << 10), grpc.ConnectionTimeout(HandshakeTimeout),
+		grpc.MaxRecvMsgSize(4 << 10), grpc.ConnectionTimeout(handshakeTimeout),
 	}, grpcopts.Server()...)...)
 	keyservicev1.RegisterKeyServiceServer(srv, s)
 	hs := health.NewServer()

@@ -15,8 +15,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 )
 
-// HandshakeTimeout bounds a mutual TLS handshake.
-const HandshakeTimeout = 10 * time.Second
+// handshakeTimeout bounds a mutual TLS handshake.
+const handshakeTimeout = 10 * time.Second
 
 // DefaultListenLimits bound new connections: the key service has one
 // caller, the join service on the control planes, which keeps its

@@ -46,7 +46,7 @@ const (
 )
 
 // BootArtefacts are what a node measures at "boot": its bootstrapper binary
-// and its boot manifest into PCR 4, and its role into RolePCR as a kernel
+// and its boot manifest into PCR 4, and its role into rolePCR as a kernel
 // command line "gatehouse.role=<role>" is measured
 // (docs/joinservice.md, "Roles from evidence").
 func BootArtefacts(bootstrapperBin string, manifest []byte, role policy.Role) ([]tpm.Artefact, error) {
@@ -56,7 +56,7 @@ func BootArtefacts(bootstrapperBin string, manifest []byte, role policy.Role) ([
 	}
 	return []tpm.Artefact{
 		bin, tpm.BytesArtefact(4, "boot-manifest", manifest),
-		tpm.BytesArtefact(RolePCR, "kernel-cmdline", []byte("gatehouse.role="+string(role))),
+		tpm.BytesArtefact(rolePCR, "kernel-cmdline", []byte("gatehouse.role="+string(role))),
 	}, nil
 }
 
@@ -107,7 +107,7 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	// node's mount namespace, where the node's own root/etc/kubernetes is
 	// bind-mounted over /etc/kubernetes (mountPrivateDirs).
 	procs.start(ctx, "evidence", filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), "serve-evidence",
-		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--listen", fmt.Sprintf("%s:%d", spec.IP, EvidencePort),
+		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--listen", fmt.Sprintf("%s:%d", spec.IP, evidencePort),
 		"--client-ca", nodeClientCA)
 	// On a first boot kubeadm needs the kubelet while it runs, and the
 	// kubelet starts once kubeadm wrote its configuration. After a reboot
@@ -475,7 +475,7 @@ func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 		"--node-name", spec.Name, "--advertise-address", spec.IP,
 		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--state-disk", spec.StateDisk,
 		"--state-disk-mapper-name", spec.Network.stateMapperName(spec.Name), "--state-disk-mount", "/run/gatehouse/state",
-		"--init-listen", fmt.Sprintf("%s:%d", spec.IP, InitPort), "--init-secret-hash-file", spec.InitSecretHashFile,
+		"--init-listen", fmt.Sprintf("%s:%d", spec.IP, initPort), "--init-secret-hash-file", spec.InitSecretHashFile,
 		"--cgroup-driver", "cgroupfs", "--cgroup-root", spec.CgroupRoot, "--allow-cgroup-v1", "--allow-swap", "--kubelet-shared-disk",
 		"--image-repository", ImageRepository, "--image-pull-policy", "Never",
 		"--kube-proxy-masquerade-all", "--kube-proxy-conntrack-max-per-core", "0",

@@ -78,7 +78,7 @@ func Down(ctx context.Context, dir string, out io.Writer) error {
 // otherNetworks lists the networks other than own where a local cluster
 // runs (its bridge exists).
 func otherNetworks(own Network) ([]Network, error) {
-	running, err := RunningNetworks()
+	running, err := runningNetworks()
 	if err != nil {
 		return nil, err
 	}

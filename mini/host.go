@@ -24,14 +24,14 @@ func run(ctx context.Context, name string, args ...string) error {
 	return nil
 }
 
-// Prerequisite is a program or file the local cluster needs.
-type Prerequisite struct {
+// prerequisite is a program or file the local cluster needs.
+type prerequisite struct {
 	What, Path, HowToGet string
 }
 
 // prerequisites of a node; the Kubernetes and gatehouse binaries are
 // checked separately.
-var prerequisites = []Prerequisite{
+var prerequisites = []prerequisite{
 	{"containerd", "containerd", "apt-get install containerd (make setup does)"},
 	{"runc", "runc", "apt-get install runc"},
 	{"ctr", "ctr", "apt-get install containerd"},

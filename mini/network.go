@@ -111,9 +111,9 @@ var linkNames = func() ([]string, error) {
 	return names, nil
 }
 
-// RunningNetworks lists the networks whose bridge exists: a local cluster
+// runningNetworks lists the networks whose bridge exists: a local cluster
 // runs there, or one was not removed.
-func RunningNetworks() ([]Network, error) {
+func runningNetworks() ([]Network, error) {
 	names, err := linkNames()
 	if err != nil {
 		return nil, err
@@ -135,7 +135,7 @@ func RunningNetworks() ([]Network, error) {
 // FreeNetwork returns the first network from from on whose bridge does not
 // exist.
 func FreeNetwork(from Network) (Network, error) {
-	running, err := RunningNetworks()
+	running, err := runningNetworks()
 	if err != nil {
 		return 0, err
 	}
@@ -165,7 +165,7 @@ var bridgeDir = func(bridge string) string {
 // networkFree returns an error saying what to do when network n's bridge
 // exists: another local cluster runs there (or was not removed).
 func networkFree(n Network) error {
-	running, err := RunningNetworks()
+	running, err := runningNetworks()
 	if err != nil {
 		return err
 	}

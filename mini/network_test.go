@@ -86,7 +86,7 @@ func fakeLinks(t *testing.T, names []string, dirs map[string]string) {
 func TestNetworkTaken(t *testing.T) {
 	fakeLinks(t, []string{"lo", "eth0", "ghmini0", "ghmini2", "ghminix", "ghmini01", "ghc0h"},
 		map[string]string{"ghmini0": DefaultDir, "ghmini2": "/tmp/TestMiniCluster1/001/mini"})
-	running, err := RunningNetworks()
+	running, err := runningNetworks()
 	if err != nil || !slices.Equal(running, []Network{0, 2}) {
 		t.Fatalf("running networks %v (%v), want [0 2]", running, err)
 	}

@@ -121,7 +121,7 @@ func Start(ctx context.Context, dir string, out io.Writer) error {
 			return err
 		}
 		if spec.ControlPlane || len(spec.JoinEndpoints) == 0 {
-			controlPlanes = append(controlPlanes, fmt.Sprintf("--endpoint %s:%d", spec.IP, InitPort))
+			controlPlanes = append(controlPlanes, fmt.Sprintf("--endpoint %s:%d", spec.IP, initPort))
 		}
 	}
 	fmt.Fprintf(out, "Every node booted. The control planes wait to be recovered (docs/recovery.md):\n"+

@@ -44,7 +44,7 @@ import (
 func randRead(b []byte) (int, error) { return rand.Read(b) }
 
 // writeClusterConfig writes the cluster configuration: reference values
-// of what an untampered node measures (PCR 4) and of each role (RolePCR),
+// of what an untampered node measures (PCR 4) and of each role (rolePCR),
 // and the TPM manufacturer CA whose TPMs are trusted.
 func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.LocalCA, controlPlaneEndpoint string) error {
 	bin := filepath.Join(opts.BinDir, "gatehouse-bootstrapper")
@@ -58,7 +58,7 @@ func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.
 		if common, err = referenceValuesJSON(artefacts, 4); err != nil {
 			return err
 		}
-		if roles[role], err = referenceValuesJSON(artefacts, RolePCR); err != nil {
+		if roles[role], err = referenceValuesJSON(artefacts, rolePCR); err != nil {
 			return err
 		}
 	}
@@ -171,7 +171,7 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 			"image":                 map[string]any{"pullPolicy": "Never"},
 			"keyService":            map[string]any{"endpoint": "127.0.0.1:9100"},
 			"kubernetesServiceHost": apiHost, "kubernetesServicePort": apiPort,
-			"port":      JoinPort,
+			"port":      joinPort,
 			"rateLimit": map[string]any{"rate": 5, "burst": 20},
 			// A local cluster shows a node's attestation state quickly.
 			"reattest":            map[string]any{"interval": "10s"},

@@ -70,18 +70,18 @@ const ImageRepository = "docker.io/local"
 
 // Ports the node services listen on at the node's address.
 const (
-	InitPort     = 9000
-	EvidencePort = 9001
-	JoinPort     = 9090
+	initPort     = 9000
+	evidencePort = 9001
+	joinPort     = 9090
 )
 
-// RolePCR is where a local node measures its role, as a boot loader
+// rolePCR is where a local node measures its role, as a boot loader
 // measures the kernel command line into PCR 8.
-const RolePCR = 8
+const rolePCR = 8
 
 // PCRs the local cluster's nodes quote: the boot loader PCR (4, where a
 // node measures its bootstrapper), the role and the node lock.
-var PCRs = []int{4, RolePCR, 15}
+var PCRs = []int{4, rolePCR, 15}
 
 // ReadNodeSpec reads node.json.
 func ReadNodeSpec(path string) (*NodeSpec, error) {

@@ -456,7 +456,7 @@ func (u *up) initControlPlane(ctx context.Context) (err error) {
 	}
 	u.p.step("Initialising the cluster on %s (attested init, real kubeadm init)", u.cp.Name)
 	out := &timedLines{p: u.p}
-	err = u.opts.Init(ctx, u.opts.Dir, u.config, fmt.Sprintf("%s:%d", u.cp.IP, InitPort), u.initSecret, u.components, out)
+	err = u.opts.Init(ctx, u.opts.Dir, u.config, fmt.Sprintf("%s:%d", u.cp.IP, initPort), u.initSecret, u.components, out)
 	out.flush()
 	if err != nil {
 		return err
@@ -534,7 +534,7 @@ func (u *up) startJoins(context.Context) error {
 	u.caHash = ca.DiscoveryTokenCACertHash()
 	var endpoints []string
 	for i := range u.opts.ControlPlanes {
-		endpoints = append(endpoints, net.JoinHostPort(u.opts.Network.NodeIP(i), fmt.Sprint(JoinPort)))
+		endpoints = append(endpoints, net.JoinHostPort(u.opts.Network.NodeIP(i), fmt.Sprint(joinPort)))
 	}
 	// What `gatehouse mini node add` needs to make another worker.
 	u.rec.JoinEndpoints, u.rec.CACertHash = endpoints, u.caHash

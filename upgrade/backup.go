@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Backup writes every CRD (crds/<name>.yaml) and every custom resource
+// backup writes every CRD (crds/<name>.yaml) and every custom resource
 // (resources/<crd>/<namespace>/<name>.yaml) of the cluster as YAML ready for
 // server-side apply (no resourceVersion, uid, managedFields or status), and
 // returns the directory, root/gatehouse-upgrade/<at, UTC>-<random>/backups:
@@ -25,7 +25,7 @@ import (
 // machines writing to one shared disk: the directory is made with an
 // exclusive mkdir). A failure leaves nothing: the backup is written under
 // a temporary name, renamed at the end, and removed on error.
-func Backup(ctx context.Context, kubeconfig, root string, at time.Time) (dir string, err error) {
+func backup(ctx context.Context, kubeconfig, root string, at time.Time) (dir string, err error) {
 	restCfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return "", err

@@ -9,10 +9,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Diff describes how the rendered manifest after differs from before, per
+// diff describes how the rendered manifest after differs from before, per
 // object (kind namespace/name): added, removed, or changed with a unified
 // diff of its YAML.
-func Diff(before, after string) string {
+func diff(before, after string) string {
 	old, cur := objects(before), objects(after)
 	var keys []string
 	for k := range old {

@@ -77,7 +77,7 @@ func Apply(ctx context.Context, opts Options) ([]Result, error) {
 		return nil, err
 	}
 	if !opts.DryRun && needsChange(plan) {
-		dir, err := Backup(ctx, opts.Kubeconfig, opts.BackupRoot, opts.Now())
+		dir, err := backup(ctx, opts.Kubeconfig, opts.BackupRoot, opts.Now())
 		if err != nil {
 			return nil, fmt.Errorf("backing up before the upgrade (nothing was changed): %w", err)
 		}
@@ -209,7 +209,7 @@ func upgradeOne(ctx context.Context, cfg *action.Configuration, opts Options, p 
 			r.Outcome, r.Err = "would fail", fmt.Errorf("dry run of %s: %w", p.name, err)
 			return r
 		}
-		fmt.Fprint(opts.Out, Diff(p.current.Manifest, rel.Manifest))
+		fmt.Fprint(opts.Out, diff(p.current.Manifest, rel.Manifest))
 		r.Outcome = "would upgrade"
 		return r
 	}

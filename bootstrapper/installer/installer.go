@@ -28,9 +28,9 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/components"
 )
 
-// ErrHashMismatch means a download's digest differs from the pinned one.
+// errHashMismatch means a download's digest differs from the pinned one.
 // It is not retried: the source serves something else than was pinned.
-var ErrHashMismatch = errors.New("downloaded file does not match its pinned sha256 digest")
+var errHashMismatch = errors.New("downloaded file does not match its pinned sha256 digest")
 
 // Options configure an Installer.
 type Options struct {
@@ -157,7 +157,7 @@ func (i *Installer) download(ctx context.Context, url string, f *os.File, want [
 	backoff := i.opts.Backoff
 	for attempt := 1; ; attempt++ {
 		err := i.fetchVerified(ctx, url, f, want)
-		if err == nil || errors.Is(err, ErrHashMismatch) || !transient(err) || attempt == i.opts.Attempts {
+		if err == nil || errors.Is(err, errHashMismatch) || !transient(err) || attempt == i.opts.Attempts {
 			return err
 		}
 		i.opts.Log.Warn("Download failed; retrying", "url", redact(url), "attempt", attempt, "error", err.Error())
@@ -200,7 +200,7 @@ func (i *Installer) fetchVerified(ctx context.Context, rawURL string, f *os.File
 		return &transientError{fmt.Errorf("downloading %s: %w", redact(rawURL), err)}
 	}
 	if got := h.Sum(nil); string(got) != string(want) {
-		return fmt.Errorf("%w: %s has sha256:%x, pinned sha256:%x", ErrHashMismatch, redact(rawURL), got, want)
+		return fmt.Errorf("%w: %s has sha256:%x, pinned sha256:%x", errHashMismatch, redact(rawURL), got, want)
 	}
 	return nil
 }

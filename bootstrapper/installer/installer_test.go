@@ -133,7 +133,7 @@ func TestInstallFailuresLeaveNothing(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one containing %q", err, tc.want)
 			}
-			if tc.name == "hash mismatch" && !errors.Is(err, ErrHashMismatch) {
+			if tc.name == "hash mismatch" && !errors.Is(err, errHashMismatch) {
 				t.Fatalf("error %v is not ErrHashMismatch", err)
 			}
 			if hits.Load() != tc.hits {

@@ -36,16 +36,16 @@ type State string
 const (
 	// Unformatted means no LUKS2 header (a blank disk, or another format).
 	Unformatted State = "unformatted"
-	// Fresh means formatted with a random passphrase, not yet initialised.
-	Fresh State = "fresh"
+	// fresh means formatted with a random passphrase, not yet initialised.
+	fresh State = "fresh"
 	// Initialised means re-keyed to the cluster's key at init or join.
 	Initialised State = "initialised"
 	// ResetRequested means marked to be formatted again at the next boot.
 	ResetRequested State = "reset-requested"
 )
 
-// ErrWrongKey means cryptsetup found no key slot the given key opens.
-var ErrWrongKey = errors.New("no key slot of the state disk accepts the key")
+// errWrongKey means cryptsetup found no key slot the given key opens.
+var errWrongKey = errors.New("no key slot of the state disk accepts the key")
 
 // Disk is one LUKS2 state disk, e.g. /dev/vdb or a loop device.
 type Disk struct {
@@ -115,7 +115,7 @@ func (d *Disk) run(ctx context.Context, stdin []byte, keys *keyFDs, args ...stri
 	msg := strings.TrimSpace(stderr.String())
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() == 2 {
-		return nil, fmt.Errorf("cryptsetup %s %s: %w (%s)", args[0], d.device, ErrWrongKey, msg)
+		return nil, fmt.Errorf("cryptsetup %s %s: %w (%s)", args[0], d.device, errWrongKey, msg)
 	}
 	return nil, fmt.Errorf("cryptsetup %s %s: %w: %s", args[0], d.device, err, msg)
 }
@@ -135,7 +135,7 @@ func (d *Disk) Format(ctx context.Context, key []byte) error {
 	if _, err := d.run(ctx, key, nil, append(args, d.device)...); err != nil {
 		return fmt.Errorf("formatting the state disk: %w", err)
 	}
-	return d.setState(ctx, Fresh, nil)
+	return d.setState(ctx, fresh, nil)
 }
 
 // FormatRandom formats the disk with a random passphrase (first boot) and
@@ -197,10 +197,10 @@ func (d *Disk) readToken(ctx context.Context) (*stateToken, error) {
 	}
 	tok, ok := meta.Tokens[stateTokenID]
 	if !ok || tok.Type != stateTokenType {
-		return &stateToken{Type: stateTokenType, State: string(Fresh)}, nil
+		return &stateToken{Type: stateTokenType, State: string(fresh)}, nil
 	}
 	switch State(tok.State) {
-	case Fresh, Initialised, ResetRequested:
+	case fresh, Initialised, ResetRequested:
 		return &tok, nil
 	default:
 		return nil, fmt.Errorf("the state disk's %s token says %q: not a known state", stateTokenType, tok.State)
@@ -248,7 +248,7 @@ func (d *Disk) TestKey(ctx context.Context, key []byte) (bool, error) {
 	switch {
 	case err == nil:
 		return true, nil
-	case errors.Is(err, ErrWrongKey):
+	case errors.Is(err, errWrongKey):
 		return false, nil
 	default:
 		return false, fmt.Errorf("testing a state disk key: %w", err)
@@ -291,7 +291,7 @@ func (d *Disk) Rekey(ctx context.Context, oldKey, newKey []byte) error {
 			return errors.New("re-keying the state disk: the new key does not open it after adding")
 		}
 	}
-	if _, err := d.run(ctx, oldKey, nil, "luksRemoveKey", "--batch-mode", "--key-file=-", d.device); err != nil && !errors.Is(err, ErrWrongKey) {
+	if _, err := d.run(ctx, oldKey, nil, "luksRemoveKey", "--batch-mode", "--key-file=-", d.device); err != nil && !errors.Is(err, errWrongKey) {
 		return fmt.Errorf("re-keying the state disk: removing the old key: %w", err)
 	}
 	return nil

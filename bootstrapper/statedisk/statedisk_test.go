@@ -87,7 +87,7 @@ func TestLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	assertState(t, d, Fresh)
+	assertState(t, d, fresh)
 	assertKey(t, d, first, "the first-boot passphrase", true)
 	uuid, err := d.UUID(ctx)
 	if err != nil || len(uuid) != 36 {
@@ -123,7 +123,7 @@ func TestLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	assertState(t, d, Fresh)
+	assertState(t, d, fresh)
 	assertKey(t, d, derived, "the cluster key after reset", false)
 	assertKey(t, d, second, "the new first-boot passphrase", true)
 
@@ -180,7 +180,7 @@ func TestRekeyWithWrongKeyChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	newKey := randomKey(t)
-	if err := d.Rekey(ctx, randomKey(t), newKey); !errors.Is(err, ErrWrongKey) {
+	if err := d.Rekey(ctx, randomKey(t), newKey); !errors.Is(err, errWrongKey) {
 		t.Fatalf("Rekey with a wrong old key: %v, want ErrWrongKey", err)
 	}
 	assertKey(t, d, real, "the real key", true)
@@ -215,7 +215,7 @@ func TestOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := "gatehouse-test-" + hex.EncodeToString(randomKey(t)[:4])
-	if err := d.Open(ctx, name, randomKey(t)); !errors.Is(err, ErrWrongKey) {
+	if err := d.Open(ctx, name, randomKey(t)); !errors.Is(err, errWrongKey) {
 		t.Fatalf("Open with a wrong key: %v", err)
 	}
 	if err := d.Open(ctx, name, key); err != nil {
@@ -260,7 +260,7 @@ func TestVolume(t *testing.T) {
 	}
 	t.Cleanup(closeAll)
 
-	if err := v.Unlock(ctx, randomKey(t)); !errors.Is(err, ErrWrongKey) {
+	if err := v.Unlock(ctx, randomKey(t)); !errors.Is(err, errWrongKey) {
 		t.Fatalf("Unlock with a wrong key: %v, want ErrWrongKey", err)
 	}
 	if mounted, _ := isMountPoint(v.MountPoint); mounted {

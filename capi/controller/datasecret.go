@@ -190,10 +190,10 @@ func (r *Reconciler) openStore(ctx context.Context, config *bootstrapv1.KubeadmC
 	return store, caPEM, nil
 }
 
-// DefaultMaxUserDataSize is the user-data limit of a config without
+// defaultMaxUserDataSize is the user-data limit of a config without
 // spec.maxUserDataSize: 16 KiB raw, the smallest common cloud limit
 // (Amazon EC2's).
-const DefaultMaxUserDataSize = 16 << 10
+const defaultMaxUserDataSize = 16 << 10
 
 // sizeFix is what a too large data can do instead.
 const sizeFix = "keep the data in a bucket with spec.userDataStore (the Machine then gets a small stub), " +
@@ -208,7 +208,7 @@ func (e *sizeError) Error() string { return e.msg }
 // checkSize refuses data (raw, the Secret's "value") over the config's
 // user-data limit or over what a Secret holds beside the format key.
 func checkSize(config *bootstrapv1.KubeadmConfig, data []byte, format bootstrapv1.Format) error {
-	limit := int64(DefaultMaxUserDataSize)
+	limit := int64(defaultMaxUserDataSize)
 	if q := config.Spec.MaxUserDataSize; q != nil {
 		if limit = q.Value(); limit <= 0 {
 			return specErrorf("spec.maxUserDataSize %s is not a positive size", q)

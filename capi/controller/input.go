@@ -325,10 +325,10 @@ func setCertificates(config *bootstrapv1.KubeadmConfig, ok bool, reason, message
 // helper writes it at once, and starts over from what is now written.
 func (r *Reconciler) ensureFinalizer(ctx context.Context, s *scope, managedToken bool) error {
 	config := s.config
-	if controllerutil.ContainsFinalizer(config, Finalizer) && (!managedToken || config.Annotations[annotationManagedToken] == "true") {
+	if controllerutil.ContainsFinalizer(config, finalizer) && (!managedToken || config.Annotations[annotationManagedToken] == "true") {
 		return nil
 	}
-	controllerutil.AddFinalizer(config, Finalizer)
+	controllerutil.AddFinalizer(config, finalizer)
 	if managedToken {
 		if config.Annotations == nil {
 			config.Annotations = map[string]string{}

@@ -96,9 +96,9 @@ const (
 	ReasonUserDataTooLarge               = "UserDataTooLarge"
 )
 
-// Finalizer is set on KubeadmConfigs that own something outside their own
+// finalizer is set on KubeadmConfigs that own something outside their own
 // Secret (a bootstrap token in the workload cluster, an object in a bucket).
-const Finalizer = "bootstrap.gatehouse.dev/cleanup"
+const finalizer = "bootstrap.gatehouse.dev/cleanup"
 
 // waitRequeue is how often a config waiting on something that no watch
 // reports (the init lock's holder, a missing CA) is looked at again.
@@ -449,7 +449,7 @@ func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Re
 		// this at the end of the reconcile).
 		delete(s.config.Annotations, annotationManagedToken)
 		if s.config.Spec.UserDataStore == nil {
-			controllerutil.RemoveFinalizer(s.config, Finalizer)
+			controllerutil.RemoveFinalizer(s.config, finalizer)
 		}
 		return reconcile.Result{}, nil
 	}
@@ -477,7 +477,7 @@ func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Re
 // reconcileDelete removes what the config owns outside its Secret.
 func (r *Reconciler) reconcileDelete(ctx context.Context, config *bootstrapv1.KubeadmConfig) error {
 	r.tokenChecks.Delete(config.UID)
-	if !controllerutil.ContainsFinalizer(config, Finalizer) {
+	if !controllerutil.ContainsFinalizer(config, finalizer) {
 		return nil
 	}
 	log := ctrl.LoggerFrom(ctx)
@@ -501,7 +501,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, config *bootstrapv1.Ku
 		}
 	}
 	patch := client.MergeFrom(config.DeepCopy())
-	controllerutil.RemoveFinalizer(config, Finalizer)
+	controllerutil.RemoveFinalizer(config, finalizer)
 	return client.IgnoreNotFound(r.client.Patch(ctx, config, patch))
 }
 

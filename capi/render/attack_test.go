@@ -70,7 +70,7 @@ func assertRunsOnlyTheSpec(t *testing.T, cfg map[string]any, value string) {
 		flat = append(flat, strings.Join(words, " "))
 	}
 	if !slices.ContainsFunc(flat, func(c string) bool { return strings.HasPrefix(c, "kubeadm join") }) ||
-		!slices.ContainsFunc(flat, func(c string) bool { return strings.Contains(c, SentinelPath) }) {
+		!slices.ContainsFunc(flat, func(c string) bool { return strings.Contains(c, sentinelPath) }) {
 		t.Fatalf("value %q: runcmd lost kubeadm or the sentinel: %q", value, flat)
 	}
 	if _, ok := cfg["bootcmd"]; ok {

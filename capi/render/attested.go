@@ -27,10 +27,10 @@ import (
 // from a character set that needs no quoting for systemd or for the flag
 // parser: a value cannot end the line, the quotes or a flag.
 
-// MaxAttestedDataSize is what attested-mode data of a joining worker
+// maxAttestedDataSize is what attested-mode data of a joining worker
 // stays within, raw, in both formats: far below the smallest common cloud
 // user-data limit, so user data never needs a bucket in attested mode.
-const MaxAttestedDataSize = 2 << 10
+const maxAttestedDataSize = 2 << 10
 
 // dnsName is an RFC 1123 host name: labels of letters, digits and inner
 // hyphens.
@@ -78,7 +78,7 @@ func joinEndpoint(ep string) error {
 // init machine gets no join endpoints: it waits for `gatehouse init` over
 // attested TLS. Joining machines pin the cluster CA by its hash.
 func bootstrapperArgs(in Input) ([]string, error) {
-	args := []string{"--success-file", SentinelPath}
+	args := []string{"--success-file", sentinelPath}
 	if in.Role == RoleInit {
 		if fields := uncarriedInitFields(in.Spec); len(fields) > 0 {
 			return nil, fmt.Errorf("%w: %s not carried to the machine (an attested init machine takes its configuration from "+

@@ -82,7 +82,7 @@ func TestAttestedInjection(t *testing.T) {
 				t.Fatal(err)
 			}
 			assertEqual(t, "bootstrapper arguments", bootstrapperArgsOf(t, format, data), []string{
-				"--success-file", SentinelPath, "--join-endpoints", "10.0.0.9:9090,[2001:db8::1]:9090,join.example.com:443",
+				"--success-file", sentinelPath, "--join-endpoints", "10.0.0.9:9090,[2001:db8::1]:9090,join.example.com:443",
 				"--cluster-ca-hash", testCAHash, "--control-plane"})
 		})
 	}
@@ -112,7 +112,7 @@ func TestAttestedInjection(t *testing.T) {
 }
 
 // TestAttestedDataSize: a joining worker's attested data stays within
-// MaxAttestedDataSize raw in both formats (it was 2,215 bytes of
+// maxAttestedDataSize raw in both formats (it was 2,215 bytes of
 // cloud-config and 3,639 of Ignition with the install script the
 // bootstrapper does not need); Ignition enables the bootstrapper's unit
 // instead of running a script.
@@ -126,18 +126,18 @@ func TestAttestedDataSize(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("%s attested join (control plane %v): %d bytes", format, cp, len(data))
-			if len(data) > MaxAttestedDataSize {
-				t.Errorf("%s attested join (control plane %v): %d bytes, more than %d", format, cp, len(data), MaxAttestedDataSize)
+			if len(data) > maxAttestedDataSize {
+				t.Errorf("%s attested join (control plane %v): %d bytes, more than %d", format, cp, len(data), maxAttestedDataSize)
 			}
 			files := rendertest.Files(t, format, data)
-			if _, ok := files[InstallScriptPath]; ok {
+			if _, ok := files[installScriptPath]; ok {
 				t.Errorf("%s attested data carries the install script", format)
 			}
 			if format == bootstrapv1.FormatIgnition {
 				cfg := rendertest.Ignition(t, data)
-				if !slices.ContainsFunc(cfg.Systemd.Units, func(u types.Unit) bool { return u.Name == BootstrapperUnit && u.Enabled != nil && *u.Enabled }) ||
+				if !slices.ContainsFunc(cfg.Systemd.Units, func(u types.Unit) bool { return u.Name == bootstrapperUnit && u.Enabled != nil && *u.Enabled }) ||
 					len(cfg.Systemd.Units) != 1 {
-					t.Errorf("Ignition units %+v, want only %s enabled", cfg.Systemd.Units, BootstrapperUnit)
+					t.Errorf("Ignition units %+v, want only %s enabled", cfg.Systemd.Units, bootstrapperUnit)
 				}
 			}
 		}

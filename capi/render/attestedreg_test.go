@@ -73,8 +73,8 @@ func TestAttestedNodeRegistration(t *testing.T) {
 				!slices.Equal(gotArgs, want) {
 				t.Fatalf("%s control plane %v: taints %v, kubelet args %v; want %v, %v", format, cp, gotTaints, gotArgs, taints, want)
 			}
-			if len(data) > MaxAttestedDataSize {
-				t.Errorf("%s: %d bytes of attested data, over %d", format, len(data), MaxAttestedDataSize)
+			if len(data) > maxAttestedDataSize {
+				t.Errorf("%s: %d bytes of attested data, over %d", format, len(data), maxAttestedDataSize)
 			}
 		}
 		in := attestedJoin(format, "10.0.0.9:9090")

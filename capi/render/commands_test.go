@@ -98,8 +98,8 @@ func TestCommandsStopAtFirstFailure(t *testing.T) {
 				// The machine's paths point into dir: the install script
 				// becomes true, the sentinel's directory dir/run.
 				script := commandScript(t, format, data)
-				script = strings.ReplaceAll(script, InstallScriptPath, "true")
-				script = strings.ReplaceAll(script, filepath.Dir(SentinelPath), filepath.Join(dir, "run"))
+				script = strings.ReplaceAll(script, installScriptPath, "true")
+				script = strings.ReplaceAll(script, filepath.Dir(sentinelPath), filepath.Join(dir, "run"))
 				bin := filepath.Join(dir, "bin")
 				if err := os.Mkdir(bin, 0o755); err != nil {
 					t.Fatal(err)
@@ -111,7 +111,7 @@ func TestCommandsStopAtFirstFailure(t *testing.T) {
 				cmd := exec.CommandContext(t.Context(), "/bin/sh", "-c", script)
 				cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
 				out, runErr := cmd.CombinedOutput()
-				_, statErr := os.Stat(filepath.Join(dir, "run", filepath.Base(SentinelPath)))
+				_, statErr := os.Stat(filepath.Join(dir, "run", filepath.Base(sentinelPath)))
 				if gotSentinel := statErr == nil; gotSentinel != tc.wantSentinel {
 					t.Errorf("sentinel written: %v, want %v (script error %v, output %q)\n%s", gotSentinel, tc.wantSentinel, runErr, out, script)
 				}

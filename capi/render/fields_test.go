@@ -103,8 +103,8 @@ func TestUsers(t *testing.T) {
 				SSHAuthorizedKeys: []types.SSHAuthorizedKey{"ssh-ed25519 AAAA ops"}},
 			{Name: "audit"},
 		})
-		assertEqual(t, "sudoers", string(files[SudoersPath]), "ops ALL=(ALL) NOPASSWD:ALL\n")
-		i := slices.IndexFunc(cfg.Storage.Files, func(f types.File) bool { return f.Path == SudoersPath })
+		assertEqual(t, "sudoers", string(files[sudoersPath]), "ops ALL=(ALL) NOPASSWD:ALL\n")
+		i := slices.IndexFunc(cfg.Storage.Files, func(f types.File) bool { return f.Path == sudoersPath })
 		if mode := cfg.Storage.Files[i].Mode; mode == nil || *mode != 0o440 {
 			t.Errorf("sudoers mode %v, want 0440", mode)
 		}
@@ -152,7 +152,7 @@ func TestNTP(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			assertEqual(t, "ntp", cloudConfig(t, &bootstrapv1.KubeadmConfigSpec{NTP: tc.ntp})["ntp"], tc.cloud)
 			_, files := ignitionConfig(t, &bootstrapv1.KubeadmConfigSpec{NTP: tc.ntp})
-			assertEqual(t, "chrony configuration", string(files[ChronyConfPath]), tc.chronyConf)
+			assertEqual(t, "chrony configuration", string(files[chronyConfPath]), tc.chronyConf)
 		})
 	}
 }

@@ -420,13 +420,13 @@ func expectedCommands(in Input) [][]string {
 	attested := spec.Attested != nil && spec.Attested.Enabled
 	var cmds [][]string
 	if !attested {
-		cmds = append(cmds, []string{InstallScriptPath})
+		cmds = append(cmds, []string{installScriptPath})
 	}
 	for _, c := range spec.PreKubeadmCommands {
 		cmds = append(cmds, []string{"/bin/sh", "-c", c})
 	}
 	if attested {
-		cmds = append(cmds, []string{"systemctl", "enable", "--now", BootstrapperUnit})
+		cmds = append(cmds, []string{"systemctl", "enable", "--now", bootstrapperUnit})
 	} else {
 		kubeadm := []string{"kubeadm", string(in.Role), "--config", KubeadmConfigPathFor(spec.Format)}
 		if spec.Verbosity != nil {
@@ -438,7 +438,7 @@ func expectedCommands(in Input) [][]string {
 		cmds = append(cmds, []string{"/bin/sh", "-c", c})
 	}
 	if !attested {
-		cmds = append(cmds, []string{"/bin/sh", "-c", "mkdir -p /run/cluster-api && echo success > " + SentinelPath})
+		cmds = append(cmds, []string{"/bin/sh", "-c", "mkdir -p /run/cluster-api && echo success > " + sentinelPath})
 	}
 	return cmds
 }
@@ -469,7 +469,7 @@ func expectedCloudConfig(in Input) any {
 	}
 	if !attested {
 		components, _ := baseTemplate(in.KubernetesVersion, in.Arch)
-		files = append(files, map[string]any{"path": InstallScriptPath, "content": installScript(components), "permissions": "0700"})
+		files = append(files, map[string]any{"path": installScriptPath, "content": installScript(components), "permissions": "0700"})
 		files = append(files, map[string]any{"path": KubeadmConfigPath, "content": string(in.KubeadmConfig), "owner": "root:root", "permissions": "0640"})
 	} else {
 		env, _ := bootstrapperEnv(in)

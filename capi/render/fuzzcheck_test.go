@@ -63,7 +63,7 @@ func checkIgnition(t *testing.T, in Input, data []byte) {
 	if attested {
 		paths = append(paths, BootstrapperEnvPath)
 	} else {
-		paths = append(paths, InstallScriptPath, IgnitionKubeadmConfigPath)
+		paths = append(paths, installScriptPath, IgnitionKubeadmConfigPath)
 		want[IgnitionKubeadmConfigPath] = in.KubeadmConfig
 	}
 	var chrony strings.Builder
@@ -73,8 +73,8 @@ func checkIgnition(t *testing.T, in Input, data []byte) {
 		}
 	}
 	if chrony.Len() > 0 {
-		paths = append(paths, ChronyConfPath)
-		want[ChronyConfPath] = []byte(chrony.String())
+		paths = append(paths, chronyConfPath)
+		want[chronyConfPath] = []byte(chrony.String())
 	}
 	var userCmds [][]string
 	var sudoers strings.Builder
@@ -103,8 +103,8 @@ func checkIgnition(t *testing.T, in Input, data []byte) {
 		paths = append(paths, ignition.ScriptPath)
 	}
 	if sudoers.Len() > 0 {
-		paths = append(paths, SudoersPath)
-		want[SudoersPath] = []byte(sudoers.String())
+		paths = append(paths, sudoersPath)
+		want[sudoersPath] = []byte(sudoers.String())
 	}
 	var gotPaths []string
 	for _, f := range cfg.Storage.Files {
@@ -120,21 +120,21 @@ func checkIgnition(t *testing.T, in Input, data []byte) {
 	}
 	// Each NTP server and sudo rule is one line of its file, which it
 	// cannot end or continue.
-	if lines := fileLines(files[ChronyConfPath]); len(lines) != strings.Count(chrony.String(), "\n") {
-		t.Fatalf("%s has %d lines for %d servers: %q", ChronyConfPath, len(lines), strings.Count(chrony.String(), "\n"), files[ChronyConfPath])
+	if lines := fileLines(files[chronyConfPath]); len(lines) != strings.Count(chrony.String(), "\n") {
+		t.Fatalf("%s has %d lines for %d servers: %q", chronyConfPath, len(lines), strings.Count(chrony.String(), "\n"), files[chronyConfPath])
 	} else {
 		for _, l := range lines {
 			if !chronyServer.MatchString(l) {
-				t.Fatalf("%s has the line %q", ChronyConfPath, l)
+				t.Fatalf("%s has the line %q", chronyConfPath, l)
 			}
 		}
 	}
-	if lines := fileLines(files[SudoersPath]); len(lines) != strings.Count(sudoers.String(), "\n") {
-		t.Fatalf("%s has %d lines for %d rules: %q", SudoersPath, len(lines), strings.Count(sudoers.String(), "\n"), files[SudoersPath])
+	if lines := fileLines(files[sudoersPath]); len(lines) != strings.Count(sudoers.String(), "\n") {
+		t.Fatalf("%s has %d lines for %d rules: %q", sudoersPath, len(lines), strings.Count(sudoers.String(), "\n"), files[sudoersPath])
 	} else {
 		for _, l := range lines {
 			if !sudoRule.MatchString(l) {
-				t.Fatalf("%s has the line %q", SudoersPath, l)
+				t.Fatalf("%s has the line %q", sudoersPath, l)
 			}
 		}
 	}
@@ -150,8 +150,8 @@ func checkIgnition(t *testing.T, in Input, data []byte) {
 
 	// The commands, read back from the script's quoting.
 	if onlyBootstrapper {
-		if len(cfg.Systemd.Units) == 0 || cfg.Systemd.Units[0].Name != BootstrapperUnit || !ptr.Deref(cfg.Systemd.Units[0].Enabled, false) {
-			t.Fatalf("attested data with no commands does not enable %s: %+v", BootstrapperUnit, cfg.Systemd.Units)
+		if len(cfg.Systemd.Units) == 0 || cfg.Systemd.Units[0].Name != bootstrapperUnit || !ptr.Deref(cfg.Systemd.Units[0].Enabled, false) {
+			t.Fatalf("attested data with no commands does not enable %s: %+v", bootstrapperUnit, cfg.Systemd.Units)
 		}
 	} else {
 		got := scriptCommands(t, string(files[ignition.ScriptPath]))
@@ -338,7 +338,7 @@ func checkAttested(t *testing.T, in Input, format bootstrapv1.Format, data []byt
 	if m == nil {
 		t.Fatalf("%s is not one plain assignment: %q", BootstrapperEnvPath, env)
 	}
-	want := []string{"--success-file", SentinelPath}
+	want := []string{"--success-file", sentinelPath}
 	if in.Role == RoleJoin {
 		want = append(want, "--join-endpoints", strings.Join(in.Spec.Attested.JoinEndpoints, ","), "--cluster-ca-hash", in.ClusterCAHash)
 		if in.ControlPlane {

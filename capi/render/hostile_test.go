@@ -136,7 +136,7 @@ func TestHostileValuesInEveryField(t *testing.T) {
 					case err != nil:
 						// passwdFrom's Secret is read into passwd before rendering.
 						named := strings.ReplaceAll(path, "passwdFrom.secret.key", "passwd")
-						if strings.Contains(err.Error(), ErrValue.Error()) && !strings.Contains(err.Error(), named) &&
+						if strings.Contains(err.Error(), errValue.Error()) && !strings.Contains(err.Error(), named) &&
 							!strings.Contains(err.Error(), "the kubeadm configuration") && !strings.HasPrefix(path, "spec.files") {
 							t.Errorf("%s = %.40q: the refusal does not name the field: %v", path, value, err)
 						}

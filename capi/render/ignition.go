@@ -20,13 +20,13 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
 )
 
-// SudoersPath holds the users' sudo rules in Ignition data (cloud-init
+// sudoersPath holds the users' sudo rules in Ignition data (cloud-init
 // writes its own, /etc/sudoers.d/90-cloud-init-users). sudo skips files
 // in sudoers.d whose names contain a dot.
-const SudoersPath = "/etc/sudoers.d/90-gatehouse-users"
+const sudoersPath = "/etc/sudoers.d/90-gatehouse-users"
 
-// ChronyConfPath holds the NTP servers in Ignition data.
-const ChronyConfPath = "/etc/chrony.d/gatehouse.conf"
+// chronyConfPath holds the NTP servers in Ignition data.
+const chronyConfPath = "/etc/chrony.d/gatehouse.conf"
 
 // renderIgnition maps the plan to an Ignition config (spec
 // ignition.Version) of coreos/ignition's types: files, users, disks, file
@@ -42,7 +42,7 @@ func renderIgnition(s *steps) ([]byte, error) {
 		for _, srv := range s.ntp.Servers {
 			fmt.Fprintf(&conf, "server %s iburst\n", srv)
 		}
-		files = append(files[:len(files):len(files)], File{Path: ChronyConfPath, Content: conf.String(), Permissions: "0644"})
+		files = append(files[:len(files):len(files)], File{Path: chronyConfPath, Content: conf.String(), Permissions: "0644"})
 	}
 	users, err := ignitionUserCommands(s.users)
 	if err != nil {
@@ -53,7 +53,7 @@ func renderIgnition(s *steps) ([]byte, error) {
 	commands := append(append(users, s.bootCommands...), s.commands...)
 	cfg := types.Config{Ignition: types.Ignition{Version: ignition.Version}}
 	if s.onlyStartsBootstrapper && len(commands) == 1 {
-		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: BootstrapperUnit, Enabled: ptr.To(true)})
+		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: bootstrapperUnit, Enabled: ptr.To(true)})
 	} else if len(commands) > 0 {
 		files = append(files[:len(files):len(files)], File{Path: ignition.ScriptPath, Content: "#!/bin/sh\nset -eu\n" + shellScript(commands), Permissions: "0700"})
 		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: ignition.CommandsUnit, Enabled: ptr.To(true), Contents: ptr.To(commandsUnit)})
@@ -116,7 +116,7 @@ func checkUTF8(v reflect.Value) error {
 // commandsUnit runs the commands script once, after the network is up,
 // until the bootstrap succeeded (CABPK's sentinel).
 const commandsUnit = "[Unit]\nDescription=Gatehouse bootstrap commands\nWants=network-online.target\nAfter=network-online.target\n" +
-	"ConditionPathExists=!" + SentinelPath + "\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=" + ignition.ScriptPath +
+	"ConditionPathExists=!" + sentinelPath + "\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=" + ignition.ScriptPath +
 	"\n\n[Install]\nWantedBy=multi-user.target\n"
 
 // shellScript quotes each argv for sh, one command a line.
@@ -272,7 +272,7 @@ func fileMode(f File) (int, error) {
 var userName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]*\$?$`)
 
 // addUsers writes the users as Ignition users, with what cloud-init's
-// users module does beyond creating them: sudo rules in SudoersPath.
+// users module does beyond creating them: sudo rules in sudoersPath.
 func addUsers(cfg *types.Config, users []cabpkv1.User) error {
 	var sudoers strings.Builder
 	for _, u := range users {
@@ -296,7 +296,7 @@ func addUsers(cfg *types.Config, users []cabpkv1.User) error {
 		}
 	}
 	if sudoers.Len() > 0 {
-		return addFiles(cfg, []File{{Path: SudoersPath, Content: sudoers.String(), Permissions: "0440"}})
+		return addFiles(cfg, []File{{Path: sudoersPath, Content: sudoers.String(), Permissions: "0440"}})
 	}
 	return nil
 }

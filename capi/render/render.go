@@ -40,16 +40,16 @@ const (
 	// real root's /run is mounted, so nothing it writes under /run
 	// survives.
 	IgnitionKubeadmConfigPath = "/etc/kubeadm.yml"
-	// InstallScriptPath downloads and checks the pinned binaries.
-	InstallScriptPath = "/etc/gatehouse/install-kubernetes.sh"
-	// SentinelPath is CABPK's bootstrap success sentinel
+	// installScriptPath downloads and checks the pinned binaries.
+	installScriptPath = "/etc/gatehouse/install-kubernetes.sh"
+	// sentinelPath is CABPK's bootstrap success sentinel
 	// (Cluster API bootstrap provider contract).
-	SentinelPath = "/run/cluster-api/bootstrap-success.complete"
+	sentinelPath = "/run/cluster-api/bootstrap-success.complete"
 	// BootstrapperEnvPath configures gatehouse-bootstrapper (attested mode).
 	BootstrapperEnvPath = "/etc/gatehouse/bootstrapper.env"
-	// BootstrapperUnit is gatehouse-bootstrapper's systemd unit, part of
+	// bootstrapperUnit is gatehouse-bootstrapper's systemd unit, part of
 	// the machine image (config/systemd).
-	BootstrapperUnit = "gatehouse-bootstrapper.service"
+	bootstrapperUnit = "gatehouse-bootstrapper.service"
 )
 
 // KubeadmConfigPathFor is where data of format writes the kubeadm
@@ -250,8 +250,8 @@ func plan(in Input) (*steps, error) {
 	if !attested {
 		// An attested machine's bootstrapper installs the components the
 		// join service (or `gatehouse init`) pins, once it has attested.
-		s.files = append(s.files, File{Path: InstallScriptPath, Content: installScript(components), Permissions: "0700"})
-		s.commands = append(s.commands, []string{InstallScriptPath})
+		s.files = append(s.files, File{Path: installScriptPath, Content: installScript(components), Permissions: "0700"})
+		s.commands = append(s.commands, []string{installScriptPath})
 	}
 	for _, c := range spec.PreKubeadmCommands {
 		s.commands = append(s.commands, shell(c))
@@ -263,7 +263,7 @@ func plan(in Input) (*steps, error) {
 		}
 		s.files = append(s.files, File{Path: BootstrapperEnvPath, Content: env, Permissions: "0644"})
 		s.onlyStartsBootstrapper = len(s.commands) == 0 && len(spec.PostKubeadmCommands) == 0
-		s.commands = append(s.commands, []string{"systemctl", "enable", "--now", BootstrapperUnit})
+		s.commands = append(s.commands, []string{"systemctl", "enable", "--now", bootstrapperUnit})
 	} else {
 		if len(in.KubeadmConfig) == 0 {
 			return nil, errors.New("no kubeadm configuration to write")
@@ -281,7 +281,7 @@ func plan(in Input) (*steps, error) {
 	}
 	if !attested {
 		// In attested mode the bootstrapper writes it once the node joined.
-		s.commands = append(s.commands, shell("mkdir -p /run/cluster-api && echo success > "+SentinelPath))
+		s.commands = append(s.commands, shell("mkdir -p /run/cluster-api && echo success > "+sentinelPath))
 	}
 	return s, nil
 }

@@ -52,8 +52,8 @@ func TestRender(t *testing.T) {
 					rendertest.CloudInitSchema(t, data)
 				}
 				text := rendertest.Text(t, format, data)
-				for _, want := range []string{KubeadmConfigPathFor(format), "kind: JoinConfiguration", SentinelPath, "time.example.com",
-					"ssh-ed25519 AAAA ops", "BEGIN CERTIFICATE", InstallScriptPath} {
+				for _, want := range []string{KubeadmConfigPathFor(format), "kind: JoinConfiguration", sentinelPath, "time.example.com",
+					"ssh-ed25519 AAAA ops", "BEGIN CERTIFICATE", installScriptPath} {
 					if !strings.Contains(text, want) {
 						t.Errorf("data lacks %q", want)
 					}

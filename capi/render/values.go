@@ -18,8 +18,8 @@ import (
 // controller reports it as RenderFailed. docs/capi.md, "Who may write a
 // KubeadmConfig", lists the rules.
 
-// ErrValue is wrapped by the errors of checkValues and checkTemplates.
-var ErrValue = errors.New("invalid value")
+// errValue is wrapped by the errors of checkValues and checkTemplates.
+var errValue = errors.New("invalid value")
 
 // breaksLine says r ends or splits a line for some reader: the C0 and C1
 // control characters (tab, newline, carriage return, NEL U+0085 among
@@ -35,7 +35,7 @@ func valueError(field, value string, show bool, format string, args ...any) erro
 	if show {
 		what = fmt.Sprintf("%s %.80q", field, value)
 	}
-	return fmt.Errorf("%w: %s: %s", ErrValue, what, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s: %s", errValue, what, fmt.Sprintf(format, args...))
 }
 
 // oneLine refuses a value holding a character that breaks a line.
@@ -176,7 +176,7 @@ func checkTemplates(in Input) error {
 	check := func(field, value string) {
 		if _, err := cloudinit.ParseTemplate(value); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %s: the cloud-config is a Jinja template (%s) whose values may hold only references to instance data "+
-				"({{ ds.meta_data.local_hostname }}) and literal text in {%% raw %%}…{%% endraw %%}: %w", ErrValue, field, strings.TrimSpace(JinjaHeader), err))
+				"({{ ds.meta_data.local_hostname }}) and literal text in {%% raw %%}…{%% endraw %%}: %w", errValue, field, strings.TrimSpace(JinjaHeader), err))
 		}
 	}
 	for _, c := range commandFields(in.Spec) {

@@ -196,8 +196,8 @@ func TestErrorsAgainstMinIO(t *testing.T) {
 		want       error
 		wantInText string
 	}{
-		{"wrong secret", func(c *Config) { c.SecretAccessKey = testSecret }, ErrAccessDenied, ""},
-		{"unknown access key", func(c *Config) { c.AccessKeyID, c.SecretAccessKey = "nobody", testSecret }, ErrAccessDenied, ""},
+		{"wrong secret", func(c *Config) { c.SecretAccessKey = testSecret }, errAccessDenied, ""},
+		{"unknown access key", func(c *Config) { c.AccessKeyID, c.SecretAccessKey = "nobody", testSecret }, errAccessDenied, ""},
 		{"missing bucket", func(c *Config) { c.Bucket = "no-such-bucket" }, ErrBucketNotFound, `"no-such-bucket"`},
 	}
 	for _, tt := range tests {
@@ -229,7 +229,7 @@ func TestPresignedURLExpires(t *testing.T) {
 	if err := s.Put(t.Context(), key, []byte("data")); err != nil {
 		t.Fatal(err)
 	}
-	u, err := s.PresignedGetURL(t.Context(), key, MinTTL)
+	u, err := s.PresignedGetURL(t.Context(), key, minTTL)
 	if err != nil {
 		t.Fatal(err)
 	}

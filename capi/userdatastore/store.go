@@ -32,22 +32,22 @@ import (
 // Errors returned, wrapped with the operation and the object's s3:// URI;
 // test with errors.Is.
 var (
-	// ErrInvalidConfig is returned by New for a configuration it cannot use.
-	ErrInvalidConfig = errors.New("invalid user-data store configuration")
-	// ErrEmptyKey is returned for an empty object key.
-	ErrEmptyKey = errors.New("empty object key")
-	// ErrNilData is returned by Put for nil data.
-	ErrNilData = errors.New("nil data")
-	// ErrTTLOutOfRange is returned by PresignedGetURL for a TTL outside
-	// MinTTL..MaxTTL.
-	ErrTTLOutOfRange = errors.New("presigned URL TTL out of range")
+	// errInvalidConfig is returned by New for a configuration it cannot use.
+	errInvalidConfig = errors.New("invalid user-data store configuration")
+	// errEmptyKey is returned for an empty object key.
+	errEmptyKey = errors.New("empty object key")
+	// errNilData is returned by Put for nil data.
+	errNilData = errors.New("nil data")
+	// errTTLOutOfRange is returned by PresignedGetURL for a TTL outside
+	// minTTL..MaxTTL.
+	errTTLOutOfRange = errors.New("presigned URL TTL out of range")
 	// ErrBucketNotFound is returned when the bucket does not exist (S3 error
 	// code NoSuchBucket).
 	ErrBucketNotFound = errors.New("bucket does not exist")
-	// ErrAccessDenied is returned when the server rejects the credentials or
+	// errAccessDenied is returned when the server rejects the credentials or
 	// the request (S3 error codes InvalidAccessKeyId, SignatureDoesNotMatch,
 	// AccessDenied).
-	ErrAccessDenied = errors.New("access denied")
+	errAccessDenied = errors.New("access denied")
 )
 
 // Bounds of a presigned URL's lifetime: AWS signature V4 query
@@ -55,15 +55,15 @@ var (
 // (Amazon S3 API reference, "Authenticating Requests: Using Query
 // Parameters").
 const (
-	MinTTL = time.Second
-	MaxTTL = 7 * 24 * time.Hour
+	minTTL = time.Second
+	maxTTL = 7 * 24 * time.Hour
 )
 
-// MinSecretLength is the shortest secret access key New accepts: MinIO
+// minSecretLength is the shortest secret access key New accepts: MinIO
 // takes 8 to 40 characters, AWS issues 40. (A shorter secret would also
 // make the redaction of errors, which replaces every occurrence of the
 // secret, mangle them.)
-const MinSecretLength = 8
+const minSecretLength = 8
 
 // ContentType is the Content-Type objects are stored with.
 const ContentType = "application/octet-stream"
@@ -86,7 +86,7 @@ type Config struct {
 	// cached); set, PresignedGetURL makes no request at all.
 	Region string
 	// AccessKeyID and SecretAccessKey authenticate (signature V4); both are
-	// required, the secret with at least MinSecretLength characters. The
+	// required, the secret with at least minSecretLength characters. The
 	// secret never appears in errors, String or LogValue.
 	AccessKeyID, SecretAccessKey string
 	// Insecure speaks plain HTTP, and presigned URLs are http:// URLs
@@ -129,14 +129,14 @@ type Store struct {
 
 // New validates cfg and returns its Store. It makes no request: a missing
 // bucket or wrong credentials show in the first Put. Errors wrap
-// ErrInvalidConfig.
+// errInvalidConfig.
 func New(cfg Config) (*Store, error) {
 	if err := validate(cfg); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	transport, err := minio.DefaultTransport(!cfg.Insecure)
 	if err != nil {
-		return nil, fmt.Errorf("%w: building the HTTP transport: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: building the HTTP transport: %w", errInvalidConfig, err)
 	}
 	if cfg.RootCAs != nil {
 		transport.TLSClientConfig.RootCAs = cfg.RootCAs
@@ -149,7 +149,7 @@ func New(cfg Config) (*Store, error) {
 		MaxRetries: maxRetries,
 	})
 	if err != nil {
-		return nil, redact(fmt.Errorf("%w: endpoint %q: %w", ErrInvalidConfig, cfg.Endpoint, err), cfg.SecretAccessKey)
+		return nil, redact(fmt.Errorf("%w: endpoint %q: %w", errInvalidConfig, cfg.Endpoint, err), cfg.SecretAccessKey)
 	}
 	return &Store{
 		client:   client,
@@ -171,8 +171,8 @@ func validate(cfg Config) error {
 		return fmt.Errorf("endpoint %q has a path: give host[:port]", cfg.Endpoint)
 	case cfg.AccessKeyID == "" || cfg.SecretAccessKey == "":
 		return errors.New("no access key ID or secret access key")
-	case len(cfg.SecretAccessKey) < MinSecretLength:
-		return fmt.Errorf("the secret access key is shorter than %d characters", MinSecretLength)
+	case len(cfg.SecretAccessKey) < minSecretLength:
+		return fmt.Errorf("the secret access key is shorter than %d characters", minSecretLength)
 	case cfg.Insecure && cfg.RootCAs != nil:
 		return errors.New("RootCAs is set but Insecure turns TLS off")
 	}
@@ -207,15 +207,15 @@ func (s *Store) S3URI(key string) string {
 
 // Put stores data (length in bytes, any size) under key with Content-Type
 // application/octet-stream, and with SSE-S3 when configured, replacing an
-// object already there. Errors wrap ErrEmptyKey, ErrNilData,
-// ErrBucketNotFound (the bucket is never created), ErrAccessDenied, or the
+// object already there. Errors wrap errEmptyKey, errNilData,
+// ErrBucketNotFound (the bucket is never created), errAccessDenied, or the
 // server's or transport's error.
 func (s *Store) Put(ctx context.Context, key string, data []byte) error {
 	if key == "" {
-		return fmt.Errorf("putting bootstrap data: %w", ErrEmptyKey)
+		return fmt.Errorf("putting bootstrap data: %w", errEmptyKey)
 	}
 	if data == nil {
-		return fmt.Errorf("putting bootstrap data to %s: %w", s.S3URI(key), ErrNilData)
+		return fmt.Errorf("putting bootstrap data to %s: %w", s.S3URI(key), errNilData)
 	}
 	opts := minio.PutObjectOptions{ContentType: ContentType}
 	if s.sse {
@@ -228,20 +228,20 @@ func (s *Store) Put(ctx context.Context, key string, data []byte) error {
 }
 
 // PresignedGetURL returns a URL that GETs the object under key without
-// credentials until ttl (MinTTL..MaxTTL, truncated to whole seconds) has
+// credentials until ttl (minTTL..MaxTTL, truncated to whole seconds) has
 // passed: https, or http when the store is Insecure. It does not check
 // that the object exists. With no Region configured the first call asks the
 // server for the bucket's location.
 //
 // The URL is a bearer credential for the data until it expires: keep it
-// out of logs, events and conditions. Errors wrap ErrEmptyKey,
-// ErrTTLOutOfRange, or the location lookup's error.
+// out of logs, events and conditions. Errors wrap errEmptyKey,
+// errTTLOutOfRange, or the location lookup's error.
 func (s *Store) PresignedGetURL(ctx context.Context, key string, ttl time.Duration) (*url.URL, error) {
 	if key == "" {
-		return nil, fmt.Errorf("presigning a GET: %w", ErrEmptyKey)
+		return nil, fmt.Errorf("presigning a GET: %w", errEmptyKey)
 	}
-	if ttl < MinTTL || ttl > MaxTTL {
-		return nil, fmt.Errorf("presigning a GET of %s: %w: %v is not within %v..%v", s.S3URI(key), ErrTTLOutOfRange, ttl, MinTTL, MaxTTL)
+	if ttl < minTTL || ttl > maxTTL {
+		return nil, fmt.Errorf("presigning a GET of %s: %w: %v is not within %v..%v", s.S3URI(key), errTTLOutOfRange, ttl, minTTL, maxTTL)
 	}
 	u, err := s.client.PresignedGetObject(ctx, s.bucket, key, ttl.Truncate(time.Second), nil)
 	if err != nil {
@@ -255,11 +255,11 @@ func (s *Store) PresignedGetURL(ctx context.Context, key string, ttl time.Durati
 
 // Delete removes the object under key. A missing object is not an error
 // (S3 DeleteObject answers 204 for it); a missing bucket is
-// (ErrBucketNotFound). Errors wrap ErrEmptyKey, ErrBucketNotFound,
-// ErrAccessDenied, or the server's or transport's error.
+// (ErrBucketNotFound). Errors wrap errEmptyKey, ErrBucketNotFound,
+// errAccessDenied, or the server's or transport's error.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if key == "" {
-		return fmt.Errorf("deleting bootstrap data: %w", ErrEmptyKey)
+		return fmt.Errorf("deleting bootstrap data: %w", errEmptyKey)
 	}
 	err := s.client.RemoveObject(ctx, s.bucket, key, minio.RemoveObjectOptions{})
 	if err != nil && s3Code(err) != minio.NoSuchKey {
@@ -282,7 +282,7 @@ func (s *Store) wrap(op, key string, err error) error {
 	case minio.NoSuchBucket:
 		err = fmt.Errorf("%w: %q at %s: %w", ErrBucketNotFound, s.bucket, s.endpoint, err)
 	case minio.InvalidAccessKeyID, minio.SignatureDoesNotMatch, minio.AccessDenied:
-		err = fmt.Errorf("%w: %w", ErrAccessDenied, err)
+		err = fmt.Errorf("%w: %w", errAccessDenied, err)
 	}
 	return redact(fmt.Errorf("%s %s: %w", op, s.S3URI(key), err), s.secret)
 }
@@ -297,7 +297,7 @@ func s3Code(err error) string {
 }
 
 // sentinels are the errors a redacted error still matches with errors.Is.
-var sentinels = []error{ErrInvalidConfig, ErrBucketNotFound, ErrAccessDenied}
+var sentinels = []error{errInvalidConfig, ErrBucketNotFound, errAccessDenied}
 
 // redact returns err, or, should its message contain secret, an error with
 // the secret replaced that matches only this package's sentinels: the

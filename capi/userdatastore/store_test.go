@@ -32,18 +32,18 @@ func TestNewValidates(t *testing.T) {
 		{"valid configuration", func(*Config) {}, nil},
 		{"valid without region, with CA pool", func(c *Config) { c.Region, c.RootCAs = "", x509.NewCertPool() }, nil},
 		{"plain HTTP with SSE", func(c *Config) { c.Insecure, c.ServerSideEncryption = true, true }, nil},
-		{"empty endpoint is refused", func(c *Config) { c.Endpoint = "" }, ErrInvalidConfig},
-		{"endpoint with scheme is refused", func(c *Config) { c.Endpoint = "https://s3.example.com" }, ErrInvalidConfig},
-		{"endpoint with path is refused", func(c *Config) { c.Endpoint = "s3.example.com/bucket" }, ErrInvalidConfig},
-		{"endpoint with bad port is refused", func(c *Config) { c.Endpoint = "s3.example.com:notaport" }, ErrInvalidConfig},
-		{"empty bucket is refused", func(c *Config) { c.Bucket = "" }, ErrInvalidConfig},
-		{"bucket with upper case is refused", func(c *Config) { c.Bucket = "Gatehouse" }, ErrInvalidConfig},
-		{"bucket with slash is refused", func(c *Config) { c.Bucket = "a/b" }, ErrInvalidConfig},
-		{"missing access key ID is refused", func(c *Config) { c.AccessKeyID = "" }, ErrInvalidConfig},
-		{"missing secret is refused", func(c *Config) { c.SecretAccessKey = "" }, ErrInvalidConfig},
-		{"short secret is refused", func(c *Config) { c.SecretAccessKey = "1234567" }, ErrInvalidConfig},
+		{"empty endpoint is refused", func(c *Config) { c.Endpoint = "" }, errInvalidConfig},
+		{"endpoint with scheme is refused", func(c *Config) { c.Endpoint = "https://s3.example.com" }, errInvalidConfig},
+		{"endpoint with path is refused", func(c *Config) { c.Endpoint = "s3.example.com/bucket" }, errInvalidConfig},
+		{"endpoint with bad port is refused", func(c *Config) { c.Endpoint = "s3.example.com:notaport" }, errInvalidConfig},
+		{"empty bucket is refused", func(c *Config) { c.Bucket = "" }, errInvalidConfig},
+		{"bucket with upper case is refused", func(c *Config) { c.Bucket = "Gatehouse" }, errInvalidConfig},
+		{"bucket with slash is refused", func(c *Config) { c.Bucket = "a/b" }, errInvalidConfig},
+		{"missing access key ID is refused", func(c *Config) { c.AccessKeyID = "" }, errInvalidConfig},
+		{"missing secret is refused", func(c *Config) { c.SecretAccessKey = "" }, errInvalidConfig},
+		{"short secret is refused", func(c *Config) { c.SecretAccessKey = "1234567" }, errInvalidConfig},
 		{"secret of the minimum length", func(c *Config) { c.SecretAccessKey = "12345678" }, nil},
-		{"CA pool with plain HTTP is refused", func(c *Config) { c.Insecure, c.RootCAs = true, x509.NewCertPool() }, ErrInvalidConfig},
+		{"CA pool with plain HTTP is refused", func(c *Config) { c.Insecure, c.RootCAs = true, x509.NewCertPool() }, errInvalidConfig},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -126,14 +126,14 @@ func TestPresignedGetURLBounds(t *testing.T) {
 		want     error
 		expires  string // X-Amz-Expires, seconds
 	}{
-		{"zero TTL is refused", false, "k", 0, ErrTTLOutOfRange, ""},
-		{"negative TTL is refused", false, "k", -time.Hour, ErrTTLOutOfRange, ""},
-		{"sub-second TTL is refused", false, "k", 999 * time.Millisecond, ErrTTLOutOfRange, ""},
+		{"zero TTL is refused", false, "k", 0, errTTLOutOfRange, ""},
+		{"negative TTL is refused", false, "k", -time.Hour, errTTLOutOfRange, ""},
+		{"sub-second TTL is refused", false, "k", 999 * time.Millisecond, errTTLOutOfRange, ""},
 		{"one second is the minimum", false, "k", time.Second, nil, "1"},
 		{"fractions of a second are truncated", false, "k", 90*time.Second + 500*time.Millisecond, nil, "90"},
 		{"seven days is the maximum", false, "k", 7 * 24 * time.Hour, nil, "604800"},
-		{"over seven days is refused", false, "k", 7*24*time.Hour + time.Second, ErrTTLOutOfRange, ""},
-		{"empty key is refused", false, "", time.Hour, ErrEmptyKey, ""},
+		{"over seven days is refused", false, "k", 7*24*time.Hour + time.Second, errTTLOutOfRange, ""},
+		{"empty key is refused", false, "", time.Hour, errEmptyKey, ""},
 		{"plain HTTP store presigns http", true, "k", time.Hour, nil, "3600"},
 	}
 	for _, tt := range tests {
@@ -179,9 +179,9 @@ func TestPutAndDeleteRefuseBadArguments(t *testing.T) {
 		call func() error
 		want error
 	}{
-		{"put with empty key", func() error { return s.Put(ctx, "", []byte("x")) }, ErrEmptyKey},
-		{"put of nil data", func() error { return s.Put(ctx, "k", nil) }, ErrNilData},
-		{"delete with empty key", func() error { return s.Delete(ctx, "") }, ErrEmptyKey},
+		{"put with empty key", func() error { return s.Put(ctx, "", []byte("x")) }, errEmptyKey},
+		{"put of nil data", func() error { return s.Put(ctx, "k", nil) }, errNilData},
+		{"delete with empty key", func() error { return s.Delete(ctx, "") }, errEmptyKey},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -204,7 +204,7 @@ func TestS3URI(t *testing.T) {
 }
 
 func TestRedact(t *testing.T) {
-	leaky := fmt.Errorf("%w: signing with %s failed", ErrAccessDenied, testSecret)
+	leaky := fmt.Errorf("%w: signing with %s failed", errAccessDenied, testSecret)
 	tests := []struct {
 		name     string
 		err      error
@@ -213,7 +213,7 @@ func TestRedact(t *testing.T) {
 	}{
 		{"nil stays nil", nil, "", nil},
 		{"an error without the secret is kept", ErrBucketNotFound, ErrBucketNotFound.Error(), ErrBucketNotFound},
-		{"the secret is replaced, the sentinel kept", leaky, "access denied: signing with [REDACTED] failed", ErrAccessDenied},
+		{"the secret is replaced, the sentinel kept", leaky, "access denied: signing with [REDACTED] failed", errAccessDenied},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

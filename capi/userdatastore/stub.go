@@ -12,8 +12,8 @@ import (
 	"github.com/coreos/ignition/v2/config/v3_5/types"
 )
 
-// IgnitionVersion is the Ignition specification version of IgnitionStub.
-const IgnitionVersion = "3.5.0"
+// ignitionVersion is the Ignition specification version of IgnitionStub.
+const ignitionVersion = "3.5.0"
 
 // CloudConfigStub returns cloud-init user data that makes cloud-init fetch
 // the full user data from u and process it as if it had been given
@@ -57,7 +57,7 @@ func IgnitionStub(source string, caPEM []byte) ([]byte, error) {
 		return nil, errors.New("rendering the Ignition stub: the source is not an absolute URL")
 	}
 	cfg := types.Config{Ignition: types.Ignition{
-		Version: IgnitionVersion,
+		Version: ignitionVersion,
 		Config:  types.IgnitionConfig{Replace: types.Resource{Source: &source}},
 	}}
 	if len(caPEM) > 0 {

@@ -79,7 +79,7 @@ func TestIgnitionStub(t *testing.T) {
 			}
 			// Nothing but the version and the replace directive.
 			want := types.Config{Ignition: types.Ignition{
-				Version: IgnitionVersion,
+				Version: ignitionVersion,
 				Config:  types.IgnitionConfig{Replace: types.Resource{Source: &tt.source}},
 			}}
 			if !reflect.DeepEqual(cfg, want) {

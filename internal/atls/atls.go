@@ -32,7 +32,7 @@
 // attested server cannot authenticate its client before quoting. On one
 // TCP connection:
 //
-//  1. The door: a TLS 1.3 handshake with ALPN EvidenceProtocol
+//  1. The door: a TLS 1.3 handshake with ALPN evidenceProtocol
 //     ("gatehouse-evidence/2"). The server presents a self-signed Ed25519
 //     certificate that proves nothing (the client does not check it). Once
 //     the node has its cluster's CA file, the server requests a client
@@ -59,7 +59,7 @@
 // "h2" and nonce protocols: a node from before the door answers it as
 // its attested handshake (ALPN "h2"), and the client verifies that
 // handshake's evidence instead, so verifiers can be upgraded before nodes.
-// A client from before the door (no EvidenceProtocol) is answered only
+// A client from before the door (no evidenceProtocol) is answered only
 // while the node has no cluster CA. Connection limits apply at accept and
 // quotes pass a bounded queue that honours each connection's deadline, so
 // no caller can make the node quote more than one quote at a time, nor
@@ -132,8 +132,8 @@ var (
 	ErrUnknownVariant  = errors.New("atls: peer evidence is of a variant this side does not accept")
 	ErrKeyBinding      = errors.New("atls: peer evidence is bound to another key")
 	ErrNoNonce         = errors.New("atls: peer sent no attestation nonce")
-	ErrEvidenceInvalid = errors.New("atls: peer evidence does not verify")
-	ErrPeerRejected    = errors.New("atls: peer certificate rejected")
+	errEvidenceInvalid = errors.New("atls: peer evidence does not verify")
+	errPeerRejected    = errors.New("atls: peer certificate rejected")
 )
 
 func (c *Config) now() time.Time {
@@ -219,13 +219,13 @@ func (v *Verified) set(r *attestation.Result, e Evidence) {
 	v.mu.Unlock()
 }
 
-// ClientConfig returns a TLS configuration for one client handshake (a fresh
+// clientConfig returns a TLS configuration for one client handshake (a fresh
 // nonce each time: never reuse it) and where the server's verified result
 // will be. The handshake is complete only after the key activation
 // exchange that NewCredentials, ServeEvidence and FetchEvidence run after
 // crypto/tls's handshake; until then a result may carry a KeyActivation
 // that nobody answered.
-func ClientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error) {
+func clientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error) {
 	if err := c.check(); err != nil {
 		return nil, nil, err
 	}
@@ -266,10 +266,10 @@ func ClientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 	return cfg, verified, nil
 }
 
-// ServerConfig returns a TLS configuration for one server handshake (a fresh
+// serverConfig returns a TLS configuration for one server handshake (a fresh
 // nonce each time: never reuse it) and where the client's verified result
-// will be. As with ClientConfig, the key activation exchange follows.
-func ServerConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error) {
+// will be. As with clientConfig, the key activation exchange follows.
+func serverConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error) {
 	if err := c.check(); err != nil {
 		return nil, nil, err
 	}
@@ -328,7 +328,7 @@ func verifyConnection(ctx context.Context, c *Config, nonce []byte, verified *Ve
 		}
 		if c.VerifyPeer != nil {
 			if err := c.VerifyPeer(cs.PeerCertificates); err != nil {
-				return fmt.Errorf("%w: %w", ErrPeerRejected, err)
+				return fmt.Errorf("%w: %w", errPeerRejected, err)
 			}
 		}
 		if len(c.Verifiers) == 0 {
@@ -480,7 +480,7 @@ func (c *Config) verifyPeer(ctx context.Context, cert *x509.Certificate, nonce [
 	}
 	result, err := verifyRecovering(ctx, v, evidence, nonce)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrEvidenceInvalid, err)
+		return nil, nil, fmt.Errorf("%w: %w", errEvidenceInvalid, err)
 	}
 	spkiHash := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
 	if !bytes.Equal(result.UserData, spkiHash[:]) {
@@ -523,15 +523,15 @@ func (c *Config) findEvidence(cert *x509.Certificate) (attestation.Verifier, []b
 		// An OCTET STRING header takes at most 6 bytes for these sizes.
 		if len(ext.Value) > attestation.MaxEvidenceSize+6 {
 			return nil, nil, fmt.Errorf("%w: %w: evidence extension has %d bytes, at most %d allowed",
-				ErrEvidenceInvalid, attestation.ErrMalformed, len(ext.Value), attestation.MaxEvidenceSize)
+				errEvidenceInvalid, attestation.ErrMalformed, len(ext.Value), attestation.MaxEvidenceSize)
 		}
 		var evidence []byte
 		if rest, err := asn1.Unmarshal(ext.Value, &evidence); err != nil || len(rest) != 0 {
-			return nil, nil, fmt.Errorf("%w: %w: evidence extension is not one DER OCTET STRING", ErrEvidenceInvalid, attestation.ErrMalformed)
+			return nil, nil, fmt.Errorf("%w: %w: evidence extension is not one DER OCTET STRING", errEvidenceInvalid, attestation.ErrMalformed)
 		}
 		if len(evidence) > attestation.MaxEvidenceSize {
 			return nil, nil, fmt.Errorf("%w: %w: evidence extension has %d bytes of evidence, at most %d allowed",
-				ErrEvidenceInvalid, attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
+				errEvidenceInvalid, attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
 		}
 		return c.Verifiers[i], evidence, nil
 	}

@@ -186,14 +186,14 @@ func handshakePair(t *testing.T, server, client Config, serverCert *tls.Certific
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	sc, _, err := ServerConfig(ctx, server)
+	sc, _, err := serverConfig(ctx, server)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if serverCert != nil {
 		sc.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serverCert, nil }
 	}
-	cc, _, err := ClientConfig(ctx, client)
+	cc, _, err := clientConfig(ctx, client)
 	if err != nil {
 		t.Fatal(err)
 	}

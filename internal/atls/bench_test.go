@@ -20,11 +20,11 @@ func BenchmarkHandshake(b *testing.B) {
 	b.Run("atls-mutual-simulator-tpm", func(b *testing.B) {
 		for b.Loop() {
 			benchHandshake(b, func(ctx context.Context) (*tls.Config, *tls.Config) {
-				sc, _, err := ServerConfig(ctx, mutual)
+				sc, _, err := serverConfig(ctx, mutual)
 				if err != nil {
 					b.Fatal(err)
 				}
-				cc, _, err := ClientConfig(ctx, mutual)
+				cc, _, err := clientConfig(ctx, mutual)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -44,7 +44,7 @@ func NewCredentials(cfg Config) (*Credentials, error) {
 
 // ClientHandshake runs the client side of attested TLS over conn.
 func (c *Credentials) ClientHandshake(ctx context.Context, _ string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	cfg, verified, err := ClientConfig(ctx, c.cfg)
+	cfg, verified, err := clientConfig(ctx, c.cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -54,7 +54,7 @@ func (c *Credentials) ClientHandshake(ctx context.Context, _ string, conn net.Co
 // ServerHandshake runs the server side of attested TLS over conn.
 func (c *Credentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	ctx := context.Background()
-	cfg, verified, err := ServerConfig(ctx, c.cfg)
+	cfg, verified, err := serverConfig(ctx, c.cfg)
 	if err != nil {
 		return nil, nil, err
 	}

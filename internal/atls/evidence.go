@@ -23,12 +23,12 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 )
 
-// EvidenceProtocol is the ALPN protocol of the evidence endpoint's door,
+// evidenceProtocol is the ALPN protocol of the evidence endpoint's door,
 // the TLS 1.3 handshake a caller passes before any quote is made; the
 // evidence then comes over the door's connection, bound to it. (Its
 // first version, never released, ran an attested handshake inside the
 // door; it is not answered.)
-const EvidenceProtocol = "gatehouse-evidence/2"
+const evidenceProtocol = "gatehouse-evidence/2"
 
 // handshakeTimeout bounds one FetchEvidence.
 const handshakeTimeout = 30 * time.Second
@@ -40,8 +40,8 @@ const (
 	DefaultEvidenceHandshakeTimeout = 10 * time.Second
 	// DefaultQuoteQueue is how many quotes may wait while one is made.
 	DefaultQuoteQueue = 4
-	// DefaultClientCARecheck is how often the cluster CA file is read again.
-	DefaultClientCARecheck = time.Second
+	// defaultClientCARecheck is how often the cluster CA file is read again.
+	defaultClientCARecheck = time.Second
 	// DefaultEvidenceIdleTimeout is how long a door connection is kept
 	// open waiting for its caller's next request: twice the join
 	// service's default re-verification interval.
@@ -87,7 +87,7 @@ type EvidenceEndpoint struct {
 	// DefaultEvidenceHandshakeTimeout.
 	HandshakeTimeout time.Duration
 	// ClientCARecheck is how often ClientCAFile is read again; 0 is
-	// DefaultClientCARecheck.
+	// defaultClientCARecheck.
 	ClientCARecheck time.Duration
 	// IdleTimeout is how long a door connection waits for its caller's
 	// next request once it served evidence; each request is then bounded
@@ -186,7 +186,7 @@ func (e EvidenceEndpoint) newServer() (*evidenceServer, error) {
 		queue = DefaultQuoteQueue
 	}
 	if recheck == 0 {
-		recheck = DefaultClientCARecheck
+		recheck = defaultClientCARecheck
 	}
 	switch {
 	case s.timeout < 0 || queue < 0 || recheck < 0:
@@ -321,7 +321,7 @@ func (s *evidenceServer) handle(ctx context.Context, conn net.Conn) {
 
 	var r refusal
 	attester := queued(s.attester, s.queue, &r)
-	attested, verified, err := ServerConfig(hctx, Config{Attester: attester})
+	attested, verified, err := serverConfig(hctx, Config{Attester: attester})
 	if err != nil {
 		s.log.Error("Making the attested TLS configuration failed", "error", err.Error())
 		return
@@ -336,7 +336,7 @@ func (s *evidenceServer) handle(ctx context.Context, conn net.Conn) {
 		s.refuse(source, r, err)
 		return
 	}
-	if outer.ConnectionState().NegotiatedProtocol != EvidenceProtocol {
+	if outer.ConnectionState().NegotiatedProtocol != evidenceProtocol {
 		// The protocol before the door: the handshake was the attested one.
 		s.finish(hctx, source, outer, attester, verified, &r)
 		return
@@ -359,7 +359,7 @@ func (s *evidenceServer) finish(ctx context.Context, source string, conn net.Con
 }
 
 // doorConfig chooses the configuration for a ClientHello: the door for a
-// client offering EvidenceProtocol (requiring a client certificate of the
+// client offering evidenceProtocol (requiring a client certificate of the
 // cluster CA once the node has one), the attested handshake at once for
 // an older client on a node without a cluster CA, and a refusal for an
 // older client on a node with one.
@@ -368,7 +368,7 @@ func (s *evidenceServer) doorConfig(chi *tls.ClientHelloInfo, attested *tls.Conf
 	if err != nil {
 		return nil, err
 	}
-	if !slices.Contains(chi.SupportedProtos, EvidenceProtocol) {
+	if !slices.Contains(chi.SupportedProtos, evidenceProtocol) {
 		if pool != nil {
 			r.reason = ReasonAnonymousProtocol
 			return nil, errLegacyProtocol
@@ -382,7 +382,7 @@ func (s *evidenceServer) doorConfig(chi *tls.ClientHelloInfo, attested *tls.Conf
 	cfg := &tls.Config{
 		MinVersion:       tls.VersionTLS13,
 		Certificates:     []tls.Certificate{s.outerCert},
-		NextProtos:       []string{EvidenceProtocol},
+		NextProtos:       []string{evidenceProtocol},
 		CurvePreferences: doorCurves(),
 	}
 	// Tickets let the join service resume (EvidenceFetcher.Sessions): a
@@ -420,9 +420,9 @@ func (s *evidenceServer) refuse(source string, r refusal, err error) {
 	reason := r.reason
 	switch {
 	case reason != "":
-	case errors.Is(err, ErrQuoteQueueFull):
+	case errors.Is(err, errQuoteQueueFull):
 		reason = ReasonQueueFull
-	case errors.Is(err, ErrQuoteWaitExpired):
+	case errors.Is(err, errQuoteWaitExpired):
 		reason = ReasonQuoteWaitExpired
 	default:
 		reason = ReasonHandshakeFailed

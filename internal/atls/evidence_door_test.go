@@ -113,7 +113,7 @@ func TestEvidenceDoorFollowsTheClusterCA(t *testing.T) {
 		_, err := fetcher("127.0.0.1", cert).Fetch(t.Context(), ep.addr, verifiers)
 		return err
 	}
-	later := func() { clk.Step(DefaultClientCARecheck) }
+	later := func() { clk.Step(defaultClientCARecheck) }
 
 	if err := fetch(nil); err != nil {
 		t.Fatalf("anonymous caller before the node joined: %v", err)
@@ -216,7 +216,7 @@ func TestFetchFromANodeBeforeTheDoor(t *testing.T) {
 			if err != nil {
 				return
 			}
-			cfg, verified, err := ServerConfig(ctx, Config{Attester: pair.attester})
+			cfg, verified, err := serverConfig(ctx, Config{Attester: pair.attester})
 			if err != nil {
 				t.Error(err)
 				return

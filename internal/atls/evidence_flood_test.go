@@ -26,7 +26,7 @@ func TestEvidenceFlood(t *testing.T) {
 	ep := serveEndpoint(t, pair, EvidenceEndpoint{ClientCAFile: c.caFile}, nil) // default limits
 	hellos := [][]byte{
 		clientHello(t, []string{"h2", nonceProto()}),
-		clientHello(t, []string{EvidenceProtocol, "h2", nonceProto()}),
+		clientHello(t, []string{evidenceProtocol, "h2", nonceProto()}),
 	}
 
 	const flood = 5000

@@ -23,7 +23,7 @@ func FuzzEvidenceDoor(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(clientHello(f, []string{"h2", nonceProto()}))
-	f.Add(clientHello(f, []string{EvidenceProtocol, "h2", nonceProto()}))
+	f.Add(clientHello(f, []string{evidenceProtocol, "h2", nonceProto()}))
 	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x00})
 	var quotes atomic.Int64
 	f.Fuzz(func(t *testing.T, flight []byte) {

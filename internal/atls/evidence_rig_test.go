@@ -128,7 +128,7 @@ func fetcher(source string, cert func() (*tls.Certificate, error)) EvidenceFetch
 func fetchBeforeTheDoor(ctx context.Context, addr string, verifiers []attestation.Verifier) (*attestation.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
-	cfg, verified, err := ClientConfig(ctx, Config{Verifiers: verifiers})
+	cfg, verified, err := clientConfig(ctx, Config{Verifiers: verifiers})
 	if err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ const maxVariantSize = 64
 // (whose user data is the hash of a certificate key) can never pass as
 // door evidence, nor the reverse.
 func channelUserData() []byte {
-	h := sha256.Sum256([]byte(EvidenceProtocol + " channel-bound evidence"))
+	h := sha256.Sum256([]byte(evidenceProtocol + " channel-bound evidence"))
 	return h[:]
 }
 
@@ -72,7 +72,7 @@ func attestChannel(ctx context.Context, conn *tls.Conn, attester attestation.Att
 // the node sent over conn, verify them against nonce (the connection's
 // channelNonce) with the verifier of that variant, then run the key
 // activation exchange.
-// Errors wrap ErrUnknownVariant, ErrEvidenceInvalid (wrapping the
+// Errors wrap ErrUnknownVariant, errEvidenceInvalid (wrapping the
 // verifier's error), ErrKeyBinding or attestation.ErrMalformed; a read
 // error is returned as it came (the caller tells a refusal alert apart).
 func verifyChannel(ctx context.Context, conn net.Conn, nonce []byte, verifiers []attestation.Verifier) (*Verified, error) {
@@ -90,7 +90,7 @@ func verifyChannel(ctx context.Context, conn net.Conn, nonce []byte, verifiers [
 	}
 	result, err := verifyRecovering(ctx, verifiers[i], evidence, nonce)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrEvidenceInvalid, err)
+		return nil, fmt.Errorf("%w: %w", errEvidenceInvalid, err)
 	}
 	if string(result.UserData) != string(channelUserData()) {
 		return nil, ErrKeyBinding

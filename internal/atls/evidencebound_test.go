@@ -35,14 +35,14 @@ func manInTheMiddle(t *testing.T, nodeAddr string, cert func() (*tls.Certificate
 		defer conn.Close()
 		caller := tls.Server(conn, &tls.Config{
 			MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{door},
-			NextProtos: []string{EvidenceProtocol}, ClientAuth: tls.RequestClientCert,
+			NextProtos: []string{evidenceProtocol}, ClientAuth: tls.RequestClientCert,
 		})
 		if caller.HandshakeContext(t.Context()) != nil {
 			return
 		}
 		node, err := tls.Dial("tcp", nodeAddr, &tls.Config{
 			MinVersion: tls.VersionTLS13, InsecureSkipVerify: true, // the attacker checks nothing
-			NextProtos:           []string{EvidenceProtocol},
+			NextProtos:           []string{evidenceProtocol},
 			GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert() },
 		})
 		if err != nil {
@@ -74,7 +74,7 @@ func TestEvidenceIsBoundToTheConnection(t *testing.T) {
 	t.Run("relayed by a man in the middle", func(t *testing.T) {
 		quotes := ep.attester.calls.Load()
 		_, err := fetcher("127.0.0.1", c.verifier(t)).Fetch(t.Context(), manInTheMiddle(t, ep.addr, c.admin(t)), verifiers)
-		if !errors.Is(err, ErrEvidenceInvalid) || !errors.Is(err, attestation.ErrNonce) {
+		if !errors.Is(err, errEvidenceInvalid) || !errors.Is(err, attestation.ErrNonce) {
 			t.Fatalf("relayed evidence: %v, want ErrEvidenceInvalid wrapping attestation.ErrNonce", err)
 		}
 		if got := ep.attester.calls.Load() - quotes; got != 1 {

@@ -65,10 +65,10 @@ const (
 	// ReasonCAUnreadable: the cluster CA file exists but cannot be read or
 	// parsed; every caller is refused until it can.
 	ReasonCAUnreadable = "client_ca_unreadable"
-	// ReasonQueueFull: the quote queue was full (ErrQuoteQueueFull).
+	// ReasonQueueFull: the quote queue was full (errQuoteQueueFull).
 	ReasonQueueFull = "quote_queue_full"
 	// ReasonQuoteWaitExpired: the deadline passed while the connection's
-	// quote waited (ErrQuoteWaitExpired).
+	// quote waited (errQuoteWaitExpired).
 	ReasonQuoteWaitExpired = "quote_wait_expired"
 	// ReasonHandshakeFailed: any other failure (a timeout, a caller that
 	// is not a TLS 1.3 client, one that went away).
@@ -77,7 +77,7 @@ const (
 
 var (
 	errAnonymous      = errors.New("no client certificate: this node belongs to a cluster and answers only its join service and administrators")
-	errLegacyProtocol = errors.New("a client without the " + EvidenceProtocol + " protocol cannot authenticate: this node belongs to a cluster")
+	errLegacyProtocol = errors.New("a client without the " + evidenceProtocol + " protocol cannot authenticate: this node belongs to a cluster")
 )
 
 // refusal is why the outer handshake refused a caller, recorded by the

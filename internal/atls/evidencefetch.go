@@ -142,7 +142,7 @@ func again(ctx context.Context, conn *tls.Conn, verifiers []attestation.Verifier
 // rejected reports whether err is the node's evidence failing, as opposed
 // to the connection failing.
 func rejected(err error) bool {
-	for _, e := range []error{ErrEvidenceInvalid, ErrUnknownVariant, ErrKeyBinding, attestation.ErrMalformed, attestation.ErrActivation} {
+	for _, e := range []error{errEvidenceInvalid, ErrUnknownVariant, ErrKeyBinding, attestation.ErrMalformed, attestation.ErrActivation} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -156,14 +156,14 @@ func rejected(err error) bool {
 // for the caller to ask again later; otherwise it is closed.
 func (f EvidenceFetcher) fetch(ctx context.Context, addr string, verifiers []attestation.Verifier, cert *tls.Certificate,
 	sessions tls.ClientSessionCache, keep bool) (_ *attestation.Result, kept *tls.Conn, resumed bool, _ error) {
-	// The outer ClientHello is an attested one plus EvidenceProtocol: a
-	// node with a door chooses EvidenceProtocol and ignores the nonce, a
+	// The outer ClientHello is an attested one plus evidenceProtocol: a
+	// node with a door chooses evidenceProtocol and ignores the nonce, a
 	// node without one attests for the nonce in this very handshake.
-	outerCfg, outerVerified, err := ClientConfig(ctx, Config{Verifiers: verifiers})
+	outerCfg, outerVerified, err := clientConfig(ctx, Config{Verifiers: verifiers})
 	if err != nil {
 		return nil, nil, false, err
 	}
-	outerCfg.NextProtos = append([]string{EvidenceProtocol}, outerCfg.NextProtos...)
+	outerCfg.NextProtos = append([]string{evidenceProtocol}, outerCfg.NextProtos...)
 	outerCfg.CurvePreferences = doorCurves()
 	if sessions != nil {
 		// Only the door issues tickets: a node without it attests in
@@ -173,7 +173,7 @@ func (f EvidenceFetcher) fetch(ctx context.Context, addr string, verifiers []att
 	}
 	verifyAttested := outerCfg.VerifyConnection
 	outerCfg.VerifyConnection = func(cs tls.ConnectionState) error {
-		if cs.NegotiatedProtocol == EvidenceProtocol {
+		if cs.NegotiatedProtocol == evidenceProtocol {
 			return nil // the door's certificate proves nothing; the evidence comes inside
 		}
 		return verifyAttested(cs)
@@ -205,7 +205,7 @@ func (f EvidenceFetcher) fetch(ctx context.Context, addr string, verifiers []att
 		return nil, nil, false, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
 	}
 	cs := outer.ConnectionState()
-	if cs.NegotiatedProtocol != EvidenceProtocol {
+	if cs.NegotiatedProtocol != evidenceProtocol {
 		r, err := finishFetch(ctx, addr, outer, outerVerified)
 		return r, nil, false, err
 	}

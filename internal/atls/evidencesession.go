@@ -10,19 +10,19 @@ import (
 	"time"
 )
 
-// DoorTicketKeyLifetime is how long a node's evidence endpoint issues
+// doorTicketKeyLifetime is how long a node's evidence endpoint issues
 // session tickets (RFC 8446 §4.6.1) under one key; a ticket is accepted
 // while its key is the current or the previous one, so for at most twice
 // this long. A node that restarts forgets its keys, and callers make a full
 // handshake.
-const DoorTicketKeyLifetime = 10 * time.Minute
+const doorTicketKeyLifetime = 10 * time.Minute
 
 // DefaultEvidenceSessions is a size for EvidenceFetcher.Sessions
 // (tls.NewLRUClientSessionCache): one session per node of a large cluster.
 const DefaultEvidenceSessions = 20000
 
 // ticketKeys are a node's door session ticket keys, rotated every
-// DoorTicketKeyLifetime, the previous one kept for decryption.
+// doorTicketKeyLifetime, the previous one kept for decryption.
 type ticketKeys struct {
 	mu   sync.Mutex
 	keys [][32]byte // current first
@@ -30,11 +30,11 @@ type ticketKeys struct {
 }
 
 // current returns the keys for tls.Config.SetSessionTicketKeys at now,
-// rotating first when the current key is DoorTicketKeyLifetime old.
+// rotating first when the current key is doorTicketKeyLifetime old.
 func (t *ticketKeys) current(now time.Time) ([][32]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.keys) > 0 && now.Sub(t.born) < DoorTicketKeyLifetime && !now.Before(t.born) {
+	if len(t.keys) > 0 && now.Sub(t.born) < doorTicketKeyLifetime && !now.Before(t.born) {
 		return t.keys, nil
 	}
 	var key [32]byte
@@ -44,7 +44,7 @@ func (t *ticketKeys) current(now time.Time) ([][32]byte, error) {
 	keys := [][32]byte{key}
 	// The current key becomes the previous one, unless it stopped being
 	// current (born + lifetime) a lifetime ago or more.
-	if len(t.keys) > 0 && now.Sub(t.born) < 2*DoorTicketKeyLifetime && !now.Before(t.born) {
+	if len(t.keys) > 0 && now.Sub(t.born) < 2*doorTicketKeyLifetime && !now.Before(t.born) {
 		keys = append(keys, t.keys[0])
 	}
 	t.keys, t.born = keys, now

@@ -41,7 +41,7 @@ func TestDoorSessionsResume(t *testing.T) {
 	fetch(false)
 	fetch(true)
 	fetch(true)
-	clk.Step(2 * DoorTicketKeyLifetime) // the ticket's key is retired
+	clk.Step(2 * doorTicketKeyLifetime) // the ticket's key is retired
 	fetch(false)
 	fetch(true)
 
@@ -53,7 +53,7 @@ func TestDoorSessionsResume(t *testing.T) {
 	if err := os.WriteFile(c.caFile, rotated.ca.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	clk.Step(DefaultClientCARecheck)
+	clk.Step(defaultClientCARecheck)
 	quotes := ep.attester.calls.Load()
 	_, _, resumed, err := f.fetch(t.Context(), ep.addr, verifiers, cert, sessions, false)
 	if !resumed || !errors.Is(err, ErrRefused) {
@@ -89,7 +89,7 @@ func joinedDoor(t *testing.T) (c *cluster, clk *clock, ep *endpoint, verifiers [
 }
 
 // TestTicketKeysRotate: the door issues tickets under one key for
-// DoorTicketKeyLifetime and accepts the previous key for as long again.
+// doorTicketKeyLifetime and accepts the previous key for as long again.
 func TestTicketKeysRotate(t *testing.T) {
 	var k ticketKeys
 	t0 := time.Now()
@@ -97,15 +97,15 @@ func TestTicketKeysRotate(t *testing.T) {
 	if err != nil || len(first) != 1 {
 		t.Fatalf("first keys %d, %v", len(first), err)
 	}
-	same, _ := k.current(t0.Add(DoorTicketKeyLifetime - time.Second))
+	same, _ := k.current(t0.Add(doorTicketKeyLifetime - time.Second))
 	if len(same) != 1 || same[0] != first[0] {
 		t.Fatal("the key rotated before its lifetime")
 	}
-	second, _ := k.current(t0.Add(DoorTicketKeyLifetime))
+	second, _ := k.current(t0.Add(doorTicketKeyLifetime))
 	if len(second) != 2 || second[0] == first[0] || second[1] != first[0] {
 		t.Fatal("after its lifetime: want a new key first and the old one kept for decryption")
 	}
-	third, _ := k.current(t0.Add(2 * DoorTicketKeyLifetime))
+	third, _ := k.current(t0.Add(2 * doorTicketKeyLifetime))
 	if len(third) != 2 || third[1] != second[0] || third[0] == first[0] || third[1] == first[0] {
 		t.Fatal("after two lifetimes the first key must be gone")
 	}
@@ -156,7 +156,7 @@ func TestDoorConnectionsAreKept(t *testing.T) {
 	if err := os.WriteFile(c.caFile, rotated.ca.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	clk.Step(DefaultClientCARecheck)
+	clk.Step(defaultClientCARecheck)
 	quotes := ep.attester.calls.Load()
 	if _, err := f.Fetch(t.Context(), ep.addr, verifiers); !errors.Is(err, ErrRefused) {
 		t.Fatalf("fetch over a kept connection after the CA changed: %v, want ErrRefused", err)
@@ -242,7 +242,7 @@ func TestKeptConnectionEvidenceIsFresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = again(t.Context(), client, []attestation.Verifier{pair.verifier})
-	if !errors.Is(err, ErrEvidenceInvalid) || !errors.Is(err, attestation.ErrNonce) || !rejected(err) {
+	if !errors.Is(err, errEvidenceInvalid) || !errors.Is(err, attestation.ErrNonce) || !rejected(err) {
 		t.Fatalf("replayed evidence on a kept connection: %v, want ErrEvidenceInvalid wrapping attestation.ErrNonce", err)
 	}
 }

@@ -12,12 +12,12 @@ import (
 
 // Errors of the evidence endpoint's quote queue, for errors.Is.
 var (
-	// ErrQuoteQueueFull means as many quotes as the queue holds were
+	// errQuoteQueueFull means as many quotes as the queue holds were
 	// running or waiting: the connection gets no quote.
-	ErrQuoteQueueFull = errors.New("atls: the quote queue is full")
-	// ErrQuoteWaitExpired means the connection's deadline passed (or its
+	errQuoteQueueFull = errors.New("atls: the quote queue is full")
+	// errQuoteWaitExpired means the connection's deadline passed (or its
 	// server stopped) while its quote waited for its turn.
-	ErrQuoteWaitExpired = errors.New("atls: the handshake deadline passed while waiting for a quote")
+	errQuoteWaitExpired = errors.New("atls: the handshake deadline passed while waiting for a quote")
 )
 
 // quoteQueue bounds the attester's work for one evidence endpoint: one
@@ -36,14 +36,14 @@ func newQueue(waiting int, pending prometheus.Gauge) *quoteQueue {
 	return &quoteQueue{slots: make(chan struct{}, waiting+1), turn: make(chan struct{}, 1), pending: pending}
 }
 
-// do runs f in its turn. It fails with ErrQuoteQueueFull at once when the
-// queue is full, and with ErrQuoteWaitExpired (wrapping ctx's cause) as
+// do runs f in its turn. It fails with errQuoteQueueFull at once when the
+// queue is full, and with errQuoteWaitExpired (wrapping ctx's cause) as
 // soon as ctx ends before the turn came; f gets ctx.
 func (q *quoteQueue) do(ctx context.Context, f func(context.Context) error) error {
 	select {
 	case q.slots <- struct{}{}:
 	default:
-		return ErrQuoteQueueFull
+		return errQuoteQueueFull
 	}
 	q.pending.Inc()
 	defer func() {
@@ -51,12 +51,12 @@ func (q *quoteQueue) do(ctx context.Context, f func(context.Context) error) erro
 		<-q.slots
 	}()
 	if err := context.Cause(ctx); err != nil {
-		return fmt.Errorf("%w: %w", ErrQuoteWaitExpired, err)
+		return fmt.Errorf("%w: %w", errQuoteWaitExpired, err)
 	}
 	select {
 	case q.turn <- struct{}{}:
 	case <-ctx.Done():
-		return fmt.Errorf("%w: %w", ErrQuoteWaitExpired, context.Cause(ctx))
+		return fmt.Errorf("%w: %w", errQuoteWaitExpired, context.Cause(ctx))
 	}
 	defer func() { <-q.turn }()
 	return f(ctx)
@@ -86,9 +86,9 @@ type queuedAttester struct {
 func (a queuedAttester) do(ctx context.Context, f func(context.Context) error) error {
 	err := a.q.do(ctx, f)
 	switch {
-	case errors.Is(err, ErrQuoteQueueFull):
+	case errors.Is(err, errQuoteQueueFull):
 		a.r.reason = ReasonQueueFull
-	case errors.Is(err, ErrQuoteWaitExpired):
+	case errors.Is(err, errQuoteWaitExpired):
 		a.r.reason = ReasonQuoteWaitExpired
 	}
 	return err

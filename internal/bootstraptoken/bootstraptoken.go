@@ -38,10 +38,10 @@ type Token struct {
 // String returns "<id>.<secret>", the form kubeadm takes. Secret.
 func (t Token) String() string { return t.ID + "." + t.Secret }
 
-// DerivedID returns the token id of key within domain: SHA-256 of
+// derivedID returns the token id of key within domain: SHA-256 of
 // domain NUL key, mapped onto the token charset. Distinct domains keep two
 // issuers' ids apart.
-func DerivedID(domain, key string) string {
+func derivedID(domain, key string) string {
 	sum := sha256.Sum256([]byte(domain + "\x00" + key))
 	id := make([]byte, 6)
 	for i := range id {

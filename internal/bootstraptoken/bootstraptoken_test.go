@@ -9,7 +9,7 @@ import (
 
 func TestRoundTrip(t *testing.T) {
 	exp := time.Date(2026, 11, 22, 10, 0, 0, 500, time.UTC)
-	tok, err := New(DerivedID("test", "node-1"), exp)
+	tok, err := New(derivedID("test", "node-1"), exp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestDerivedID(t *testing.T) {
 		{[2]string{"d", "k"}, [2]string{"d", "k2"}, false},
 		{[2]string{"d", "k"}, [2]string{"e", "k"}, false},
 	} {
-		if got := DerivedID(tc.a[0], tc.a[1]) == DerivedID(tc.b[0], tc.b[1]); got != tc.same {
+		if got := derivedID(tc.a[0], tc.a[1]) == derivedID(tc.b[0], tc.b[1]); got != tc.same {
 			t.Errorf("DerivedID%v == DerivedID%v: %v, want %v", tc.a, tc.b, got, tc.same)
 		}
 	}

@@ -59,7 +59,7 @@ const AnnotationNode = "gatehouse.dev/node"
 const AnnotationAddress = "gatehouse.dev/address"
 
 // ID is the token id of the owner with key.
-func (i Issuer) ID(key string) string { return DerivedID(i.IDDomain, key) }
+func (i Issuer) ID(key string) string { return derivedID(i.IDDomain, key) }
 
 // SecretName is the name of the owner's token Secret in kube-system.
 func (i Issuer) SecretName(key string) string { return SecretName(i.ID(key)) }

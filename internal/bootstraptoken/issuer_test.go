@@ -141,7 +141,7 @@ func TestIssuerDerivations(t *testing.T) {
 	if got, want := testIssuer.OwnerLabel("k"), hex.EncodeToString(sum[:24]); got != want {
 		t.Fatalf("OwnerLabel = %s, want %s", got, want)
 	}
-	if got, want := testIssuer.ID("k"), DerivedID("test-id", "k"); got != want {
+	if got, want := testIssuer.ID("k"), derivedID("test-id", "k"); got != want {
 		t.Fatalf("ID = %s, want %s", got, want)
 	}
 	if testIssuer.ID("k") == other.ID("k") || testIssuer.OwnerLabel("k") == other.OwnerLabel("k") {

@@ -32,21 +32,21 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
-// IdentityURI is the URI subject alternative name of the join service's
+// identityURI is the URI subject alternative name of the join service's
 // certificate. Joiners accept a certificate chained to the pinned cluster CA
 // only if it carries this name: the Kubernetes signers never put URI names
 // into node certificates (kubernetes.io/kubelet-serving permits DNS and IP
 // names only, Kubernetes docs "Certificate Signing Requests"), and this
 // service refuses kubelet CSRs with any URI, so no node certificate can
 // impersonate the join service.
-const IdentityURI = "urn:gatehouse:joinservice"
+const identityURI = "urn:gatehouse:joinservice"
 
 // Certificate lifetimes.
 const (
-	// KubeletCertValidity is how long a kubelet certificate is valid when
+	// kubeletCertValidity is how long a kubelet certificate is valid when
 	// SignKubelet is given no lifetime: a year, as kubeadm's. Clusters set
 	// a shorter one (kubeadm.DefaultKubeletCertLifetime).
-	KubeletCertValidity = 365 * 24 * time.Hour
+	kubeletCertValidity = 365 * 24 * time.Hour
 	// identityValidity is how long the service's own certificate is valid;
 	// it is renewed at half its life.
 	identityValidity = 7 * 24 * time.Hour
@@ -233,11 +233,11 @@ func kubeletNodeName(subject pkix.Name) (string, error) {
 }
 
 // SignKubelet issues a kubelet client and serving certificate (DER) for a
-// checked request, valid for lifetime from now (KubeletCertValidity when
+// checked request, valid for lifetime from now (kubeletCertValidity when
 // zero).
 func (ca *CA) SignKubelet(req *KubeletRequest, now time.Time, lifetime time.Duration) ([]byte, error) {
 	if lifetime <= 0 {
-		lifetime = KubeletCertValidity
+		lifetime = kubeletCertValidity
 	}
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "system:node:" + req.NodeName, Organization: []string{"system:nodes"}},
@@ -274,11 +274,11 @@ type Identity struct {
 }
 
 // NewIdentity returns the service identity signed by ca: CN
-// gatehouse-joinservice with the URI name IdentityURI, for server
+// gatehouse-joinservice with the URI name identityURI, for server
 // authentication, valid 7 days; now is the clock (time.Now in production).
 func NewIdentity(ca *CA, now func() time.Time) *Identity {
 	return &Identity{ca: ca, now: now, validity: identityValidity, template: func() (*x509.Certificate, error) {
-		uri, err := url.Parse(IdentityURI)
+		uri, err := url.Parse(identityURI)
 		if err != nil {
 			return nil, err
 		}
@@ -290,27 +290,27 @@ func NewIdentity(ca *CA, now func() time.Time) *Identity {
 	}}
 }
 
-// VerifierGroup is the subject organization of the client certificate the
+// verifierGroup is the subject organization of the client certificate the
 // join service presents to nodes' evidence endpoints, which answer it
 // (docs/continuous-attestation.md, "The evidence endpoint's door"). The
 // API server would read it as a group that no RBAC binding names; only
 // the cluster CA's holders (control planes, the join service) and
 // administrators approving a kube-apiserver-client CSR can issue it.
-const VerifierGroup = "gatehouse:verifiers"
+const verifierGroup = "gatehouse:verifiers"
 
-// VerifierValidity is how long the join service's evidence client
+// verifierValidity is how long the join service's evidence client
 // certificate is valid; it is renewed at half its life, so a certificate
 // that leaked stops working within an hour.
-const VerifierValidity = time.Hour
+const verifierValidity = time.Hour
 
 // NewVerifierIdentity returns the join service's client certificate for
 // nodes' evidence endpoints, signed by ca: CN gatehouse-joinservice,
-// O=VerifierGroup, client authentication only, valid VerifierValidity
+// O=verifierGroup, client authentication only, valid verifierValidity
 // (backdated ClockSkew) and renewed at half of it; now is the clock.
 func NewVerifierIdentity(ca *CA, now func() time.Time) *Identity {
-	return &Identity{ca: ca, now: now, validity: VerifierValidity, template: func() (*x509.Certificate, error) {
+	return &Identity{ca: ca, now: now, validity: verifierValidity, template: func() (*x509.Certificate, error) {
 		return &x509.Certificate{
-			Subject:     pkix.Name{CommonName: "gatehouse-joinservice", Organization: []string{VerifierGroup}},
+			Subject:     pkix.Name{CommonName: "gatehouse-joinservice", Organization: []string{verifierGroup}},
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		}, nil
 	}}
@@ -349,7 +349,7 @@ func (id *Identity) Certificate() (*tls.Certificate, error) {
 // hash (kubeadm's "sha256:<hex>" pin, see internal/kubeadm): some
 // certificate in the chain must be a CA whose public key has that hash, the
 // leaf must chain to it for server authentication at now(), and the leaf
-// must carry IdentityURI. It is atls.Config.VerifyPeer for joiners.
+// must carry identityURI. It is atls.Config.VerifyPeer for joiners.
 func VerifyClusterIdentity(caCertHash string, now func() time.Time) (func([]*x509.Certificate) error, error) {
 	if !strings.HasPrefix(caCertHash, "sha256:") || len(caCertHash) != len("sha256:")+64 {
 		return nil, fmt.Errorf("cluster identity %q is not a discovery token CA cert hash \"sha256:<64 hex digits>\"", caCertHash)
@@ -373,18 +373,18 @@ func VerifyClusterIdentity(caCertHash string, now func() time.Time) (func([]*x50
 			return fmt.Errorf("join service certificate does not chain to the pinned cluster CA %s: %w", caCertHash, err)
 		}
 		for _, u := range leaf.URIs {
-			if u.String() == IdentityURI {
+			if u.String() == identityURI {
 				return nil
 			}
 		}
-		return fmt.Errorf("certificate chained to the cluster CA lacks the join service name %s", IdentityURI)
+		return fmt.Errorf("certificate chained to the cluster CA lacks the join service name %s", identityURI)
 	}, nil
 }
 
-// ErrNameNotOwned means a kubelet certificate request names something the
+// errNameNotOwned means a kubelet certificate request names something the
 // node does not own: another node, an address not its own, or a name of
 // the API server.
-var ErrNameNotOwned = errors.New("certificate request names something the node does not own")
+var errNameNotOwned = errors.New("certificate request names something the node does not own")
 
 // NodeNames are the names and addresses a node owns, the only ones its
 // kubelet certificate may carry (as kubelet-csr-approver and the
@@ -417,18 +417,18 @@ func reservedName(name string, reserved []string) bool {
 // CheckNames checks that every name of r belongs to the node: the node name
 // is not a name of the API server; DNS names are the node name or the node
 // name under one of o.DNSSuffixes; IP addresses are in o.Addresses or
-// o.CIDRs; nothing is in o.Reserved. Errors wrap ErrNameNotOwned and name
+// o.CIDRs; nothing is in o.Reserved. Errors wrap errNameNotOwned and name
 // the first offending value.
 func (r *KubeletRequest) CheckNames(o NodeNames) error {
 	if reservedName(r.NodeName, o.Reserved) {
-		return fmt.Errorf("%w: node name %q is a name of the API server", ErrNameNotOwned, r.NodeName)
+		return fmt.Errorf("%w: node name %q is a name of the API server", errNameNotOwned, r.NodeName)
 	}
 	for _, d := range r.csr.DNSNames {
 		own := strings.EqualFold(d, r.NodeName) || slices.ContainsFunc(o.DNSSuffixes, func(s string) bool {
 			return strings.EqualFold(d, r.NodeName+"."+s)
 		})
 		if !own || reservedName(d, o.Reserved) {
-			return fmt.Errorf("%w: DNS name %q is neither the node name %q nor the node name under a configured DNS suffix", ErrNameNotOwned, d, r.NodeName)
+			return fmt.Errorf("%w: DNS name %q is neither the node name %q nor the node name under a configured DNS suffix", errNameNotOwned, d, r.NodeName)
 		}
 	}
 	for _, ip := range r.csr.IPAddresses {
@@ -436,7 +436,7 @@ func (r *KubeletRequest) CheckNames(o NodeNames) error {
 		addr = addr.Unmap()
 		own := slices.Contains(o.Addresses, addr) || slices.ContainsFunc(o.CIDRs, func(p netip.Prefix) bool { return p.Contains(addr) })
 		if !own || reservedName(addr.String(), o.Reserved) {
-			return fmt.Errorf("%w: IP address %s is neither the address the node connected from nor in a configured node CIDR", ErrNameNotOwned, addr)
+			return fmt.Errorf("%w: IP address %s is neither the address the node connected from nor in a configured node CIDR", errNameNotOwned, addr)
 		}
 	}
 	return nil

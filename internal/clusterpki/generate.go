@@ -17,10 +17,10 @@ import (
 // Lifetimes of what the first control plane generates, as kubeadm's
 // (kubeadm docs, "Certificate Management with kubeadm").
 const (
-	// CAValidity is the cluster CA's lifetime: ten years.
-	CAValidity = 10 * 365 * 24 * time.Hour
-	// AdminCertValidity is an admin client certificate's lifetime: a year.
-	AdminCertValidity = 365 * 24 * time.Hour
+	// caValidity is the cluster CA's lifetime: ten years.
+	caValidity = 10 * 365 * 24 * time.Hour
+	// adminCertValidity is an admin client certificate's lifetime: a year.
+	adminCertValidity = 365 * 24 * time.Hour
 )
 
 // AdminGroup is the group kubeadm binds to cluster-admin
@@ -29,7 +29,7 @@ const (
 const AdminGroup = "kubeadm:cluster-admins"
 
 // GenerateCA returns a new cluster CA (ECDSA P-256, CN=kubernetes, valid
-// CAValidity from now) with its certificate and PKCS#8 key in PEM, to be
+// caValidity from now) with its certificate and PKCS#8 key in PEM, to be
 // written as kubeadm's ca.crt and ca.key before `kubeadm init`, which then
 // uses it instead of generating its own.
 func GenerateCA(now time.Time) (ca *CA, certPEM, keyPEM []byte, err error) {
@@ -45,7 +45,7 @@ func GenerateCA(now time.Time) (ca *CA, certPEM, keyPEM []byte, err error) {
 		SerialNumber:          serial,
 		Subject:               pkix.Name{CommonName: "kubernetes"},
 		NotBefore:             now.Add(-ClockSkew),
-		NotAfter:              now.Add(CAValidity),
+		NotAfter:              now.Add(caValidity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
@@ -69,7 +69,7 @@ func GenerateCA(now time.Time) (ca *CA, certPEM, keyPEM []byte, err error) {
 
 // SignAdmin issues a client certificate (PEM) and its new key (PEM) for the
 // named cluster administrator: CN=name, O=AdminGroup, valid
-// AdminCertValidity from now.
+// adminCertValidity from now.
 func (ca *CA) SignAdmin(name string, now time.Time) (certPEM, keyPEM []byte, err error) {
 	if name == "" || name == "kubernetes-super-admin" {
 		return nil, nil, fmt.Errorf("admin name %q: choose a named administrator, not the super-admin", name)
@@ -78,10 +78,10 @@ func (ca *CA) SignAdmin(name string, now time.Time) (certPEM, keyPEM []byte, err
 }
 
 // SignClient issues a Kubernetes client certificate (PEM) and its new key
-// (PEM): user CN=name in groups O=groups, valid AdminCertValidity from now.
+// (PEM): user CN=name in groups O=groups, valid adminCertValidity from now.
 // groups must not contain system:masters.
 func (ca *CA) SignClient(name string, groups []string, now time.Time) (certPEM, keyPEM []byte, err error) {
-	return ca.signClient(name, groups, now, AdminCertValidity)
+	return ca.signClient(name, groups, now, adminCertValidity)
 }
 
 // SignKubeletClient issues the kubelet client certificate (PEM) of node and

@@ -8,7 +8,7 @@ import (
 )
 
 // TestVerifierIdentity: the join service's evidence client certificate is
-// a short-lived client certificate in VerifierGroup, chained to the
+// a short-lived client certificate in verifierGroup, chained to the
 // cluster CA, renewed past half its life, and never the join service's
 // server identity.
 func TestVerifierIdentity(t *testing.T) {
@@ -24,14 +24,14 @@ func TestVerifierIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if leaf.Subject.CommonName != "gatehouse-joinservice" || !slices.Equal(leaf.Subject.Organization, []string{VerifierGroup}) {
-		t.Errorf("subject %s, want CN=gatehouse-joinservice,O=%s", leaf.Subject, VerifierGroup)
+	if leaf.Subject.CommonName != "gatehouse-joinservice" || !slices.Equal(leaf.Subject.Organization, []string{verifierGroup}) {
+		t.Errorf("subject %s, want CN=gatehouse-joinservice,O=%s", leaf.Subject, verifierGroup)
 	}
 	if !slices.Equal(leaf.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}) || len(leaf.URIs) != 0 || leaf.IsCA {
 		t.Errorf("usages %v, URIs %v, CA %v: want client authentication only", leaf.ExtKeyUsage, leaf.URIs, leaf.IsCA)
 	}
-	if life := leaf.NotAfter.Sub(now); life > VerifierValidity {
-		t.Errorf("valid %s from now, want at most %s", life, VerifierValidity)
+	if life := leaf.NotAfter.Sub(now); life > verifierValidity {
+		t.Errorf("valid %s from now, want at most %s", life, verifierValidity)
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.Certificate())
@@ -43,7 +43,7 @@ func TestVerifierIdentity(t *testing.T) {
 		t.Error("the evidence client certificate passes as the join service's server identity")
 	}
 
-	now = now.Add(VerifierValidity/2 - time.Minute)
+	now = now.Add(verifierValidity/2 - time.Minute)
 	if again, _ := id.Certificate(); again != cert {
 		t.Error("reissued before half its life")
 	}

@@ -18,15 +18,15 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// ErrNotSynced means the cache was asked before it had synced: it cannot
+// errNotSynced means the cache was asked before it had synced: it cannot
 // tell a missing ConfigMap yet. Errors of a Cache wrap it.
-var ErrNotSynced = errors.New("not synced yet")
+var errNotSynced = errors.New("not synced yet")
 
-// notSynced is ErrNotSynced naming what the cache holds.
+// notSynced is errNotSynced naming what the cache holds.
 type notSynced struct{ what string }
 
 func (e notSynced) Error() string        { return "the cache of " + e.what + " has not synced yet" }
-func (e notSynced) Is(target error) bool { return target == ErrNotSynced }
+func (e notSynced) Is(target error) bool { return target == errNotSynced }
 
 // Cache is the informer cache of one label's ConfigMaps in one namespace.
 // Start it, and WaitForCacheSync, before use. It is safe for concurrent use.

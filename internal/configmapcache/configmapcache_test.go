@@ -31,10 +31,10 @@ func TestCache(t *testing.T) {
 		cache.Indexers{"k": func(obj any) ([]string, error) { return []string{obj.(*corev1.ConfigMap).Data["k"]}, nil }})
 
 	_, _, err := c.Get("a")
-	if !errors.Is(err, ErrNotSynced) || err.Error() != "the cache of test records has not synced yet" {
+	if !errors.Is(err, errNotSynced) || err.Error() != "the cache of test records has not synced yet" {
 		t.Fatalf("Get before sync: %v, want ErrNotSynced naming the records", err)
 	}
-	if _, err := c.List(); !errors.Is(err, ErrNotSynced) {
+	if _, err := c.List(); !errors.Is(err, errNotSynced) {
 		t.Fatalf("List before sync: %v, want ErrNotSynced", err)
 	}
 

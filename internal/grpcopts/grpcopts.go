@@ -8,10 +8,10 @@ package grpcopts
 
 import "google.golang.org/grpc"
 
-// Window is the static HTTP/2 flow-control window, for each stream and
+// window is the static HTTP/2 flow-control window, for each stream and
 // for the connection: gRPC's minimum, 64 KiB, more than any message on
 // these connections (docs/benchmarks.md, "Join service").
-const Window = 64 << 10
+const window = 64 << 10
 
 // Server returns the server options:
 //
@@ -24,8 +24,8 @@ const Window = 64 << 10
 //     only costs memory and garbage collection.
 func Server() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.StaticStreamWindowSize(Window),
-		grpc.StaticConnWindowSize(Window),
+		grpc.StaticStreamWindowSize(window),
+		grpc.StaticConnWindowSize(window),
 		grpc.ReadBufferSize(0),
 	}
 }
@@ -33,8 +33,8 @@ func Server() []grpc.ServerOption {
 // Dial returns the client options, the same settings as Server's.
 func Dial() []grpc.DialOption {
 	return []grpc.DialOption{
-		grpc.WithStaticStreamWindowSize(Window),
-		grpc.WithStaticConnWindowSize(Window),
+		grpc.WithStaticStreamWindowSize(window),
+		grpc.WithStaticConnWindowSize(window),
 		grpc.WithReadBufferSize(0),
 	}
 }

@@ -34,8 +34,8 @@ const (
 const (
 	// AuditPolicyPath is where the audit policy (AuditPolicy) must be written.
 	AuditPolicyPath = "/etc/kubernetes/audit-policy.yaml"
-	// AuditLogDir holds the API server's audit log.
-	AuditLogDir = "/var/log/kubernetes/audit"
+	// auditLogDir holds the API server's audit log.
+	auditLogDir = "/var/log/kubernetes/audit"
 	// KubeletPKIDir is the kubelet's certificate directory. With
 	// KubeletOptions.ServingCert, its serving certificate store
 	// (KubeletServingPrefix) starts with the certificate the cluster CA
@@ -244,7 +244,7 @@ type InitParams struct {
 	// InitToken is the bootstrap token "<id>.<secret>" kubeadm init
 	// creates (it always creates one; its bootstrap-token phase also sets up
 	// the RBAC and cluster-info that joins need). It expires after
-	// InitTokenTTL; delete it after init, since nodes join with tokens the
+	// initTokenTTL; delete it after init, since nodes join with tokens the
 	// join service issues per attested node. Secret.
 	InitToken string
 }
@@ -282,14 +282,14 @@ func (k KubeProxyOptions) kubeProxyConfiguration() *kubeproxyv1alpha1.KubeProxyC
 // proving itself keeps its credentials (docs/continuous-attestation.md).
 const (
 	DefaultKubeletCertLifetime = 24 * time.Hour
-	MinKubeletCertLifetime     = 2 * time.Minute
-	MaxKubeletCertLifetime     = 365 * 24 * time.Hour
+	minKubeletCertLifetime     = 2 * time.Minute
+	maxKubeletCertLifetime     = 365 * 24 * time.Hour
 )
 
 // CheckKubeletCertLifetime checks that d is within the bounds above.
 func CheckKubeletCertLifetime(d time.Duration) error {
-	if d < MinKubeletCertLifetime || d > MaxKubeletCertLifetime {
-		return fmt.Errorf("kubelet certificate lifetime %s is not within %s and %s", d, MinKubeletCertLifetime, MaxKubeletCertLifetime)
+	if d < minKubeletCertLifetime || d > maxKubeletCertLifetime {
+		return fmt.Errorf("kubelet certificate lifetime %s is not within %s and %s", d, minKubeletCertLifetime, maxKubeletCertLifetime)
 	}
 	return nil
 }
@@ -302,8 +302,8 @@ func (p InitParams) kubeletCertLifetime() time.Duration {
 	return p.KubeletCertLifetime
 }
 
-// InitTokenTTL is the lifetime of InitParams.InitToken.
-const InitTokenTTL = 15 * time.Minute
+// initTokenTTL is the lifetime of InitParams.InitToken.
+const initTokenTTL = 15 * time.Minute
 
 func (p InitParams) validate() error {
 	var errs []error
@@ -369,7 +369,7 @@ func (p InitParams) Render() ([]byte, error) {
 	init.BootstrapTokens = []kubeadmv1beta4.BootstrapToken{{
 		Token:       token,
 		Description: "made by kubeadm init; deleted by the Gatehouse bootstrapper after init",
-		TTL:         &metav1.Duration{Duration: InitTokenTTL},
+		TTL:         &metav1.Duration{Duration: initTokenTTL},
 		Usages:      []string{"signing", "authentication"},
 	}}
 	endpoint := p.ControlPlaneEndpoint
@@ -392,7 +392,7 @@ func (p InitParams) Render() ([]byte, error) {
 		ControllerManager: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs(
 			kubeadmv1beta4.Arg{Name: "terminated-pod-gc-threshold", Value: "1000"},
 			kubeadmv1beta4.Arg{Name: "cluster-signing-duration", Value: p.kubeletCertLifetime().String()},
-			kubeadmv1beta4.Arg{Name: "controllers", Value: ControllerManagerControllers},
+			kubeadmv1beta4.Arg{Name: "controllers", Value: controllerManagerControllers},
 		)},
 		Scheduler: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs()},
 	}
@@ -403,7 +403,7 @@ func (p InitParams) Render() ([]byte, error) {
 	return marshalDocs(docs...)
 }
 
-// ControllerManagerControllers is the controller manager's --controllers
+// controllerManagerControllers is the controller manager's --controllers
 // in clusters Gatehouse initialises: kubeadm's own value (every default
 // controller, and the bootstrap-token signer and cleaner) without
 // csrapproving, which would approve kubelet client certificates through
@@ -412,7 +412,7 @@ func (p InitParams) Render() ([]byte, error) {
 // "Certificates"). kubeadm keeps the ClusterConfiguration's extra
 // arguments in its kubeadm-config ConfigMap, so `kubeadm upgrade` renders
 // the controller manager with it again.
-const ControllerManagerControllers = "*,bootstrapsigner,tokencleaner,-csrapproving"
+const controllerManagerControllers = "*,bootstrapsigner,tokencleaner,-csrapproving"
 
 // hardenedArgs are the flags every control-plane component gets, plus extra.
 func hardenedArgs(extra ...kubeadmv1beta4.Arg) []kubeadmv1beta4.Arg {
@@ -426,7 +426,7 @@ func hardenedArgs(extra ...kubeadmv1beta4.Arg) []kubeadmv1beta4.Arg {
 func (p InitParams) apiServer() kubeadmv1beta4.ControlPlaneComponent {
 	args := hardenedArgs(
 		kubeadmv1beta4.Arg{Name: "audit-policy-file", Value: AuditPolicyPath},
-		kubeadmv1beta4.Arg{Name: "audit-log-path", Value: AuditLogDir + "/audit.log"},
+		kubeadmv1beta4.Arg{Name: "audit-log-path", Value: auditLogDir + "/audit.log"},
 		kubeadmv1beta4.Arg{Name: "audit-log-maxage", Value: "30"},
 		kubeadmv1beta4.Arg{Name: "audit-log-maxbackup", Value: "10"},
 		kubeadmv1beta4.Arg{Name: "audit-log-maxsize", Value: "100"},
@@ -438,7 +438,7 @@ func (p InitParams) apiServer() kubeadmv1beta4.ControlPlaneComponent {
 		ExtraArgs: args,
 		ExtraVolumes: []kubeadmv1beta4.HostPathMount{
 			{Name: "audit-policy", HostPath: AuditPolicyPath, MountPath: AuditPolicyPath, ReadOnly: true, PathType: corev1.HostPathFile},
-			{Name: "audit-log", HostPath: AuditLogDir, MountPath: AuditLogDir, PathType: corev1.HostPathDirectoryOrCreate},
+			{Name: "audit-log", HostPath: auditLogDir, MountPath: auditLogDir, PathType: corev1.HostPathDirectoryOrCreate},
 		},
 	}
 }

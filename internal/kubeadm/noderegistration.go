@@ -49,7 +49,7 @@ var (
 // key and effect once; kubelet arguments with lower-case names, once each,
 // none of those the bootstrapper sets (ownedKubeletArgs), values of
 // letters, digits and ._:,/=<>@+[]- only; node-labels as the kubelet takes
-// them (CheckNodeLabels). The error names the offending taint or argument.
+// them (checkNodeLabels). The error names the offending taint or argument.
 func CheckRegistration(taints []corev1.Taint, args []KubeletArg) error {
 	var errs []error
 	seen := map[string]bool{}
@@ -75,7 +75,7 @@ func CheckRegistration(taints []corev1.Taint, args []KubeletArg) error {
 		case !kubeletArgValue.MatchString(a.Value):
 			errs = append(errs, fmt.Errorf("kubeletExtraArgs[%d] %s: value %q holds a character outside letters, digits and ._:,/=<>@+[]-", i, a.Name, a.Value))
 		case a.Name == "node-labels":
-			if err := CheckNodeLabels(a.Value); err != nil {
+			if err := checkNodeLabels(a.Value); err != nil {
 				errs = append(errs, fmt.Errorf("kubeletExtraArgs[%d] node-labels: %w", i, err))
 			}
 		}
@@ -102,7 +102,7 @@ func checkTaint(t corev1.Taint) error {
 	return nil
 }
 
-// CheckNodeLabels checks a --node-labels value (key=value pairs separated
+// checkNodeLabels checks a --node-labels value (key=value pairs separated
 // by commas) by the kubelet's rules, which NodeRestriction enforces on the
 // API server too (kubelet options, --node-labels; k8s.io/kubelet
 // IsKubeletLabel): qualified-name keys, label values, and keys in the
@@ -110,7 +110,7 @@ func checkTaint(t corev1.Taint) error {
 // node.kubernetes.io or among the labels the kubelet may set
 // (kubernetes.io/hostname, topology.kubernetes.io/zone, …). The error
 // names each refused label.
-func CheckNodeLabels(value string) error {
+func checkNodeLabels(value string) error {
 	var errs []error
 	seen := map[string]bool{}
 	for _, kv := range strings.Split(value, ",") {

@@ -64,7 +64,7 @@ func (c *Cache) Current(node string) (Current, error) {
 	if !ok {
 		return Current{}, nil
 	}
-	r, err := FromConfigMap(cm, node)
+	r, err := fromConfigMap(cm, node)
 	if err != nil {
 		return Current{}, err
 	}
@@ -79,7 +79,7 @@ func (c *Cache) List() ([]Current, error) {
 	}
 	var out []Current
 	for _, cm := range cms {
-		r, err := FromConfigMap(cm, "")
+		r, err := fromConfigMap(cm, "")
 		if err != nil {
 			continue // not a record this package wrote; left alone
 		}

@@ -89,9 +89,9 @@ func Name(node string) string {
 // ErrNoRecord means no record exists for the node: it was never judged.
 var ErrNoRecord = errors.New("no attestation record")
 
-// FromConfigMap reads the record cm holds. It returns an error when cm is
+// fromConfigMap reads the record cm holds. It returns an error when cm is
 // not a record, or names another node than want (when want is not "").
-func FromConfigMap(cm *corev1.ConfigMap, want string) (Record, error) {
+func fromConfigMap(cm *corev1.ConfigMap, want string) (Record, error) {
 	d := cm.Data
 	if d[keyNode] == "" || (want != "" && d[keyNode] != want) || cm.Name != Name(d[keyNode]) {
 		return Record{}, fmt.Errorf("ConfigMap %s/%s is not the attestation record of node %q", cm.Namespace, cm.Name, want)
@@ -162,7 +162,7 @@ func (s *Store) Get(ctx context.Context, node string) (Record, error) {
 	if err != nil {
 		return Record{}, fmt.Errorf("reading the attestation record of node %s: %w", node, err)
 	}
-	return FromConfigMap(cm, node)
+	return fromConfigMap(cm, node)
 }
 
 // Current is a record as last read, with what a conditional write needs.
@@ -227,7 +227,7 @@ func (s *Store) current(ctx context.Context, node string) (Current, error) {
 	if err != nil {
 		return Current{}, fmt.Errorf("reading the attestation record of node %s: %w", node, err)
 	}
-	r, err := FromConfigMap(cm, node)
+	r, err := fromConfigMap(cm, node)
 	if err != nil {
 		return Current{}, err
 	}
@@ -278,7 +278,7 @@ func (s *Store) List(ctx context.Context) ([]Record, error) {
 	}
 	out := make([]Record, 0, len(list.Items))
 	for i := range list.Items {
-		r, err := FromConfigMap(&list.Items[i], "")
+		r, err := fromConfigMap(&list.Items[i], "")
 		if err != nil {
 			return nil, err
 		}

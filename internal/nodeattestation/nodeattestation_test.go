@@ -16,7 +16,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	rec := Record{Node: "worker-1", Reason: "EvidenceRejected", Message: "PCR 4 differs", Identity: "tpm-ak:sha256:ab", Address: "10.0.0.5",
 		Since: now, CheckedAt: now.Add(time.Minute), UnreachableSince: now, Tainted: true, AwaitingRestore: true, RestoredBy: "alice", RestoredAt: now}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: Name("worker-1"), Namespace: "gatehouse-system"}, Data: rec.data()}
-	got, err := FromConfigMap(cm, "worker-1")
+	got, err := fromConfigMap(cm, "worker-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestRecordRoundTrip(t *testing.T) {
 		{"bad time", &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: Name("worker-1")}, Data: map[string]string{keyNode: "worker-1", keySince: "yesterday"}}, "worker-1"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := FromConfigMap(tt.cm, tt.want); err == nil {
+			if _, err := fromConfigMap(tt.cm, tt.want); err == nil {
 				t.Error("accepted")
 			}
 		})

@@ -13,14 +13,14 @@ import (
 	"google.golang.org/grpc"
 )
 
-// ShutdownTimeout bounds how long the HTTP server's open requests may take
+// shutdownTimeout bounds how long the HTTP server's open requests may take
 // once the service stops.
-const ShutdownTimeout = 5 * time.Second
+const shutdownTimeout = 5 * time.Second
 
 // Run serves grpcServer on lis and httpServer on its Addr until ctx ends
 // (the service's SIGTERM) or either server fails, then stops both: gRPC
 // gracefully (in-flight RPCs finish, new ones are refused), HTTP within
-// ShutdownTimeout. It returns nil after a stop by ctx, else the server's
+// shutdownTimeout. It returns nil after a stop by ctx, else the server's
 // error (e.g. the HTTP address is taken). name is the service's name in the
 // log lines; attrs are logged with the start line.
 func Run(ctx context.Context, log *slog.Logger, name string, grpcServer *grpc.Server, lis net.Listener, httpServer *http.Server, attrs ...any) error {
@@ -39,7 +39,7 @@ func Run(ctx context.Context, log *slog.Logger, name string, grpcServer *grpc.Se
 	case err = <-errs:
 	}
 	grpcServer.GracefulStop()
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
 	_ = httpServer.Shutdown(shutdownCtx)
 	if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {

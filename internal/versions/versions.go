@@ -42,15 +42,15 @@ type Release struct {
 	components         map[string][]Component
 }
 
-// Architectures are the CPU architectures components exist for.
-var Architectures = []string{"amd64", "arm64"}
+// architectures are the CPU architectures components exist for.
+var architectures = []string{"amd64", "arm64"}
 
 // Components returns the release's components for arch (amd64 or arm64),
 // in install order: kubelet, kubeadm, kubectl, crictl, CNI plugins.
 func (r Release) Components(arch string) ([]Component, error) {
 	list, ok := r.components[arch]
 	if !ok {
-		return nil, fmt.Errorf("no Kubernetes components for architecture %q: supported are %s", arch, strings.Join(Architectures, ", "))
+		return nil, fmt.Errorf("no Kubernetes components for architecture %q: supported are %s", arch, strings.Join(architectures, ", "))
 	}
 	return append([]Component(nil), list...), nil
 }

@@ -52,7 +52,7 @@ func TestComponents(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, arch := range Architectures {
+		for _, arch := range architectures {
 			list, err := r.Components(arch)
 			if err != nil {
 				t.Fatal(err)

@@ -32,16 +32,16 @@ import (
 // Signers of kubelet certificates (Kubernetes docs, "Certificate Signing
 // Requests", Kubernetes signers).
 const (
-	SignerKubeletClient  = certificatesv1.KubeAPIServerClientKubeletSignerName
-	SignerKubeletServing = certificatesv1.KubeletServingSignerName
+	signerKubeletClient  = certificatesv1.KubeAPIServerClientKubeletSignerName
+	signerKubeletServing = certificatesv1.KubeletServingSignerName
 )
 
-// AutoApprovalBindings are the ClusterRoleBindings through which kubeadm
+// autoApprovalBindings are the ClusterRoleBindings through which kubeadm
 // lets the controller manager approve every kubelet client certificate:
 // renewals by any node, and first certificates for any node name by any
 // bootstrap token (kubeadm's bootstrap-token phase creates them, `kubeadm
 // upgrade apply` again). The approver deletes them and decides instead.
-var AutoApprovalBindings = []string{"kubeadm:node-autoapprove-certificate-rotation", "kubeadm:node-autoapprove-bootstrap"}
+var autoApprovalBindings = []string{"kubeadm:node-autoapprove-certificate-rotation", "kubeadm:node-autoapprove-bootstrap"}
 
 // bootstrapUserPrefix is the user name prefix of bootstrap tokens
 // (system:bootstrap:<token id>).
@@ -225,9 +225,9 @@ func (a *Approver) Run(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// RemoveAutoApproval deletes the AutoApprovalBindings that exist.
+// RemoveAutoApproval deletes the autoApprovalBindings that exist.
 func (a *Approver) RemoveAutoApproval(ctx context.Context) error {
-	for _, name := range AutoApprovalBindings {
+	for _, name := range autoApprovalBindings {
 		err := a.cfg.Client.RbacV1().ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
@@ -244,7 +244,7 @@ func (a *Approver) RemoveAutoApproval(ctx context.Context) error {
 // decidable reports whether csr is a pending kubelet certificate request
 // this approver decides.
 func decidable(csr *certificatesv1.CertificateSigningRequest) bool {
-	if csr.Spec.SignerName != SignerKubeletClient && csr.Spec.SignerName != SignerKubeletServing {
+	if csr.Spec.SignerName != signerKubeletClient && csr.Spec.SignerName != signerKubeletServing {
 		return false
 	}
 	for _, c := range csr.Status.Conditions {
@@ -317,7 +317,7 @@ func nodeName(n *corev1.Node) string {
 // with a message, and the Node it is for when there is one. Without wait,
 // it returns errPending while the node's check is under way.
 func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, wait bool) (*corev1.Node, string, string, error) {
-	if tokenID, ok := strings.CutPrefix(csr.Spec.Username, bootstrapUserPrefix); ok && csr.Spec.SignerName == SignerKubeletClient {
+	if tokenID, ok := strings.CutPrefix(csr.Spec.Username, bootstrapUserPrefix); ok && csr.Spec.SignerName == signerKubeletClient {
 		return a.decideFirst(ctx, csr, tokenID, wait)
 	}
 	name, isNode := strings.CutPrefix(csr.Spec.Username, nodeUserPrefix)
@@ -332,7 +332,7 @@ func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSi
 	var named string
 	var err error
 	switch csr.Spec.SignerName {
-	case SignerKubeletServing:
+	case signerKubeletServing:
 		serving, err = clusterpki.ParseKubeletCSR(block.Bytes)
 		if err == nil {
 			named, err = serving.NodeName, checkUsages(csr.Spec.Usages, certificatesv1.UsageServerAuth)

@@ -171,8 +171,8 @@ func TestApprover(t *testing.T) {
 	// kubelet client certificate, and the one that lets join tokens
 	// request them.
 	for _, b := range []struct{ name, role, group string }{
-		{AutoApprovalBindings[0], "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", "system:nodes"},
-		{AutoApprovalBindings[1], "system:certificates.k8s.io:certificatesigningrequests:nodeclient", joinGroup},
+		{autoApprovalBindings[0], "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", "system:nodes"},
+		{autoApprovalBindings[1], "system:certificates.k8s.io:certificatesigningrequests:nodeclient", joinGroup},
 		{"kubeadm:kubelet-bootstrap", "system:node-bootstrapper", joinGroup},
 	} {
 		if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
@@ -258,55 +258,55 @@ func TestApprover(t *testing.T) {
 		reason string
 	}
 	requests := []request{
-		{"good-renewal", asNode(t, env.Config, "worker-good"), SignerKubeletClient, clientUsages,
+		{"good-renewal", asNode(t, env.Config, "worker-good"), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-good"), nil, nil), ReasonApproved},
 		// The nodes answer on loopback addresses, which a serving
 		// certificate may not name (clusterpki.ParseKubeletCSR): the
 		// approved one names the node, the refused one an address that is
 		// not where the node answered.
-		{"good-serving", asNode(t, env.Config, "worker-good"), SignerKubeletServing, servingUsages,
+		{"good-serving", asNode(t, env.Config, "worker-good"), signerKubeletServing, servingUsages,
 			csrPEM(t, nodeSubject("worker-good"), []string{"worker-good"}, nil), ReasonApproved},
-		{"serving-another-address", asNode(t, env.Config, "worker-good"), SignerKubeletServing, servingUsages,
+		{"serving-another-address", asNode(t, env.Config, "worker-good"), signerKubeletServing, servingUsages,
 			csrPEM(t, nodeSubject("worker-good"), []string{"worker-good"}, []net.IP{net.ParseIP("192.0.2.7")}), reasonNameNotOwned},
-		{"serving-as-the-api-server", asNode(t, env.Config, "worker-good"), SignerKubeletServing, servingUsages,
+		{"serving-as-the-api-server", asNode(t, env.Config, "worker-good"), signerKubeletServing, servingUsages,
 			csrPEM(t, nodeSubject("worker-good"), []string{"kubernetes.default"}, nil), reasonNameNotOwned},
-		{"serving-another-node-name", asNode(t, env.Config, "worker-good"), SignerKubeletServing, servingUsages,
+		{"serving-another-node-name", asNode(t, env.Config, "worker-good"), signerKubeletServing, servingUsages,
 			csrPEM(t, nodeSubject("worker-good"), []string{"worker-other"}, nil), reasonNameNotOwned},
-		{"renewal-for-another-node", asNode(t, env.Config, "worker-good"), SignerKubeletClient, clientUsages,
+		{"renewal-for-another-node", asNode(t, env.Config, "worker-good"), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-other"), nil, nil), reasonNotItsOwn},
-		{"renewal-with-server-usage", asNode(t, env.Config, "worker-good"), SignerKubeletClient,
+		{"renewal-with-server-usage", asNode(t, env.Config, "worker-good"), signerKubeletClient,
 			append(clientUsages, certificatesv1.UsageServerAuth), csrPEM(t, nodeSubject("worker-good"), nil, nil), reasonMalformed},
-		{"compromised-renewal", asNode(t, env.Config, "worker-bad"), SignerKubeletClient, clientUsages,
+		{"compromised-renewal", asNode(t, env.Config, "worker-bad"), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-bad"), nil, nil), ReasonEvidenceRejected},
-		{"compromised-serving", asNode(t, env.Config, "worker-bad"), SignerKubeletServing, servingUsages,
+		{"compromised-serving", asNode(t, env.Config, "worker-bad"), signerKubeletServing, servingUsages,
 			csrPEM(t, nodeSubject("worker-bad"), []string{"worker-bad"}, nil), ReasonEvidenceRejected},
-		{"tainted-renewal", asNode(t, env.Config, "worker-tainted"), SignerKubeletClient, clientUsages,
+		{"tainted-renewal", asNode(t, env.Config, "worker-tainted"), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-tainted"), nil, nil), gate.ReasonTainted},
-		{"ghost-renewal", asNode(t, env.Config, "worker-ghost"), SignerKubeletClient, clientUsages,
+		{"ghost-renewal", asNode(t, env.Config, "worker-ghost"), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-ghost"), nil, nil), reasonNoNode},
-		{"user-asks-for-a-node", client, SignerKubeletClient, clientUsages,
+		{"user-asks-for-a-node", client, signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-good"), nil, nil), reasonNotItsOwn},
 		// First client certificates, with bootstrap tokens.
-		{"join-token-for-its-node", asToken(joinToken.ID), SignerKubeletClient, clientUsages,
+		{"join-token-for-its-node", asToken(joinToken.ID), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-new"), nil, nil), ReasonApprovedJoin},
-		{"join-token-for-another-node", asToken(joinToken.ID), SignerKubeletClient, clientUsages,
+		{"join-token-for-another-node", asToken(joinToken.ID), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-good"), nil, nil), reasonNotItsOwn},
-		{"admin-token", asToken(adminToken.ID), SignerKubeletClient, clientUsages,
+		{"admin-token", asToken(adminToken.ID), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-hand"), nil, nil), ReasonApprovedJoin},
 		// The attacks on first certificates: a token still alive for a
 		// node that is tainted, compromised since, or denied; an
 		// administrator's token for a name an attested machine holds.
-		{"token-of-a-tainted-node", asToken(staleTokens["worker-tainted"].ID), SignerKubeletClient, clientUsages,
+		{"token-of-a-tainted-node", asToken(staleTokens["worker-tainted"].ID), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-tainted"), nil, nil), gate.ReasonTainted},
-		{"token-of-a-compromised-node", asToken(staleTokens["worker-bad"].ID), SignerKubeletClient, clientUsages,
+		{"token-of-a-compromised-node", asToken(staleTokens["worker-bad"].ID), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-bad"), nil, nil), ReasonEvidenceRejected},
-		{"token-of-a-denied-node", asToken(staleTokens["worker-denied"].ID), SignerKubeletClient, clientUsages,
+		{"token-of-a-denied-node", asToken(staleTokens["worker-denied"].ID), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-denied"), nil, nil), gate.ReasonDenied},
-		{"admin-token-for-an-attested-name", asToken(adminToken.ID), SignerKubeletClient, clientUsages,
+		{"admin-token-for-an-attested-name", asToken(adminToken.ID), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-good"), nil, nil), reasonNotItsOwn},
-		{"expired-token", asToken(expiredToken.ID), SignerKubeletClient, clientUsages,
+		{"expired-token", asToken(expiredToken.ID), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-late"), nil, nil), reasonTokenInvalid},
-		{"unknown-token", asToken("nonexi"), SignerKubeletClient, clientUsages,
+		{"unknown-token", asToken("nonexi"), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-ghost"), nil, nil), reasonTokenInvalid},
 	}
 	for _, r := range requests {
@@ -353,7 +353,7 @@ func TestApprover(t *testing.T) {
 			t.Errorf("%s: no audit line", r.name)
 		}
 	}
-	if got := testutil.ToFloat64(approver.decisions.WithLabelValues(SignerKubeletClient, ReasonEvidenceRejected)); got != 2 {
+	if got := testutil.ToFloat64(approver.decisions.WithLabelValues(signerKubeletClient, ReasonEvidenceRejected)); got != 2 {
 		t.Errorf("%v client renewals counted as EvidenceRejected, want 2 (a renewal and a first certificate)", got)
 	}
 	// A denial is a Warning Event on the Node.
@@ -372,7 +372,7 @@ func TestApprover(t *testing.T) {
 	if err != nil {
 		t.Errorf("no Warning Event for the denied renewal on Node worker-bad: %v", err)
 	}
-	for _, name := range AutoApprovalBindings {
+	for _, name := range autoApprovalBindings {
 		if _, err := client.RbacV1().ClusterRoleBindings().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("kubeadm's %s is still there (%v): the controller manager would approve kubelet certificates unattested", name, err)
 		}
@@ -394,14 +394,14 @@ func TestDecidable(t *testing.T) {
 		csr  *certificatesv1.CertificateSigningRequest
 		want bool
 	}{
-		{"client renewal", csr(SignerKubeletClient, "system:node:a"), true},
-		{"serving", csr(SignerKubeletServing, "system:node:a"), true},
-		{"serving from a bootstrap token", csr(SignerKubeletServing, "system:bootstrap:abcdef"), true},
-		{"first client certificate", csr(SignerKubeletClient, "system:bootstrap:abcdef"), true},
+		{"client renewal", csr(signerKubeletClient, "system:node:a"), true},
+		{"serving", csr(signerKubeletServing, "system:node:a"), true},
+		{"serving from a bootstrap token", csr(signerKubeletServing, "system:bootstrap:abcdef"), true},
+		{"first client certificate", csr(signerKubeletClient, "system:bootstrap:abcdef"), true},
 		{"another signer", csr(certificatesv1.KubeAPIServerClientSignerName, "system:node:a"), false},
-		{"approved", csr(SignerKubeletClient, "system:node:a", certificatesv1.CertificateApproved), false},
-		{"denied", csr(SignerKubeletServing, "system:node:a", certificatesv1.CertificateDenied), false},
-		{"failed", csr(SignerKubeletServing, "system:node:a", certificatesv1.CertificateFailed), false},
+		{"approved", csr(signerKubeletClient, "system:node:a", certificatesv1.CertificateApproved), false},
+		{"denied", csr(signerKubeletServing, "system:node:a", certificatesv1.CertificateDenied), false},
+		{"failed", csr(signerKubeletServing, "system:node:a", certificatesv1.CertificateFailed), false},
 	} {
 		if got := decidable(tc.csr); got != tc.want {
 			t.Errorf("%s: decidable %t, want %t", tc.name, got, tc.want)

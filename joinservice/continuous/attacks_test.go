@@ -331,7 +331,7 @@ func TestApproverSilentNodeDelaysNoOne(t *testing.T) {
 		t.Helper()
 		if _, err := asNode(t, r.env.Config, node).CertificatesV1().CertificateSigningRequests().Create(ctx, &certificatesv1.CertificateSigningRequest{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec:       certificatesv1.CertificateSigningRequestSpec{Request: csrPEM(t, nodeSubject(node), nil, nil), SignerName: SignerKubeletClient, Usages: clientUsages},
+			Spec:       certificatesv1.CertificateSigningRequestSpec{Request: csrPEM(t, nodeSubject(node), nil, nil), SignerName: signerKubeletClient, Usages: clientUsages},
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}

@@ -49,7 +49,7 @@ const envBenchNodes = "GATEHOUSE_BENCH_REATTEST_NODES"
 // of 10,000 nodes takes (over 7 minutes at the client's 50 writes/s), so
 // that no heartbeat falls due in the steady rounds that follow it. The
 // heartbeat round moves the clock past it; the figures with heartbeats
-// amortise its cost over production's DefaultHeartbeat.
+// amortise its cost over production's defaultHeartbeat.
 const benchHeartbeat = time.Hour
 
 // BenchmarkReattest measures what continuous attestation costs the server
@@ -263,10 +263,10 @@ func BenchmarkReattest(b *testing.B) {
 
 	steady := perNode(steadyCPU, rounds)
 	// Production rounds come every DefaultInterval, and rewrite an
-	// unchanged record every DefaultHeartbeat; the target is 10,000 nodes
+	// unchanged record every defaultHeartbeat; the target is 10,000 nodes
 	// every 15 s in one core.
-	withHeartbeat := steady + (perNode(heartbeatCPU, 1)-steady)*float64(DefaultInterval)/float64(DefaultHeartbeat)
-	withHeartbeat15s := steady + (perNode(heartbeatCPU, 1)-steady)*float64(15*time.Second)/float64(DefaultHeartbeat)
+	withHeartbeat := steady + (perNode(heartbeatCPU, 1)-steady)*float64(DefaultInterval)/float64(defaultHeartbeat)
+	withHeartbeat15s := steady + (perNode(heartbeatCPU, 1)-steady)*float64(15*time.Second)/float64(defaultHeartbeat)
 
 	// The attack: 1 % of the nodes go silent (their endpoints accept and
 	// never answer), and one node is compromised (its name now bound to

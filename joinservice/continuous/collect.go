@@ -7,14 +7,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// MinRecordRetention is the least time the attestation record of a Node
+// minRecordRetention is the least time the attestation record of a Node
 // that no longer exists is kept after its last check; the loop keeps it
 // for ten intervals when that is longer.
-const MinRecordRetention = 10 * time.Minute
+const minRecordRetention = 10 * time.Minute
 
 // retention is how long a gone Node's record is kept after its last check.
 func (l *Loop) retention() time.Duration {
-	return max(10*l.cfg.Interval, MinRecordRetention)
+	return max(10*l.cfg.Interval, minRecordRetention)
 }
 
 // collect deletes the records of Nodes that are gone (not in nodes, the

@@ -39,7 +39,7 @@ func TestRecordsOfGoneNodesAreCollected(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	old := now.Add(-MinRecordRetention - time.Minute)
+	old := now.Add(-minRecordRetention - time.Minute)
 	store := nodeattestation.NewStore(client, namespace)
 	for _, r := range []nodeattestation.Record{
 		{Node: "present", Attested: true, Reason: ReasonVerified, CheckedAt: old},

@@ -75,7 +75,7 @@ type LoopConfig struct {
 	Interval time.Duration
 	// Heartbeat is how often an unchanged record's checkedAt is
 	// refreshed: a record is written only when the outcome changes, or
-	// when its last write is older than this (DefaultHeartbeat when zero).
+	// when its last write is older than this (defaultHeartbeat when zero).
 	Heartbeat time.Duration
 	// FetchTimeout bounds one node's check (DefaultFetchTimeout when
 	// zero): a node that does not answer in time is Unreachable, and
@@ -91,7 +91,7 @@ type LoopConfig struct {
 // Defaults of LoopConfig.
 const (
 	DefaultInterval     = time.Minute
-	DefaultHeartbeat    = 10 * time.Minute
+	defaultHeartbeat    = 10 * time.Minute
 	DefaultFetchTimeout = 5 * time.Second
 )
 
@@ -123,7 +123,7 @@ func NewLoop(cfg LoopConfig) (*Loop, error) {
 		cfg.Interval = DefaultInterval
 	}
 	if cfg.Heartbeat <= 0 {
-		cfg.Heartbeat = DefaultHeartbeat
+		cfg.Heartbeat = defaultHeartbeat
 	}
 	if cfg.FetchTimeout <= 0 {
 		cfg.FetchTimeout = DefaultFetchTimeout
@@ -491,23 +491,23 @@ func NewEventRecorder(ctx context.Context, client kubernetes.Interface) events.E
 	return b.NewRecorder(scheme.Scheme, "gatehouse-joinservice")
 }
 
-// LeaseName is the Lease the join service's replicas elect the one that
+// leaseName is the Lease the join service's replicas elect the one that
 // runs the loop with.
-const LeaseName = "gatehouse-reattest"
+const leaseName = "gatehouse-reattest"
 
 // RunElected runs l and a (either may be nil) in the replica elected
-// through the Lease LeaseName in namespace (identity names this replica,
+// through the Lease leaseName in namespace (identity names this replica,
 // e.g. its pod), until ctx ends: one loop and one approver per cluster,
 // taken over within about 15 s when its replica stops.
 func RunElected(ctx context.Context, client kubernetes.Interface, namespace, identity string, log *slog.Logger, l *Loop, a *Approver) {
 	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: LeaseName, Namespace: namespace},
+		LeaseMeta:  metav1.ObjectMeta{Name: leaseName, Namespace: namespace},
 		Client:     client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
 	}
 	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
 		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
-		ReleaseOnCancel: true, Name: LeaseName,
+		ReleaseOnCancel: true, Name: leaseName,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
 				log.Info("Leading continuous attestation", "identity", identity, "loop", l != nil, "approver", a != nil)

@@ -150,9 +150,9 @@ func NewVerifier(p policySource, bindings identitySource, fetch FetchFunc, clust
 	return &Verifier{policy: p, bindings: bindings, fetch: fetch, clusterID: clusterID, port: port}
 }
 
-// ErrPolicyNotReady means there is no policy to verify with yet: no node
+// errPolicyNotReady means there is no policy to verify with yet: no node
 // is judged.
-var ErrPolicyNotReady = errors.New("continuous attestation: no policy to verify with")
+var errPolicyNotReady = errors.New("continuous attestation: no policy to verify with")
 
 // Check verifies node once. It returns an error only when nothing can be
 // judged (no policy, no cluster ID); a node that fails is an Outcome.
@@ -160,7 +160,7 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 	out := Outcome{Node: node.Name}
 	join, deny, err := v.policy.Current()
 	if err != nil {
-		return out, fmt.Errorf("%w: %w", ErrPolicyNotReady, err)
+		return out, fmt.Errorf("%w: %w", errPolicyNotReady, err)
 	}
 	appraisal, err := v.appraisalFor(ctx, join)
 	if err != nil {
@@ -235,7 +235,7 @@ func (v *Verifier) checkMachine(ctx context.Context, out Outcome, node string, d
 func (v *Verifier) NodeNames(addr netip.Addr) (clusterpki.NodeNames, error) {
 	join, _, err := v.policy.Current()
 	if err != nil {
-		return clusterpki.NodeNames{}, fmt.Errorf("%w: %w", ErrPolicyNotReady, err)
+		return clusterpki.NodeNames{}, fmt.Errorf("%w: %w", errPolicyNotReady, err)
 	}
 	return join.NodeNames(addr), nil
 }
@@ -245,7 +245,7 @@ func (v *Verifier) NodeNames(addr netip.Addr) (clusterpki.NodeNames, error) {
 func (v *Verifier) Settings() (joinconfig.ContinuousAttestation, error) {
 	join, _, err := v.policy.Current()
 	if err != nil {
-		return joinconfig.ContinuousAttestation{}, fmt.Errorf("%w: %w", ErrPolicyNotReady, err)
+		return joinconfig.ContinuousAttestation{}, fmt.Errorf("%w: %w", errPolicyNotReady, err)
 	}
 	return join.ContinuousAttestation, nil
 }

@@ -71,10 +71,10 @@ type ContinuousAttestation struct {
 // Values of ContinuousAttestation.
 const (
 	ActionTaint             = "taint"
-	ActionNone              = "none"
+	actionNone              = "none"
 	RestoreAuto             = "automatic"
 	RestoreAdmin            = "admin"
-	DefaultUnreachableGrace = 5 * time.Minute
+	defaultUnreachableGrace = 5 * time.Minute
 )
 
 // NodeNames are the names and addresses a node at addr owns under this
@@ -107,11 +107,11 @@ func parseContinuousAttestation(data string) (ContinuousAttestation, error) {
 		c.Restore = RestoreAuto
 	}
 	if c.UnreachableGrace.Duration == 0 {
-		c.UnreachableGrace.Duration = DefaultUnreachableGrace
+		c.UnreachableGrace.Duration = defaultUnreachableGrace
 	}
 	var errs []error
-	if c.Action != ActionTaint && c.Action != ActionNone {
-		errs = append(errs, fmt.Errorf("action %q: use %s or %s", c.Action, ActionTaint, ActionNone))
+	if c.Action != ActionTaint && c.Action != actionNone {
+		errs = append(errs, fmt.Errorf("action %q: use %s or %s", c.Action, ActionTaint, actionNone))
 	}
 	if c.Restore != RestoreAuto && c.Restore != RestoreAdmin {
 		errs = append(errs, fmt.Errorf("restore %q: use %s or %s", c.Restore, RestoreAuto, RestoreAdmin))

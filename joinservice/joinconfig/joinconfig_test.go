@@ -177,7 +177,7 @@ func TestContinuousAttestation(t *testing.T) {
 	}{
 		{"absent", "", ContinuousAttestation{Action: ActionTaint, Restore: RestoreAuto, UnreachableGrace: metav1.Duration{Duration: 5 * time.Minute}}, ""},
 		{"admin restores", "restore: admin\nunreachableGrace: 30s\n", ContinuousAttestation{Action: ActionTaint, Restore: RestoreAdmin, UnreachableGrace: metav1.Duration{Duration: 30 * time.Second}}, ""},
-		{"record only", "action: none\n", ContinuousAttestation{Action: ActionNone, Restore: RestoreAuto, UnreachableGrace: metav1.Duration{Duration: 5 * time.Minute}}, ""},
+		{"record only", "action: none\n", ContinuousAttestation{Action: actionNone, Restore: RestoreAuto, UnreachableGrace: metav1.Duration{Duration: 5 * time.Minute}}, ""},
 		{"unknown action", "action: drain\n", ContinuousAttestation{}, `action "drain": use taint or none`},
 		{"unknown field", "actoin: none\n", ContinuousAttestation{}, "actoin"},
 		{"negative grace", "unreachableGrace: -1m\n", ContinuousAttestation{}, "negative"},

@@ -64,8 +64,8 @@ type Layers struct {
 	files map[string]v1.Layer
 }
 
-// NewLayers returns a layer builder writing into dir.
-func NewLayers(dir string) *Layers { return &Layers{dir: dir, files: map[string]v1.Layer{}} }
+// newLayers returns a layer builder writing into dir.
+func newLayers(dir string) *Layers { return &Layers{dir: dir, files: map[string]v1.Layer{}} }
 
 // layerGroup is what one files layer of an image holds: binaries and the
 // files of host directories.
@@ -328,7 +328,7 @@ func WriteArchive(file string, arch string, specs []Spec) error {
 		return err
 	}
 	defer os.RemoveAll(scratch)
-	layers := NewLayers(scratch)
+	layers := newLayers(scratch)
 	refs := map[name.Reference]v1.Image{}
 	for _, s := range specs {
 		ref, err := name.ParseReference(s.Ref)

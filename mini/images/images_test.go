@@ -70,7 +70,7 @@ func TestWriteArchive(t *testing.T) {
 	}
 
 	// The same inputs give the same image.
-	again, err := NewLayers(t.TempDir()).Build(specs[0], "amd64")
+	again, err := newLayers(t.TempDir()).Build(specs[0], "amd64")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestDirsCarryTheirLibraries(t *testing.T) {
 	if err != nil || len(deps) == 0 {
 		t.Fatalf("libraries of %s: %v %v", plugin, deps, err)
 	}
-	img, err := NewLayers(t.TempDir()).Build(Spec{Ref: "docker.io/local/kube-proxy:v1.36.4",
+	img, err := newLayers(t.TempDir()).Build(Spec{Ref: "docker.io/local/kube-proxy:v1.36.4",
 		Files: map[string]string{"xtables-nft-multi": "/usr/sbin/xtables-nft-multi"}, Dirs: []string{ext}}, "amd64")
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +159,7 @@ func TestLayersShared(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	layers := NewLayers(t.TempDir())
+	layers := newLayers(t.TempDir())
 	apiserver, err := layers.Build(Spec{Ref: "docker.io/local/kube-apiserver:v1", Files: map[string]string{"kube": kube}, Links: map[string]string{"kube-apiserver": "kube"}}, "amd64")
 	if err != nil {
 		t.Fatal(err)

@@ -28,9 +28,9 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
 )
 
-// MaxSize bounds one collateral document in bytes; AMD's CRLs and
+// maxSize bounds one collateral document in bytes; AMD's CRLs and
 // certificate chains are a few kilobytes.
-const MaxSize = 1 << 20
+const maxSize = 1 << 20
 
 // Fetcher gets a URL's headers and body; Cache.Upstream in production is
 // HTTP. Only issuer chain headers are kept (see HTTP).
@@ -61,7 +61,7 @@ type Cache struct {
 }
 
 // HTTP returns a Fetcher using client (nil: a client with a 30 s timeout),
-// refusing non-2xx answers and bodies over MaxSize. Of the headers it keeps
+// refusing non-2xx answers and bodies over maxSize. Of the headers it keeps
 // only the issuer chains Intel PCS sends its signing certificates in
 // ("TCB-Info-Issuer-Chain", "SGX-Enclave-Identity-Issuer-Chain",
 // "SGX-PCK-CRL-Issuer-Chain").
@@ -82,12 +82,12 @@ func HTTP(client *http.Client) Fetcher {
 		if resp.StatusCode/100 != 2 {
 			return nil, nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 		}
-		body, err := io.ReadAll(io.LimitReader(resp.Body, MaxSize+1))
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxSize+1))
 		if err != nil {
 			return nil, nil, err
 		}
-		if len(body) > MaxSize {
-			return nil, nil, fmt.Errorf("GET %s: body exceeds %d bytes", url, MaxSize)
+		if len(body) > maxSize {
+			return nil, nil, fmt.Errorf("GET %s: body exceeds %d bytes", url, maxSize)
 		}
 		return issuerChains(resp.Header), body, nil
 	}

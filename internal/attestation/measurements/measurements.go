@@ -36,8 +36,8 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// MaxFileSize bounds a reference-values file in bytes.
-const MaxFileSize = 1 << 20
+// maxFileSize bounds a reference-values file in bytes.
+const maxFileSize = 1 << 20
 
 // Measurement is the reference value of one index.
 type Measurement struct {
@@ -75,8 +75,8 @@ var fieldNames = []string{"expected", "warnOnly", "alsoAccepted"}
 // valueSize bytes (32 for tpm, 48 for sev-snp and tdx); 0 accepts any
 // non-empty size.
 func Parse(data []byte, valueSize int) (M, error) {
-	if len(data) > MaxFileSize {
-		return nil, fmt.Errorf("reference values: file has %d bytes, at most %d allowed", len(data), MaxFileSize)
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("reference values: file has %d bytes, at most %d allowed", len(data), maxFileSize)
 	}
 	jsonData, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
@@ -174,12 +174,12 @@ func (mm Mismatch) String() string {
 	return fmt.Sprintf("index %d: expected %s, got %s", mm.Index, hex.EncodeToString(mm.Expected), got)
 }
 
-// MismatchError reports every enforced mismatch of a comparison.
-type MismatchError struct {
+// mismatchError reports every enforced mismatch of a comparison.
+type mismatchError struct {
 	Mismatches []Mismatch
 }
 
-func (e *MismatchError) Error() string {
+func (e *mismatchError) Error() string {
 	parts := make([]string, len(e.Mismatches))
 	for i, mm := range e.Mismatches {
 		parts[i] = mm.String()
@@ -188,7 +188,7 @@ func (e *MismatchError) Error() string {
 }
 
 // Compare checks got against m. It returns the warn-only mismatches, and a
-// *MismatchError listing every enforced mismatch (all of them, not the first)
+// *mismatchError listing every enforced mismatch (all of them, not the first)
 // when there is one. Indices in got that m does not name are not compared.
 func (m M) Compare(got map[uint32][]byte) (warnings []Mismatch, err error) {
 	var enforced []Mismatch
@@ -209,7 +209,7 @@ func (m M) Compare(got map[uint32][]byte) (warnings []Mismatch, err error) {
 		}
 	}
 	if len(enforced) > 0 {
-		return warnings, &MismatchError{Mismatches: enforced}
+		return warnings, &mismatchError{Mismatches: enforced}
 	}
 	return warnings, nil
 }

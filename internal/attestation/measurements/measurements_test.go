@@ -50,7 +50,7 @@ func TestParse(t *testing.T) {
 		{name: "empty value is refused", in: `4: {expected: ""}`, size: 0, wantErr: "index 4: expected value has 0 bytes"},
 		{name: "empty file is refused", in: "", size: 32, wantErr: "none given"},
 		{name: "not a map is refused", in: "[1, 2]", size: 32, wantErr: "want a map of index to"},
-		{name: "oversized file is refused", in: strings.Repeat(" ", MaxFileSize+1), size: 32, wantErr: "at most 1048576 allowed"},
+		{name: "oversized file is refused", in: strings.Repeat(" ", maxFileSize+1), size: 32, wantErr: "at most 1048576 allowed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,7 +113,7 @@ func TestCompare(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			warnings, err := ref.Compare(tt.got)
-			var mismatch *MismatchError
+			var mismatch *mismatchError
 			switch {
 			case len(tt.wantEnforced) == 0:
 				if err != nil {

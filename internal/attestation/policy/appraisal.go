@@ -229,9 +229,9 @@ func (a *Appraisal) Roles(measured map[uint32][]byte) []Role {
 	return out
 }
 
-// ErrRoleNotAttested means verified evidence does not satisfy the reference
+// errRoleNotAttested means verified evidence does not satisfy the reference
 // values of the role asked for.
-var ErrRoleNotAttested = errors.New("the evidence does not satisfy the role's reference values")
+var errRoleNotAttested = errors.New("the evidence does not satisfy the role's reference values")
 
 // ForRole returns a verifier that accepts only evidence satisfying role
 // (for the CLI, which knows the role of the node it verifies). Its errors
@@ -257,7 +257,7 @@ func (v *roleVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*att
 	}
 	if !slices.Contains(v.a.Roles(result.Measurements), v.role) {
 		_, cmpErr := v.a.roles[v.role].Compare(result.Measurements)
-		return nil, fmt.Errorf("%w: %w: role %s: %w", attestation.ErrMeasurement, ErrRoleNotAttested, v.role, cmpErr)
+		return nil, fmt.Errorf("%w: %w: role %s: %w", attestation.ErrMeasurement, errRoleNotAttested, v.role, cmpErr)
 	}
 	return result, nil
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 )
 
-// ActivationSecretSize is the size of a credential activation secret.
-const ActivationSecretSize = 32
+// activationSecretSize is the size of a credential activation secret.
+const activationSecretSize = 32
 
 // ActivationChallenge is what TPM2_MakeCredential makes (TPM 2.0 Library
 // Part 1, §24 "Credential Protection"), computed in software: a secret
@@ -32,13 +32,13 @@ type ActivationChallenge struct {
 	EncryptedSecret []byte
 }
 
-// NewActivationChallenge makes a challenge for the attestation key whose
+// newActivationChallenge makes a challenge for the attestation key whose
 // TPMT_PUBLIC is akPublic (as TPMEvidence carries it) under ek, the EK's
 // public key (RSA 2048 or ECC NIST P-256, from its EK certificate). It
-// returns the challenge and its fresh ActivationSecretSize-byte secret,
+// returns the challenge and its fresh activationSecretSize-byte secret,
 // which the verifier keeps and compares with the answer in constant time.
 // Errors wrap attestation.ErrMalformed when akPublic does not decode.
-func NewActivationChallenge(ek crypto.PublicKey, akPublic []byte) (*ActivationChallenge, []byte, error) {
+func newActivationChallenge(ek crypto.PublicKey, akPublic []byte) (*ActivationChallenge, []byte, error) {
 	pub, err := tpm2.DecodePublic(akPublic)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
@@ -47,7 +47,7 @@ func NewActivationChallenge(ek crypto.PublicKey, akPublic []byte) (*ActivationCh
 	if err != nil || name.Digest == nil {
 		return nil, nil, fmt.Errorf("%w: attestation key has no name digest", attestation.ErrMalformed)
 	}
-	secret := make([]byte, ActivationSecretSize)
+	secret := make([]byte, activationSecretSize)
 	if _, err := rand.Read(secret); err != nil {
 		return nil, nil, err
 	}
@@ -93,7 +93,7 @@ func (v *Verifier) endorsement(ev *attestationv1.TPMEvidence) (ekEndorsement, er
 		}
 		return ekEndorsement{desc: mode}, nil
 	}
-	ek, err := ParseEKCertificate(der)
+	ek, err := parseEKCertificate(der)
 	if err != nil {
 		return ekEndorsement{}, err
 	}
@@ -124,7 +124,7 @@ type activation struct {
 
 // Challenge returns a marshalled TPMActivationChallenge and its secret.
 func (a *activation) Challenge() ([]byte, []byte, error) {
-	c, secret, err := NewActivationChallenge(a.ek, a.akPublic)
+	c, secret, err := newActivationChallenge(a.ek, a.akPublic)
 	if err != nil {
 		return nil, nil, err
 	}

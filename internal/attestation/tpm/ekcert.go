@@ -26,9 +26,9 @@ var (
 	oidEKCertificate = asn1.ObjectIdentifier{2, 23, 133, 8, 1}
 )
 
-// MaxEKCertificateSize bounds an EK certificate (bytes); TPM NV indices
+// maxEKCertificateSize bounds an EK certificate (bytes); TPM NV indices
 // hold a few kilobytes at most.
-const MaxEKCertificateSize = 8 << 10
+const maxEKCertificateSize = 8 << 10
 
 // EKCertificate is a TPM endorsement key (EK) certificate, as its
 // manufacturer issues it (TCG EK Credential Profile 2.0).
@@ -40,16 +40,16 @@ type EKCertificate struct {
 	Manufacturer, Model, Version string
 }
 
-// ParseEKCertificate parses a DER EK certificate. It must carry the
+// parseEKCertificate parses a DER EK certificate. It must carry the
 // tcg-kp-EKCertificate extended key usage. The profile's subjectAltName,
 // critical and holding only a directoryName with the TPM's attributes
 // (§3.2.9), is parsed here because crypto/x509 leaves it unhandled; any
 // other unhandled critical extension is refused. Errors wrap
 // attestation.ErrMalformed (does not parse) or attestation.ErrUntrustedKey
 // (not an EK certificate).
-func ParseEKCertificate(der []byte) (*EKCertificate, error) {
-	if len(der) > MaxEKCertificateSize {
-		return nil, fmt.Errorf("%w: EK certificate of %d bytes exceeds %d", attestation.ErrMalformed, len(der), MaxEKCertificateSize)
+func parseEKCertificate(der []byte) (*EKCertificate, error) {
+	if len(der) > maxEKCertificateSize {
+		return nil, fmt.Errorf("%w: EK certificate of %d bytes exceeds %d", attestation.ErrMalformed, len(der), maxEKCertificateSize)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
@@ -144,7 +144,7 @@ func (ek *EKCertificate) parseSubjectAltName(value []byte) error {
 func (ek *EKCertificate) Verify(roots, intermediates *x509.CertPool, now time.Time) error {
 	_, err := ek.Certificate.Verify(x509.VerifyOptions{
 		Roots: roots, Intermediates: intermediates, CurrentTime: now,
-		// The EK usage is an unknown one to crypto/x509; ParseEKCertificate
+		// The EK usage is an unknown one to crypto/x509; parseEKCertificate
 		// checked it.
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
 	})

@@ -104,7 +104,7 @@ func extend(old, digest []byte) []byte {
 // the SHA-256 value each PCR it touches ends at (32 bytes each). Errors
 // wrap attestation.ErrMalformed.
 func ReplayedPCRs(data []byte) (map[uint32][]byte, error) {
-	log, err := ParseEventLog(data)
+	log, err := parseEventLog(data)
 	if err != nil {
 		return nil, err
 	}
@@ -119,8 +119,8 @@ func ReplayedPCRs(data []byte) (map[uint32][]byte, error) {
 	return replayed, nil
 }
 
-// ParseEventLog decodes a marshalled EventLog, checking every event.
-func ParseEventLog(data []byte) (*attestationv1.EventLog, error) {
+// parseEventLog decodes a marshalled EventLog, checking every event.
+func parseEventLog(data []byte) (*attestationv1.EventLog, error) {
 	if len(data) > attestation.MaxEvidenceSize {
 		return nil, fmt.Errorf("%w: event log has %d bytes", attestation.ErrMalformed, len(data))
 	}
@@ -139,9 +139,9 @@ func ParseEventLog(data []byte) (*attestationv1.EventLog, error) {
 	return log, nil
 }
 
-// ReplayEventLog replays a marshalled EventLog from all-zero PCRs and checks
+// replayEventLog replays a marshalled EventLog from all-zero PCRs and checks
 // that every PCR it touches and pcrs reports ends at the reported value.
-func ReplayEventLog(data []byte, pcrs map[uint32][]byte) error {
+func replayEventLog(data []byte, pcrs map[uint32][]byte) error {
 	replayed, err := ReplayedPCRs(data)
 	if err != nil {
 		return err

@@ -274,7 +274,7 @@ func (v *Verifier) verify(ev *attestationv1.TPMEvidence, extraData, boundAK []by
 		return nil, err
 	}
 	if len(ev.GetEventLog()) > 0 {
-		if err := ReplayEventLog(ev.GetEventLog(), pcrs); err != nil {
+		if err := replayEventLog(ev.GetEventLog(), pcrs); err != nil {
 			return nil, err
 		}
 	}

@@ -18,8 +18,8 @@ import (
 	"unicode/utf8"
 )
 
-// Header is the first line cloud-init requires of cloud-config user data.
-const Header = "#cloud-config\n"
+// header is the first line cloud-init requires of cloud-config user data.
+const header = "#cloud-config\n"
 
 // Config is the subset of cloud-config a kubeadm bootstrap uses.
 type Config struct {
@@ -43,12 +43,12 @@ type Config struct {
 	RunCmd []Command `json:"runcmd,omitempty"`
 }
 
-// Command is one command as an argv, run without a shell; ShellLine makes
+// Command is one command as an argv, run without a shell; shellLine makes
 // one that runs a shell line.
 type Command []string
 
-// ShellLine is a command run by /bin/sh -c.
-func ShellLine(line string) Command { return Command{"/bin/sh", "-c", line} }
+// shellLine is a command run by /bin/sh -c.
+func shellLine(line string) Command { return Command{"/bin/sh", "-c", line} }
 
 // File is one file to write.
 type File struct {
@@ -203,7 +203,7 @@ func (c *Config) Render() ([]byte, error) {
 // RenderJinja validates c and returns the cloud-config document as a
 // Jinja template, JinjaHeader first. The contents of files without an
 // encoding and the arguments of commands are templates (ParseTemplate; an
-// error names the value and wraps ErrTemplate); every other value is
+// error names the value and wraps errTemplate); every other value is
 // literal. Whatever the values hold and the instance data says, the
 // document cloud-init reads after Jinja has the structure of c, each
 // template rendered alone in its place (jinja.go).
@@ -282,5 +282,5 @@ func (c *Config) encode(tpl templates) ([]byte, error) {
 	if err := dec.Decode(&doc); err != nil {
 		return nil, fmt.Errorf("encoding cloud-config: %w", err)
 	}
-	return append([]byte(Header), encode(doc, tpl)...), nil
+	return append([]byte(header), encode(doc, tpl)...), nil
 }

@@ -43,7 +43,7 @@ func kubeadmNode() *Config {
 		Mounts:    [][]string{{"LABEL=etcd", "/var/lib/etcd"}},
 		RunCmd: []Command{
 			{"kubeadm", "init", "--config", "/run/kubeadm/kubeadm.yaml"},
-			ShellLine("mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete"),
+			shellLine("mkdir -p /run/cluster-api && echo success > /run/cluster-api/bootstrap-success.complete"),
 		},
 	}
 }
@@ -59,8 +59,8 @@ func TestRenderPassesCloudInitSchema(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !strings.HasPrefix(string(data), Header) {
-				t.Fatalf("no %q header", Header)
+			if !strings.HasPrefix(string(data), header) {
+				t.Fatalf("no %q header", header)
 			}
 			if out, err := schemaCheck(t, data); err != nil || !strings.Contains(out, "Valid cloud-config") {
 				t.Fatalf("cloud-init schema: %v\n%s\n%s", err, out, data)
@@ -72,7 +72,7 @@ func TestRenderPassesCloudInitSchema(t *testing.T) {
 // TestSchemaCheckCatchesErrors shows the check can fail: cloud-init
 // refuses a document with a wrongly typed field.
 func TestSchemaCheckCatchesErrors(t *testing.T) {
-	out, err := schemaCheck(t, []byte(Header+"ntp:\n  servers: time.example.com\n"))
+	out, err := schemaCheck(t, []byte(header+"ntp:\n  servers: time.example.com\n"))
 	if err == nil || strings.Contains(out, "Valid cloud-config") {
 		t.Fatalf("cloud-init schema accepted a string for ntp.servers:\n%s", out)
 	}

@@ -34,8 +34,8 @@ type Part struct {
 	Ref  []string
 }
 
-// ErrTemplate is wrapped by ParseTemplate's errors.
-var ErrTemplate = errors.New("unsupported Jinja")
+// errTemplate is wrapped by ParseTemplate's errors.
+var errTemplate = errors.New("unsupported Jinja")
 
 var (
 	refName     = `[A-Za-z_][A-Za-z0-9_]*`
@@ -51,7 +51,7 @@ var (
 // {{ name(.name | ['key'] | [n])* }} is a reference; {% raw %}text{% endraw %}
 // is text (a line break right after {% endraw %} is removed, as Jinja
 // does); anything else that opens {{, {% or {# is refused with an error
-// wrapping ErrTemplate, as are names starting with "__". Adjacent text
+// wrapping errTemplate, as are names starting with "__". Adjacent text
 // parts are merged.
 func ParseTemplate(s string) ([]Part, error) {
 	var parts []Part
@@ -79,33 +79,33 @@ func ParseTemplate(s string) ([]Part, error) {
 		case "{{":
 			end := strings.Index(s, "}}")
 			if end < 0 {
-				return nil, fmt.Errorf("%w: {{ at byte %d without }}", ErrTemplate, at())
+				return nil, fmt.Errorf("%w: {{ at byte %d without }}", errTemplate, at())
 			}
 			ref, err := parseRef(s[2:end])
 			if err != nil {
-				return nil, fmt.Errorf("%w: {{ at byte %d: %w", ErrTemplate, at(), err)
+				return nil, fmt.Errorf("%w: {{ at byte %d: %w", errTemplate, at(), err)
 			}
 			parts = append(parts, Part{Ref: ref})
 			s = s[end+2:]
 		case "{%":
 			m := rawBegin.FindString(s)
 			if m == "" {
-				return nil, fmt.Errorf("%w: {%% at byte %d: the only tag a value may hold is {%% raw %%}…{%% endraw %%}", ErrTemplate, at())
+				return nil, fmt.Errorf("%w: {%% at byte %d: the only tag a value may hold is {%% raw %%}…{%% endraw %%}", errTemplate, at())
 			}
 			s = s[len(m):]
 			loc := rawEndLoose.FindStringIndex(s)
 			if loc == nil {
-				return nil, fmt.Errorf("%w: {%% raw %%} at byte %d without {%% endraw %%}", ErrTemplate, at())
+				return nil, fmt.Errorf("%w: {%% raw %%} at byte %d without {%% endraw %%}", errTemplate, at())
 			}
 			if !rawEnd.MatchString(s[loc[0]:]) {
-				return nil, fmt.Errorf("%w: the {%% endraw %%} at byte %d strips white space (- or +): write {%% endraw %%}", ErrTemplate, at()+loc[0])
+				return nil, fmt.Errorf("%w: the {%% endraw %%} at byte %d strips white space (- or +): write {%% endraw %%}", errTemplate, at()+loc[0])
 			}
 			text(s[:loc[0]])
 			s = s[loc[1]:]
 			// trim_blocks: Jinja removes the line break after a block tag.
 			s = strings.TrimPrefix(s, "\n")
 		default:
-			return nil, fmt.Errorf("%w: {# at byte %d opens a Jinja comment (shell's ${#var} does): write it inside {%% raw %%}…{%% endraw %%}", ErrTemplate, at())
+			return nil, fmt.Errorf("%w: {# at byte %d opens a Jinja comment (shell's ${#var} does): write it inside {%% raw %%}…{%% endraw %%}", errTemplate, at())
 		}
 	}
 	return parts, nil

@@ -142,7 +142,7 @@ func key(k string) string {
 	switch {
 	case plainSafe(k) && !jinja(k):
 		return k
-	case SingleQuoted(k):
+	case singleQuoted(k):
 		return "'" + k + "'"
 	}
 	return doubleQuoted(k)
@@ -152,9 +152,9 @@ func str(s string, indent int) string {
 	switch {
 	case plainSafe(s) && !jinja(s):
 		return s
-	case SingleQuoted(s):
+	case singleQuoted(s):
 		return "'" + s + "'"
-	case Verbatim(s) && !jinja(s) && strings.TrimRight(s, "\n") != "":
+	case verbatim(s) && !jinja(s) && strings.TrimRight(s, "\n") != "":
 		return literal(s, indent)
 	}
 	return doubleQuoted(s)
@@ -228,19 +228,19 @@ func printable(r rune) bool {
 		r >= 0xe000 && r <= 0xfffd && r != 0xfeff || r >= 0x10000 && r <= 0x10ffff
 }
 
-// SingleQuoted says s is written in single quotes: one line of verbatim
+// singleQuoted says s is written in single quotes: one line of verbatim
 // text without a quote that is not plain and opens no Jinja delimiter
 // (which only double quotes can escape).
-func SingleQuoted(s string) bool {
-	return !plainSafe(s) && !jinja(s) && !strings.ContainsAny(s, "'\n\t") && Verbatim(s)
+func singleQuoted(s string) bool {
+	return !plainSafe(s) && !jinja(s) && !strings.ContainsAny(s, "'\n\t") && verbatim(s)
 }
 
 // jinja says s opens a Jinja delimiter.
 func jinja(s string) bool { return delimiter(s) >= 0 }
 
-// Verbatim says a literal block or single quotes hold s character for
+// verbatim says a literal block or single quotes hold s character for
 // character: printable text whose only line breaks are newlines.
-func Verbatim(s string) bool {
+func verbatim(s string) bool {
 	if !utf8.ValidString(s) {
 		return false
 	}

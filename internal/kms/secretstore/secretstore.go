@@ -30,15 +30,15 @@ func New(client kubernetes.Interface, namespace string) *Store {
 	return &Store{client: client, namespace: namespace}
 }
 
-// SecretName returns the name of the Secret holding id's wrapped DEK.
-func SecretName(id string) string {
+// secretName returns the name of the Secret holding id's wrapped DEK.
+func secretName(id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return "gatehouse-dek-" + hex.EncodeToString(sum[:])[:40]
 }
 
 // Get returns the wrapped DEK for id.
 func (s *Store) Get(ctx context.Context, id string) ([]byte, bool, error) {
-	secret, err := s.client.CoreV1().Secrets(s.namespace).Get(ctx, SecretName(id), metav1.GetOptions{})
+	secret, err := s.client.CoreV1().Secrets(s.namespace).Get(ctx, secretName(id), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, false, nil
 	}
@@ -55,7 +55,7 @@ func (s *Store) Get(ctx context.Context, id string) ([]byte, bool, error) {
 func (s *Store) Create(ctx context.Context, id string, wrapped []byte) (bool, error) {
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:        SecretName(id),
+			Name:        secretName(id),
 			Namespace:   s.namespace,
 			Labels:      map[string]string{"app.kubernetes.io/managed-by": "gatehouse-keyservice"},
 			Annotations: map[string]string{"gatehouse.dev/data-key-id": id},

@@ -25,19 +25,19 @@ const (
 	// Auto uses configfs-tsm where the kernel has it (Linux 6.7+), else
 	// /dev/sev-guest.
 	Auto Interface = "auto"
-	// ConfigFSTSM is /sys/kernel/config/tsm/report.
-	ConfigFSTSM Interface = "configfs-tsm"
-	// SEVGuest is the /dev/sev-guest ioctl interface.
-	SEVGuest Interface = "sev-guest"
+	// configFSTSM is /sys/kernel/config/tsm/report.
+	configFSTSM Interface = "configfs-tsm"
+	// sevGuest is the /dev/sev-guest ioctl interface.
+	sevGuest Interface = "sev-guest"
 )
 
 // ParseInterface parses "auto", "configfs-tsm" or "sev-guest".
 func ParseInterface(s string) (Interface, error) {
 	switch i := Interface(s); i {
-	case Auto, ConfigFSTSM, SEVGuest:
+	case Auto, configFSTSM, sevGuest:
 		return i, nil
 	}
-	return "", fmt.Errorf("unknown SEV-SNP guest interface %q: use %s, %s or %s", s, Auto, ConfigFSTSM, SEVGuest)
+	return "", fmt.Errorf("unknown SEV-SNP guest interface %q: use %s, %s or %s", s, Auto, configFSTSM, sevGuest)
 }
 
 // Attester produces SEV-SNP reports as SNPEvidence.
@@ -56,9 +56,9 @@ func New(iface Interface) (*Attester, error) {
 			return nil, fmt.Errorf("opening the SEV-SNP guest interface (configfs-tsm, then /dev/sev-guest): %w", err)
 		}
 		provider = p
-	case ConfigFSTSM:
+	case configFSTSM:
 		provider = &client.LinuxConfigFsQuoteProvider{}
-	case SEVGuest:
+	case sevGuest:
 		provider = &client.LinuxIoctlQuoteProvider{}
 	default:
 		return nil, fmt.Errorf("unknown SEV-SNP guest interface %q", iface)

@@ -15,7 +15,7 @@ func TestNewMatchesThePlatform(t *testing.T) {
 		t.Fatalf("SEV-SNP guest device present: %t, but New returned %v", inGuest, err)
 	}
 	if statErr != nil {
-		for _, iface := range []Interface{ConfigFSTSM, SEVGuest} {
+		for _, iface := range []Interface{configFSTSM, sevGuest} {
 			if _, err := New(iface); err == nil {
 				t.Errorf("New(%s) succeeded outside an SEV-SNP guest", iface)
 			}

@@ -1,0 +1,5 @@
+package collateral
+
+// Exported for this package's external tests only.
+
+const MaxSize = maxSize

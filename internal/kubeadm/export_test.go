@@ -1,0 +1,5 @@
+package kubeadm
+
+// Exported for this package's external tests only.
+
+const ControllerManagerControllers = controllerManagerControllers
