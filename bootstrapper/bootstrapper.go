@@ -14,6 +14,7 @@ import (
 	recoveryservicev1 "github.com/gatehouse-dev/gatehouse/api/recoveryservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 )
 
 // bootDisk is the state disk as the boot sequence sees it.
@@ -115,11 +116,11 @@ func run(ctx context.Context, cfg Config) error {
 		cfg.Linger = 10 * time.Minute
 	}
 	if cfg.Lock.Locked() {
-		st, err := ReadStatus(machine.Root)
+		st, err := bootstrapstatus.Read(machine.Root)
 		if err != nil {
 			return err
 		}
-		if st.Phase == PhaseFailed {
+		if st.Phase == bootstrapstatus.PhaseFailed {
 			return &FailedError{Err: fmt.Errorf("this boot's bootstrap failed at %s: %s", st.Time.Format(time.RFC3339), st.Error)}
 		}
 		machine.Log.Info("The node lock is already taken in this boot; (re)starting the kubelet only")
@@ -136,7 +137,7 @@ func run(ctx context.Context, cfg Config) error {
 	if machine.FirstBootKey, err = cfg.Disk.FormatRandom(ctx); err != nil {
 		return err
 	}
-	machine.recordStatus(PhaseWaiting, nil, cfg.Now())
+	machine.recordStatus(bootstrapstatus.PhaseWaiting, nil, cfg.Now())
 	return race(ctx, cfg)
 }
 

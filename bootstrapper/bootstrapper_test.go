@@ -28,6 +28,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
@@ -207,7 +208,7 @@ func TestRunLockedRestartsKubeletOnly(t *testing.T) {
 		t.Fatalf("the disk was touched: %s", st)
 	}
 
-	if err := writeStatus(n.machine.Root, PhaseFailed, errors.New("kubeadm join failed"), time.Now()); err != nil {
+	if err := writeStatus(n.machine.Root, bootstrapstatus.PhaseFailed, errors.New("kubeadm join failed"), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	var failed *FailedError

@@ -27,6 +27,7 @@ import (
 
 	initservicev1 "github.com/gatehouse-dev/gatehouse/api/initservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/components"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
@@ -375,7 +376,7 @@ func (s *InitServer) run(j *initJob, p *initPlan) {
 		j.mu.Unlock()
 		j.emit(&initservicev1.InitResponse{Kind: &initservicev1.InitResponse_Failure{Failure: &initservicev1.InitFailure{Error: err.Error(), LogsGzip: logs}}})
 	} else {
-		s.cfg.Machine.recordStatus(PhaseDone, nil, now)
+		s.cfg.Machine.recordStatus(bootstrapstatus.PhaseDone, nil, now)
 		j.emit(&initservicev1.InitResponse{Kind: &initservicev1.InitResponse_Success{Success: result}})
 		s.cfg.Machine.Log.Info("Init succeeded: this node is the cluster's first control plane")
 	}
@@ -397,7 +398,7 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 		}
 		return nil, err
 	}
-	machine.recordStatus(PhaseInitialising, nil, s.cfg.Now())
+	machine.recordStatus(bootstrapstatus.PhaseInitialising, nil, s.cfg.Now())
 
 	step("rekey-state-disk", "Re-keying the state disk with the key derived from the master secret")
 	diskUUID, err := machine.Disk.UUID(ctx)

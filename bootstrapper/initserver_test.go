@@ -30,6 +30,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
@@ -252,7 +253,7 @@ func TestInit(t *testing.T) {
 		cfg.Clusters["gatehouse"].Server != "https://api.gatehouse.example:6443" {
 		t.Errorf("the admin kubeconfig does not point at the controlPlaneEndpoint: %v %+v", err, cfg)
 	}
-	if st, _ := ReadStatus(root); st.Phase != PhaseDone {
+	if st, _ := bootstrapstatus.Read(root); st.Phase != bootstrapstatus.PhaseDone {
 		t.Errorf("status %+v", st)
 	}
 	select {
@@ -436,7 +437,7 @@ func TestInitFailureAfterLock(t *testing.T) {
 	if st, _ := f.node.disk.State(t.Context()); st != statedisk.ResetRequested {
 		t.Errorf("disk state %s, want %s", st, statedisk.ResetRequested)
 	}
-	if st, _ := ReadStatus(f.node.machine.Root); st.Phase != PhaseFailed || !strings.Contains(st.Error, "kubeadm init") {
+	if st, _ := bootstrapstatus.Read(f.node.machine.Root); st.Phase != bootstrapstatus.PhaseFailed || !strings.Contains(st.Error, "kubeadm init") {
 		t.Errorf("status %+v", st)
 	}
 	if f.server.Result() == nil {
@@ -510,7 +511,7 @@ func TestInitRefusesANameBoundToAnotherMachine(t *testing.T) {
 		!strings.Contains(final.GetFailure().GetError(), "belongs to") {
 		t.Fatalf("init with the name bound to another machine: success %t, failure %q", final.GetSuccess() != nil, final.GetFailure().GetError())
 	}
-	if st, _ := ReadStatus(f.node.machine.Root); st.Phase != PhaseFailed {
+	if st, _ := bootstrapstatus.Read(f.node.machine.Root); st.Phase != bootstrapstatus.PhaseFailed {
 		t.Errorf("status %s, want failed", st.Phase)
 	}
 }

@@ -11,13 +11,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 	"github.com/gatehouse-dev/gatehouse/internal/logtail"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
-	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
@@ -108,7 +108,7 @@ func NewJoinClient(cfg JoinClientConfig) (*JoinClient, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if _, err := joincreds.Client(cfg.Attester, cfg.CACertHash, cfg.Now); err != nil {
+	if _, err := joinCredentials(cfg.Attester, cfg.CACertHash, cfg.Now); err != nil {
 		return nil, fmt.Errorf("join client: %w", err)
 	}
 	return &JoinClient{cfg: cfg, calls: &joinServiceCalls{
@@ -148,11 +148,11 @@ func (c *JoinClient) Join(ctx context.Context) error {
 	if err := c.cfg.Lock.TryLock("join", id); err != nil {
 		return err
 	}
-	machine.recordStatus(PhaseJoining, nil, c.cfg.Now())
+	machine.recordStatus(bootstrapstatus.PhaseJoining, nil, c.cfg.Now())
 	if err := c.setUp(ctx, ticket, kubeletKey); err != nil {
 		return c.cfg.Machine.markFailed(err, c.cfg.Now())
 	}
-	machine.recordStatus(PhaseDone, nil, c.cfg.Now())
+	machine.recordStatus(bootstrapstatus.PhaseDone, nil, c.cfg.Now())
 	machine.Log.Info("Joined the cluster", "controlPlane", c.cfg.ControlPlane)
 	return nil
 }

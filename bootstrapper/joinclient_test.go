@@ -29,6 +29,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -239,7 +240,7 @@ func TestJoin(t *testing.T) {
 	if got := n.runner.subcommands(); got != "join" {
 		t.Errorf("kubeadm subcommands %q, want join", got)
 	}
-	if st, _ := ReadStatus(root); st.Phase != PhaseDone {
+	if st, _ := bootstrapstatus.Read(root); st.Phase != bootstrapstatus.PhaseDone {
 		t.Errorf("status %+v", st)
 	}
 	testkit.AssertNoSecrets(t, n.logs.String(), [][]byte{[]byte(ticket.GetToken()), ticket.GetStateDiskKey(), ticket.GetMeasurementSecret()})
@@ -361,7 +362,7 @@ func TestJoinFailureAfterLock(t *testing.T) {
 	if st, _ := n.disk.State(t.Context()); st != statedisk.ResetRequested {
 		t.Errorf("disk state %s", st)
 	}
-	if st, _ := ReadStatus(n.machine.Root); st.Phase != PhaseFailed {
+	if st, _ := bootstrapstatus.Read(n.machine.Root); st.Phase != bootstrapstatus.PhaseFailed {
 		t.Errorf("status %+v", st)
 	}
 }

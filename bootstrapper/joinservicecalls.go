@@ -14,13 +14,14 @@ import (
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/grpcopts"
-	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 )
 
 // joinServiceCalls calls the join service as this node: over attested TLS
-// (internal/joincreds) to each endpoint in turn, round after round with
+// (joinCredentials) to each endpoint in turn, round after round with
 // backoff, until the node lock is taken. The JoinClient and the rejoin
 // share it.
 type joinServiceCalls struct {
@@ -119,7 +120,7 @@ func closedAfterHandshake(err error) bool {
 }
 
 func (j *joinServiceCalls) callOne(ctx context.Context, endpoint string, fn func(context.Context, joinservicev1.JoinServiceClient) error) error {
-	creds, err := joincreds.Client(j.attester, j.caCertHash, j.now)
+	creds, err := joinCredentials(j.attester, j.caCertHash, j.now)
 	if err != nil {
 		return err
 	}
@@ -131,4 +132,21 @@ func (j *joinServiceCalls) callOne(ctx context.Context, endpoint string, fn func
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	return fn(ctx, joinservicev1.NewJoinServiceClient(conn))
+}
+
+// joinCredentials returns the attested TLS credentials a joiner dials the
+// join service with (docs/joinservice.md, "Trust decisions"): the joiner
+// attests with attester, and trusts the service by the cluster CA's
+// discovery token CA cert hash ("sha256:<64 hex>", kubeadm reference,
+// "kubeadm join"; see clusterpki.VerifyClusterIdentity). now is the clock;
+// nil is time.Now. A malformed hash is an error.
+func joinCredentials(attester attestation.Attester, caCertHash string, now func() time.Time) (*atls.Credentials, error) {
+	if now == nil {
+		now = time.Now
+	}
+	verify, err := clusterpki.VerifyClusterIdentity(caCertHash, now)
+	if err != nil {
+		return nil, err
+	}
+	return atls.NewCredentials(atls.Config{Attester: attester, VerifyPeer: verify, Now: now})
 }

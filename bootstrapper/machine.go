@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -164,7 +165,7 @@ func (s *Machine) markFailed(err error, now time.Time) *FailedError {
 		s.Log.Error("Marking the state disk for reset failed", "error", rerr.Error())
 	}
 	failed := &FailedError{Err: err}
-	s.recordStatus(PhaseFailed, failed, now)
+	s.recordStatus(bootstrapstatus.PhaseFailed, failed, now)
 	return failed
 }
 

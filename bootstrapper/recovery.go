@@ -13,6 +13,7 @@ import (
 
 	recoveryservicev1 "github.com/gatehouse-dev/gatehouse/api/recoveryservice/v1"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
@@ -150,7 +151,7 @@ func (s *recoveryServer) unlock(ctx context.Context, key []byte) error {
 	fail := func(err error) error {
 		failed := &FailedError{Err: err}
 		cfg.Machine.Log.Error("Recovery failed after the node lock; reboot the node to try again", "error", err.Error())
-		cfg.Machine.recordStatus(PhaseFailed, failed, cfg.Now())
+		cfg.Machine.recordStatus(bootstrapstatus.PhaseFailed, failed, cfg.Now())
 		return failed
 	}
 	if err := cfg.Machine.unlockState(ctx, key); err != nil {
@@ -167,6 +168,6 @@ func (s *recoveryServer) unlock(ctx context.Context, key []byte) error {
 	if err := cfg.Kubelet.Restart(ctx); err != nil {
 		return fail(fmt.Errorf("restarting the kubelet: %w", err))
 	}
-	cfg.Machine.recordStatus(PhaseDone, nil, cfg.Now())
+	cfg.Machine.recordStatus(bootstrapstatus.PhaseDone, nil, cfg.Now())
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
@@ -99,7 +100,7 @@ func TestRunRecover(t *testing.T) {
 	if f.kubelet.restarts.Load() != 1 || n.runner.subcommands() != "" {
 		t.Fatalf("kubelet restarts %d, kubeadm %q: recovery must only restart the kubelet", f.kubelet.restarts.Load(), n.runner.subcommands())
 	}
-	if st, _ := ReadStatus(n.machine.Root); st.Phase != PhaseDone {
+	if st, _ := bootstrapstatus.Read(n.machine.Root); st.Phase != bootstrapstatus.PhaseDone {
 		t.Fatalf("status %s, want done", st.Phase)
 	}
 	// A second recovery of a node that holds its lock changes nothing.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
@@ -27,7 +28,7 @@ func newRejoin(cfg Config) *rejoin { return &rejoin{cfg: cfg, calls: cfg.Join.ca
 func (r *rejoin) run(ctx context.Context) error {
 	cfg := r.cfg
 	machine := cfg.Machine
-	machine.recordStatus(PhaseRejoining, nil, cfg.Now())
+	machine.recordStatus(bootstrapstatus.PhaseRejoining, nil, cfg.Now())
 	diskUUID, err := machine.Disk.UUID(ctx)
 	if err != nil {
 		return err
@@ -74,7 +75,7 @@ func (r *rejoin) run(ctx context.Context) error {
 	if err := cfg.Kubelet.Restart(ctx); err != nil {
 		return machine.markFailed(err, cfg.Now())
 	}
-	machine.recordStatus(PhaseDone, nil, cfg.Now())
+	machine.recordStatus(bootstrapstatus.PhaseDone, nil, cfg.Now())
 	machine.Log.Info("Rejoined: the state disk is unlocked and the kubelet runs")
 	return nil
 }

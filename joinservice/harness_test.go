@@ -44,7 +44,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/grpcopts"
-	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
@@ -600,7 +599,7 @@ func dialJoinService(addr, caHash string, attester attestation.Attester, src str
 	var creds credentials.TransportCredentials
 	var err error
 	if attester != nil {
-		creds, err = joincreds.Client(attester, caHash, nil)
+		creds, err = joinerCredentials(attester, caHash)
 	} else {
 		creds, err = unattestedCredentials(caHash)
 	}
@@ -669,4 +668,15 @@ func (h *harness) tokenSecrets(t testing.TB) []corev1.Secret {
 		t.Fatal(err)
 	}
 	return list.Items
+}
+
+// joinerCredentials are a joiner's attested TLS credentials, as the
+// bootstrapper makes them: attest with attester, trust the join service by
+// the cluster CA's discovery token CA cert hash.
+func joinerCredentials(attester attestation.Attester, caHash string) (*atls.Credentials, error) {
+	verify, err := clusterpki.VerifyClusterIdentity(caHash, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	return atls.NewCredentials(atls.Config{Attester: attester, VerifyPeer: verify, Now: time.Now})
 }

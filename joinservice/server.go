@@ -45,10 +45,10 @@ import (
 // maxRequestSize bounds a request message in bytes; a CSR is well under 4 KiB.
 const maxRequestSize = 16 << 10
 
-// ControlPlaneFiles are the files, relative to the PKI directory, a control
+// controlPlaneFileSet are the files, relative to the PKI directory, a control
 // plane needs to run `kubeadm join --control-plane` without a certificate
 // key (kubeadm docs, "Manual certificate distribution").
-var ControlPlaneFiles = []string{
+var controlPlaneFileSet = []string{
 	"ca.crt", "ca.key", "sa.key", "sa.pub",
 	"front-proxy-ca.crt", "front-proxy-ca.key",
 	"etcd/ca.crt", "etcd/ca.key",
@@ -107,7 +107,7 @@ type Config struct {
 	// lifetime (the kubelet renews it through CSRs); 0 is
 	// clusterpki.KubeletCertValidity.
 	KubeletCertLifetime time.Duration
-	// PKIDir holds the ControlPlaneFiles (/etc/kubernetes/pki on a control plane).
+	// PKIDir holds the controlPlaneFileSet (/etc/kubernetes/pki on a control plane).
 	PKIDir string
 	// RateLimit is the per-source budget of requests.
 	RateLimit connlimit.Rate
@@ -523,8 +523,8 @@ func (s *Server) keys(ctx context.Context, diskKeyID string) (diskKey, measureme
 }
 
 func (s *Server) controlPlaneFiles() ([]*joinservicev1.ControlPlaneFile, error) {
-	files := make([]*joinservicev1.ControlPlaneFile, 0, len(ControlPlaneFiles))
-	for _, name := range ControlPlaneFiles {
+	files := make([]*joinservicev1.ControlPlaneFile, 0, len(controlPlaneFileSet))
+	for _, name := range controlPlaneFileSet {
 		data, err := os.ReadFile(filepath.Join(s.cfg.PKIDir, name))
 		if err != nil {
 			return nil, refuse(codes.FailedPrecondition, "pki_error", "reading control-plane file %s from the service's PKI directory: %w", name, err)

@@ -26,15 +26,15 @@ const (
 	// tokenReuseMargin: a token of the same join request is handed out again
 	// while it has at least this long left; otherwise it is renewed.
 	tokenReuseMargin = 10 * time.Minute
-	// LabelJoinRequest labels token Secrets with their join request's key.
-	LabelJoinRequest = "gatehouse.dev/join-request"
+	// labelJoinRequest labels token Secrets with their join request's key.
+	labelJoinRequest = "gatehouse.dev/join-request"
 )
 
 // requestTokens derives a join request's token id and owner label from its
 // request key (the node's attestation identity, NUL, and node name), and
 // names the node on the Secret (bootstraptoken.AnnotationNode).
 var requestTokens = bootstraptoken.Issuer{
-	Label:       LabelJoinRequest,
+	Label:       labelJoinRequest,
 	IDDomain:    "gatehouse-token-id",
 	OwnerDomain: "gatehouse-join-request",
 	Annotations: requestTokensAnnotations,

@@ -10,7 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
-	"github.com/gatehouse-dev/gatehouse/internal/kms/secretstore"
+	"github.com/gatehouse-dev/gatehouse/keyservice/secretstore"
 )
 
 // KMSConfig says where the key service's keys come from: either a KMS URI

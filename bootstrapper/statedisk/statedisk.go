@@ -20,9 +20,9 @@ import (
 	"strings"
 )
 
-// KeySize is the size of the random first-boot passphrase and of derived
+// keySize is the size of the random first-boot passphrase and of derived
 // disk keys, in bytes.
-const KeySize = 32
+const keySize = 32
 
 // stateTokenID is the LUKS2 token slot holding the disk's Gatehouse state.
 const stateTokenID = "7"
@@ -141,7 +141,7 @@ func (d *Disk) Format(ctx context.Context, key []byte) error {
 // FormatRandom formats the disk with a random passphrase (first boot) and
 // returns it; the caller keeps it in memory until the disk is re-keyed.
 func (d *Disk) FormatRandom(ctx context.Context) ([]byte, error) {
-	key := make([]byte, KeySize)
+	key := make([]byte, keySize)
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("generating the first-boot passphrase: %w", err)
 	}

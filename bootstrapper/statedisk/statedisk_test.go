@@ -46,7 +46,7 @@ func loopDisk(t *testing.T, argvLog bool) (*Disk, string) {
 
 func randomKey(t *testing.T) []byte {
 	t.Helper()
-	k := make([]byte, KeySize)
+	k := make([]byte, keySize)
 	if _, err := rand.Read(k); err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/render/ignition"
 	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
 )
 
 // commandScript is the shell script the machine runs for data: for

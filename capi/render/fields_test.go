@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/render/ignition"
 	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
 )
 
 // The tests of this file check that each CABPK field reaches the data
@@ -351,7 +351,7 @@ func TestJinja(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(string(data), JinjaHeader+"#cloud-config\n") {
+	if !strings.HasPrefix(string(data), jinjaHeader+"#cloud-config\n") {
 		t.Fatalf("the data does not start with the Jinja header:\n%s", data)
 	}
 	rendertest.CloudInitSchema(t, data)

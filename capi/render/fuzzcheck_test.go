@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/render/ignition"
 	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 

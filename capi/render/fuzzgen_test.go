@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
+	"github.com/gatehouse-dev/gatehouse/capi/render/ignition"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 )
 

@@ -17,7 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/ignition"
+	"github.com/gatehouse-dev/gatehouse/capi/render/ignition"
 )
 
 // sudoersPath holds the users' sudo rules in Ignition data (cloud-init
@@ -32,7 +32,7 @@ const chronyConfPath = "/etc/chrony.d/gatehouse.conf"
 // ignition.Version) of coreos/ignition's types: files, users, disks, file
 // systems, mount units, and the commands in a script run by a oneshot
 // unit, as Ignition itself runs nothing. Package
-// internal/bootstrapdata/ignition translates the Butane additions, which
+// capi/render/ignition translates the Butane additions, which
 // are merged over the result last, so they win.
 func renderIgnition(s *steps) ([]byte, error) {
 	files := s.files

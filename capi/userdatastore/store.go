@@ -65,8 +65,8 @@ const (
 // secret, mangle them.)
 const minSecretLength = 8
 
-// ContentType is the Content-Type objects are stored with.
-const ContentType = "application/octet-stream"
+// objectContentType is the Content-Type objects are stored with.
+const objectContentType = "application/octet-stream"
 
 // maxRetries bounds minio-go's own retries of one request (it defaults to
 // 10): the controller's requeue is the outer retry, and a reconcile should
@@ -217,7 +217,7 @@ func (s *Store) Put(ctx context.Context, key string, data []byte) error {
 	if data == nil {
 		return fmt.Errorf("putting bootstrap data to %s: %w", s.S3URI(key), errNilData)
 	}
-	opts := minio.PutObjectOptions{ContentType: ContentType}
+	opts := minio.PutObjectOptions{ContentType: objectContentType}
 	if s.sse {
 		opts.ServerSideEncryption = encrypt.NewSSE()
 	}

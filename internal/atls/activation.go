@@ -32,7 +32,7 @@ import (
 //
 // On success the verified result no longer carries its KeyActivation.
 // Errors wrap attestation.ErrActivation when the activation itself failed.
-func finish(ctx context.Context, conn net.Conn, attester attestation.Attester, verified *Verified) error {
+func finish(ctx context.Context, conn net.Conn, attester attestation.Attester, verified *peerEvidence) error {
 	result := verified.Result()
 	verifying := result != nil && result.Activation != nil
 	activator, attesting := attester.(attestation.Activator)

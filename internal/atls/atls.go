@@ -168,8 +168,8 @@ func (c *Config) check() error {
 	return nil
 }
 
-// Verified holds what the peer's evidence proved, once the handshake is done.
-type Verified struct {
+// peerEvidence holds what the peer's evidence proved, once the handshake is done.
+type peerEvidence struct {
 	mu       sync.Mutex
 	result   *attestation.Result
 	evidence Evidence
@@ -187,7 +187,7 @@ type Evidence struct {
 
 // Evidence returns the peer's verified evidence and nonce; zero when the
 // peer was not asked to attest or the handshake has not completed.
-func (v *Verified) Evidence() Evidence {
+func (v *peerEvidence) Evidence() Evidence {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.evidence
@@ -195,25 +195,25 @@ func (v *Verified) Evidence() Evidence {
 
 // Result returns the peer's verified attestation result, or nil when the
 // peer was not asked to attest or the handshake has not completed.
-func (v *Verified) Result() *attestation.Result {
+func (v *peerEvidence) Result() *attestation.Result {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.result
 }
 
-func (v *Verified) markAttested() {
+func (v *peerEvidence) markAttested() {
 	v.mu.Lock()
 	v.didAttest = true
 	v.mu.Unlock()
 }
 
-func (v *Verified) attested() bool {
+func (v *peerEvidence) attested() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.didAttest
 }
 
-func (v *Verified) set(r *attestation.Result, e Evidence) {
+func (v *peerEvidence) set(r *attestation.Result, e Evidence) {
 	v.mu.Lock()
 	v.result, v.evidence = r, e
 	v.mu.Unlock()
@@ -225,11 +225,11 @@ func (v *Verified) set(r *attestation.Result, e Evidence) {
 // exchange that NewCredentials, ServeEvidence and FetchEvidence run after
 // crypto/tls's handshake; until then a result may carry a KeyActivation
 // that nobody answered.
-func clientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error) {
+func clientConfig(ctx context.Context, c Config) (*tls.Config, *peerEvidence, error) {
 	if err := c.check(); err != nil {
 		return nil, nil, err
 	}
-	verified := &Verified{}
+	verified := &peerEvidence{}
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		NextProtos: []string{"h2"},
@@ -269,11 +269,11 @@ func clientConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 // serverConfig returns a TLS configuration for one server handshake (a fresh
 // nonce each time: never reuse it) and where the client's verified result
 // will be. As with clientConfig, the key activation exchange follows.
-func serverConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error) {
+func serverConfig(ctx context.Context, c Config) (*tls.Config, *peerEvidence, error) {
 	if err := c.check(); err != nil {
 		return nil, nil, err
 	}
-	verified := &Verified{}
+	verified := &peerEvidence{}
 	cfg := &tls.Config{
 		MinVersion:             tls.VersionTLS13,
 		NextProtos:             []string{"h2"},
@@ -321,7 +321,7 @@ func serverConfig(ctx context.Context, c Config) (*tls.Config, *Verified, error)
 // chain (when c has VerifyPeer), and records the attestation result.
 // VerifyConnection, unlike VerifyPeerCertificate, runs on every handshake,
 // resumed or not.
-func verifyConnection(ctx context.Context, c *Config, nonce []byte, verified *Verified) func(tls.ConnectionState) error {
+func verifyConnection(ctx context.Context, c *Config, nonce []byte, verified *peerEvidence) func(tls.ConnectionState) error {
 	return func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return ErrNoCertificate

@@ -61,7 +61,7 @@ func (c *Credentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.Auth
 	return handshake(ctx, tls.Server(conn, cfg), c.cfg.Attester, verified)
 }
 
-func handshake(ctx context.Context, conn *tls.Conn, attester attestation.Attester, verified *Verified) (net.Conn, credentials.AuthInfo, error) {
+func handshake(ctx context.Context, conn *tls.Conn, attester attestation.Attester, verified *peerEvidence) (net.Conn, credentials.AuthInfo, error) {
 	if err := conn.HandshakeContext(ctx); err != nil {
 		_ = conn.Close()
 		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)

@@ -350,7 +350,7 @@ func (s *evidenceServer) handle(ctx context.Context, conn net.Conn) {
 	s.serveRequests(ctx, source, outer, attester, &r)
 }
 
-func (s *evidenceServer) finish(ctx context.Context, source string, conn net.Conn, attester attestation.Attester, verified *Verified, r *refusal) {
+func (s *evidenceServer) finish(ctx context.Context, source string, conn net.Conn, attester attestation.Attester, verified *peerEvidence, r *refusal) {
 	if err := finish(ctx, conn, attester, verified); err != nil {
 		s.refuse(source, *r, err)
 		return

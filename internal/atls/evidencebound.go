@@ -63,7 +63,7 @@ func attestChannel(ctx context.Context, conn *tls.Conn, attester attestation.Att
 	if err := writeFrameMax(conn, evidence, attestation.MaxEvidenceSize); err != nil {
 		return fmt.Errorf("atls: sending the evidence: %w", err)
 	}
-	verified := &Verified{}
+	verified := &peerEvidence{}
 	verified.markAttested()
 	return finish(ctx, conn, attester, verified)
 }
@@ -75,7 +75,7 @@ func attestChannel(ctx context.Context, conn *tls.Conn, attester attestation.Att
 // Errors wrap ErrUnknownVariant, errEvidenceInvalid (wrapping the
 // verifier's error), ErrKeyBinding or attestation.ErrMalformed; a read
 // error is returned as it came (the caller tells a refusal alert apart).
-func verifyChannel(ctx context.Context, conn net.Conn, nonce []byte, verifiers []attestation.Verifier) (*Verified, error) {
+func verifyChannel(ctx context.Context, conn net.Conn, nonce []byte, verifiers []attestation.Verifier) (*peerEvidence, error) {
 	variant, err := readFrameMax(conn, maxVariantSize)
 	if err != nil {
 		return nil, err
@@ -95,7 +95,7 @@ func verifyChannel(ctx context.Context, conn net.Conn, nonce []byte, verifiers [
 	if string(result.UserData) != string(channelUserData()) {
 		return nil, ErrKeyBinding
 	}
-	verified := &Verified{}
+	verified := &peerEvidence{}
 	verified.set(result, Evidence{Data: evidence, Nonce: nonce})
 	if err := finish(ctx, conn, nil, verified); err != nil {
 		return nil, err

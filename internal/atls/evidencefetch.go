@@ -235,7 +235,7 @@ func (f EvidenceFetcher) fetch(ctx context.Context, addr string, verifiers []att
 	return verified.Result(), kept, cs.DidResume, nil
 }
 
-func finishFetch(ctx context.Context, addr string, conn net.Conn, verified *Verified) (*attestation.Result, error) {
+func finishFetch(ctx context.Context, addr string, conn net.Conn, verified *peerEvidence) (*attestation.Result, error) {
 	if err := finish(ctx, conn, nil, verified); err != nil {
 		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
 	}

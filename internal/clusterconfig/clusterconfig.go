@@ -81,16 +81,16 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the cluster configuration: %w", err)
 	}
-	c, err := Parse(data)
+	c, err := parse(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
 }
 
-// Parse decodes YAML strictly and validates it. Errors name every field
+// parse decodes YAML strictly and validates it. Errors name every field
 // that is wrong.
-func Parse(data []byte) (*Config, error) {
+func parse(data []byte) (*Config, error) {
 	jsonData, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return nil, err
@@ -361,7 +361,7 @@ func Generate(v TemplateValues) ([]byte, error) {
 	if err := configTemplate.Execute(&buf, v); err != nil {
 		return nil, err
 	}
-	if _, err := Parse(buf.Bytes()); err != nil {
+	if _, err := parse(buf.Bytes()); err != nil {
 		return nil, fmt.Errorf("the generated configuration is invalid: %w", err)
 	}
 	return buf.Bytes(), nil

@@ -82,11 +82,11 @@ func LoadCA(certPath, keyPath string) (*CA, error) {
 	if !ok {
 		return nil, fmt.Errorf("CA key %s cannot sign", keyPath)
 	}
-	return NewCA(pair.Leaf, signer)
+	return newCA(pair.Leaf, signer)
 }
 
-// NewCA returns a CA for cert and its key.
-func NewCA(cert *x509.Certificate, key crypto.Signer) (*CA, error) {
+// newCA returns a CA for cert and its key.
+func newCA(cert *x509.Certificate, key crypto.Signer) (*CA, error) {
 	if !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
 		return nil, errors.New("CA certificate is not a CA with the certSign key usage")
 	}

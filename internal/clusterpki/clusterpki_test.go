@@ -152,7 +152,7 @@ func FuzzParseKubeletClientCSR(f *testing.F) {
 func newTestCA(t testing.TB) *CA {
 	t.Helper()
 	tc := testkit.NewCA(t, "kubernetes")
-	ca, err := NewCA(tc.Cert, tc.Key)
+	ca, err := newCA(tc.Cert, tc.Key)
 	if err != nil {
 		t.Fatal(err)
 	}

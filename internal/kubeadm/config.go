@@ -52,10 +52,10 @@ const (
 	PKIDir = "/etc/kubernetes/pki"
 	// DefaultCRISocket is containerd's CRI endpoint.
 	DefaultCRISocket = "unix:///run/containerd/containerd.sock"
-	// KubeletPatchFile is the name of the kubelet patch JoinParams.Render
+	// kubeletPatchFile is the name of the kubelet patch JoinParams.Render
 	// returns, to be written into JoinParams.PatchesDir (kubeadm docs,
 	// "Customizing components with the kubeadm API", patches).
-	KubeletPatchFile = "kubeletconfiguration+merge.yaml"
+	kubeletPatchFile = "kubeletconfiguration+merge.yaml"
 )
 
 // TLS settings of every control-plane component and the kubelet: TLS 1.2
@@ -527,7 +527,7 @@ func (p JoinParams) Render() (config []byte, patches map[string][]byte, err erro
 	if err != nil {
 		return nil, nil, fmt.Errorf("encoding the kubelet patch: %w", err)
 	}
-	return config, map[string][]byte{KubeletPatchFile: patch}, nil
+	return config, map[string][]byte{kubeletPatchFile: patch}, nil
 }
 
 // AuditPolicy returns the API server's audit policy (Kubernetes docs,

@@ -57,7 +57,7 @@ func (c *Cache) Get(node string) (Record, error) {
 // conditional write (Store.Update); Exists is false when the cache holds
 // none.
 func (c *Cache) Current(node string) (Current, error) {
-	cm, ok, err := c.cms.Get(Name(node))
+	cm, ok, err := c.cms.Get(recordName(node))
 	if err != nil {
 		return Current{}, fmt.Errorf("reading the attestation record of node %s: %w", node, err)
 	}

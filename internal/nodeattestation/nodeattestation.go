@@ -78,10 +78,10 @@ type Record struct {
 	RestoredAt time.Time
 }
 
-// Name returns the name of node's record ConfigMap:
+// recordName returns the name of node's record ConfigMap:
 // "gatehouse-attestation-" and the first 32 hex digits of SHA-256(node), a
 // fixed length whatever the node name's.
-func Name(node string) string {
+func recordName(node string) string {
 	sum := sha256.Sum256([]byte(node))
 	return namePrefix + hex.EncodeToString(sum[:16])
 }
@@ -93,7 +93,7 @@ var ErrNoRecord = errors.New("no attestation record")
 // not a record, or names another node than want (when want is not "").
 func fromConfigMap(cm *corev1.ConfigMap, want string) (Record, error) {
 	d := cm.Data
-	if d[keyNode] == "" || (want != "" && d[keyNode] != want) || cm.Name != Name(d[keyNode]) {
+	if d[keyNode] == "" || (want != "" && d[keyNode] != want) || cm.Name != recordName(d[keyNode]) {
 		return Record{}, fmt.Errorf("ConfigMap %s/%s is not the attestation record of node %q", cm.Namespace, cm.Name, want)
 	}
 	r := Record{
@@ -155,7 +155,7 @@ func NewStore(client kubernetes.Interface, namespace string) *Store {
 // Get reads node's record from the API server. It returns an error
 // wrapping ErrNoRecord when there is none.
 func (s *Store) Get(ctx context.Context, node string) (Record, error) {
-	cm, err := s.client.CoreV1().ConfigMaps(s.namespace).Get(ctx, Name(node), metav1.GetOptions{})
+	cm, err := s.client.CoreV1().ConfigMaps(s.namespace).Get(ctx, recordName(node), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return Record{}, fmt.Errorf("%w of node %s", ErrNoRecord, node)
 	}
@@ -196,7 +196,7 @@ func (s *Store) Update(ctx context.Context, node string, cur *Current, change fu
 		}
 		rec.Node = node
 		cm := &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: Name(node), Namespace: s.namespace, Labels: map[string]string{Label: "true"},
+			ObjectMeta: metav1.ObjectMeta{Name: recordName(node), Namespace: s.namespace, Labels: map[string]string{Label: "true"},
 				ResourceVersion: cur.ResourceVersion},
 			Data: rec.data(),
 		}
@@ -220,7 +220,7 @@ func (s *Store) Update(ctx context.Context, node string, cur *Current, change fu
 
 // current reads node's record from the API server.
 func (s *Store) current(ctx context.Context, node string) (Current, error) {
-	cm, err := s.client.CoreV1().ConfigMaps(s.namespace).Get(ctx, Name(node), metav1.GetOptions{})
+	cm, err := s.client.CoreV1().ConfigMaps(s.namespace).Get(ctx, recordName(node), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return Current{}, nil
 	}
@@ -258,7 +258,7 @@ func (s *Store) Restore(ctx context.Context, node, by string, now time.Time) (Re
 // written meanwhile is kept (the writer saw a reason to). A record already
 // gone is no error.
 func (s *Store) Delete(ctx context.Context, node, resourceVersion string) error {
-	err := s.client.CoreV1().ConfigMaps(s.namespace).Delete(ctx, Name(node), metav1.DeleteOptions{
+	err := s.client.CoreV1().ConfigMaps(s.namespace).Delete(ctx, recordName(node), metav1.DeleteOptions{
 		Preconditions: &metav1.Preconditions{ResourceVersion: &resourceVersion},
 	})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {

@@ -23,13 +23,13 @@ import (
 // layout, compression, configuration), so cached archives are rebuilt.
 const format = "gatehouse-mini-images/1"
 
-// Key is the cache key of the archive WriteArchive writes for arch and
+// cacheKey is the cache key of the archive WriteArchive writes for arch and
 // specs: a digest of the builder's format and go-containerregistry
 // version, arch, and every spec's reference, entrypoint, links, and the
 // name and content digest of every file its layers hold (binaries, their
 // shared libraries, the files of its directories). Any change to what
 // goes into the archive changes the key.
-func Key(arch string, specs []Spec) (string, error) {
+func cacheKey(arch string, specs []Spec) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\nggcr %s\narch %s\n", format, ggcrVersion(), arch)
 	type layerFiles struct {
@@ -129,7 +129,7 @@ func ggcrVersion() string {
 	return "unknown"
 }
 
-// Cache keeps image archives in a directory, named by their Key: a second
+// Cache keeps image archives in a directory, named by their cacheKey: a second
 // `mini up` with the same binaries skips the build. Archives are written
 // to a temporary file and renamed into place, so an interrupted build
 // leaves no partial archive under a key's name; the Keep most recently
@@ -158,7 +158,7 @@ type Cached struct {
 // caching it first when the cache lacks it. The archive's digest is kept
 // beside it (<key>.tar.sha256), so a hit does not read the archive.
 func (c Cache) Archive(arch string, specs []Spec) (Cached, error) {
-	key, err := Key(arch, specs)
+	key, err := cacheKey(arch, specs)
 	if err != nil {
 		return Cached{}, err
 	}

@@ -51,7 +51,7 @@ func TestCache(t *testing.T) {
 	}
 
 	// Every input is part of the key.
-	key, err := Key("amd64", specs())
+	key, err := cacheKey("amd64", specs())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestCache(t *testing.T) {
 	}
 	for what, change := range changes {
 		arch, s := change()
-		if k, err := Key(arch, s); err != nil || k == key {
+		if k, err := cacheKey(arch, s); err != nil || k == key {
 			t.Errorf("a changed %s keeps the key (%v)", what, err)
 		}
 	}
@@ -103,7 +103,7 @@ func TestCache(t *testing.T) {
 	if _, err := c.Archive("amd64", bad); err == nil {
 		t.Fatal("a dangling link was accepted")
 	}
-	if k, err := Key("amd64", bad); err != nil {
+	if k, err := cacheKey("amd64", bad); err != nil {
 		t.Fatal(err)
 	} else if _, err := os.Stat(filepath.Join(c.Dir, k+".tar")); !os.IsNotExist(err) {
 		t.Fatalf("a failed build left an archive under its key: %v", err)

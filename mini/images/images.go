@@ -53,19 +53,21 @@ type Spec struct {
 // identical digests.
 var epoch = time.Unix(0, 0).UTC()
 
-// Layers builds image layers in a scratch directory (never in memory: the
+// layerBuilder builds image layers in a scratch directory (never in memory: the
 // Kubernetes binary alone is 156 MB) and shares a layer between images
 // with the same binaries, so it is compressed and written once, and a
 // node imports and unpacks it once for all the images that have it
 // (kube-apiserver, kube-scheduler, kube-controller-manager and kube-proxy
-// share the Kubernetes binary's). Layers are gzip at its fastest level.
-type Layers struct {
+// share the Kubernetes binary's). layerBuilder are gzip at its fastest level.
+type layerBuilder struct {
 	dir   string
 	files map[string]v1.Layer
 }
 
 // newLayers returns a layer builder writing into dir.
-func newLayers(dir string) *Layers { return &Layers{dir: dir, files: map[string]v1.Layer{}} }
+func newLayers(dir string) *layerBuilder {
+	return &layerBuilder{dir: dir, files: map[string]v1.Layer{}}
+}
 
 // layerGroup is what one files layer of an image holds: binaries and the
 // files of host directories.
@@ -91,7 +93,7 @@ func layerGroups(s Spec) []layerGroup {
 // Build returns the image of s for linux/amd64 or linux/arm64 (arch): a
 // layer per binary (with its libraries), one with the files of its
 // directories, and one with the links.
-func (l *Layers) Build(s Spec, arch string) (v1.Image, error) {
+func (l *layerBuilder) Build(s Spec, arch string) (v1.Image, error) {
 	var layers []v1.Layer
 	for _, g := range layerGroups(s) {
 		layer, err := l.filesLayer(g.files, g.dirs)
@@ -131,7 +133,7 @@ type entry struct{ name, src string }
 // files under BinDir, the loader and libraries of any dynamically linked
 // one, and the files of the host directories dirs, in the order the
 // layer holds them; and the directories the libraries need. Build writes
-// exactly these, and Key hashes exactly these.
+// exactly these, and cacheKey hashes exactly these.
 func filesEntries(files map[string]string, dirs []string) (entries []entry, parentDirs []string, err error) {
 	libs := map[string]bool{}
 	// Host files at their own path: libraries, and the files of dirs.
@@ -182,7 +184,7 @@ func filesEntries(files map[string]string, dirs []string) (entries []entry, pare
 }
 
 // filesLayer is the tar of filesEntries, written to a file.
-func (l *Layers) filesLayer(files map[string]string, dirs []string) (v1.Layer, error) {
+func (l *layerBuilder) filesLayer(files map[string]string, dirs []string) (v1.Layer, error) {
 	var key strings.Builder
 	for _, n := range sortedKeys(files) {
 		key.WriteString(n + "=" + files[n] + "\n")

@@ -25,11 +25,13 @@ import (
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/charts"
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
-	"github.com/gatehouse-dev/gatehouse/internal/joincreds"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
@@ -70,7 +72,7 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds, err := joincreds.Client(attester, caHash, time.Now)
+	creds, err := joinerCredentials(attester, caHash)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,4 +131,15 @@ func impostorCSR(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return der
+}
+
+// joinerCredentials are a joiner's attested TLS credentials, as the
+// bootstrapper makes them: attest with attester, trust the join service by
+// the cluster CA's discovery token CA cert hash.
+func joinerCredentials(attester attestation.Attester, caHash string) (*atls.Credentials, error) {
+	verify, err := clusterpki.VerifyClusterIdentity(caHash, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	return atls.NewCredentials(atls.Config{Attester: attester, VerifyPeer: verify, Now: time.Now})
 }

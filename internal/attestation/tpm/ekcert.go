@@ -21,7 +21,7 @@ var (
 	oidTPMManufacturer = asn1.ObjectIdentifier{2, 23, 133, 2, 1}
 	oidTPMModel        = asn1.ObjectIdentifier{2, 23, 133, 2, 2}
 	oidTPMVersion      = asn1.ObjectIdentifier{2, 23, 133, 2, 3}
-	// oidEKCertificate is tcg-kp-EKCertificate, the extended key usage that
+	// oidEKCertificate is tcg-kp-ekCertificate, the extended key usage that
 	// marks an EK certificate.
 	oidEKCertificate = asn1.ObjectIdentifier{2, 23, 133, 8, 1}
 )
@@ -30,9 +30,9 @@ var (
 // hold a few kilobytes at most.
 const maxEKCertificateSize = 8 << 10
 
-// EKCertificate is a TPM endorsement key (EK) certificate, as its
+// ekCertificate is a TPM endorsement key (EK) certificate, as its
 // manufacturer issues it (TCG EK Credential Profile 2.0).
-type EKCertificate struct {
+type ekCertificate struct {
 	Certificate *x509.Certificate
 	// Manufacturer, Model and Version name the TPM: the attributes
 	// tcg-at-tpmManufacturer (e.g. "id:49465800"), tcg-at-tpmModel and
@@ -41,13 +41,13 @@ type EKCertificate struct {
 }
 
 // parseEKCertificate parses a DER EK certificate. It must carry the
-// tcg-kp-EKCertificate extended key usage. The profile's subjectAltName,
+// tcg-kp-ekCertificate extended key usage. The profile's subjectAltName,
 // critical and holding only a directoryName with the TPM's attributes
 // (§3.2.9), is parsed here because crypto/x509 leaves it unhandled; any
 // other unhandled critical extension is refused. Errors wrap
 // attestation.ErrMalformed (does not parse) or attestation.ErrUntrustedKey
 // (not an EK certificate).
-func parseEKCertificate(der []byte) (*EKCertificate, error) {
+func parseEKCertificate(der []byte) (*ekCertificate, error) {
 	if len(der) > maxEKCertificateSize {
 		return nil, fmt.Errorf("%w: EK certificate of %d bytes exceeds %d", attestation.ErrMalformed, len(der), maxEKCertificateSize)
 	}
@@ -55,7 +55,7 @@ func parseEKCertificate(der []byte) (*EKCertificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: EK certificate: %w", attestation.ErrMalformed, err)
 	}
-	ek := &EKCertificate{Certificate: cert}
+	ek := &ekCertificate{Certificate: cert}
 	for _, ext := range cert.Extensions {
 		if ext.Id.Equal(oidSubjectAltName) {
 			if err := ek.parseSubjectAltName(ext.Value); err != nil {
@@ -85,7 +85,7 @@ func handleTPMSubjectAltName(cert *x509.Certificate) error {
 		if !ext.Id.Equal(oidSubjectAltName) || !ext.Critical {
 			continue
 		}
-		var tpm EKCertificate
+		var tpm ekCertificate
 		if err := tpm.parseSubjectAltName(ext.Value); err != nil {
 			return err
 		}
@@ -98,7 +98,7 @@ func handleTPMSubjectAltName(cert *x509.Certificate) error {
 
 // parseSubjectAltName reads the TPM's attributes from the directoryName
 // of a subjectAltName (GeneralNames, RFC 5280 §4.2.1.6).
-func (ek *EKCertificate) parseSubjectAltName(value []byte) error {
+func (ek *ekCertificate) parseSubjectAltName(value []byte) error {
 	in := cryptobyte.String(value)
 	var names cryptobyte.String
 	if !in.ReadASN1(&names, cbasn1.SEQUENCE) || !in.Empty() {
@@ -141,7 +141,7 @@ func (ek *EKCertificate) parseSubjectAltName(value []byte) error {
 // Verify checks that the certificate chains, at time now, to one of roots
 // (the TPM manufacturers' CAs a policy trusts) through intermediates.
 // Errors wrap attestation.ErrUntrustedKey.
-func (ek *EKCertificate) Verify(roots, intermediates *x509.CertPool, now time.Time) error {
+func (ek *ekCertificate) Verify(roots, intermediates *x509.CertPool, now time.Time) error {
 	_, err := ek.Certificate.Verify(x509.VerifyOptions{
 		Roots: roots, Intermediates: intermediates, CurrentTime: now,
 		// The EK usage is an unknown one to crypto/x509; parseEKCertificate

@@ -8,3 +8,4 @@ var NewActivationChallenge = newActivationChallenge
 var ParseEKCertificate = parseEKCertificate
 var ParseEventLog = parseEventLog
 var ReplayEventLog = replayEventLog
+var GCERoots = googleRoots

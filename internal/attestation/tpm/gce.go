@@ -35,12 +35,12 @@ type GCEEndorsement struct {
 	// Zones, when set, are the allowed zones (e.g. "us-central1-a").
 	Zones []string
 	// Roots and Intermediates override Google's CAs (tests); nil uses
-	// GCERoots.
+	// googleRoots.
 	Roots, Intermediates *x509.CertPool
 }
 
-// GCERoots returns Google's vTPM EK/AK root CAs and intermediates.
-func GCERoots() (roots, intermediates *x509.CertPool, err error) {
+// googleRoots returns Google's vTPM EK/AK root CAs and intermediates.
+func googleRoots() (roots, intermediates *x509.CertPool, err error) {
 	entries, err := gceRoots.ReadDir("gceroots")
 	if err != nil {
 		return nil, nil, err

@@ -145,7 +145,7 @@ func newVerifier(policy Policy, mode string, now func() time.Time) (*Verifier, e
 			return nil, errors.New("tpm policy: GCE needs at least one allowed project, or every Compute Engine VM of every Google customer would be trusted")
 		}
 		if g.Roots == nil {
-			roots, intermediates, err := GCERoots()
+			roots, intermediates, err := googleRoots()
 			if err != nil {
 				return nil, err
 			}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
-	"github.com/gatehouse-dev/gatehouse/internal/kms/secretstore"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/keyservice/secretstore"
 )
 
 func TestPKCS11KMS(t *testing.T) {
