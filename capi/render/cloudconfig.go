@@ -1,7 +1,7 @@
 package render
 
 import (
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/cloudinit"
+	"github.com/gatehouse-dev/gatehouse/capi/render/cloudinit"
 )
 
 // JinjaHeader is the first line of cloud-config data, before
@@ -10,7 +10,7 @@ import (
 // {{ ds.meta_data.local_hostname }} in the kubeadm configuration, files'
 // contents or commands expand (CABPK's header; cloud-init's "Instance
 // metadata" documentation). Every other value is literal, and no value can
-// change the document's structure (internal/bootstrapdata/cloudinit's
+// change the document's structure (package cloudinit's
 // RenderJinja; docs/capi.md, "Who may write a KubeadmConfig").
 const JinjaHeader = cloudinit.JinjaHeader
 

@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/cloudinit"
+	"github.com/gatehouse-dev/gatehouse/capi/render/cloudinit"
 )
 
 // Disks, file systems and mounts. cloud-config gets CABPK's disk_setup,

@@ -21,8 +21,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/render/cloudinit"
 	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/cloudinit"
 )
 
 // The fuzz targets: any spec, in any role, either renders data that is

@@ -7,7 +7,7 @@ import (
 	"unicode"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
-	"github.com/gatehouse-dev/gatehouse/internal/bootstrapdata/cloudinit"
+	"github.com/gatehouse-dev/gatehouse/capi/render/cloudinit"
 )
 
 // Every value of the spec is checked here, once, for the program that

@@ -25,6 +25,9 @@ func schemaCheck(t *testing.T, data []byte) (string, error) {
 	return string(out), err
 }
 
+// shellLine is a command run by /bin/sh -c.
+func shellLine(line string) Command { return Command{"/bin/sh", "-c", line} }
+
 // kubeadmNode is what a kubeadm bootstrap renders: files, users, NTP,
 // disks, mounts, commands and CABPK's success sentinel.
 func kubeadmNode() *Config {

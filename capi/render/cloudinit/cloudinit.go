@@ -43,12 +43,8 @@ type Config struct {
 	RunCmd []Command `json:"runcmd,omitempty"`
 }
 
-// Command is one command as an argv, run without a shell; shellLine makes
-// one that runs a shell line.
+// Command is one command as an argv, run without a shell.
 type Command []string
-
-// shellLine is a command run by /bin/sh -c.
-func shellLine(line string) Command { return Command{"/bin/sh", "-c", line} }
 
 // File is one file to write.
 type File struct {
