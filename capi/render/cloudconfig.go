@@ -4,7 +4,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/capi/render/cloudinit"
 )
 
-// JinjaHeader is the first line of cloud-config data, before
+// jinjaHeader is the first line of cloud-config data, before
 // "#cloud-config": cloud-init renders the document as a Jinja template
 // with the instance's metadata before reading it, so references such as
 // {{ ds.meta_data.local_hostname }} in the kubeadm configuration, files'
@@ -12,7 +12,7 @@ import (
 // metadata" documentation). Every other value is literal, and no value can
 // change the document's structure (package cloudinit's
 // RenderJinja; docs/capi.md, "Who may write a KubeadmConfig").
-const JinjaHeader = cloudinit.JinjaHeader
+const jinjaHeader = cloudinit.JinjaHeader
 
 // renderCloudConfig maps the plan to cloud-init's modules the way CABPK's
 // cloud-config does.

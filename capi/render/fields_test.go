@@ -350,7 +350,7 @@ func TestJinja(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(string(data), JinjaHeader+"#cloud-config\n") {
+	if !strings.HasPrefix(string(data), jinjaHeader+"#cloud-config\n") {
 		t.Fatalf("the data does not start with the Jinja header:\n%s", data)
 	}
 	rendertest.CloudInitSchema(t, data)

@@ -273,8 +273,8 @@ func templateValues(doc any, fn func(string) string) {
 // document's structure or another value.
 func checkCloudConfig(t *testing.T, in Input, data []byte, seeding bool) {
 	t.Helper()
-	if !bytes.HasPrefix(data, []byte(JinjaHeader+"#cloud-config\n")) {
-		t.Fatalf("the data does not start with %q:\n%s", JinjaHeader+"#cloud-config", data)
+	if !bytes.HasPrefix(data, []byte(jinjaHeader+"#cloud-config\n")) {
+		t.Fatalf("the data does not start with %q:\n%s", jinjaHeader+"#cloud-config", data)
 	}
 	want := expectedCloudConfig(in)
 	var refs []string

@@ -176,7 +176,7 @@ func checkTemplates(in Input) error {
 	check := func(field, value string) {
 		if _, err := cloudinit.ParseTemplate(value); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %s: the cloud-config is a Jinja template (%s) whose values may hold only references to instance data "+
-				"({{ ds.meta_data.local_hostname }}) and literal text in {%% raw %%}…{%% endraw %%}: %w", errValue, field, strings.TrimSpace(JinjaHeader), err))
+				"({{ ds.meta_data.local_hostname }}) and literal text in {%% raw %%}…{%% endraw %%}: %w", errValue, field, strings.TrimSpace(jinjaHeader), err))
 		}
 	}
 	for _, c := range commandFields(in.Spec) {
