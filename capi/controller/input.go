@@ -312,14 +312,6 @@ func renderFiles(files []cabpkv1.File) []render.File {
 	return out
 }
 
-func setCertificates(config *bootstrapv1.KubeadmConfig, ok bool, reason, message string) {
-	status := metav1.ConditionFalse
-	if ok {
-		status = metav1.ConditionTrue
-	}
-	setCondition(config, ConditionCertificatesAvailable, status, reason, message)
-}
-
 // ensureFinalizer adds the cleanup finalizer (and marks a managed token)
 // before anything outside the config's Secret is created: the patch
 // helper writes it at once, and starts over from what is now written.

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
 )
@@ -72,41 +71,6 @@ func (r *Reconciler) presignedURLDue(config *bootstrapv1.KubeadmConfig) time.Dur
 		return 0
 	}
 	return left - ttl/2
-}
-
-// reconcileIssued keeps the data of a config that has it usable: it renews
-// a MachinePool's presigned URL when due, then looks after the token
-// (reconcileToken), and requeues in time for whichever comes first. A
-// renewal that fails is reported (storeFailed: UserDataStoreFailed for the
-// bucket's credentials or the presigning) and retried; the token is looked
-// after all the same.
-func (r *Reconciler) reconcileIssued(ctx context.Context, s *scope) (reconcile.Result, error) {
-	if !renewsPresignedURL(s) || s.config.Status.DataSecretName == nil {
-		return r.reconcileToken(ctx, s)
-	}
-	var failed reconcile.Result
-	if r.presignedURLDue(s.config) == 0 {
-		if err := r.renewPresignedURL(ctx, s); err != nil {
-			res, err := storeFailed(s, err)
-			if err != nil {
-				return res, err
-			}
-			failed = res
-		} else {
-			setDataAvailable(s.config)
-		}
-	}
-	res, err := r.reconcileToken(ctx, s)
-	if err != nil {
-		return res, err
-	}
-	next := failed.RequeueAfter
-	if next == 0 {
-		// The token's rotation may have written a new URL.
-		next = r.presignedURLDue(s.config)
-	}
-	res.RequeueAfter = soonest(res.RequeueAfter, next)
-	return res, nil
 }
 
 // renewPresignedURL presigns a new URL for the config's bucket object and

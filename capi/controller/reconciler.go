@@ -37,14 +37,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -52,13 +49,11 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/locking"
 	"sigs.k8s.io/cluster-api/util/annotations"
-	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -66,34 +61,6 @@ import (
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
 	"github.com/gatehouse-dev/gatehouse/capi/render"
-	"github.com/gatehouse-dev/gatehouse/capi/userdatastore"
-)
-
-// Conditions of a KubeadmConfig (metav1.Condition types and reasons).
-const (
-	// ConditionReady summarises the others (Cluster API's summary
-	// condition): False while any is False, with the first one's reason.
-	ConditionReady = "Ready"
-	// ConditionDataSecretAvailable: the data Secret exists.
-	ConditionDataSecretAvailable = "DataSecretAvailable"
-	// ConditionCertificatesAvailable: the cluster CAs the data needs exist.
-	ConditionCertificatesAvailable = "CertificatesAvailable"
-
-	ReasonDataSecretAvailable            = "DataSecretAvailable"
-	ReasonWaitingForOwner                = "WaitingForOwnerMachine"
-	ReasonWaitingForInfrastructure       = "WaitingForClusterInfrastructure"
-	ReasonWaitingForControlPlane         = "WaitingForControlPlaneInitialization"
-	ReasonWaitingForInitLock             = "WaitingForInitLock"
-	ReasonWaitingForClusterCA            = "WaitingForClusterCA"
-	ReasonWaitingForControlPlaneEndpoint = "WaitingForControlPlaneEndpoint"
-	ReasonNoBaseTemplate                 = "NoBaseTemplateForVersion"
-	ReasonInvalidSpec                    = "InvalidSpec"
-	ReasonRenderFailed                   = "RenderFailed"
-	ReasonBootstrapTokenExpired          = "BootstrapTokenExpired"
-	ReasonCertificatesAvailable          = "CertificatesAvailable"
-	ReasonCertificatesGenerationFailed   = "CertificatesGenerationFailed"
-	ReasonUserDataStoreFailed            = "UserDataStoreFailed"
-	ReasonUserDataTooLarge               = "UserDataTooLarge"
 )
 
 // finalizer is set on KubeadmConfigs that own something outside their own
@@ -250,8 +217,14 @@ func (s *scope) controlPlane() bool { return s.owner.controlPlane() }
 
 // Reconcile brings one KubeadmConfig's data Secret and token up to date.
 // Status and conditions are written once, at the end, by Cluster API's
-// patch helper; status.observedGeneration only when the reconcile
-// succeeded.
+// patch helper (patchStatus, conditions.go); status.observedGeneration
+// only when the reconcile succeeded. Its branches:
+//   - a config being deleted: reconcileDelete (delete.go);
+//   - no owner yet, or a paused Cluster or config: only a condition;
+//   - a config with data already: reconcileIssued (issued.go) keeps it
+//     usable (token, presigned URL);
+//   - otherwise, once the Cluster is ready for it: reconcileData renders
+//     and stores the init or join data, then continues as issued.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (res reconcile.Result, err error) {
 	config := &bootstrapv1.KubeadmConfig{}
 	if err := r.client.Get(ctx, req.NamespacedName, config); err != nil {
@@ -408,217 +381,6 @@ func (r *Reconciler) writeData(ctx context.Context, s *scope, role render.Role) 
 	}
 	setDataAvailable(s.config)
 	return true, reconcile.Result{}, nil
-}
-
-// managesToken says the config's data carries a token this controller made.
-func managesToken(s *scope) bool {
-	return s.config.Status.DataSecretName != nil && s.config.Annotations[annotationManagedToken] == "true"
-}
-
-// annotationManagedToken marks configs whose data holds a bootstrap token
-// this controller created (and so extends and deletes).
-const annotationManagedToken = "bootstrap.gatehouse.dev/managed-bootstrap-token" //nolint:gosec // an annotation name, not a credential
-
-// reconcileToken extends the Machine's bootstrap token until its node has
-// joined, then deletes it; a MachinePool's is kept valid for as long as the
-// pool exists (reconcilePoolToken).
-func (r *Reconciler) reconcileToken(ctx context.Context, s *scope) (reconcile.Result, error) {
-	if !managesToken(s) {
-		return reconcile.Result{}, nil
-	}
-	if s.owner.pool != nil {
-		return r.reconcilePoolToken(ctx, s)
-	}
-	joined := s.owner.joined()
-	now := r.clock.Now()
-	if due, ok := r.tokenChecks.Load(s.config.UID); ok && !joined && now.Before(due.(time.Time)) {
-		return reconcile.Result{RequeueAfter: due.(time.Time).Sub(now)}, nil
-	}
-	wc, err := r.workload.ClientFor(ctx, s.clusterKey())
-	if err != nil {
-		return reconcile.Result{}, err
-	}
-	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
-	if joined {
-		if err := t.remove(ctx, s.config.UID); err != nil {
-			return reconcile.Result{}, err
-		}
-		r.tokenChecks.Delete(s.config.UID)
-		// Done with the token: later reconciles need not reach the
-		// workload cluster, nor does the deletion (the patch helper writes
-		// this at the end of the reconcile).
-		delete(s.config.Annotations, annotationManagedToken)
-		if s.config.Spec.UserDataStore == nil {
-			controllerutil.RemoveFinalizer(s.config, finalizer)
-		}
-		return reconcile.Result{}, nil
-	}
-	name := tokenName(s.config.UID, tokenRotation(s.config))
-	next, err := t.refresh(ctx, s.config.UID, tokenRotation(s.config))
-	if errors.Is(err, errTokenGone) {
-		// As CABPK, a Machine's token is not made again: its data may be on
-		// a machine already, and a deleted token may have been revoked.
-		r.tokenChecks.Delete(s.config.UID)
-		setWaiting(s.config, ReasonBootstrapTokenExpired, fmt.Sprintf("the Machine's bootstrap token Secret %s/%s in the workload cluster "+
-			"no longer exists (the token cleaner removes a token once it has expired, or it was deleted) and the node has not joined: "+
-			"delete the Machine to replace it", metav1.NamespaceSystem, name))
-		return reconcile.Result{}, nil
-	}
-	if err != nil {
-		return reconcile.Result{}, err
-	}
-	if c := meta.FindStatusCondition(s.config.Status.Conditions, ConditionDataSecretAvailable); c != nil && c.Reason == ReasonBootstrapTokenExpired {
-		setDataAvailable(s.config) // the Secret was restored
-	}
-	r.tokenChecks.Store(s.config.UID, now.Add(next))
-	return reconcile.Result{RequeueAfter: next}, nil
-}
-
-// reconcileDelete removes what the config owns outside its Secret.
-func (r *Reconciler) reconcileDelete(ctx context.Context, config *bootstrapv1.KubeadmConfig) error {
-	r.tokenChecks.Delete(config.UID)
-	if !controllerutil.ContainsFinalizer(config, finalizer) {
-		return nil
-	}
-	log := ctrl.LoggerFrom(ctx)
-	if ds := config.Spec.UserDataStore; ds != nil {
-		err := r.deleteObject(ctx, config)
-		var dse *dataStoreError
-		switch {
-		case errors.As(err, &dse) || errors.Is(err, userdatastore.ErrBucketNotFound):
-			// Nothing to reach it with, or nothing left: retrying cannot help,
-			// and a stuck finalizer would hold up the Machine and Cluster.
-			log.Info("Leaving the bootstrap data object in place", "bucket", ds.Bucket, "reason", err.Error())
-		case err != nil:
-			return err
-		}
-	}
-	if config.Annotations[annotationManagedToken] == "true" {
-		// The token is no longer extended and expires within its TTL; a
-		// workload cluster that is already gone must not block deletion.
-		if err := r.removeToken(ctx, config); err != nil {
-			log.Info("Leaving the bootstrap token to expire", "reason", err.Error())
-		}
-	}
-	patch := client.MergeFrom(config.DeepCopy())
-	controllerutil.RemoveFinalizer(config, finalizer)
-	return client.IgnoreNotFound(r.client.Patch(ctx, config, patch))
-}
-
-// deleteObject deletes the config's bucket object.
-func (r *Reconciler) deleteObject(ctx context.Context, config *bootstrapv1.KubeadmConfig) error {
-	store, _, err := r.openStore(ctx, config)
-	if err != nil {
-		return err
-	}
-	if err := store.Delete(ctx, objectKey(config)); err != nil {
-		return fmt.Errorf("deleting the bootstrap data object: %w", err)
-	}
-	return nil
-}
-
-// removeToken deletes a deleted config's token, unless its workload
-// cluster is gone too.
-func (r *Reconciler) removeToken(ctx context.Context, config *bootstrapv1.KubeadmConfig) error {
-	name := config.Labels[clusterv1.ClusterNameLabel]
-	if name == "" {
-		return nil
-	}
-	key := client.ObjectKey{Namespace: config.Namespace, Name: name}
-	wc, err := r.workload.ClientFor(ctx, key)
-	if err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil // the cluster's kubeconfig is gone with the cluster
-		}
-		return err
-	}
-	t := &tokens{client: wc, now: r.clock.Now, ttl: r.tokenTTL}
-	return t.remove(ctx, config.UID)
-}
-
-// readyReason is the summary Ready condition's reason: the first issue's
-// (DataSecretAvailable before CertificatesAvailable), else the first
-// unknown one's, else DataSecretAvailable.
-func readyReason(issues, unknown, _ []conditions.ConditionWithOwnerInfo) string {
-	switch {
-	case len(issues) > 0:
-		return issues[0].Reason
-	case len(unknown) > 0:
-		return unknown[0].Reason
-	}
-	return ReasonDataSecretAvailable
-}
-
-// setPaused sets Cluster API's Paused condition (its reasons and
-// messages, as util/paused): True while the Cluster's spec.paused or the
-// config's cluster.x-k8s.io/paused annotation is set. It is written with
-// the reconcile's other status changes, not by a patch of its own.
-func setPaused(config *bootstrapv1.KubeadmConfig, cluster *clusterv1.Cluster) {
-	var why []string
-	if ptr.Deref(cluster.Spec.Paused, false) {
-		why = append(why, "Cluster spec.paused is set to true")
-	}
-	if annotations.HasPaused(config) {
-		why = append(why, "KubeadmConfig has the cluster.x-k8s.io/paused annotation")
-	}
-	c := metav1.Condition{Type: clusterv1.PausedCondition, Status: metav1.ConditionFalse, Reason: clusterv1.NotPausedReason}
-	if len(why) > 0 {
-		c.Status, c.Reason, c.Message = metav1.ConditionTrue, clusterv1.PausedReason, strings.Join(why, ", ")
-	}
-	c.ObservedGeneration = config.Generation
-	conditions.Set(config, c)
-}
-
-// setReady sets Ready as the summary of the other conditions.
-func setReady(config *bootstrapv1.KubeadmConfig) error {
-	if meta.FindStatusCondition(config.Status.Conditions, ConditionDataSecretAvailable) == nil {
-		setCondition(config, ConditionDataSecretAvailable, metav1.ConditionUnknown, "Reconciling", "")
-	}
-	if err := conditions.SetSummaryCondition(config, config, ConditionReady,
-		conditions.ForConditionTypes{ConditionDataSecretAvailable, ConditionCertificatesAvailable},
-		conditions.IgnoreTypesIfMissing{ConditionCertificatesAvailable},
-		conditions.CustomMergeStrategy{MergeStrategy: conditions.DefaultMergeStrategy(conditions.ComputeReasonFunc(readyReason))},
-	); err != nil {
-		return fmt.Errorf("summarising the Ready condition: %w", err)
-	}
-	return nil
-}
-
-// patchStatus sets the summary Ready condition from every other condition
-// and, after a successful reconcile, status.observedGeneration, and writes
-// the config's changes with the patch helper (owning our conditions).
-func (r *Reconciler) patchStatus(ctx context.Context, s *scope, succeeded bool) error {
-	config := s.config
-	if s.cluster != nil {
-		setPaused(config, s.cluster)
-	}
-	if err := setReady(config); err != nil {
-		return err
-	}
-	for i := range config.Status.Conditions {
-		config.Status.Conditions[i].ObservedGeneration = config.Generation
-	}
-	if succeeded {
-		config.Status.ObservedGeneration = config.Generation
-	}
-	err := s.patch.Patch(ctx, config, patch.WithOwnedConditions{Conditions: []string{
-		ConditionReady, ConditionDataSecretAvailable, ConditionCertificatesAvailable, clusterv1.PausedCondition,
-	}})
-	return client.IgnoreNotFound(err)
-}
-
-func setDataAvailable(config *bootstrapv1.KubeadmConfig) {
-	setCondition(config, ConditionDataSecretAvailable, metav1.ConditionTrue, ReasonDataSecretAvailable, "data Secret "+config.Name)
-}
-
-// setWaiting records that the data is not (or no longer) usable and why
-// (Ready follows, as the summary).
-func setWaiting(config *bootstrapv1.KubeadmConfig, reason, message string) {
-	setCondition(config, ConditionDataSecretAvailable, metav1.ConditionFalse, reason, message)
-}
-
-func setCondition(config *bootstrapv1.KubeadmConfig, typ string, status metav1.ConditionStatus, reason, message string) {
-	meta.SetStatusCondition(&config.Status.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message})
 }
 
 // specError is a problem with the user's objects, reported as a condition.

@@ -10,7 +10,7 @@ import (
 // {{ ds.meta_data.local_hostname }} in the kubeadm configuration, files'
 // contents or commands expand (CABPK's header; cloud-init's "Instance
 // metadata" documentation). Every other value is literal, and no value can
-// change the document's structure (capi/render/cloudinit's
+// change the document's structure (package cloudinit's
 // RenderJinja; docs/capi.md, "Who may write a KubeadmConfig").
 const jinjaHeader = cloudinit.JinjaHeader
 

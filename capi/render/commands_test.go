@@ -10,7 +10,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
-	"github.com/gatehouse-dev/gatehouse/capi/render/ignition"
 	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
 )
 
@@ -20,9 +19,9 @@ import (
 func commandScript(t *testing.T, format bootstrapv1.Format, data []byte) string {
 	t.Helper()
 	if format == bootstrapv1.FormatIgnition {
-		script, ok := rendertest.Files(t, format, data)[ignition.ScriptPath]
+		script, ok := rendertest.Files(t, format, data)[commandsScriptPath]
 		if !ok {
-			t.Fatalf("the Ignition data writes no %s", ignition.ScriptPath)
+			t.Fatalf("the Ignition data writes no %s", commandsScriptPath)
 		}
 		return string(script)
 	}

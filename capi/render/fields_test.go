@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
-	"github.com/gatehouse-dev/gatehouse/capi/render/ignition"
 	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
 )
 
@@ -108,7 +107,7 @@ func TestUsers(t *testing.T) {
 		if mode := cfg.Storage.Files[i].Mode; mode == nil || *mode != 0o440 {
 			t.Errorf("sudoers mode %v, want 0440", mode)
 		}
-		script := string(files[ignition.ScriptPath])
+		script := string(files[commandsScriptPath])
 		for _, want := range []string{"'usermod' '--inactive' '0' 'ops'\n", "'usermod' '--lock' 'audit'\n"} {
 			if !strings.Contains(script, want) {
 				t.Errorf("the commands lack %q:\n%s", want, script)
@@ -397,7 +396,7 @@ func TestIgnitionKubeadmConfigUnderEtc(t *testing.T) {
 	if !strings.Contains(string(files[IgnitionKubeadmConfigPath]), "kind: JoinConfiguration") {
 		t.Fatalf("no kubeadm configuration at %s", IgnitionKubeadmConfigPath)
 	}
-	if script := string(files[ignition.ScriptPath]); !strings.Contains(script, "'kubeadm' 'join' '--config' '"+IgnitionKubeadmConfigPath+"'") {
+	if script := string(files[commandsScriptPath]); !strings.Contains(script, "'kubeadm' 'join' '--config' '"+IgnitionKubeadmConfigPath+"'") {
 		t.Errorf("kubeadm does not read %s:\n%s", IgnitionKubeadmConfigPath, script)
 	}
 }

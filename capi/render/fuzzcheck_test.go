@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
-	"github.com/gatehouse-dev/gatehouse/capi/render/ignition"
 	"github.com/gatehouse-dev/gatehouse/capi/render/rendertest"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
@@ -100,7 +99,7 @@ func checkIgnition(t *testing.T, in Input, data []byte) {
 	commands := append(append(userCmds, boot...), expectedCommands(in)...)
 	onlyBootstrapper := attested && len(commands) == 1
 	if !onlyBootstrapper {
-		paths = append(paths, ignition.ScriptPath)
+		paths = append(paths, commandsScriptPath)
 	}
 	if sudoers.Len() > 0 {
 		paths = append(paths, sudoersPath)
@@ -154,7 +153,7 @@ func checkIgnition(t *testing.T, in Input, data []byte) {
 			t.Fatalf("attested data with no commands does not enable %s: %+v", bootstrapperUnit, cfg.Systemd.Units)
 		}
 	} else {
-		got := scriptCommands(t, string(files[ignition.ScriptPath]))
+		got := scriptCommands(t, string(files[commandsScriptPath]))
 		if !reflect.DeepEqual(got, commands) {
 			t.Fatalf("the commands script runs\n%q\nwant\n%q", got, commands)
 		}

@@ -16,8 +16,6 @@ import (
 	"github.com/coreos/ignition/v2/config/v3_5/types"
 	"k8s.io/utils/ptr"
 	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
-
-	"github.com/gatehouse-dev/gatehouse/capi/render/ignition"
 )
 
 // sudoersPath holds the users' sudo rules in Ignition data (cloud-init
@@ -28,12 +26,23 @@ const sudoersPath = "/etc/sudoers.d/90-gatehouse-users"
 // chronyConfPath holds the NTP servers in Ignition data.
 const chronyConfPath = "/etc/chrony.d/gatehouse.conf"
 
+// Ignition itself runs nothing: the commands go into a script a oneshot
+// unit runs.
+const (
+	// commandsScriptPath holds the commands, run in order by
+	// commandsUnitName.
+	commandsScriptPath = "/etc/gatehouse/bootstrap-commands.sh"
+	// commandsUnitName runs commandsScriptPath once, after the network is
+	// up; its text is commandsUnit.
+	commandsUnitName = "gatehouse-bootstrap-commands.service"
+)
+
 // renderIgnition maps the plan to an Ignition config (spec
-// ignition.Version) of coreos/ignition's types: files, users, disks, file
+// ignitionVersion) of coreos/ignition's types: files, users, disks, file
 // systems, mount units, and the commands in a script run by a oneshot
-// unit, as Ignition itself runs nothing. Package
-// capi/render/ignition translates the Butane additions, which
-// are merged over the result last, so they win.
+// unit, as Ignition itself runs nothing. The Butane additions, translated
+// by translateButane (butane.go), are merged over the result last, so they
+// win.
 func renderIgnition(s *steps) ([]byte, error) {
 	files := s.files
 	if len(s.ntp.Servers) > 0 && ptr.Deref(s.ntp.Enabled, true) {
@@ -51,12 +60,12 @@ func renderIgnition(s *steps) ([]byte, error) {
 	// Ignition runs nothing early; account changes and boot commands run
 	// first in the unit.
 	commands := append(append(users, s.bootCommands...), s.commands...)
-	cfg := types.Config{Ignition: types.Ignition{Version: ignition.Version}}
+	cfg := types.Config{Ignition: types.Ignition{Version: ignitionVersion}}
 	if s.onlyStartsBootstrapper && len(commands) == 1 {
 		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: bootstrapperUnit, Enabled: ptr.To(true)})
 	} else if len(commands) > 0 {
-		files = append(files[:len(files):len(files)], File{Path: ignition.ScriptPath, Content: "#!/bin/sh\nset -eu\n" + shellScript(commands), Permissions: "0700"})
-		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: ignition.CommandsUnit, Enabled: ptr.To(true), Contents: ptr.To(commandsUnit)})
+		files = append(files[:len(files):len(files)], File{Path: commandsScriptPath, Content: "#!/bin/sh\nset -eu\n" + shellScript(commands), Permissions: "0700"})
+		cfg.Systemd.Units = append(cfg.Systemd.Units, types.Unit{Name: commandsUnitName, Enabled: ptr.To(true), Contents: ptr.To(commandsUnit)})
 	}
 	if err := addFiles(&cfg, files); err != nil {
 		return nil, err
@@ -68,14 +77,9 @@ func renderIgnition(s *steps) ([]byte, error) {
 		return nil, err
 	}
 	if strings.TrimSpace(s.butane) != "" {
-		// Rendering only the additions translates them.
-		translated, err := ignition.Render(ignition.Spec{ButaneAdditions: s.butane})
+		additions, err := translateButane(s.butane)
 		if err != nil {
 			return nil, err
-		}
-		var additions types.Config
-		if err := json.Unmarshal(translated, &additions); err != nil {
-			return nil, fmt.Errorf("reading the translated Butane additions: %w", err)
 		}
 		cfg = ignv3.Merge(cfg, additions)
 	}
@@ -116,7 +120,7 @@ func checkUTF8(v reflect.Value) error {
 // commandsUnit runs the commands script once, after the network is up,
 // until the bootstrap succeeded (CABPK's sentinel).
 const commandsUnit = "[Unit]\nDescription=Gatehouse bootstrap commands\nWants=network-online.target\nAfter=network-online.target\n" +
-	"ConditionPathExists=!" + sentinelPath + "\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=" + ignition.ScriptPath +
+	"ConditionPathExists=!" + sentinelPath + "\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=" + commandsScriptPath +
 	"\n\n[Install]\nWantedBy=multi-user.target\n"
 
 // shellScript quotes each argv for sh, one command a line.

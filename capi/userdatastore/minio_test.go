@@ -131,8 +131,8 @@ func TestPutThenPresignedGet(t *testing.T) {
 			if !bytes.Equal(got.body, tt.data) {
 				t.Fatalf("presigned GET returned %d bytes that differ from the %d put", len(got.body), len(tt.data))
 			}
-			if got := got.header.Get("Content-Type"); got != objectContentType {
-				t.Errorf("Content-Type = %q, want %q", got, objectContentType)
+			if got := got.header.Get("Content-Type"); got != contentType {
+				t.Errorf("Content-Type = %q, want %q", got, contentType)
 			}
 			if got := statSSE(t, m, key); got != tt.wantSSE {
 				t.Errorf("x-amz-server-side-encryption = %q, want %q", got, tt.wantSSE)

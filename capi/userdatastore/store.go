@@ -65,8 +65,8 @@ const (
 // secret, mangle them.)
 const minSecretLength = 8
 
-// objectContentType is the Content-Type objects are stored with.
-const objectContentType = "application/octet-stream"
+// contentType is the Content-Type objects are stored with.
+const contentType = "application/octet-stream"
 
 // maxRetries bounds minio-go's own retries of one request (it defaults to
 // 10): the controller's requeue is the outer retry, and a reconcile should
@@ -182,8 +182,8 @@ func validate(cfg Config) error {
 	return nil
 }
 
-// KeyPrefix starts every key ObjectKey returns.
-const KeyPrefix = "gatehouse/bootstrap-data/"
+// keyPrefix starts every key ObjectKey returns.
+const keyPrefix = "gatehouse/bootstrap-data/"
 
 // ObjectKey returns the object key of the bootstrap data of one
 // bootstrap config object (a KubeadmConfig, one per Machine):
@@ -196,7 +196,7 @@ const KeyPrefix = "gatehouse/bootstrap-data/"
 // could not move the key into another namespace's prefix. A UID is a
 // fixed-length UUID, so the name-UID split is unambiguous.
 func ObjectKey(namespace, configName string, uid types.UID) string {
-	return KeyPrefix + url.PathEscape(namespace) + "/" + url.PathEscape(configName) + "-" + url.PathEscape(string(uid))
+	return keyPrefix + url.PathEscape(namespace) + "/" + url.PathEscape(configName) + "-" + url.PathEscape(string(uid))
 }
 
 // S3URI returns "s3://<bucket>/<key>", the form Ignition fetches with the
@@ -217,7 +217,7 @@ func (s *Store) Put(ctx context.Context, key string, data []byte) error {
 	if data == nil {
 		return fmt.Errorf("putting bootstrap data to %s: %w", s.S3URI(key), errNilData)
 	}
-	opts := minio.PutObjectOptions{ContentType: objectContentType}
+	opts := minio.PutObjectOptions{ContentType: contentType}
 	if s.sse {
 		opts.ServerSideEncryption = encrypt.NewSSE()
 	}

@@ -104,10 +104,10 @@ func TestObjectKey(t *testing.T) {
 	seen := map[string]int{}
 	for i, in := range inputs {
 		key := ObjectKey(in.namespace, in.name, in.uid)
-		if !strings.HasPrefix(key, KeyPrefix) {
-			t.Errorf("ObjectKey(%q, %q, %q) = %q lacks the prefix %q", in.namespace, in.name, in.uid, key, KeyPrefix)
+		if !strings.HasPrefix(key, keyPrefix) {
+			t.Errorf("ObjectKey(%q, %q, %q) = %q lacks the prefix %q", in.namespace, in.name, in.uid, key, keyPrefix)
 		}
-		if strings.Count(key, "/") != strings.Count(KeyPrefix, "/")+1 {
+		if strings.Count(key, "/") != strings.Count(keyPrefix, "/")+1 {
 			t.Errorf("ObjectKey(%q, %q, %q) = %q: a part added a path segment", in.namespace, in.name, in.uid, key)
 		}
 		if j, ok := seen[key]; ok {

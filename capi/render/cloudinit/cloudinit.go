@@ -43,12 +43,8 @@ type Config struct {
 	RunCmd []Command `json:"runcmd,omitempty"`
 }
 
-// Command is one command as an argv, run without a shell; shellLine makes
-// one that runs a shell line.
+// Command is one command as an argv, run without a shell.
 type Command []string
-
-// shellLine is a command run by /bin/sh -c.
-func shellLine(line string) Command { return Command{"/bin/sh", "-c", line} }
 
 // File is one file to write.
 type File struct {
@@ -104,10 +100,10 @@ type FSSetup struct {
 	ExtraOpts []string `json:"extra_opts,omitempty"`
 }
 
-// Validate checks what cloud-init would only find at boot: absolute, clean
+// validate checks what cloud-init would only find at boot: absolute, clean
 // file paths without duplicates, octal permissions, known encodings, named
 // users.
-func (c *Config) Validate() error {
+func (c *Config) validate() error {
 	var errs []error
 	seen := map[string]bool{}
 	for i, f := range c.WriteFiles {
@@ -176,8 +172,8 @@ func walkStrings(v reflect.Value, fn func(string)) {
 	}
 }
 
-// Strings calls fn with each string the document holds.
-func (c *Config) Strings(fn func(string)) { walkStrings(reflect.ValueOf(c).Elem(), fn) }
+// eachString calls fn with each string the document holds.
+func (c *Config) eachString(fn func(string)) { walkStrings(reflect.ValueOf(c).Elem(), fn) }
 
 func octalMode(s string) bool {
 	s = strings.TrimPrefix(s, "0")
@@ -192,14 +188,6 @@ func octalMode(s string) bool {
 	return true
 }
 
-// Render validates c and returns the cloud-config document.
-func (c *Config) Render() ([]byte, error) {
-	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("cloud-config: %w", err)
-	}
-	return c.encode(nil)
-}
-
 // RenderJinja validates c and returns the cloud-config document as a
 // Jinja template, JinjaHeader first. The contents of files without an
 // encoding and the arguments of commands are templates (ParseTemplate; an
@@ -208,7 +196,7 @@ func (c *Config) Render() ([]byte, error) {
 // document cloud-init reads after Jinja has the structure of c, each
 // template rendered alone in its place (jinja.go).
 func (c *Config) RenderJinja() ([]byte, error) {
-	if err := c.Validate(); err != nil {
+	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("cloud-config: %w", err)
 	}
 	// Template values are written through placeholders that no value of
@@ -216,7 +204,7 @@ func (c *Config) RenderJinja() ([]byte, error) {
 	var prefix string
 	for k := 0; prefix == ""; k++ {
 		prefix = "\x00jinja" + strconv.Itoa(k) + ":"
-		c.Strings(func(s string) {
+		c.eachString(func(s string) {
 			if strings.Contains(s, prefix) {
 				prefix = ""
 			}

@@ -1,6 +1,7 @@
 package cloudinit
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,16 @@ import (
 
 	"k8s.io/utils/ptr"
 )
+
+// render validates c and returns the cloud-config document without
+// templates (RenderJinja's document when no value is a template, without
+// JinjaHeader).
+func (c *Config) render() ([]byte, error) {
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("cloud-config: %w", err)
+	}
+	return c.encode(nil)
+}
 
 // schemaCheck runs Debian's `cloud-init schema` on data.
 func schemaCheck(t *testing.T, data []byte) (string, error) {
@@ -24,6 +35,9 @@ func schemaCheck(t *testing.T, data []byte) (string, error) {
 	out, err := exec.Command(bin, "schema", "--config-file", f).CombinedOutput()
 	return string(out), err
 }
+
+// shellLine is a command run by /bin/sh -c.
+func shellLine(line string) Command { return Command{"/bin/sh", "-c", line} }
 
 // kubeadmNode is what a kubeadm bootstrap renders: files, users, NTP,
 // disks, mounts, commands and CABPK's success sentinel.
@@ -55,7 +69,7 @@ func TestRenderPassesCloudInitSchema(t *testing.T) {
 		"tricky strings": {WriteFiles: []File{{Path: "/etc/x", Content: "key: value\n- not a list\n'quotes' \"and\" #hash\n"}}, RunCmd: []Command{{"echo", "a: b", "#c"}}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			data, err := c.Render()
+			data, err := c.render()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -91,7 +105,7 @@ func TestValidate(t *testing.T) {
 		{Config{Users: []User{{Shell: "/bin/sh"}}}, "name is required"},
 		{Config{RunCmd: []Command{{}}}, "empty"},
 	} {
-		if _, err := tc.c.Render(); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := tc.c.render(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want an error containing %q", tc.c, err, tc.want)
 		}
 	}

@@ -31,7 +31,7 @@ func TestStringsRoundTrip(t *testing.T) {
 	for i, s := range yamlStrings {
 		c.WriteFiles[i] = File{Path: "/x", Content: s, Append: true}
 	}
-	data, err := c.Render()
+	data, err := c.render()
 	if err != nil {
 		t.Fatal(err)
 	}
