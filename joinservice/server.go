@@ -92,7 +92,7 @@ type boundNames interface {
 
 // Config holds a Server's dependencies.
 type Config struct {
-	Policy *Policy
+	PolicyStore *PolicyStore
 	// Gate decides every ticket after the request's own checks.
 	Gate credentialGate
 	// BoundNames finds the node a rejoining machine is, for the gate.
@@ -129,9 +129,9 @@ type Server struct {
 
 // NewServer returns a join service with the dependencies in cfg.
 func NewServer(cfg Config) (*Server, error) {
-	if cfg.Policy == nil || cfg.Gate == nil || cfg.BoundNames == nil || cfg.Keys == nil || cfg.Tokens == nil || cfg.ControlPlaneLock == nil ||
+	if cfg.PolicyStore == nil || cfg.Gate == nil || cfg.BoundNames == nil || cfg.Keys == nil || cfg.Tokens == nil || cfg.ControlPlaneLock == nil ||
 		cfg.Bindings == nil || cfg.CA == nil || cfg.Log == nil {
-		return nil, errors.New("join service: Policy, Gate, BoundNames, Keys, Tokens, ControlPlaneLock, Bindings, CA and Log are required")
+		return nil, errors.New("join service: PolicyStore, Gate, BoundNames, Keys, Tokens, ControlPlaneLock, Bindings, CA and Log are required")
 	}
 	if cfg.RateLimit.Rate <= 0 || cfg.RateLimit.Burst < 1 {
 		return nil, fmt.Errorf("join service: rate limit %+v must have a positive rate and a burst of at least 1", cfg.RateLimit)
@@ -444,7 +444,7 @@ func (s *Server) admit(ctx context.Context, d *decision) (*admission, error) {
 		return nil, refuse(codes.ResourceExhausted, "rate_limited",
 			"too many requests from %s (budget %g per second, burst %d); retry later", d.source, s.cfg.RateLimit.Rate, s.cfg.RateLimit.Burst)
 	}
-	join, deny, err := s.cfg.Policy.Current()
+	join, deny, err := s.cfg.PolicyStore.Current()
 	if err != nil {
 		return nil, refuse(codes.Unavailable, "not_ready", "%w", err)
 	}
@@ -630,6 +630,6 @@ func truncate(s string, n int) string {
 // Ready returns nil when the service can decide requests (its policy is
 // loaded), else why not; for readiness probes.
 func (s *Server) Ready() error {
-	_, _, err := s.cfg.Policy.Current()
+	_, _, err := s.cfg.PolicyStore.Current()
 	return err
 }

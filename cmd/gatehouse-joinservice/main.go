@@ -113,7 +113,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	policy, err := joinservice.NewPolicy(v, time.Now, log, reg)
+	policy, err := joinservice.NewPolicyStore(v, time.Now, log, reg)
 	if err != nil {
 		return err
 	}
@@ -142,7 +142,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return err
 	}
 	srv, err := joinservice.NewServer(joinservice.Config{
-		Policy:              policy,
+		PolicyStore:         policy,
 		Gate:                credentialGate,
 		BoundNames:          bindingCache,
 		Keys:                keySource,

@@ -45,7 +45,7 @@ type attackRig struct {
 	client    kubernetes.Interface
 	port      int
 	clusterID []byte
-	pol       *joinservice.Policy
+	pol       *joinservice.PolicyStore
 	caches    caches
 	verifier  *Verifier
 	log       *slog.Logger
@@ -82,7 +82,7 @@ func newAttackRig(t *testing.T, machines map[string]string, silent map[string]st
 		running = append(running, r.nodes[name])
 	}
 	r.log = slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{t}, r.logs), nil))
-	if r.pol, err = joinservice.NewPolicy(attestation.VariantTPM, time.Now, r.log, r.reg); err != nil {
+	if r.pol, err = joinservice.NewPolicyStore(attestation.VariantTPM, time.Now, r.log, r.reg); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.pol.ApplyJoinConfig(joinConfig(t, running, nil)); err != nil {

@@ -129,7 +129,7 @@ func BenchmarkReattest(b *testing.B) {
 
 	log := slog.New(slog.DiscardHandler)
 	reg := prometheus.NewRegistry()
-	pol, err := joinservice.NewPolicy(attestation.VariantTPM, time.Now, log, reg)
+	pol, err := joinservice.NewPolicyStore(attestation.VariantTPM, time.Now, log, reg)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -128,7 +128,7 @@ func TestDenyListEveryIdentity(t *testing.T) {
 				t.Fatal(err)
 			}
 			denyCreateNode(t, client, node, m.ip)
-			pol, err := joinservice.NewPolicy(m.variant, time.Now, log, prometheus.NewRegistry())
+			pol, err := joinservice.NewPolicyStore(m.variant, time.Now, log, prometheus.NewRegistry())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -199,7 +199,7 @@ func TestLoop(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var logs testkit.LogBuffer
 	log := slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{t}, &logs), nil))
-	pol, err := joinservice.NewPolicy(attestation.VariantTPM, time.Now, log, reg)
+	pol, err := joinservice.NewPolicyStore(attestation.VariantTPM, time.Now, log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

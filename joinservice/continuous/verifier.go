@@ -111,7 +111,7 @@ type Outcome struct {
 	Address netip.Addr
 }
 
-// policySource is the join service's live policy (*joinservice.Policy).
+// policySource is the join service's live policy (*joinservice.PolicyStore).
 type policySource interface {
 	Current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error)
 }

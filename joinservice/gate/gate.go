@@ -95,7 +95,7 @@ type Refusal struct {
 
 func (r *Refusal) Error() string { return r.Message }
 
-// policySource is the live deny list and settings (*joinservice.Policy).
+// policySource is the live deny list and settings (*joinservice.PolicyStore).
 type policySource interface {
 	Current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error)
 }
