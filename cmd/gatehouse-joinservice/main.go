@@ -190,13 +190,13 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 			Sessions:    tls.NewLRUClientSessionCache(atls.DefaultEvidenceSessions),
 			Conns:       atls.NewEvidenceConns(atls.DefaultEvidenceSessions),
 		}.Fetch
-		verifier := continuous.NewVerifier(policy, bindingCache, fetch, continuous.ClusterID(keySource, policy), *evidencePort)
+		checker := continuous.NewNodeChecker(policy, bindingCache, fetch, continuous.ClusterID(keySource, policy), *evidencePort)
 		events := continuous.NewEventRecorder(ctx, client)
 		var loop *continuous.Loop
 		if *reattestEvery > 0 {
 			if loop, err = continuous.NewLoop(continuous.LoopConfig{
 				Client: client, Nodes: nodes, Records: nodeattestation.NewStore(client, *namespace), RecordCache: records,
-				Verifier: verifier, Events: events, Interval: *reattestEvery, FetchTimeout: *fetchTimeout, Log: log, Registerer: reg,
+				Checker: checker, Events: events, Interval: *reattestEvery, FetchTimeout: *fetchTimeout, Log: log, Registerer: reg,
 			}); err != nil {
 				return err
 			}
@@ -204,7 +204,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		var approver *continuous.Approver
 		if *approveCSRs {
 			if approver, err = continuous.NewApprover(continuous.ApproverConfig{
-				Client: client, Verifier: verifier, Gate: credentialGate, Bindings: bindingCache, Events: events,
+				Client: client, Checker: checker, Gate: credentialGate, Bindings: bindingCache, Events: events,
 				FetchTimeout: *fetchTimeout, Log: log, Registerer: reg,
 			}); err != nil {
 				return err

@@ -76,7 +76,7 @@ const (
 const joinGroup = bootstraptoken.Group
 
 // nodeChecker verifies a node's fresh evidence and tells the names it owns
-// (*Verifier).
+// (*NodeChecker).
 type nodeChecker interface {
 	Check(ctx context.Context, node *corev1.Node) (Outcome, error)
 	NodeNames(addr netip.Addr) (clusterpki.NodeNames, error)
@@ -90,8 +90,8 @@ type credentialGate interface {
 
 // ApproverConfig configures an Approver.
 type ApproverConfig struct {
-	Client   kubernetes.Interface
-	Verifier nodeChecker
+	Client  kubernetes.Interface
+	Checker nodeChecker
 	// Gate decides, after the request's own checks, with the node's fresh
 	// evidence.
 	Gate credentialGate
@@ -140,7 +140,7 @@ type checked struct {
 // NewApprover returns the approver; its metrics are registered with
 // cfg.Registerer.
 func NewApprover(cfg ApproverConfig) (*Approver, error) {
-	if cfg.Client == nil || cfg.Verifier == nil || cfg.Gate == nil || cfg.Bindings == nil || cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
+	if cfg.Client == nil || cfg.Checker == nil || cfg.Gate == nil || cfg.Bindings == nil || cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
 		return nil, errors.New("certificate approver: Client, Verifier, Gate, Bindings, Events, Log and Registerer are required")
 	}
 	if cfg.Freshness <= 0 {
@@ -364,7 +364,7 @@ func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSi
 		return node, reason, message, err
 	}
 	if serving != nil {
-		names, err := a.cfg.Verifier.NodeNames(o.Address)
+		names, err := a.cfg.Checker.NodeNames(o.Address)
 		if err != nil {
 			return nil, "", "", err
 		}
@@ -529,7 +529,7 @@ func (a *Approver) fresh(ctx context.Context, node *corev1.Node, csr string, wai
 // that wait for it.
 func (a *Approver) check(ctx context.Context, node *corev1.Node, done chan struct{}) {
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.FetchTimeout)
-	o, err := a.cfg.Verifier.Check(cctx, node)
+	o, err := a.cfg.Checker.Check(cctx, node)
 	cancel()
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -227,13 +227,13 @@ func TestApprover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	verifier := NewVerifier(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+	verifier := NewNodeChecker(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
 	caches := startCaches(t, client)
 	credentialGate, err := gate.New(pol, caches.records, caches.nodes, log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	approver, err := NewApprover(ApproverConfig{Client: approverClient, Verifier: verifier, Gate: credentialGate, Bindings: bindings,
+	approver, err := NewApprover(ApproverConfig{Client: approverClient, Checker: verifier, Gate: credentialGate, Bindings: bindings,
 		Events: NewEventRecorder(ctx, client), Log: log, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)

@@ -47,7 +47,7 @@ type attackRig struct {
 	clusterID []byte
 	pol       *joinservice.PolicyStore
 	caches    caches
-	verifier  *Verifier
+	verifier  *NodeChecker
 	log       *slog.Logger
 	logs      *testkit.LogBuffer
 	reg       *prometheus.Registry
@@ -110,7 +110,7 @@ func newAttackRig(t *testing.T, machines map[string]string, silent map[string]st
 		createNode(t, client, name, ip, false)
 	}
 	r.caches = startCaches(t, client)
-	r.verifier = NewVerifier(r.pol, r.caches.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return r.clusterID, nil }, r.port)
+	r.verifier = NewNodeChecker(r.pol, r.caches.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return r.clusterID, nil }, r.port)
 	return r
 }
 
@@ -317,8 +317,8 @@ func TestApproverSilentNodeDelaysNoOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counted := &countingChecker{Verifier: r.verifier, node: "worker-silent"}
-	approver, err := NewApprover(ApproverConfig{Client: r.client, Verifier: counted, Gate: credentialGate,
+	counted := &countingChecker{NodeChecker: r.verifier, node: "worker-silent"}
+	approver, err := NewApprover(ApproverConfig{Client: r.client, Checker: counted, Gate: credentialGate,
 		Bindings: nodebinding.New(r.client, namespace, time.Now), Events: NewEventRecorder(ctx, r.client),
 		FetchTimeout: deadline, Workers: 2, Log: r.log, Registerer: r.reg})
 	if err != nil {
@@ -379,7 +379,7 @@ func TestApproverSilentNodeDelaysNoOne(t *testing.T) {
 
 // countingChecker counts the checks of one node.
 type countingChecker struct {
-	*Verifier
+	*NodeChecker
 	node   string
 	checks atomic.Int32
 }
@@ -388,7 +388,7 @@ func (c *countingChecker) Check(ctx context.Context, node *corev1.Node) (Outcome
 	if node.Name == c.node {
 		c.checks.Add(1)
 	}
-	return c.Verifier.Check(ctx, node)
+	return c.NodeChecker.Check(ctx, node)
 }
 
 // TestSilentNodesHaveTheirOwnPool: nodes that did not answer last round
@@ -404,7 +404,7 @@ func TestSilentNodesHaveTheirOwnPool(t *testing.T) {
 	ctx := t.Context()
 	const deadline = 6 * time.Second
 	loop, err := NewLoop(LoopConfig{Client: r.client, Nodes: r.caches.nodes, Records: nodeattestation.NewStore(r.client, namespace),
-		RecordCache: r.caches.records, Verifier: r.verifier, Events: NewEventRecorder(ctx, r.client), FetchTimeout: deadline,
+		RecordCache: r.caches.records, Checker: r.verifier, Events: NewEventRecorder(ctx, r.client), FetchTimeout: deadline,
 		Concurrency: 2, Log: r.log, Registerer: r.reg})
 	if err != nil {
 		t.Fatal(err)

@@ -142,7 +142,7 @@ func TestDenyListEveryIdentity(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			verifier := NewVerifier(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+			verifier := NewNodeChecker(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
 			c := startCaches(t, client)
 			credentialGate, err := gate.New(pol, c.records, c.nodes, log, prometheus.NewRegistry())
 			if err != nil {
@@ -407,7 +407,7 @@ func denyCreateNode(t *testing.T, client kubernetes.Interface, name, ip string) 
 // denyRenew has node's kubelet ask for a new client certificate (request
 // node-renewal-suffix), runs an approver with verifier until the request
 // is decided (and signed, if approved), and returns the request.
-func denyRenew(t *testing.T, cfg *rest.Config, client kubernetes.Interface, verifier *Verifier, g *gate.Gate, log *slog.Logger, node, suffix string) *certificatesv1.CertificateSigningRequest {
+func denyRenew(t *testing.T, cfg *rest.Config, client kubernetes.Interface, verifier *NodeChecker, g *gate.Gate, log *slog.Logger, node, suffix string) *certificatesv1.CertificateSigningRequest {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -434,7 +434,7 @@ func denyRenew(t *testing.T, cfg *rest.Config, client kubernetes.Interface, veri
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	approver, err := NewApprover(ApproverConfig{Client: client, Verifier: verifier, Gate: g, Bindings: nodebinding.New(client, namespace, time.Now),
+	approver, err := NewApprover(ApproverConfig{Client: client, Checker: verifier, Gate: g, Bindings: nodebinding.New(client, namespace, time.Now),
 		Events: NewEventRecorder(t.Context(), client), Log: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ import (
 )
 
 // checker verifies one node and tells what to do about failures
-// (*Verifier).
+// (*NodeChecker).
 type checker interface {
 	Check(ctx context.Context, node *corev1.Node) (Outcome, error)
 	Settings() (joinconfig.ContinuousAttestation, error)
@@ -67,7 +67,7 @@ type LoopConfig struct {
 	// synced).
 	Records     recordWriter
 	RecordCache recordCache
-	Verifier    checker
+	Checker     checker
 	// Events records an Event on the Node at each change of outcome
 	// (NewEventRecorder).
 	Events events.EventRecorder
@@ -115,7 +115,7 @@ type Loop struct {
 
 // NewLoop returns the loop; its metrics are registered with cfg.Registerer.
 func NewLoop(cfg LoopConfig) (*Loop, error) {
-	if cfg.Client == nil || cfg.Nodes == nil || cfg.Records == nil || cfg.RecordCache == nil || cfg.Verifier == nil ||
+	if cfg.Client == nil || cfg.Nodes == nil || cfg.Records == nil || cfg.RecordCache == nil || cfg.Checker == nil ||
 		cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
 		return nil, fmt.Errorf("continuous attestation: Client, Nodes, Records, RecordCache, Verifier, Events, Log and Registerer are required")
 	}
@@ -175,7 +175,7 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing Nodes: %w", err)
 	}
-	settings, err := l.cfg.Verifier.Settings()
+	settings, err := l.cfg.Checker.Settings()
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +217,7 @@ func (l *Loop) checkOne(ctx context.Context, node *corev1.Node, settings joincon
 		return ctx.Err()
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.FetchTimeout)
-	o, err := l.cfg.Verifier.Check(cctx, node)
+	o, err := l.cfg.Checker.Check(cctx, node)
 	cancel()
 	if err != nil {
 		return err

@@ -242,7 +242,7 @@ func TestLoop(t *testing.T) {
 	// The caches production reads the Nodes and the bindings from.
 	c := startCaches(t, client)
 	nodes := c.nodes
-	verifier := NewVerifier(pol, c.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+	verifier := NewNodeChecker(pol, c.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
 	loop := newLoop(t, client, c, verifier, log, reg, 0)
 	round := func(want map[string]string) {
 		t.Helper()
@@ -365,7 +365,7 @@ func startCaches(t testing.TB, client kubernetes.Interface) caches {
 func newLoop(t testing.TB, client kubernetes.Interface, c caches, v checker, log *slog.Logger, reg prometheus.Registerer, fetchTimeout time.Duration) *Loop {
 	t.Helper()
 	loop, err := NewLoop(LoopConfig{Client: client, Nodes: c.nodes, Records: nodeattestation.NewStore(client, namespace), RecordCache: c.records,
-		Verifier: v, Events: NewEventRecorder(t.Context(), client), FetchTimeout: fetchTimeout, Log: log, Registerer: reg})
+		Checker: v, Events: NewEventRecorder(t.Context(), client), FetchTimeout: fetchTimeout, Log: log, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
