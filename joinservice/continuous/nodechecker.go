@@ -21,6 +21,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
@@ -185,7 +186,7 @@ func (v *NodeChecker) Check(ctx context.Context, node *corev1.Node) (Outcome, er
 		}
 		out.Reason, out.Message = ReasonRebooting, errNotLocked.Error()
 		return out, nil
-	case isRejection(err):
+	case atls.IsRejection(err):
 		out.Reason, out.Message = ReasonEvidenceRejected, err.Error()
 		return out, nil
 	default:
@@ -283,18 +284,6 @@ func (v *NodeChecker) address(node *corev1.Node) (string, error) {
 		}
 	}
 	return "", errors.New("the Node has no InternalIP address")
-}
-
-// isRejection reports whether err is the evidence failing verification,
-// as opposed to the node not answering.
-func isRejection(err error) bool {
-	for _, e := range []error{attestation.ErrMalformed, attestation.ErrNonce, attestation.ErrSignature,
-		attestation.ErrUntrustedKey, attestation.ErrPolicy, attestation.ErrMeasurement, attestation.ErrActivation} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
 }
 
 func containsRole(roles []policy.Role, r policy.Role) bool {
