@@ -32,6 +32,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
+	"github.com/gatehouse-dev/gatehouse/joinservice/csrapprover"
 	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 )
 
@@ -201,14 +202,16 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 				return err
 			}
 		}
-		var approver *continuous.Approver
+		var approve func(context.Context) error
 		if *approveCSRs {
-			if approver, err = continuous.NewApprover(continuous.ApproverConfig{
+			approver, err := csrapprover.New(csrapprover.Config{
 				Client: client, Checker: checker, Gate: credentialGate, Bindings: bindingCache, Events: events,
 				FetchTimeout: *fetchTimeout, Log: log, Registerer: reg,
-			}); err != nil {
+			})
+			if err != nil {
 				return err
 			}
+			approve = approver.Run
 		}
 		// The pod's name (the chart sets POD_NAME); on the host network
 		// the host name is every replica's.
@@ -226,7 +229,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 					return // only when ctx ends
 				}
 			}
-			continuous.RunElected(ctx, client, *namespace, identity, log, loop, approver)
+			continuous.RunElected(ctx, client, *namespace, identity, log, loop, approve)
 		}()
 	}
 	httpServer := &http.Server{Addr: *httpListen, Handler: joinservice.HTTPHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}

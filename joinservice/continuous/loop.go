@@ -10,12 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
@@ -481,50 +477,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
-}
-
-// NewEventRecorder returns the recorder of Node Events (events.k8s.io),
-// sending until ctx ends.
-func NewEventRecorder(ctx context.Context, client kubernetes.Interface) events.EventRecorder {
-	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
-	b.StartRecordingToSink(ctx.Done())
-	return b.NewRecorder(scheme.Scheme, "gatehouse-joinservice")
-}
-
-// leaseName is the Lease the join service's replicas elect the one that
-// runs the loop with.
-const leaseName = "gatehouse-reattest"
-
-// RunElected runs l and a (either may be nil) in the replica elected
-// through the Lease leaseName in namespace (identity names this replica,
-// e.g. its pod), until ctx ends: one loop and one approver per cluster,
-// taken over within about 15 s when its replica stops.
-func RunElected(ctx context.Context, client kubernetes.Interface, namespace, identity string, log *slog.Logger, l *Loop, a *Approver) {
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: leaseName, Namespace: namespace},
-		Client:     client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
-	}
-	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
-		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
-		ReleaseOnCancel: true, Name: leaseName,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
-				log.Info("Leading continuous attestation", "identity", identity, "loop", l != nil, "approver", a != nil)
-				g, ctx := errgroup.WithContext(ctx)
-				if l != nil {
-					g.Go(func() error { return l.Run(ctx) })
-				}
-				if a != nil {
-					g.Go(func() error { return a.Run(ctx) })
-				}
-				if err := g.Wait(); err != nil && ctx.Err() == nil {
-					log.Error("Continuous attestation stopped", "error", err.Error())
-				}
-			},
-			OnStoppedLeading: func() { log.Info("No longer leading continuous attestation", "identity", identity) },
-		},
-	})
 }
 
 // dataKeySource gives data keys (*joinservice.KeyServiceKeys).

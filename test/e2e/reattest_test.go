@@ -38,6 +38,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
+	"github.com/gatehouse-dev/gatehouse/joinservice/csrapprover"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
@@ -428,7 +429,7 @@ func testKubeletRenewal(ctx context.Context, t *testing.T, client kubernetes.Int
 				firstExpiry = cert.NotAfter
 			}
 			if csr.Spec.Username == user && slices.ContainsFunc(csr.Status.Conditions, func(c certificatesv1.CertificateSigningRequestCondition) bool {
-				return c.Type == certificatesv1.CertificateApproved && c.Reason == continuous.ReasonApproved
+				return c.Type == certificatesv1.CertificateApproved && c.Reason == csrapprover.ReasonApproved
 			}) {
 				approved[csr.Spec.SignerName] = true
 			}
