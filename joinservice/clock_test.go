@@ -69,7 +69,7 @@ func TestTokenReuseAndRenewal(t *testing.T) {
 		t.Fatalf("renewed expiration %s, want %s", renewed.Expiration, want)
 	}
 	list, err := client.CoreV1().Secrets(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
-		LabelSelector: LabelJoinRequest + "=" + requestTokens.OwnerLabel(key),
+		LabelSelector: labelJoinRequest + "=" + requestTokens.OwnerLabel(key),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +95,7 @@ func TestTokenIDTakenByAnotherRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := bootstraptoken.Secret(foreign, map[string]string{LabelJoinRequest: "someone-else"}, "made by kubeadm token create")
+	s := bootstraptoken.Secret(foreign, map[string]string{labelJoinRequest: "someone-else"}, "made by kubeadm token create")
 	if _, err := client.CoreV1().Secrets(metav1.NamespaceSystem).Create(t.Context(), s, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

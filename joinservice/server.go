@@ -33,6 +33,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
@@ -45,10 +46,10 @@ import (
 // maxRequestSize bounds a request message in bytes; a CSR is well under 4 KiB.
 const maxRequestSize = 16 << 10
 
-// ControlPlaneFiles are the files, relative to the PKI directory, a control
+// controlPlaneFileNames are the files, relative to the PKI directory, a control
 // plane needs to run `kubeadm join --control-plane` without a certificate
 // key (kubeadm docs, "Manual certificate distribution").
-var ControlPlaneFiles = []string{
+var controlPlaneFileNames = []string{
 	"ca.crt", "ca.key", "sa.key", "sa.pub",
 	"front-proxy-ca.crt", "front-proxy-ca.key",
 	"etcd/ca.crt", "etcd/ca.key",
@@ -61,7 +62,7 @@ type keySource interface {
 
 // tokenIssuer issues bootstrap tokens; *Tokens in production.
 type tokenIssuer interface {
-	Issue(ctx context.Context, requestKey, address, description string) (Token, error)
+	Issue(ctx context.Context, requestKey, address, description string) (bootstraptoken.Token, error)
 }
 
 // controlPlaneLocker serialises control-plane joins; *ControlPlaneLock in production.
@@ -107,7 +108,7 @@ type Config struct {
 	// lifetime (the kubelet renews it through CSRs); 0 is
 	// clusterpki.KubeletCertValidity.
 	KubeletCertLifetime time.Duration
-	// PKIDir holds the ControlPlaneFiles (/etc/kubernetes/pki on a control plane).
+	// PKIDir holds the controlPlaneFileNames (/etc/kubernetes/pki on a control plane).
 	PKIDir string
 	// RateLimit is the per-source budget of requests.
 	RateLimit connlimit.Rate
@@ -523,8 +524,8 @@ func (s *Server) keys(ctx context.Context, diskKeyID string) (diskKey, measureme
 }
 
 func (s *Server) controlPlaneFiles() ([]*joinservicev1.ControlPlaneFile, error) {
-	files := make([]*joinservicev1.ControlPlaneFile, 0, len(ControlPlaneFiles))
-	for _, name := range ControlPlaneFiles {
+	files := make([]*joinservicev1.ControlPlaneFile, 0, len(controlPlaneFileNames))
+	for _, name := range controlPlaneFileNames {
 		data, err := os.ReadFile(filepath.Join(s.cfg.PKIDir, name))
 		if err != nil {
 			return nil, refuse(codes.FailedPrecondition, "pki_error", "reading control-plane file %s from the service's PKI directory: %w", name, err)

@@ -242,11 +242,6 @@ func (l *Loop) wasUnreachable(node string) bool {
 	return l.unreachable[node]
 }
 
-// TaintKey is the taint continuous attestation puts on a node that stopped
-// proving itself, with the NoExecute effect: pods that do not tolerate it
-// leave the node.
-const TaintKey = gate.TaintKey
-
 // seedControlPlanes sets, for each control plane not judged yet, whether
 // its record says it is attested.
 func (l *Loop) seedControlPlanes(nodes []*corev1.Node) {
@@ -393,7 +388,7 @@ func (l *Loop) audit(node *corev1.Node, rec nodeattestation.Record) {
 	l.metrics.actions.WithLabelValues(action).Inc()
 	l.cfg.Log.Warn("audit", "event", "reattest.action", "node", node.Name, "action", action, "reason", rec.Reason,
 		"identity", rec.Identity, "awaitingRestore", rec.AwaitingRestore)
-	l.cfg.Events.Eventf(node, nil, kind, action, "Reattest", "%s %s: %s", action, TaintKey, rec.Reason)
+	l.cfg.Events.Eventf(node, nil, kind, action, "Reattest", "%s %s: %s", action, gate.TaintKey, rec.Reason)
 }
 
 // updateOldest sets the age of the oldest last success among nodes (a

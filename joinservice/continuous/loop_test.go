@@ -42,6 +42,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
@@ -402,7 +403,7 @@ func waitCached(t testing.TB, client kubernetes.Interface, nodes *NodeCache) {
 	}
 }
 
-// tainted fails t unless each Node carries TaintKey (NoExecute) as want says.
+// tainted fails t unless each Node carries gate.TaintKey (NoExecute) as want says.
 func tainted(t *testing.T, client kubernetes.Interface, want map[string]bool) {
 	t.Helper()
 	for node, w := range want {
@@ -410,7 +411,7 @@ func tainted(t *testing.T, client kubernetes.Interface, want map[string]bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintKey && t.Effect == corev1.TaintEffectNoExecute })
+		got := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == gate.TaintKey && t.Effect == corev1.TaintEffectNoExecute })
 		if got != w {
 			t.Errorf("%s tainted %t, want %t (taints %v)", node, got, w, n.Spec.Taints)
 		}

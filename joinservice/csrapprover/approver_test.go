@@ -160,7 +160,7 @@ func TestApprover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.Spec.Taints = []corev1.Taint{{Key: continuous.TaintKey, Effect: corev1.TaintEffectNoExecute}}
+	n.Spec.Taints = []corev1.Taint{{Key: gate.TaintKey, Effect: corev1.TaintEffectNoExecute}}
 	if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -173,7 +173,7 @@ func (g *Gate) decide(req Request) (*Refusal, error) {
 	if req.Evidence != nil {
 		identities = req.Evidence.Identities
 	}
-	if entry, denied := Denied(deny, identities, req.Node); denied {
+	if entry, denied := deniedEntry(deny, identities, req.Node); denied {
 		return &Refusal{ReasonDenied, fmt.Sprintf("denied by the cluster's deny list (entry %q)", entry)}, nil
 	}
 	switch {
@@ -208,9 +208,9 @@ func (g *Gate) decide(req Request) (*Refusal, error) {
 	return nil, nil
 }
 
-// Denied returns the deny-list entry that names one of identities or node,
+// deniedEntry returns the deny-list entry that names one of identities or node,
 // if any.
-func Denied(deny *joinconfig.DenyList, identities []string, node string) (string, bool) {
+func deniedEntry(deny *joinconfig.DenyList, identities []string, node string) (string, bool) {
 	if deny == nil {
 		return "", false
 	}

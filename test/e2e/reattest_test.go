@@ -39,6 +39,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 	"github.com/gatehouse-dev/gatehouse/joinservice/csrapprover"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
@@ -114,7 +115,7 @@ func tainted(ctx context.Context, client kubernetes.Interface, node string) (boo
 		return false, err
 	}
 	return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
-		return t.Key == continuous.TaintKey && t.Effect == corev1.TaintEffectNoExecute
+		return t.Key == gate.TaintKey && t.Effect == corev1.TaintEffectNoExecute
 	}), nil
 }
 
@@ -190,7 +191,7 @@ func testCompromisedWorker(ctx context.Context, t *testing.T, dir string, client
 	})
 	forged := stopForging()
 	if err != nil {
-		t.Fatalf("%s is not tainted %s after its measurement changed (it patched its own condition %d times): %v", victim, continuous.TaintKey, forged, err)
+		t.Fatalf("%s is not tainted %s after its measurement changed (it patched its own condition %d times): %v", victim, gate.TaintKey, forged, err)
 	}
 	t.Logf("%s patched its own condition to Verified %d times until it was tainted", victim, forged)
 	waitAttested(ctx, t, client, map[string]string{victim: continuous.ReasonEvidenceRejected})
