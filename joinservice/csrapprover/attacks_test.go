@@ -7,13 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
-	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
-	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 )
 
 // TestApproverSilentNodeDelaysNoOne: a node that never answers tied up

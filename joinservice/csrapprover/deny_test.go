@@ -181,7 +181,11 @@ func TestDenyListEveryIdentity(t *testing.T) {
 			if len(csr.Status.Certificate) > 0 {
 				t.Fatal("the denied machine's renewal was signed")
 			}
-			if !strings.Contains(logs.String(), `"event":"reattest.csr","csr":"`+csr.Name+`"`) {
+			// The worker writes the audit line after the decision it
+			// recorded on the CSR: wait for it.
+			if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				return strings.Contains(logs.String(), `"event":"reattest.csr","csr":"`+csr.Name+`"`), nil
+			}); err != nil {
 				t.Errorf("no audit line for the denied renewal %s", csr.Name)
 			}
 		})
