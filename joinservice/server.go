@@ -93,6 +93,8 @@ type boundNames interface {
 
 // Config holds a Server's dependencies.
 type Config struct {
+	// PolicyStore is the live join config and deny list (NewPolicyStore,
+	// watched with Watch).
 	PolicyStore *PolicyStore
 	// Gate decides every ticket after the request's own checks.
 	Gate credentialGate
