@@ -17,10 +17,10 @@ import (
 )
 
 // ServerCredentials returns the service's attested TLS credentials: joiners
-// must attest and are appraised by policy; the service presents its
-// identity.
-func ServerCredentials(policy *Policy, identity *clusterpki.Identity, now func() time.Time) (*atls.Credentials, error) {
-	return atls.NewCredentials(atls.Config{Verifiers: []attestation.Verifier{policy}, Certificate: identity.Certificate, Now: now})
+// must attest and are appraised by the join config in force in policies
+// (liveVerifier); the service presents its identity.
+func ServerCredentials(policies *PolicyStore, identity *clusterpki.Identity, now func() time.Time) (*atls.Credentials, error) {
+	return atls.NewCredentials(atls.Config{Verifiers: []attestation.Verifier{liveVerifier{store: policies}}, Certificate: identity.Certificate, Now: now})
 }
 
 // DialKeyService returns a connection to the key service at endpoint

@@ -40,7 +40,7 @@ import (
 // this version.
 func (h *harness) applyDenyList(t testing.TB, text string) {
 	t.Helper()
-	applied := testutil.ToFloat64(h.server.cfg.Policy.reloads.WithLabelValues(testDenyList, "applied"))
+	applied := testutil.ToFloat64(h.server.cfg.PolicyStore.reloads.WithLabelValues(testDenyList, "applied"))
 	h.putConfigMap(t, testDenyList, map[string]string{joinconfig.KeyDenyList: text})
 	h.waitReloads(t, testDenyList, "applied", applied+1)
 }

@@ -148,7 +148,7 @@ func (h *harness) trust(t testing.TB, attesters ...*tpmattester.Attester) {
 // applied this version.
 func (h *harness) applyJoinConfig(t testing.TB, data map[string]string) {
 	t.Helper()
-	applied := testutil.ToFloat64(h.server.cfg.Policy.reloads.WithLabelValues(testJoinConfig, "applied"))
+	applied := testutil.ToFloat64(h.server.cfg.PolicyStore.reloads.WithLabelValues(testJoinConfig, "applied"))
 	h.putConfigMap(t, testJoinConfig, data)
 	h.waitReloads(t, testJoinConfig, "applied", applied+1)
 }
@@ -239,7 +239,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	h.putConfigMap(t, testJoinConfig, h.joinConfigData(t, nil))
 
 	log := slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	policy, err := NewPolicy(opts.variant, time.Now, log, h.reg)
+	policy, err := NewPolicyStore(opts.variant, time.Now, log, h.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	keyConn := h.dialKeyService(t)
 	credentialGate, boundNames := startGate(t, client, policy, log, h.reg)
 	h.server, err = NewServer(Config{
-		Policy:           policy,
+		PolicyStore:      policy,
 		Gate:             credentialGate,
 		BoundNames:       boundNames,
 		Keys:             NewKeyServiceKeys(keyConn),
@@ -297,7 +297,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 // startGate starts the caches the credential gate reads (the attestation
 // records, the Nodes, and the bindings for a rejoin's node names), waits
 // for them, and returns the gate, as cmd/gatehouse-joinservice does.
-func startGate(t testing.TB, client kubernetes.Interface, policy *Policy, log *slog.Logger, reg prometheus.Registerer) (*gate.Gate, *nodebinding.Cache) {
+func startGate(t testing.TB, client kubernetes.Interface, policy *PolicyStore, log *slog.Logger, reg prometheus.Registerer) (*gate.Gate, *nodebinding.Cache) {
 	t.Helper()
 	records := nodeattestation.NewCache(client, testNamespace)
 	nodes := continuous.NewNodeCache(client)
@@ -574,7 +574,7 @@ func (h *harness) putConfigMap(t testing.TB, name string, data map[string]string
 func (h *harness) waitReloads(t testing.TB, configmap, result string, n float64) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return testutil.ToFloat64(h.server.cfg.Policy.reloads.WithLabelValues(configmap, result)) >= n, nil
+		return testutil.ToFloat64(h.server.cfg.PolicyStore.reloads.WithLabelValues(configmap, result)) >= n, nil
 	})
 	if err != nil {
 		t.Fatalf("waiting for %s %s reload #%v: %v", configmap, result, n, err)

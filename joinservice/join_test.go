@@ -205,8 +205,8 @@ func TestJoinTickets(t *testing.T) {
 				t.Errorf("control-plane file %s differs from the PKI directory's", f.GetName())
 			}
 		}
-		if !slices.Equal(names, controlPlaneFileSet) {
-			t.Errorf("control-plane files %v, want %v", names, controlPlaneFileSet)
+		if !slices.Equal(names, controlPlaneFileNames) {
+			t.Errorf("control-plane files %v, want %v", names, controlPlaneFileNames)
 		}
 		lease, err := h.client.CoordinationV1().Leases(testNamespace).Get(ctx, ControlPlaneLeaseName, metav1.GetOptions{})
 		if err != nil || ptr.Deref(lease.Spec.HolderIdentity, "") != "cp-2" {

@@ -33,6 +33,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
@@ -45,10 +46,10 @@ import (
 // maxRequestSize bounds a request message in bytes; a CSR is well under 4 KiB.
 const maxRequestSize = 16 << 10
 
-// controlPlaneFileSet are the files, relative to the PKI directory, a control
+// controlPlaneFileNames are the files, relative to the PKI directory, a control
 // plane needs to run `kubeadm join --control-plane` without a certificate
 // key (kubeadm docs, "Manual certificate distribution").
-var controlPlaneFileSet = []string{
+var controlPlaneFileNames = []string{
 	"ca.crt", "ca.key", "sa.key", "sa.pub",
 	"front-proxy-ca.crt", "front-proxy-ca.key",
 	"etcd/ca.crt", "etcd/ca.key",
@@ -61,7 +62,7 @@ type keySource interface {
 
 // tokenIssuer issues bootstrap tokens; *Tokens in production.
 type tokenIssuer interface {
-	Issue(ctx context.Context, requestKey, address, description string) (Token, error)
+	Issue(ctx context.Context, requestKey, address, description string) (bootstraptoken.Token, error)
 }
 
 // controlPlaneLocker serialises control-plane joins; *ControlPlaneLock in production.
@@ -92,7 +93,9 @@ type boundNames interface {
 
 // Config holds a Server's dependencies.
 type Config struct {
-	Policy *Policy
+	// PolicyStore is the live join config and deny list (NewPolicyStore,
+	// watched with Watch).
+	PolicyStore *PolicyStore
 	// Gate decides every ticket after the request's own checks.
 	Gate credentialGate
 	// BoundNames finds the node a rejoining machine is, for the gate.
@@ -107,7 +110,7 @@ type Config struct {
 	// lifetime (the kubelet renews it through CSRs); 0 is
 	// clusterpki.KubeletCertValidity.
 	KubeletCertLifetime time.Duration
-	// PKIDir holds the controlPlaneFileSet (/etc/kubernetes/pki on a control plane).
+	// PKIDir holds the controlPlaneFileNames (/etc/kubernetes/pki on a control plane).
 	PKIDir string
 	// RateLimit is the per-source budget of requests.
 	RateLimit connlimit.Rate
@@ -129,9 +132,9 @@ type Server struct {
 
 // NewServer returns a join service with the dependencies in cfg.
 func NewServer(cfg Config) (*Server, error) {
-	if cfg.Policy == nil || cfg.Gate == nil || cfg.BoundNames == nil || cfg.Keys == nil || cfg.Tokens == nil || cfg.ControlPlaneLock == nil ||
+	if cfg.PolicyStore == nil || cfg.Gate == nil || cfg.BoundNames == nil || cfg.Keys == nil || cfg.Tokens == nil || cfg.ControlPlaneLock == nil ||
 		cfg.Bindings == nil || cfg.CA == nil || cfg.Log == nil {
-		return nil, errors.New("join service: Policy, Gate, BoundNames, Keys, Tokens, ControlPlaneLock, Bindings, CA and Log are required")
+		return nil, errors.New("join service: PolicyStore, Gate, BoundNames, Keys, Tokens, ControlPlaneLock, Bindings, CA and Log are required")
 	}
 	if cfg.RateLimit.Rate <= 0 || cfg.RateLimit.Burst < 1 {
 		return nil, fmt.Errorf("join service: rate limit %+v must have a positive rate and a burst of at least 1", cfg.RateLimit)
@@ -444,7 +447,7 @@ func (s *Server) admit(ctx context.Context, d *decision) (*admission, error) {
 		return nil, refuse(codes.ResourceExhausted, "rate_limited",
 			"too many requests from %s (budget %g per second, burst %d); retry later", d.source, s.cfg.RateLimit.Rate, s.cfg.RateLimit.Burst)
 	}
-	join, deny, err := s.cfg.Policy.Current()
+	join, deny, err := s.cfg.PolicyStore.Current()
 	if err != nil {
 		return nil, refuse(codes.Unavailable, "not_ready", "%w", err)
 	}
@@ -523,8 +526,8 @@ func (s *Server) keys(ctx context.Context, diskKeyID string) (diskKey, measureme
 }
 
 func (s *Server) controlPlaneFiles() ([]*joinservicev1.ControlPlaneFile, error) {
-	files := make([]*joinservicev1.ControlPlaneFile, 0, len(controlPlaneFileSet))
-	for _, name := range controlPlaneFileSet {
+	files := make([]*joinservicev1.ControlPlaneFile, 0, len(controlPlaneFileNames))
+	for _, name := range controlPlaneFileNames {
 		data, err := os.ReadFile(filepath.Join(s.cfg.PKIDir, name))
 		if err != nil {
 			return nil, refuse(codes.FailedPrecondition, "pki_error", "reading control-plane file %s from the service's PKI directory: %w", name, err)
@@ -630,6 +633,6 @@ func truncate(s string, n int) string {
 // Ready returns nil when the service can decide requests (its policy is
 // loaded), else why not; for readiness probes.
 func (s *Server) Ready() error {
-	_, _, err := s.cfg.Policy.Current()
+	_, _, err := s.cfg.PolicyStore.Current()
 	return err
 }

@@ -61,9 +61,6 @@ func NewTokens(client kubernetes.Interface, now func() time.Time) *Tokens {
 	return &Tokens{client: client, now: now}
 }
 
-// Token is an issued bootstrap token.
-type Token = bootstraptoken.Token
-
 // Issue returns the bootstrap token of the request identified by
 // requestKey (attestation identity, NUL, node name; the Secret names the
 // node in bootstraptoken.AnnotationNode): the existing one while it has tokenReuseMargin left, else a
@@ -74,7 +71,7 @@ type Token = bootstraptoken.Token
 // address is where the node connected from, recorded on the Secret
 // (bootstraptoken.AnnotationAddress) for the approval of its first
 // kubelet client certificate; "" records none.
-func (t *Tokens) Issue(ctx context.Context, requestKey, address, description string) (Token, error) {
+func (t *Tokens) Issue(ctx context.Context, requestKey, address, description string) (bootstraptoken.Token, error) {
 	secrets := kubeSystemSecrets{t.client.CoreV1().Secrets(metav1.NamespaceSystem)}
 	requestTokens := requestTokens
 	if address != "" {
@@ -92,16 +89,16 @@ func (t *Tokens) Issue(ctx context.Context, requestKey, address, description str
 	case err == nil && token.Expiration.Sub(now) >= tokenReuseMargin:
 		return token, nil
 	case err != nil && !errors.Is(err, bootstraptoken.ErrMalformed):
-		return Token{}, err
+		return bootstraptoken.Token{}, err
 	}
 	// Too little time left, or malformed: renew in place (same id).
 	token, renewed, err := requestTokens.NewSecret(requestKey, now.Add(tokenTTL), description)
 	if err != nil {
-		return Token{}, err
+		return bootstraptoken.Token{}, err
 	}
 	renewed.ResourceVersion = existing.ResourceVersion
 	if _, err := secrets.Update(ctx, renewed, metav1.UpdateOptions{}); err != nil {
-		return Token{}, fmt.Errorf("renewing bootstrap token Secret %s: %w", renewed.Name, err)
+		return bootstraptoken.Token{}, fmt.Errorf("renewing bootstrap token Secret %s: %w", renewed.Name, err)
 	}
 	return token, nil
 }

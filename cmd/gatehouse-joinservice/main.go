@@ -32,6 +32,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
+	"github.com/gatehouse-dev/gatehouse/joinservice/csrapprover"
 	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 )
 
@@ -113,7 +114,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	policy, err := joinservice.NewPolicy(v, time.Now, log, reg)
+	policy, err := joinservice.NewPolicyStore(v, time.Now, log, reg)
 	if err != nil {
 		return err
 	}
@@ -142,7 +143,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		return err
 	}
 	srv, err := joinservice.NewServer(joinservice.Config{
-		Policy:              policy,
+		PolicyStore:         policy,
 		Gate:                credentialGate,
 		BoundNames:          bindingCache,
 		Keys:                keySource,
@@ -190,25 +191,27 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 			Sessions:    tls.NewLRUClientSessionCache(atls.DefaultEvidenceSessions),
 			Conns:       atls.NewEvidenceConns(atls.DefaultEvidenceSessions),
 		}.Fetch
-		verifier := continuous.NewVerifier(policy, bindingCache, fetch, continuous.ClusterID(keySource, policy), *evidencePort)
+		checker := continuous.NewNodeChecker(policy, bindingCache, fetch, continuous.ClusterID(keySource, policy), *evidencePort)
 		events := continuous.NewEventRecorder(ctx, client)
 		var loop *continuous.Loop
 		if *reattestEvery > 0 {
 			if loop, err = continuous.NewLoop(continuous.LoopConfig{
 				Client: client, Nodes: nodes, Records: nodeattestation.NewStore(client, *namespace), RecordCache: records,
-				Verifier: verifier, Events: events, Interval: *reattestEvery, FetchTimeout: *fetchTimeout, Log: log, Registerer: reg,
+				Checker: checker, Events: events, Interval: *reattestEvery, FetchTimeout: *fetchTimeout, Log: log, Registerer: reg,
 			}); err != nil {
 				return err
 			}
 		}
-		var approver *continuous.Approver
+		var approve func(context.Context) error
 		if *approveCSRs {
-			if approver, err = continuous.NewApprover(continuous.ApproverConfig{
-				Client: client, Verifier: verifier, Gate: credentialGate, Bindings: bindingCache, Events: events,
+			approver, err := csrapprover.New(csrapprover.Config{
+				Client: client, Checker: checker, Gate: credentialGate, Bindings: bindingCache, Events: events,
 				FetchTimeout: *fetchTimeout, Log: log, Registerer: reg,
-			}); err != nil {
+			})
+			if err != nil {
 				return err
 			}
+			approve = approver.Run
 		}
 		// The pod's name (the chart sets POD_NAME); on the host network
 		// the host name is every replica's.
@@ -226,7 +229,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 					return // only when ctx ends
 				}
 			}
-			continuous.RunElected(ctx, client, *namespace, identity, log, loop, approver)
+			continuous.RunElected(ctx, client, *namespace, identity, log, loop, approve)
 		}()
 	}
 	httpServer := &http.Server{Addr: *httpListen, Handler: joinservice.HTTPHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}

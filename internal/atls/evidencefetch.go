@@ -139,10 +139,26 @@ func again(ctx context.Context, conn *tls.Conn, verifiers []attestation.Verifier
 	return verified.Result(), nil
 }
 
-// rejected reports whether err is the node's evidence failing, as opposed
-// to the connection failing.
+// rejected reports whether err is the node's evidence failing (its
+// appraisal, IsRejection, or this package's checks around it), as opposed
+// to the connection failing. The appraisal's other errors reach it wrapped
+// in errEvidenceInvalid.
 func rejected(err error) bool {
-	for _, e := range []error{errEvidenceInvalid, ErrUnknownVariant, ErrKeyBinding, attestation.ErrMalformed, attestation.ErrActivation} {
+	for _, e := range []error{errEvidenceInvalid, ErrUnknownVariant, ErrKeyBinding} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return IsRejection(err)
+}
+
+// IsRejection reports whether err is evidence failing appraisal: it wraps
+// one of attestation's errors (ErrMalformed, ErrNonce, ErrSignature,
+// ErrUntrustedKey, ErrPolicy, ErrMeasurement, ErrActivation), as opposed
+// to the node not answering.
+func IsRejection(err error) bool {
+	for _, e := range []error{attestation.ErrMalformed, attestation.ErrNonce, attestation.ErrSignature,
+		attestation.ErrUntrustedKey, attestation.ErrPolicy, attestation.ErrMeasurement, attestation.ErrActivation} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,12 +18,12 @@ import (
 	"github.com/google/go-tpm/tpmutil"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
@@ -34,7 +33,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
-	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 )
 
 // attackRig is a real API server with Nodes whose machines serve real TPM
@@ -45,9 +43,9 @@ type attackRig struct {
 	client    kubernetes.Interface
 	port      int
 	clusterID []byte
-	pol       *joinservice.Policy
+	pol       *joinservice.PolicyStore
 	caches    caches
-	verifier  *Verifier
+	verifier  *NodeChecker
 	log       *slog.Logger
 	logs      *testkit.LogBuffer
 	reg       *prometheus.Registry
@@ -82,7 +80,7 @@ func newAttackRig(t *testing.T, machines map[string]string, silent map[string]st
 		running = append(running, r.nodes[name])
 	}
 	r.log = slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{t}, r.logs), nil))
-	if r.pol, err = joinservice.NewPolicy(attestation.VariantTPM, time.Now, r.log, r.reg); err != nil {
+	if r.pol, err = joinservice.NewPolicyStore(attestation.VariantTPM, time.Now, r.log, r.reg); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.pol.ApplyJoinConfig(joinConfig(t, running, nil)); err != nil {
@@ -110,7 +108,7 @@ func newAttackRig(t *testing.T, machines map[string]string, silent map[string]st
 		createNode(t, client, name, ip, false)
 	}
 	r.caches = startCaches(t, client)
-	r.verifier = NewVerifier(r.pol, r.caches.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return r.clusterID, nil }, r.port)
+	r.verifier = NewNodeChecker(r.pol, r.caches.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return r.clusterID, nil }, r.port)
 	return r
 }
 
@@ -304,93 +302,6 @@ func TestSilentNodeDelaysNoOne(t *testing.T) {
 	}
 }
 
-// TestApproverSilentNodeDelaysNoOne: a node that never answers tied up
-// every approval worker for a whole fetch per CSR (the freshness cache's
-// time was taken before the check, so each CSR checked again), delaying
-// honest renewals. Now it has one check in flight, no worker waits for it,
-// and the honest node's renewal is approved within the per-node deadline.
-func TestApproverSilentNodeDelaysNoOne(t *testing.T) {
-	r := newAttackRig(t, map[string]string{"worker-good": "127.0.0.1"}, map[string]string{"worker-silent": "127.0.0.6"})
-	ctx := t.Context()
-	const deadline = 10 * time.Second
-	credentialGate, err := gate.New(r.pol, r.caches.records, r.caches.nodes, r.log, r.reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	counted := &countingChecker{Verifier: r.verifier, node: "worker-silent"}
-	approver, err := NewApprover(ApproverConfig{Client: r.client, Verifier: counted, Gate: credentialGate,
-		Bindings: nodebinding.New(r.client, namespace, time.Now), Events: NewEventRecorder(ctx, r.client),
-		FetchTimeout: deadline, Workers: 2, Log: r.log, Registerer: r.reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stopApprover := context.WithCancel(ctx)
-	defer stopApprover()
-	go func() { _ = approver.Run(runCtx) }()
-	create := func(name, node string) {
-		t.Helper()
-		if _, err := asNode(t, r.env.Config, node).CertificatesV1().CertificateSigningRequests().Create(ctx, &certificatesv1.CertificateSigningRequest{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec:       certificatesv1.CertificateSigningRequestSpec{Request: csrPEM(t, nodeSubject(node), nil, nil), SignerName: signerKubeletClient, Usages: clientUsages},
-		}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := range 6 {
-		create("silent-"+strconv.Itoa(i), "worker-silent")
-	}
-	start := time.Now()
-	create("honest", "worker-good")
-	var approvedAt time.Duration
-	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 3*deadline, true, func(ctx context.Context) (bool, error) {
-		csr, err := r.client.CertificatesV1().CertificateSigningRequests().Get(ctx, "honest", metav1.GetOptions{})
-		if err != nil || decidable(csr) {
-			return false, nil //nolint:nilerr // not decided yet
-		}
-		approvedAt = time.Since(start)
-		return csr.Status.Conditions[0].Type == certificatesv1.CertificateApproved, nil
-	})
-	if err != nil {
-		t.Fatalf("the honest renewal was not approved: %v", err)
-	}
-	if approvedAt > deadline/2 {
-		t.Errorf("the honest renewal was approved %v after it was made, behind the silent node's requests (deadline %v)", approvedAt, deadline)
-	}
-	// The silent node's requests are denied once its one check ends.
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*deadline, true, func(ctx context.Context) (bool, error) {
-		for i := range 6 {
-			csr, err := r.client.CertificatesV1().CertificateSigningRequests().Get(ctx, "silent-"+strconv.Itoa(i), metav1.GetOptions{})
-			if err != nil || decidable(csr) {
-				return false, nil //nolint:nilerr // not decided yet
-			}
-			if csr.Status.Conditions[0].Type != certificatesv1.CertificateDenied || csr.Status.Conditions[0].Reason != ReasonUnreachable {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		t.Errorf("the silent node's requests were not all denied Unreachable: %v", err)
-	}
-	if n := counted.checks.Load(); n > 2 {
-		t.Errorf("the silent node was checked %d times for 6 requests, want one check in flight (and at most one more after the freshness)", n)
-	}
-}
-
-// countingChecker counts the checks of one node.
-type countingChecker struct {
-	*Verifier
-	node   string
-	checks atomic.Int32
-}
-
-func (c *countingChecker) Check(ctx context.Context, node *corev1.Node) (Outcome, error) {
-	if node.Name == c.node {
-		c.checks.Add(1)
-	}
-	return c.Verifier.Check(ctx, node)
-}
-
 // TestSilentNodesHaveTheirOwnPool: nodes that did not answer last round
 // are checked apart. With two checks at a time and four nodes silent since
 // the last round, a shared pool would hold the compromised node's check
@@ -404,7 +315,7 @@ func TestSilentNodesHaveTheirOwnPool(t *testing.T) {
 	ctx := t.Context()
 	const deadline = 6 * time.Second
 	loop, err := NewLoop(LoopConfig{Client: r.client, Nodes: r.caches.nodes, Records: nodeattestation.NewStore(r.client, namespace),
-		RecordCache: r.caches.records, Verifier: r.verifier, Events: NewEventRecorder(ctx, r.client), FetchTimeout: deadline,
+		RecordCache: r.caches.records, Checker: r.verifier, Events: NewEventRecorder(ctx, r.client), FetchTimeout: deadline,
 		Concurrency: 2, Log: r.log, Registerer: r.reg})
 	if err != nil {
 		t.Fatal(err)
@@ -432,4 +343,35 @@ func TestSilentNodesHaveTheirOwnPool(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// createNode creates Node name with InternalIP ip, labelled a control
+// plane when cp is set.
+func createNode(t *testing.T, client kubernetes.Interface, name, ip string, cp bool) {
+	t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if cp {
+		n.Labels = map[string]string{labelControlPlane: ""}
+	}
+	created, err := client.CoreV1().Nodes().Create(t.Context(), n, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
+	if _, err := client.CoreV1().Nodes().UpdateStatus(t.Context(), created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// asNode returns a client authenticated as node's kubelet (impersonated
+// by the test's administrator).
+func asNode(t *testing.T, cfg *rest.Config, node string) kubernetes.Interface {
+	t.Helper()
+	c := rest.CopyConfig(cfg)
+	c.Impersonate = rest.ImpersonationConfig{UserName: "system:node:" + node, Groups: []string{"system:nodes", "system:authenticated"}}
+	client, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
 }

@@ -129,7 +129,7 @@ func BenchmarkReattest(b *testing.B) {
 
 	log := slog.New(slog.DiscardHandler)
 	reg := prometheus.NewRegistry()
-	pol, err := joinservice.NewPolicy(attestation.VariantTPM, time.Now, log, reg)
+	pol, err := joinservice.NewPolicyStore(attestation.VariantTPM, time.Now, log, reg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -161,12 +161,12 @@ func BenchmarkReattest(b *testing.B) {
 
 	c := startCaches(b, client)
 	nodes := c.nodes
-	verifier := NewVerifier(pol, c.bindings, fetch, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+	verifier := NewNodeChecker(pol, c.bindings, fetch, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
 	timed := &timedChecker{checker: verifier}
 	var offset atomic.Int64 // the loop's clock runs ahead by this much
 	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
 	loop, err := NewLoop(LoopConfig{Client: client, Nodes: nodes, Records: nodeattestation.NewStore(client, namespace), RecordCache: c.records,
-		Verifier: timed, Events: NewEventRecorder(ctx, client), Heartbeat: benchHeartbeat, Log: log, Registerer: reg, Now: now})
+		Checker: timed, Events: NewEventRecorder(ctx, client), Heartbeat: benchHeartbeat, Log: log, Registerer: reg, Now: now})
 	if err != nil {
 		b.Fatal(err)
 	}

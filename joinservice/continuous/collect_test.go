@@ -64,7 +64,7 @@ func TestRecordsOfGoneNodesAreCollected(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var logs testkit.LogBuffer
 	loop, err := NewLoop(LoopConfig{Client: client, Nodes: c.nodes, Records: store, RecordCache: c.records,
-		Verifier: stubChecker{}, Events: NewEventRecorder(ctx, client), Interval: 15 * time.Second,
+		Checker: stubChecker{}, Events: NewEventRecorder(ctx, client), Interval: 15 * time.Second,
 		Log: slog.New(slog.NewJSONHandler(&logs, nil)), Registerer: reg, Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)

@@ -10,12 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
@@ -24,7 +20,7 @@ import (
 )
 
 // checker verifies one node and tells what to do about failures
-// (*Verifier).
+// (*NodeChecker).
 type checker interface {
 	Check(ctx context.Context, node *corev1.Node) (Outcome, error)
 	Settings() (joinconfig.ContinuousAttestation, error)
@@ -67,7 +63,7 @@ type LoopConfig struct {
 	// synced).
 	Records     recordWriter
 	RecordCache recordCache
-	Verifier    checker
+	Checker     checker
 	// Events records an Event on the Node at each change of outcome
 	// (NewEventRecorder).
 	Events events.EventRecorder
@@ -115,7 +111,7 @@ type Loop struct {
 
 // NewLoop returns the loop; its metrics are registered with cfg.Registerer.
 func NewLoop(cfg LoopConfig) (*Loop, error) {
-	if cfg.Client == nil || cfg.Nodes == nil || cfg.Records == nil || cfg.RecordCache == nil || cfg.Verifier == nil ||
+	if cfg.Client == nil || cfg.Nodes == nil || cfg.Records == nil || cfg.RecordCache == nil || cfg.Checker == nil ||
 		cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
 		return nil, fmt.Errorf("continuous attestation: Client, Nodes, Records, RecordCache, Verifier, Events, Log and Registerer are required")
 	}
@@ -175,7 +171,7 @@ func (l *Loop) Round(ctx context.Context) ([]Outcome, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing Nodes: %w", err)
 	}
-	settings, err := l.cfg.Verifier.Settings()
+	settings, err := l.cfg.Checker.Settings()
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +213,7 @@ func (l *Loop) checkOne(ctx context.Context, node *corev1.Node, settings joincon
 		return ctx.Err()
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.FetchTimeout)
-	o, err := l.cfg.Verifier.Check(cctx, node)
+	o, err := l.cfg.Checker.Check(cctx, node)
 	cancel()
 	if err != nil {
 		return err
@@ -245,11 +241,6 @@ func (l *Loop) wasUnreachable(node string) bool {
 	defer l.mu.Unlock()
 	return l.unreachable[node]
 }
-
-// TaintKey is the taint continuous attestation puts on a node that stopped
-// proving itself, with the NoExecute effect: pods that do not tolerate it
-// leave the node.
-const TaintKey = gate.TaintKey
 
 // seedControlPlanes sets, for each control plane not judged yet, whether
 // its record says it is attested.
@@ -397,7 +388,7 @@ func (l *Loop) audit(node *corev1.Node, rec nodeattestation.Record) {
 	l.metrics.actions.WithLabelValues(action).Inc()
 	l.cfg.Log.Warn("audit", "event", "reattest.action", "node", node.Name, "action", action, "reason", rec.Reason,
 		"identity", rec.Identity, "awaitingRestore", rec.AwaitingRestore)
-	l.cfg.Events.Eventf(node, nil, kind, action, "Reattest", "%s %s: %s", action, TaintKey, rec.Reason)
+	l.cfg.Events.Eventf(node, nil, kind, action, "Reattest", "%s %s: %s", action, gate.TaintKey, rec.Reason)
 }
 
 // updateOldest sets the age of the oldest last success among nodes (a
@@ -481,50 +472,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
-}
-
-// NewEventRecorder returns the recorder of Node Events (events.k8s.io),
-// sending until ctx ends.
-func NewEventRecorder(ctx context.Context, client kubernetes.Interface) events.EventRecorder {
-	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
-	b.StartRecordingToSink(ctx.Done())
-	return b.NewRecorder(scheme.Scheme, "gatehouse-joinservice")
-}
-
-// leaseName is the Lease the join service's replicas elect the one that
-// runs the loop with.
-const leaseName = "gatehouse-reattest"
-
-// RunElected runs l and a (either may be nil) in the replica elected
-// through the Lease leaseName in namespace (identity names this replica,
-// e.g. its pod), until ctx ends: one loop and one approver per cluster,
-// taken over within about 15 s when its replica stops.
-func RunElected(ctx context.Context, client kubernetes.Interface, namespace, identity string, log *slog.Logger, l *Loop, a *Approver) {
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: leaseName, Namespace: namespace},
-		Client:     client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
-	}
-	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
-		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
-		ReleaseOnCancel: true, Name: leaseName,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
-				log.Info("Leading continuous attestation", "identity", identity, "loop", l != nil, "approver", a != nil)
-				g, ctx := errgroup.WithContext(ctx)
-				if l != nil {
-					g.Go(func() error { return l.Run(ctx) })
-				}
-				if a != nil {
-					g.Go(func() error { return a.Run(ctx) })
-				}
-				if err := g.Wait(); err != nil && ctx.Err() == nil {
-					log.Error("Continuous attestation stopped", "error", err.Error())
-				}
-			},
-			OnStoppedLeading: func() { log.Info("No longer leading continuous attestation", "identity", identity) },
-		},
-	})
 }
 
 // dataKeySource gives data keys (*joinservice.KeyServiceKeys).

@@ -42,6 +42,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
@@ -199,7 +200,7 @@ func TestLoop(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var logs testkit.LogBuffer
 	log := slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{t}, &logs), nil))
-	pol, err := joinservice.NewPolicy(attestation.VariantTPM, time.Now, log, reg)
+	pol, err := joinservice.NewPolicyStore(attestation.VariantTPM, time.Now, log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +243,7 @@ func TestLoop(t *testing.T) {
 	// The caches production reads the Nodes and the bindings from.
 	c := startCaches(t, client)
 	nodes := c.nodes
-	verifier := NewVerifier(pol, c.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+	verifier := NewNodeChecker(pol, c.bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
 	loop := newLoop(t, client, c, verifier, log, reg, 0)
 	round := func(want map[string]string) {
 		t.Helper()
@@ -365,7 +366,7 @@ func startCaches(t testing.TB, client kubernetes.Interface) caches {
 func newLoop(t testing.TB, client kubernetes.Interface, c caches, v checker, log *slog.Logger, reg prometheus.Registerer, fetchTimeout time.Duration) *Loop {
 	t.Helper()
 	loop, err := NewLoop(LoopConfig{Client: client, Nodes: c.nodes, Records: nodeattestation.NewStore(client, namespace), RecordCache: c.records,
-		Verifier: v, Events: NewEventRecorder(t.Context(), client), FetchTimeout: fetchTimeout, Log: log, Registerer: reg})
+		Checker: v, Events: NewEventRecorder(t.Context(), client), FetchTimeout: fetchTimeout, Log: log, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +403,7 @@ func waitCached(t testing.TB, client kubernetes.Interface, nodes *NodeCache) {
 	}
 }
 
-// tainted fails t unless each Node carries TaintKey (NoExecute) as want says.
+// tainted fails t unless each Node carries gate.TaintKey (NoExecute) as want says.
 func tainted(t *testing.T, client kubernetes.Interface, want map[string]bool) {
 	t.Helper()
 	for node, w := range want {
@@ -410,7 +411,7 @@ func tainted(t *testing.T, client kubernetes.Interface, want map[string]bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintKey && t.Effect == corev1.TaintEffectNoExecute })
+		got := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == gate.TaintKey && t.Effect == corev1.TaintEffectNoExecute })
 		if got != w {
 			t.Errorf("%s tainted %t, want %t (taints %v)", node, got, w, n.Spec.Taints)
 		}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 )
 
 // The Node's condition and taint mirror its authoritative record: a node
@@ -141,7 +142,7 @@ func (l *Loop) mirror(ctx context.Context, node *corev1.Node, rec nodeattestatio
 	return l.setTaint(ctx, node.Name, rec.Tainted)
 }
 
-// setTaint adds or removes TaintKey on the Node as it is in the API server
+// setTaint adds or removes gate.TaintKey on the Node as it is in the API server
 // now, retrying on conflict.
 func (l *Loop) setTaint(ctx context.Context, name string, taint bool) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -152,9 +153,9 @@ func (l *Loop) setTaint(ctx context.Context, name string, taint bool) error {
 		if hasTaint(node) == taint {
 			return nil
 		}
-		taints := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(t corev1.Taint) bool { return t.Key == TaintKey })
+		taints := slices.DeleteFunc(slices.Clone(node.Spec.Taints), func(t corev1.Taint) bool { return t.Key == gate.TaintKey })
 		if taint {
-			taints = append(taints, corev1.Taint{Key: TaintKey, Effect: corev1.TaintEffectNoExecute, TimeAdded: ptr.To(metav1.NewTime(l.cfg.Now()))})
+			taints = append(taints, corev1.Taint{Key: gate.TaintKey, Effect: corev1.TaintEffectNoExecute, TimeAdded: ptr.To(metav1.NewTime(l.cfg.Now()))})
 		}
 		// Conditional on the Node just read: a conflict reads it again.
 		patch, err := json.Marshal(map[string]any{
@@ -168,13 +169,13 @@ func (l *Loop) setTaint(ctx context.Context, name string, taint bool) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("setting taint %s=%t on Node %s: %w", TaintKey, taint, name, err)
+		return fmt.Errorf("setting taint %s=%t on Node %s: %w", gate.TaintKey, taint, name, err)
 	}
 	return nil
 }
 
 func hasTaint(node *corev1.Node) bool {
-	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == TaintKey })
+	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == gate.TaintKey })
 }
 
 // conditionMirrors reports whether node's condition says what rec says

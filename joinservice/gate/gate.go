@@ -95,7 +95,7 @@ type Refusal struct {
 
 func (r *Refusal) Error() string { return r.Message }
 
-// policySource is the live deny list and settings (*joinservice.Policy).
+// policySource is the live deny list and settings (*joinservice.PolicyStore).
 type policySource interface {
 	Current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error)
 }
@@ -137,7 +137,7 @@ func New(policy policySource, records recordSource, nodes nodeSource, log *slog.
 
 // Decide returns nil when req's node may have the credential, else the
 // refusal; it audits and counts both. In order, it refuses: a node denied
-// by any identity its evidence proves or by its name (findDenied); fresh
+// by any identity its evidence proves or by its name (Denied); fresh
 // evidence that did not verify (its own reason); a node awaiting an
 // administrator's restore (AwaitingRestore); a tainted node (Unattested:
 // its record or its Node says so), except a rejoin under `restore:
@@ -173,7 +173,7 @@ func (g *Gate) decide(req Request) (*Refusal, error) {
 	if req.Evidence != nil {
 		identities = req.Evidence.Identities
 	}
-	if entry, denied := findDenied(deny, identities, req.Node); denied {
+	if entry, denied := deniedEntry(deny, identities, req.Node); denied {
 		return &Refusal{ReasonDenied, fmt.Sprintf("denied by the cluster's deny list (entry %q)", entry)}, nil
 	}
 	switch {
@@ -208,9 +208,9 @@ func (g *Gate) decide(req Request) (*Refusal, error) {
 	return nil, nil
 }
 
-// findDenied returns the deny-list entry that names one of identities or node,
+// deniedEntry returns the deny-list entry that names one of identities or node,
 // if any.
-func findDenied(deny *joinconfig.DenyList, identities []string, node string) (string, bool) {
+func deniedEntry(deny *joinconfig.DenyList, identities []string, node string) (string, bool) {
 	if deny == nil {
 		return "", false
 	}

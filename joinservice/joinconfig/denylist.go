@@ -17,8 +17,8 @@ import (
 // "node:<node name>" (docs/joinservice.md, "Deny list").
 const KeyDenyList = "denied"
 
-// PrefixNode starts a deny-list entry naming a node: "node:<node name>".
-const PrefixNode = "node:"
+// prefixNode starts a deny-list entry naming a node: "node:<node name>".
+const prefixNode = "node:"
 
 // entryForm is one form of deny-list entry: its prefix, how its value is
 // spelled, and what checks and normalises the value.
@@ -35,7 +35,7 @@ var entryForms = []entryForm{
 	{attestation.PrefixSNPChip, "<128 hex digits of CHIP_ID>", hexDigits(128)},
 	{attestation.PrefixTDXPPID, "<32 hex digits of the PPID>", hexDigits(32)},
 	{attestation.PrefixGCEInstance, "<project ID>/<zone>/<numeric instance ID>", gceValue},
-	{PrefixNode, "<node name>", nodeValue},
+	{prefixNode, "<node name>", nodeValue},
 }
 
 // DenyList is a parsed deny list: the identities and node names refused
@@ -172,8 +172,8 @@ func (d DenyList) DeniesAny(identities []string, nodeName string) (string, bool)
 			return id, true
 		}
 	}
-	if nodeName != "" && d.entries[PrefixNode+nodeName] {
-		return PrefixNode + nodeName, true
+	if nodeName != "" && d.entries[prefixNode+nodeName] {
+		return prefixNode + nodeName, true
 	}
 	return "", false
 }

@@ -143,7 +143,7 @@ func FuzzParseDenyList(f *testing.F) {
 			if err != nil || again.Len() != 1 || !again.entries[entry] {
 				t.Fatalf("canonical entry %q does not parse to itself: %v", entry, err)
 			}
-			node, isNode := strings.CutPrefix(entry, PrefixNode)
+			node, isNode := strings.CutPrefix(entry, prefixNode)
 			if isNode {
 				if _, denied := d.DeniesAny(nil, node); !denied {
 					t.Fatalf("entry %q does not deny node %q", entry, node)

@@ -25,7 +25,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
-	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
 
@@ -410,11 +410,11 @@ func TestMiniCluster(t *testing.T) {
 		err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 			n, err := client.CoreV1().Nodes().Get(ctx, "worker-4", metav1.GetOptions{})
 			return err == nil && slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
-				return t.Key == continuous.TaintKey && t.Effect == corev1.TaintEffectNoExecute
+				return t.Key == gate.TaintKey && t.Effect == corev1.TaintEffectNoExecute
 			}), nil
 		})
 		if err != nil {
-			t.Fatalf("worker-4 is not tainted %s:NoExecute after failing continuous attestation: %v", continuous.TaintKey, err)
+			t.Fatalf("worker-4 is not tainted %s:NoExecute after failing continuous attestation: %v", gate.TaintKey, err)
 		}
 		logAfter, _ := os.ReadFile(agentLog)
 		if since := string(logAfter[min(len(logBefore), len(logAfter)):]); !strings.Contains(since, "the kubelet waits for the bootstrapper") ||

@@ -38,6 +38,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
+	"github.com/gatehouse-dev/gatehouse/joinservice/csrapprover"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
@@ -113,7 +115,7 @@ func tainted(ctx context.Context, client kubernetes.Interface, node string) (boo
 		return false, err
 	}
 	return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
-		return t.Key == continuous.TaintKey && t.Effect == corev1.TaintEffectNoExecute
+		return t.Key == gate.TaintKey && t.Effect == corev1.TaintEffectNoExecute
 	}), nil
 }
 
@@ -189,7 +191,7 @@ func testCompromisedWorker(ctx context.Context, t *testing.T, dir string, client
 	})
 	forged := stopForging()
 	if err != nil {
-		t.Fatalf("%s is not tainted %s after its measurement changed (it patched its own condition %d times): %v", victim, continuous.TaintKey, forged, err)
+		t.Fatalf("%s is not tainted %s after its measurement changed (it patched its own condition %d times): %v", victim, gate.TaintKey, forged, err)
 	}
 	t.Logf("%s patched its own condition to Verified %d times until it was tainted", victim, forged)
 	waitAttested(ctx, t, client, map[string]string{victim: continuous.ReasonEvidenceRejected})
@@ -428,7 +430,7 @@ func testKubeletRenewal(ctx context.Context, t *testing.T, client kubernetes.Int
 				firstExpiry = cert.NotAfter
 			}
 			if csr.Spec.Username == user && slices.ContainsFunc(csr.Status.Conditions, func(c certificatesv1.CertificateSigningRequestCondition) bool {
-				return c.Type == certificatesv1.CertificateApproved && c.Reason == continuous.ReasonApproved
+				return c.Type == certificatesv1.CertificateApproved && c.Reason == csrapprover.ReasonApproved
 			}) {
 				approved[csr.Spec.SignerName] = true
 			}

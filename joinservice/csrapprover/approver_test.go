@@ -1,4 +1,4 @@
-package continuous
+package csrapprover
 
 import (
 	"bytes"
@@ -38,6 +38,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
@@ -130,7 +131,7 @@ func TestApprover(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var logs testkit.LogBuffer
 	log := slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{t}, &logs), nil))
-	pol, err := joinservice.NewPolicy(attestation.VariantTPM, time.Now, log, reg)
+	pol, err := joinservice.NewPolicyStore(attestation.VariantTPM, time.Now, log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestApprover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.Spec.Taints = []corev1.Taint{{Key: TaintKey, Effect: corev1.TaintEffectNoExecute}}
+	n.Spec.Taints = []corev1.Taint{{Key: gate.TaintKey, Effect: corev1.TaintEffectNoExecute}}
 	if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -227,14 +228,14 @@ func TestApprover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	verifier := NewVerifier(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+	verifier := continuous.NewNodeChecker(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
 	caches := startCaches(t, client)
 	credentialGate, err := gate.New(pol, caches.records, caches.nodes, log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	approver, err := NewApprover(ApproverConfig{Client: approverClient, Verifier: verifier, Gate: credentialGate, Bindings: bindings,
-		Events: NewEventRecorder(ctx, client), Log: log, Registerer: reg})
+	approver, err := New(Config{Client: approverClient, Checker: verifier, Gate: credentialGate, Bindings: bindings,
+		Events: continuous.NewEventRecorder(ctx, client), Log: log, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,9 +278,9 @@ func TestApprover(t *testing.T) {
 		{"renewal-with-server-usage", asNode(t, env.Config, "worker-good"), signerKubeletClient,
 			append(clientUsages, certificatesv1.UsageServerAuth), csrPEM(t, nodeSubject("worker-good"), nil, nil), reasonMalformed},
 		{"compromised-renewal", asNode(t, env.Config, "worker-bad"), signerKubeletClient, clientUsages,
-			csrPEM(t, nodeSubject("worker-bad"), nil, nil), ReasonEvidenceRejected},
+			csrPEM(t, nodeSubject("worker-bad"), nil, nil), continuous.ReasonEvidenceRejected},
 		{"compromised-serving", asNode(t, env.Config, "worker-bad"), signerKubeletServing, servingUsages,
-			csrPEM(t, nodeSubject("worker-bad"), []string{"worker-bad"}, nil), ReasonEvidenceRejected},
+			csrPEM(t, nodeSubject("worker-bad"), []string{"worker-bad"}, nil), continuous.ReasonEvidenceRejected},
 		{"tainted-renewal", asNode(t, env.Config, "worker-tainted"), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-tainted"), nil, nil), gate.ReasonTainted},
 		{"ghost-renewal", asNode(t, env.Config, "worker-ghost"), signerKubeletClient, clientUsages,
@@ -299,7 +300,7 @@ func TestApprover(t *testing.T) {
 		{"token-of-a-tainted-node", asToken(staleTokens["worker-tainted"].ID), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-tainted"), nil, nil), gate.ReasonTainted},
 		{"token-of-a-compromised-node", asToken(staleTokens["worker-bad"].ID), signerKubeletClient, clientUsages,
-			csrPEM(t, nodeSubject("worker-bad"), nil, nil), ReasonEvidenceRejected},
+			csrPEM(t, nodeSubject("worker-bad"), nil, nil), continuous.ReasonEvidenceRejected},
 		{"token-of-a-denied-node", asToken(staleTokens["worker-denied"].ID), signerKubeletClient, clientUsages,
 			csrPEM(t, nodeSubject("worker-denied"), nil, nil), gate.ReasonDenied},
 		{"admin-token-for-an-attested-name", asToken(adminToken.ID), signerKubeletClient, clientUsages,
@@ -353,7 +354,7 @@ func TestApprover(t *testing.T) {
 			t.Errorf("%s: no audit line", r.name)
 		}
 	}
-	if got := testutil.ToFloat64(approver.decisions.WithLabelValues(signerKubeletClient, ReasonEvidenceRejected)); got != 2 {
+	if got := testutil.ToFloat64(approver.decisions.WithLabelValues(signerKubeletClient, continuous.ReasonEvidenceRejected)); got != 2 {
 		t.Errorf("%v client renewals counted as EvidenceRejected, want 2 (a renewal and a first certificate)", got)
 	}
 	// A denial is a Warning Event on the Node.
@@ -363,7 +364,7 @@ func TestApprover(t *testing.T) {
 			return false, nil //nolint:nilerr // the Event may not be written yet
 		}
 		for _, e := range list.Items {
-			if e.Reason == string(certificatesv1.CertificateDenied) && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, ReasonEvidenceRejected) {
+			if e.Reason == string(certificatesv1.CertificateDenied) && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, continuous.ReasonEvidenceRejected) {
 				return true, nil
 			}
 		}

@@ -23,13 +23,13 @@ import (
 // does not have.
 var errNotReady = errors.New("join service policy not loaded")
 
-// Policy is the live policy of the join service: the join config and the
-// deny list, each swapped atomically when its ConfigMap changes. An update
-// that does not validate is refused, logged and counted; the previous
-// version stays. Deleting a ConfigMap is refused the same way (to clear the
-// deny list, empty it). Policy is also the service's attestation verifier,
-// appraising with the current join config. It is safe for concurrent use.
-type Policy struct {
+// PolicyStore is the live policy of the join service: the join config and
+// the deny list, each swapped atomically when its ConfigMap changes. An
+// update that does not validate is refused, logged and counted; the
+// previous version stays. Deleting a ConfigMap is refused the same way (to
+// clear the deny list, empty it). The handshake appraises with the current
+// join config through liveVerifier. It is safe for concurrent use.
+type PolicyStore struct {
 	variant attestation.Variant
 	now     func() time.Time
 	log     *slog.Logger
@@ -39,11 +39,11 @@ type Policy struct {
 	deny atomic.Pointer[joinconfig.DenyList]
 }
 
-// NewPolicy returns an empty policy for variant; it refuses everything until
+// NewPolicyStore returns an empty policy for variant; it refuses everything until
 // ApplyJoinConfig succeeds. now is the clock AK certificates are checked
 // with; the counter gatehouse_joinservice_config_reloads_total{configmap,
 // result="applied"|"refused"} is registered with reg.
-func NewPolicy(variant attestation.Variant, now func() time.Time, log *slog.Logger, reg prometheus.Registerer) (*Policy, error) {
+func NewPolicyStore(variant attestation.Variant, now func() time.Time, log *slog.Logger, reg prometheus.Registerer) (*PolicyStore, error) {
 	if _, err := variant.OID(); err != nil {
 		return nil, err
 	}
@@ -54,12 +54,12 @@ func NewPolicy(variant attestation.Variant, now func() time.Time, log *slog.Logg
 	if err := reg.Register(reloads); err != nil {
 		return nil, fmt.Errorf("registering metrics: %w", err)
 	}
-	return &Policy{variant: variant, now: now, log: log, reloads: reloads}, nil
+	return &PolicyStore{variant: variant, now: now, log: log, reloads: reloads}, nil
 }
 
 // ApplyJoinConfig validates the join config ConfigMap and makes it current.
 // On error the previous config stays.
-func (p *Policy) ApplyJoinConfig(cm *corev1.ConfigMap) error {
+func (p *PolicyStore) ApplyJoinConfig(cm *corev1.ConfigMap) error {
 	cfg, err := joinconfig.ParseJoinConfig(cm.Data, p.variant, p.now)
 	if err != nil {
 		p.refused(cm, err)
@@ -74,7 +74,7 @@ func (p *Policy) ApplyJoinConfig(cm *corev1.ConfigMap) error {
 
 // ApplyDenyList validates the deny list ConfigMap and makes it current. On
 // error the previous deny list stays.
-func (p *Policy) ApplyDenyList(cm *corev1.ConfigMap) error {
+func (p *PolicyStore) ApplyDenyList(cm *corev1.ConfigMap) error {
 	d, err := joinconfig.ParseDenyList(cm.Data[joinconfig.KeyDenyList])
 	if err != nil {
 		p.refused(cm, err)
@@ -87,7 +87,7 @@ func (p *Policy) ApplyDenyList(cm *corev1.ConfigMap) error {
 	return nil
 }
 
-func (p *Policy) refused(cm *corev1.ConfigMap, err error) {
+func (p *PolicyStore) refused(cm *corev1.ConfigMap, err error) {
 	// Logged before it is counted: whoever sees the count finds the line.
 	p.log.Error("ConfigMap update refused; the previous version stays in force",
 		"configmap", cm.Namespace+"/"+cm.Name, "resourceVersion", cm.ResourceVersion, "error", err.Error())
@@ -95,7 +95,7 @@ func (p *Policy) refused(cm *corev1.ConfigMap, err error) {
 }
 
 // Current returns the join config and deny list in force, or errNotReady.
-func (p *Policy) Current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error) {
+func (p *PolicyStore) Current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error) {
 	join, deny := p.join.Load(), p.deny.Load()
 	switch {
 	case join == nil:
@@ -106,12 +106,19 @@ func (p *Policy) Current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error)
 	return join, deny, nil
 }
 
-// Variant returns the service's attestation variant.
-func (p *Policy) Variant() attestation.Variant { return p.variant }
+// liveVerifier is the service's attestation verifier: it appraises with
+// the store's current join config, so a new config applies to the next
+// handshake.
+type liveVerifier struct{ store *PolicyStore }
 
-// Verify appraises evidence with the current join config's verifier.
-func (p *Policy) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
-	join := p.join.Load()
+// Variant returns the service's attestation variant.
+func (v liveVerifier) Variant() attestation.Variant { return v.store.variant }
+
+// Verify appraises evidence with the current join config's verifier; with
+// no valid join config yet it returns an error wrapping
+// attestation.ErrPolicy and errNotReady.
+func (v liveVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
+	join := v.store.join.Load()
 	if join == nil {
 		return nil, fmt.Errorf("%w: %w: no valid join config yet", attestation.ErrPolicy, errNotReady)
 	}
@@ -123,7 +130,7 @@ func (p *Policy) Verify(ctx context.Context, evidence, nonce []byte) (*attestati
 // have delivered their initial state; a deny list ConfigMap that does not
 // exist then is an empty deny list. A missing or invalid join config is not
 // an error here: the service stays not ready until a valid one appears.
-func (p *Policy) Watch(ctx context.Context, client kubernetes.Interface, namespace, joinName, denyName string) error {
+func (p *PolicyStore) Watch(ctx context.Context, client kubernetes.Interface, namespace, joinName, denyName string) error {
 	joinSynced, err := p.watchConfigMap(ctx, client, namespace, joinName, p.ApplyJoinConfig)
 	if err != nil {
 		return err
@@ -151,7 +158,7 @@ type watched struct {
 	seen atomic.Bool // the ConfigMap existed at some point
 }
 
-func (p *Policy) watchConfigMap(ctx context.Context, client kubernetes.Interface, namespace, name string, apply func(*corev1.ConfigMap) error) (*watched, error) {
+func (p *PolicyStore) watchConfigMap(ctx context.Context, client kubernetes.Interface, namespace, name string, apply func(*corev1.ConfigMap) error) (*watched, error) {
 	lw := cache.NewListWatchFromClient(client.CoreV1().RESTClient(), "configmaps", namespace,
 		fields.OneTermEqualSelector("metadata.name", name))
 	informer := cache.NewSharedIndexInformerWithOptions(lw, &corev1.ConfigMap{}, cache.SharedIndexInformerOptions{})

@@ -1,4 +1,11 @@
-package continuous
+// Package csrapprover approves kubelet certificates (client renewals,
+// serving certificates, and first client certificates requested with a
+// bootstrap token) only for a node whose fresh evidence verifies and
+// passes the credential gate, for that node's own name and addresses; it
+// denies the rest with a reason. It decides on a workqueue fed by an
+// informer of CertificateSigningRequests; the controller manager signs
+// what it approves (docs/continuous-attestation.md, "Certificates").
+package csrapprover
 
 import (
 	"context"
@@ -26,6 +33,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/bootstraptoken"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 )
 
@@ -51,7 +59,7 @@ const bootstrapUserPrefix = "system:bootstrap:"
 const nodeUserPrefix = "system:node:"
 
 // Reasons of the approver's CSR conditions, besides the failed check's
-// Outcome reason (EvidenceRejected, IdentityChanged, ...).
+// continuous.Outcome reason (EvidenceRejected, IdentityChanged, ...).
 const (
 	ReasonApproved = "AttestedNode"
 	// ReasonApprovedJoin: a first client certificate, requested with a
@@ -76,9 +84,9 @@ const (
 const joinGroup = bootstraptoken.Group
 
 // nodeChecker verifies a node's fresh evidence and tells the names it owns
-// (*Verifier).
+// (*continuous.NodeChecker).
 type nodeChecker interface {
-	Check(ctx context.Context, node *corev1.Node) (Outcome, error)
+	Check(ctx context.Context, node *corev1.Node) (continuous.Outcome, error)
 	NodeNames(addr netip.Addr) (clusterpki.NodeNames, error)
 }
 
@@ -88,10 +96,16 @@ type credentialGate interface {
 	Decide(ctx context.Context, req gate.Request) (*gate.Refusal, error)
 }
 
-// ApproverConfig configures an Approver.
-type ApproverConfig struct {
-	Client   kubernetes.Interface
-	Verifier nodeChecker
+// identitySource returns the identity a node name is bound to
+// (*nodebinding.Cache).
+type identitySource interface {
+	Identity(ctx context.Context, node string) (string, error)
+}
+
+// Config configures an Approver.
+type Config struct {
+	Client  kubernetes.Interface
+	Checker nodeChecker
 	// Gate decides, after the request's own checks, with the node's fresh
 	// evidence.
 	Gate credentialGate
@@ -104,8 +118,8 @@ type ApproverConfig struct {
 	// from when its evidence was taken: a burst of CSRs costs one
 	// verification (10 s when zero).
 	Freshness time.Duration
-	// FetchTimeout bounds one node's check (DefaultFetchTimeout when
-	// zero).
+	// FetchTimeout bounds one node's check
+	// (continuous.DefaultFetchTimeout when zero).
 	FetchTimeout time.Duration
 	// Workers bound the CSRs decided at once (4 when zero). A node's
 	// check runs beside them, one at a time per node: a worker never
@@ -122,7 +136,7 @@ type ApproverConfig struct {
 // controller manager signs what it approves (docs/continuous-attestation.md,
 // "Certificates").
 type Approver struct {
-	cfg       ApproverConfig
+	cfg       Config
 	decisions *prometheus.CounterVec
 
 	mu       sync.Mutex
@@ -134,20 +148,20 @@ type Approver struct {
 
 type checked struct {
 	at      time.Time // when the evidence was taken (the check ended)
-	outcome Outcome
+	outcome continuous.Outcome
 }
 
-// NewApprover returns the approver; its metrics are registered with
+// New returns the approver; its metrics are registered with
 // cfg.Registerer.
-func NewApprover(cfg ApproverConfig) (*Approver, error) {
-	if cfg.Client == nil || cfg.Verifier == nil || cfg.Gate == nil || cfg.Bindings == nil || cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
+func New(cfg Config) (*Approver, error) {
+	if cfg.Client == nil || cfg.Checker == nil || cfg.Gate == nil || cfg.Bindings == nil || cfg.Events == nil || cfg.Log == nil || cfg.Registerer == nil {
 		return nil, errors.New("certificate approver: Client, Verifier, Gate, Bindings, Events, Log and Registerer are required")
 	}
 	if cfg.Freshness <= 0 {
 		cfg.Freshness = 10 * time.Second
 	}
 	if cfg.FetchTimeout <= 0 {
-		cfg.FetchTimeout = DefaultFetchTimeout
+		cfg.FetchTimeout = continuous.DefaultFetchTimeout
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4
@@ -364,7 +378,7 @@ func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSi
 		return node, reason, message, err
 	}
 	if serving != nil {
-		names, err := a.cfg.Verifier.NodeNames(o.Address)
+		names, err := a.cfg.Checker.NodeNames(o.Address)
 		if err != nil {
 			return nil, "", "", err
 		}
@@ -378,7 +392,7 @@ func (a *Approver) decide(ctx context.Context, csr *certificatesv1.CertificateSi
 // pass asks the gate for a credential of kind for node, with o as the
 // fresh evidence (nil: an administrator's token); it returns the
 // refusal's reason and message, "" when allowed.
-func (a *Approver) pass(ctx context.Context, kind gate.Kind, node string, o *Outcome) (string, string, error) {
+func (a *Approver) pass(ctx context.Context, kind gate.Kind, node string, o *continuous.Outcome) (string, string, error) {
 	req := gate.Request{Kind: kind, Node: node}
 	if o != nil {
 		req.Evidence = &gate.Evidence{}
@@ -488,7 +502,7 @@ func checkUsages(usages []certificatesv1.KeyUsage, want certificatesv1.KeyUsage)
 // when the node must be checked, fresh starts the check (unless one is
 // under way), remembers csr, and returns errPending: the CSR is queued
 // again when the check ends, and the worker is free meanwhile.
-func (a *Approver) fresh(ctx context.Context, node *corev1.Node, csr string, wait bool) (Outcome, error) {
+func (a *Approver) fresh(ctx context.Context, node *corev1.Node, csr string, wait bool) (continuous.Outcome, error) {
 	for {
 		now := a.cfg.Now()
 		a.mu.Lock()
@@ -513,13 +527,13 @@ func (a *Approver) fresh(ctx context.Context, node *corev1.Node, csr string, wai
 			}
 			a.waiting[node.Name][csr] = struct{}{}
 			a.mu.Unlock()
-			return Outcome{}, errPending
+			return continuous.Outcome{}, errPending
 		}
 		a.mu.Unlock()
 		select {
 		case <-done:
 		case <-ctx.Done():
-			return Outcome{}, ctx.Err()
+			return continuous.Outcome{}, ctx.Err()
 		}
 	}
 }
@@ -529,7 +543,7 @@ func (a *Approver) fresh(ctx context.Context, node *corev1.Node, csr string, wai
 // that wait for it.
 func (a *Approver) check(ctx context.Context, node *corev1.Node, done chan struct{}) {
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.FetchTimeout)
-	o, err := a.cfg.Verifier.Check(cctx, node)
+	o, err := a.cfg.Checker.Check(cctx, node)
 	cancel()
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -546,4 +560,13 @@ func (a *Approver) check(ctx context.Context, node *corev1.Node, done chan struc
 		}
 	}
 	delete(a.waiting, node.Name)
+}
+
+// truncate cuts s to n bytes, marking the cut, for a condition's or an
+// Event's message (as continuous does for its own).
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }

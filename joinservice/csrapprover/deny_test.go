@@ -1,4 +1,4 @@
-package continuous
+package csrapprover
 
 import (
 	"bytes"
@@ -54,6 +54,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
@@ -128,7 +129,7 @@ func TestDenyListEveryIdentity(t *testing.T) {
 				t.Fatal(err)
 			}
 			denyCreateNode(t, client, node, m.ip)
-			pol, err := joinservice.NewPolicy(m.variant, time.Now, log, prometheus.NewRegistry())
+			pol, err := joinservice.NewPolicyStore(m.variant, time.Now, log, prometheus.NewRegistry())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -142,7 +143,7 @@ func TestDenyListEveryIdentity(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			verifier := NewVerifier(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
+			verifier := continuous.NewNodeChecker(pol, bindings, atls.FetchEvidence, func(context.Context) ([]byte, error) { return clusterID, nil }, port)
 			c := startCaches(t, client)
 			credentialGate, err := gate.New(pol, c.records, c.nodes, log, prometheus.NewRegistry())
 			if err != nil {
@@ -156,8 +157,8 @@ func TestDenyListEveryIdentity(t *testing.T) {
 			// Not denied yet: the evidence verifies, from the machine
 			// bound to the name.
 			applyDeny("")
-			if o, err := verifier.Check(ctx, n); err != nil || o.Reason != ReasonVerified {
-				t.Fatalf("before the deny list names it: %+v, %v; want %s", o, err, ReasonVerified)
+			if o, err := verifier.Check(ctx, n); err != nil || o.Reason != continuous.ReasonVerified {
+				t.Fatalf("before the deny list names it: %+v, %v; want %s", o, err, continuous.ReasonVerified)
 			}
 			if csr := denyRenew(t, env.Config, client, verifier, credentialGate, log, node, "before"); len(csr.Status.Certificate) == 0 {
 				t.Fatalf("before the deny list names it, the renewal was not signed: %+v", csr.Status.Conditions)
@@ -168,19 +169,23 @@ func TestDenyListEveryIdentity(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if o.Attested || o.Reason != ReasonDenied || !strings.Contains(o.Message, strconv.Quote(m.entry)) {
-				t.Fatalf("denied by %s: outcome %+v, want %s naming the entry", m.entry, o, ReasonDenied)
+			if o.Attested || o.Reason != continuous.ReasonDenied || !strings.Contains(o.Message, strconv.Quote(m.entry)) {
+				t.Fatalf("denied by %s: outcome %+v, want %s naming the entry", m.entry, o, continuous.ReasonDenied)
 			}
 
 			csr := denyRenew(t, env.Config, client, verifier, credentialGate, log, node, "denied")
 			if len(csr.Status.Conditions) != 1 || csr.Status.Conditions[0].Type != certificatesv1.CertificateDenied ||
-				csr.Status.Conditions[0].Reason != ReasonDenied || !strings.Contains(csr.Status.Conditions[0].Message, m.entry) {
-				t.Fatalf("the denied machine's renewal: conditions %+v, want Denied with reason %s naming the entry", csr.Status.Conditions, ReasonDenied)
+				csr.Status.Conditions[0].Reason != continuous.ReasonDenied || !strings.Contains(csr.Status.Conditions[0].Message, m.entry) {
+				t.Fatalf("the denied machine's renewal: conditions %+v, want Denied with reason %s naming the entry", csr.Status.Conditions, continuous.ReasonDenied)
 			}
 			if len(csr.Status.Certificate) > 0 {
 				t.Fatal("the denied machine's renewal was signed")
 			}
-			if !strings.Contains(logs.String(), `"event":"reattest.csr","csr":"`+csr.Name+`"`) {
+			// The worker writes the audit line after the decision it
+			// recorded on the CSR: wait for it.
+			if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				return strings.Contains(logs.String(), `"event":"reattest.csr","csr":"`+csr.Name+`"`), nil
+			}); err != nil {
 				t.Errorf("no audit line for the denied renewal %s", csr.Name)
 			}
 		})
@@ -407,7 +412,7 @@ func denyCreateNode(t *testing.T, client kubernetes.Interface, name, ip string) 
 // denyRenew has node's kubelet ask for a new client certificate (request
 // node-renewal-suffix), runs an approver with verifier until the request
 // is decided (and signed, if approved), and returns the request.
-func denyRenew(t *testing.T, cfg *rest.Config, client kubernetes.Interface, verifier *Verifier, g *gate.Gate, log *slog.Logger, node, suffix string) *certificatesv1.CertificateSigningRequest {
+func denyRenew(t *testing.T, cfg *rest.Config, client kubernetes.Interface, verifier *continuous.NodeChecker, g *gate.Gate, log *slog.Logger, node, suffix string) *certificatesv1.CertificateSigningRequest {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -434,8 +439,8 @@ func denyRenew(t *testing.T, cfg *rest.Config, client kubernetes.Interface, veri
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	approver, err := NewApprover(ApproverConfig{Client: client, Verifier: verifier, Gate: g, Bindings: nodebinding.New(client, namespace, time.Now),
-		Events: NewEventRecorder(t.Context(), client), Log: log, Registerer: prometheus.NewRegistry()})
+	approver, err := New(Config{Client: client, Checker: verifier, Gate: g, Bindings: nodebinding.New(client, namespace, time.Now),
+		Events: continuous.NewEventRecorder(t.Context(), client), Log: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}

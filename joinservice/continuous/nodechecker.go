@@ -21,6 +21,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
@@ -111,7 +112,7 @@ type Outcome struct {
 	Address netip.Addr
 }
 
-// policySource is the join service's live policy (*joinservice.Policy).
+// policySource is the join service's live policy (*joinservice.PolicyStore).
 type policySource interface {
 	Current() (*joinconfig.JoinConfig, *joinconfig.DenyList, error)
 }
@@ -126,8 +127,10 @@ type identitySource interface {
 // verifiers (atls.FetchEvidence).
 type FetchFunc func(ctx context.Context, addr string, verifiers []attestation.Verifier) (*attestation.Result, error)
 
-// Verifier verifies running nodes. It is safe for concurrent use.
-type Verifier struct {
+// NodeChecker checks running Nodes: it fetches a Node's fresh evidence,
+// appraises it with the current policy and checks the machine is the one
+// bound to the name (Check). It is safe for concurrent use.
+type NodeChecker struct {
 	policy   policySource
 	bindings identitySource
 	fetch    FetchFunc
@@ -142,12 +145,12 @@ type Verifier struct {
 	appraisal *policy.Appraisal
 }
 
-// NewVerifier returns a verifier of running nodes: evidence from port of
+// NewNodeChecker returns a checker of running nodes: evidence from port of
 // each Node's InternalIP, fetched with fetch, appraised with policy's
 // current config for the node-lock PCR of clusterID's cluster ID, and the
 // identity checked against bindings.
-func NewVerifier(p policySource, bindings identitySource, fetch FetchFunc, clusterID func(context.Context) ([]byte, error), port int) *Verifier {
-	return &Verifier{policy: p, bindings: bindings, fetch: fetch, clusterID: clusterID, port: port}
+func NewNodeChecker(p policySource, bindings identitySource, fetch FetchFunc, clusterID func(context.Context) ([]byte, error), port int) *NodeChecker {
+	return &NodeChecker{policy: p, bindings: bindings, fetch: fetch, clusterID: clusterID, port: port}
 }
 
 // errPolicyNotReady means there is no policy to verify with yet: no node
@@ -156,7 +159,7 @@ var errPolicyNotReady = errors.New("continuous attestation: no policy to verify 
 
 // Check verifies node once. It returns an error only when nothing can be
 // judged (no policy, no cluster ID); a node that fails is an Outcome.
-func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error) {
+func (v *NodeChecker) Check(ctx context.Context, node *corev1.Node) (Outcome, error) {
 	out := Outcome{Node: node.Name}
 	join, deny, err := v.policy.Current()
 	if err != nil {
@@ -183,7 +186,7 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 		}
 		out.Reason, out.Message = ReasonRebooting, errNotLocked.Error()
 		return out, nil
-	case isRejection(err):
+	case atls.IsRejection(err):
 		out.Reason, out.Message = ReasonEvidenceRejected, err.Error()
 		return out, nil
 	default:
@@ -213,7 +216,7 @@ func (v *Verifier) Check(ctx context.Context, node *corev1.Node) (Outcome, error
 // checkMachine checks that out.Identity is the machine bound to node's
 // name and that none of out.Identities nor the name is denied; bad
 // reports a failed outcome.
-func (v *Verifier) checkMachine(ctx context.Context, out Outcome, node string, deny *joinconfig.DenyList) (Outcome, bool) {
+func (v *NodeChecker) checkMachine(ctx context.Context, out Outcome, node string, deny *joinconfig.DenyList) (Outcome, bool) {
 	bound, err := v.bindings.Identity(ctx, node)
 	switch {
 	case err != nil:
@@ -232,7 +235,7 @@ func (v *Verifier) checkMachine(ctx context.Context, out Outcome, node string, d
 
 // NodeNames returns the names and addresses a node that answered at addr
 // owns under the policy in force (joinconfig.JoinConfig.NodeNames).
-func (v *Verifier) NodeNames(addr netip.Addr) (clusterpki.NodeNames, error) {
+func (v *NodeChecker) NodeNames(addr netip.Addr) (clusterpki.NodeNames, error) {
 	join, _, err := v.policy.Current()
 	if err != nil {
 		return clusterpki.NodeNames{}, fmt.Errorf("%w: %w", errPolicyNotReady, err)
@@ -242,7 +245,7 @@ func (v *Verifier) NodeNames(addr netip.Addr) (clusterpki.NodeNames, error) {
 
 // Settings returns what the policy in force says to do about failing
 // nodes.
-func (v *Verifier) Settings() (joinconfig.ContinuousAttestation, error) {
+func (v *NodeChecker) Settings() (joinconfig.ContinuousAttestation, error) {
 	join, _, err := v.policy.Current()
 	if err != nil {
 		return joinconfig.ContinuousAttestation{}, fmt.Errorf("%w: %w", errPolicyNotReady, err)
@@ -252,7 +255,7 @@ func (v *Verifier) Settings() (joinconfig.ContinuousAttestation, error) {
 
 // appraisalFor compiles join's policy for running nodes once per join
 // config.
-func (v *Verifier) appraisalFor(ctx context.Context, join *joinconfig.JoinConfig) (*policy.Appraisal, error) {
+func (v *NodeChecker) appraisalFor(ctx context.Context, join *joinconfig.JoinConfig) (*policy.Appraisal, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.compiled == join && v.appraisal != nil {
@@ -274,25 +277,13 @@ func (v *Verifier) appraisalFor(ctx context.Context, join *joinconfig.JoinConfig
 }
 
 // address is node's evidence endpoint: its InternalIP and the port.
-func (v *Verifier) address(node *corev1.Node) (string, error) {
+func (v *NodeChecker) address(node *corev1.Node) (string, error) {
 	for _, a := range node.Status.Addresses {
 		if a.Type == corev1.NodeInternalIP && net.ParseIP(a.Address) != nil {
 			return net.JoinHostPort(a.Address, strconv.Itoa(v.port)), nil
 		}
 	}
 	return "", errors.New("the Node has no InternalIP address")
-}
-
-// isRejection reports whether err is the evidence failing verification,
-// as opposed to the node not answering.
-func isRejection(err error) bool {
-	for _, e := range []error{attestation.ErrMalformed, attestation.ErrNonce, attestation.ErrSignature,
-		attestation.ErrUntrustedKey, attestation.ErrPolicy, attestation.ErrMeasurement, attestation.ErrActivation} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
 }
 
 func containsRole(roles []policy.Role, r policy.Role) bool {
