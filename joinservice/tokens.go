@@ -20,9 +20,6 @@ import (
 const (
 	// tokenTTL is the lifetime of an issued bootstrap token.
 	tokenTTL = 15 * time.Minute
-	// tokenGroup is the extra group of issued tokens, the one kubeadm's
-	// RBAC lets join nodes.
-	tokenGroup = bootstraptoken.Group
 	// tokenReuseMargin: a token of the same join request is handed out again
 	// while it has at least this long left; otherwise it is renewed.
 	tokenReuseMargin = 10 * time.Minute
