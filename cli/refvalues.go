@@ -18,6 +18,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
@@ -87,12 +88,12 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 			}
 			switch {
 			case v == attestation.VariantSNP:
-				trust.SEVSNP = &policy.SEVSNPPolicy{}
+				trust.SEVSNP = &choose.SEVSNPPolicy{}
 				if roots != "" {
 					trust.SEVSNP.Roots = []string{roots}
 				}
 			case v == attestation.VariantTDX:
-				trust.TDX = &policy.TDXPolicy{Roots: roots}
+				trust.TDX = &choose.TDXPolicy{Roots: roots}
 			case roots != "":
 				return errors.New("--hardware-roots is for --attestation sev-snp or tdx")
 			}

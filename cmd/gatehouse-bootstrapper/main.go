@@ -11,7 +11,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -23,7 +22,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/go-tpm/tpmutil"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
@@ -36,9 +34,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/cvm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snpguest"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx/tdxguest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
@@ -177,15 +174,16 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	rw, tpmAttester, attester, closeTPM, err := openAttester(*tpmPath, pcrs, attesterOptions{
-		variant: *variant, ekMode: *ekCert, akSource: *akSource, snpInterface: *snpInterface,
+	node, err := choose.OpenAttester(choose.AttesterOptions{
+		TPMPath: *tpmPath, PCRs: pcrs, Variant: *variant, EKCertificate: *ekCert, AttestationKey: *akSource, SNPInterface: *snpInterface,
 	})
 	if err != nil {
 		return err
 	}
-	defer closeTPM()
-	logEndorsement(log, tpmAttester, attester)
-	lock, err := nodelock.New(rw)
+	defer node.Close()
+	attester := node.Attester
+	logEndorsement(log, node.TPMAttester, attester)
+	lock, err := nodelock.New(node.TPM)
 	if err != nil {
 		return err
 	}
@@ -210,7 +208,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		Log:         log,
 		KubeletLogs: bootstrapper.JournalKubeletLogs,
 	}
-	identity, err := tpmAttester.Identity()
+	identity, err := node.TPMAttester.Identity()
 	if err != nil {
 		return err
 	}
@@ -374,13 +372,14 @@ func serveEvidence(log *slog.Logger, args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	_, _, attester, closeTPM, err := openAttester(*tpmPath, pcrs, attesterOptions{
-		variant: *variant, ekMode: *ekCert, akSource: *akSource, snpInterface: *snpInterface,
+	node, err := choose.OpenAttester(choose.AttesterOptions{
+		TPMPath: *tpmPath, PCRs: pcrs, Variant: *variant, EKCertificate: *ekCert, AttestationKey: *akSource, SNPInterface: *snpInterface,
 	})
 	if err != nil {
 		return err
 	}
-	defer closeTPM()
+	defer node.Close()
+	attester := node.Attester
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
@@ -418,65 +417,6 @@ const attestationUsage = "attestation variant: tpm (the TPM's quote), sev-snp or
 
 const snpInterfaceUsage = "with --attestation sev-snp: the guest interface reports come through: " +
 	"auto (configfs-tsm where the kernel has it, else /dev/sev-guest), configfs-tsm or sev-guest"
-
-// attesterOptions are the flags that shape the node's attester.
-type attesterOptions struct {
-	variant, ekMode, akSource, snpInterface string
-}
-
-// openAttester opens the TPM at path (device or swtpm socket; a
-// confidential VM's vTPM) and an attester quoting pcrs with the AK from
-// akSource, sending the EK certificate per ekMode; for the confidential VM
-// variants the node's attester adds the hardware report binding that AK.
-// It returns the TPM, its attester, the node's attester and a function
-// closing them.
-func openAttester(path string, pcrs []int, opts attesterOptions) (io.ReadWriteCloser, *tpmattester.Attester, attestation.Attester, func(), error) {
-	variant, err := attestation.ParseVariant(opts.variant)
-	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("--attestation: %w", err)
-	}
-	mode, err := tpmattester.ParseEKCertificateMode(opts.ekMode)
-	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("--ek-certificate: %w", err)
-	}
-	var hardware attestation.Attester
-	switch variant {
-	case attestation.VariantSNP:
-		iface, err := snpguest.ParseInterface(opts.snpInterface)
-		if err != nil {
-			return nil, nil, nil, nil, fmt.Errorf("--sev-snp-interface: %w", err)
-		}
-		if hardware, err = snpguest.New(iface); err != nil {
-			return nil, nil, nil, nil, err
-		}
-	case attestation.VariantTDX:
-		if hardware, err = tdxguest.New(); err != nil {
-			return nil, nil, nil, nil, err
-		}
-	}
-	if hardware != nil {
-		// The hardware report vouches for the vTPM's key: no EK to activate.
-		mode = tpmattester.EKCertificateOff
-	}
-	rw, err := tpmutil.OpenTPM(path)
-	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("opening the TPM %s: %w", path, err)
-	}
-	tpmAttester, err := tpmattester.New(rw, tpmattester.Options{PCRs: pcrs, EKCertificate: mode, AttestationKey: tpmattester.AKSource(opts.akSource)})
-	if err != nil {
-		_ = rw.Close()
-		return nil, nil, nil, nil, fmt.Errorf("creating the attestation key: %w", err)
-	}
-	closeAll := func() { _ = tpmAttester.Close(); _ = rw.Close() }
-	var node attestation.Attester = tpmAttester
-	if hardware != nil {
-		if node, err = cvm.NewAttester(hardware, tpmAttester); err != nil {
-			closeAll()
-			return nil, nil, nil, nil, err
-		}
-	}
-	return rw, tpmAttester, node, closeAll, nil
-}
 
 // kubeProxyOptions are the kube-proxy flags' settings; maxPerCore < 0 keeps
 // kube-proxy's default.

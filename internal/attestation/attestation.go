@@ -1,16 +1,3 @@
-// Package attestation defines the attester and verifier roles of remote
-// attestation (IETF RATS, RFC 9334 §3) as Gatehouse uses them, and the
-// registry of attestation variants.
-//
-// An attester produces evidence bound to caller-chosen user data (in attested
-// TLS: the hash of a fresh TLS public key) and to the relying party's nonce.
-// A verifier checks the evidence against endorsements (which keys may sign it)
-// and reference values (which measurements are expected), and returns the
-// bound user data only when every check passed.
-//
-// Each variant (tpm, sev-snp, tdx) lives in its own package and has a stable
-// object identifier under Gatehouse's OID arc (see OID), which names the
-// X.509 extension carrying its evidence.
 package attestation
 
 import (

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -205,7 +206,7 @@ type TemplateValues struct {
 	Variant string
 	// LaunchMeasurements (hex) and MinimumTCB fill sev-snp's section.
 	LaunchMeasurements []string
-	MinimumTCB         policy.SNPTCB
+	MinimumTCB         choose.SNPTCB
 	// MRTD (hex) fills tdx's section.
 	MRTD string
 	// CollateralCache is where sev-snp and tdx verifiers cache AMD KDS or

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/cvm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
@@ -69,9 +69,9 @@ type Policy struct {
 	// roots, and names an instance in an allowed project and zone.
 	GCE *GCEPolicy `json:"gce,omitempty"`
 	// SEVSNP is variant sev-snp's hardware section.
-	SEVSNP *SEVSNPPolicy `json:"sevSnp,omitempty"`
+	SEVSNP *choose.SEVSNPPolicy `json:"sevSnp,omitempty"`
 	// TDX is variant tdx's hardware section.
-	TDX *TDXPolicy `json:"tdx,omitempty"`
+	TDX *choose.TDXPolicy `json:"tdx,omitempty"`
 }
 
 // GCEPolicy constrains the Compute Engine instances a policy trusts.
@@ -130,14 +130,7 @@ func (p Policy) KeyVerifier(now func() time.Time) (attestation.Verifier, error) 
 	if err != nil {
 		return nil, err
 	}
-	if variant == attestation.VariantTPM {
-		endorsement, err := parseEndorsement(p)
-		if err != nil {
-			return nil, err
-		}
-		return tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, Endorsement: endorsement}, now)
-	}
-	return p.confidentialVMVerifier(variant, nil, now, true)
+	return choose.Verifier(variant, p.appraisal(nil, now, true))
 }
 
 // commonVerifier compiles what every node of p must show: for tpm the
@@ -145,35 +138,17 @@ func (p Policy) KeyVerifier(now func() time.Time) (attestation.Verifier, error) 
 // the vTPM quote whose key it binds. ref are the common PCR reference
 // values (node lock included).
 func (p Policy) commonVerifier(variant attestation.Variant, ref measurements.M, now func() time.Time) (attestation.Verifier, error) {
-	if variant == attestation.VariantTPM {
-		if p.SEVSNP != nil || p.TDX != nil {
-			return nil, errors.New("variant tpm takes no sevSnp or tdx section")
-		}
-		endorsement, err := parseEndorsement(p)
-		if err != nil {
-			return nil, err
-		}
-		return tpm.NewVerifier(tpm.Policy{PCRs: p.PCRs, ReferenceValues: ref, Endorsement: endorsement}, now)
-	}
-	return p.confidentialVMVerifier(variant, ref, now, false)
+	return choose.Verifier(variant, p.appraisal(ref, now, false))
 }
 
-// confidentialVMVerifier compiles a sev-snp or tdx policy: its hardware
-// section and the vTPM's PCR selection with ref (see hardwareVerifier for
-// capture).
-func (p Policy) confidentialVMVerifier(variant attestation.Variant, ref measurements.M, now func() time.Time, capture bool) (attestation.Verifier, error) {
-	if p.keyTrustSet() {
-		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates and gce", variant)
+// appraisal is what the variant's verifier compiles from (package choose).
+func (p Policy) appraisal(ref measurements.M, now func() time.Time, capture bool) choose.Appraisal {
+	endorsement, err := parseEndorsement(p)
+	return choose.Appraisal{
+		PCRs: p.PCRs, ReferenceValues: ref,
+		Endorsement: endorsement, EndorsementErr: err, EndorsementSet: p.keyTrustSet(),
+		SEVSNP: p.SEVSNP, TDX: p.TDX, Capture: capture, Now: now,
 	}
-	hardware, err := p.hardwareVerifier(variant, now, capture)
-	if err != nil {
-		return nil, err
-	}
-	vtpm, err := tpm.NewBoundVerifier(tpm.Policy{PCRs: p.PCRs, ReferenceValues: ref}, now)
-	if err != nil {
-		return nil, err
-	}
-	return cvm.NewVerifier(variant, hardware, vtpm)
 }
 
 // keyTrustSet reports whether any TPM key trust field is set.
@@ -211,24 +186,24 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 			return e, errors.New("gce.intermediates is set without gce.roots")
 		}
 		if strings.TrimSpace(p.GCE.Roots) != "" {
-			if e.GCE.Roots, err = certPool("gce.roots", p.GCE.Roots); err != nil {
+			if e.GCE.Roots, err = attestation.CertPool("gce.roots", p.GCE.Roots); err != nil {
 				return e, err
 			}
 			e.GCE.Intermediates = x509.NewCertPool()
 			if strings.TrimSpace(p.GCE.Intermediates) != "" {
-				e.GCE.Intermediates, err = certPool("gce.intermediates", p.GCE.Intermediates)
+				e.GCE.Intermediates, err = attestation.CertPool("gce.intermediates", p.GCE.Intermediates)
 			}
 		}
 		return e, err
 	case strings.TrimSpace(p.AKRoots) != "":
-		e.Roots, err = certPool("akRoots", p.AKRoots)
+		e.Roots, err = attestation.CertPool("akRoots", p.AKRoots)
 		return e, err
 	case strings.TrimSpace(p.EKRoots) != "":
-		if e.EKRoots, err = certPool("ekRoots", p.EKRoots); err != nil {
+		if e.EKRoots, err = attestation.CertPool("ekRoots", p.EKRoots); err != nil {
 			return e, err
 		}
 		if strings.TrimSpace(p.EKIntermediates) != "" {
-			e.EKIntermediates, err = certPool("ekIntermediates", p.EKIntermediates)
+			e.EKIntermediates, err = attestation.CertPool("ekIntermediates", p.EKIntermediates)
 		}
 		return e, err
 	}
@@ -265,37 +240,6 @@ func (p Policy) keyTrust() string {
 		return fmt.Sprintf("gce(projects=%v zones=%v)", p.GCE.Projects, p.GCE.Zones)
 	default:
 		return "akRoots:" + Fingerprint([]byte(p.AKRoots))
-	}
-}
-
-// certPool parses a PEM bundle of CA certificates; errors name field and
-// the block that does not parse.
-func certPool(field, bundle string) (*x509.CertPool, error) {
-	pool := x509.NewCertPool()
-	rest := []byte(bundle)
-	for n := 0; ; n++ {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			if n == 0 {
-				return nil, fmt.Errorf("%s holds no PEM certificate", field)
-			}
-			if strings.TrimSpace(string(rest)) != "" {
-				return nil, fmt.Errorf("%s: text after certificate %d is not PEM", field, n)
-			}
-			return pool, nil
-		}
-		if block.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("%s: block %d is a %q, want CERTIFICATE", field, n+1, block.Type)
-		}
-		cert, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("%s: certificate %d: %w", field, n+1, err)
-		}
-		if !cert.IsCA {
-			return nil, fmt.Errorf("%s: certificate %d (%s) is not a CA certificate", field, n+1, cert.Subject)
-		}
-		pool.AddCert(cert)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
@@ -106,19 +107,19 @@ func TestConfidentialVMVariants(t *testing.T) {
 	roles := map[policy.Role]policy.RolePolicy{
 		policy.RoleControlPlane: {ReferenceValues: []byte(`{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`)},
 	}
-	snp := func(edit func(*policy.SEVSNPPolicy)) func(*policy.Policy) {
+	snp := func(edit func(*choose.SEVSNPPolicy)) func(*policy.Policy) {
 		return func(p *policy.Policy) {
 			p.Variant = "sev-snp"
-			p.SEVSNP = &policy.SEVSNPPolicy{LaunchMeasurements: []string{m48}, MinimumTCB: policy.SNPTCB{Bootloader: 3, SNP: 8, Microcode: 115}}
+			p.SEVSNP = &choose.SEVSNPPolicy{LaunchMeasurements: []string{m48}, MinimumTCB: choose.SNPTCB{Bootloader: 3, SNP: 8, Microcode: 115}}
 			if edit != nil {
 				edit(p.SEVSNP)
 			}
 		}
 	}
-	tdx := func(edit func(*policy.TDXPolicy)) func(*policy.Policy) {
+	tdx := func(edit func(*choose.TDXPolicy)) func(*policy.Policy) {
 		return func(p *policy.Policy) {
 			p.Variant = "tdx"
-			p.TDX = &policy.TDXPolicy{MRTD: m48}
+			p.TDX = &choose.TDXPolicy{MRTD: m48}
 			if edit != nil {
 				edit(p.TDX)
 			}
@@ -131,34 +132,34 @@ func TestConfidentialVMVariants(t *testing.T) {
 		wantErr string
 	}{
 		{"sev-snp", snp(nil), ""},
-		{"sev-snp with everything", snp(func(s *policy.SEVSNPPolicy) {
-			s.GuestPolicy = &policy.SNPGuestPolicy{MinimumABI: "1.55"}
+		{"sev-snp with everything", snp(func(s *choose.SEVSNPPolicy) {
+			s.GuestPolicy = &choose.SNPGuestPolicy{MinimumABI: "1.55"}
 			s.IDKeyDigests = []string{m48}
-			s.Collateral = &policy.CollateralPolicy{CacheDir: t.TempDir(), Offline: true, CheckRevocations: true}
+			s.Collateral = &choose.CollateralPolicy{CacheDir: t.TempDir(), Offline: true, CheckRevocations: true}
 		}), ""},
 		{"tdx", tdx(nil), ""},
-		{"tdx with everything", tdx(func(d *policy.TDXPolicy) {
+		{"tdx with everything", tdx(func(d *choose.TDXPolicy) {
 			d.RTMRs = map[int]string{0: m48}
 			d.MrSeam, d.TdAttributes, d.Xfam = m48, "0000001000000000", "e702060000000000"
 			d.MinimumTeeTcbSvn, d.QeVendorID = strings.Repeat("00", 16), "939a7233f79c4ca9940a0db3957f0607"
-			d.Collateral = &policy.CollateralPolicy{CacheDir: t.TempDir(), CheckRevocations: true}
+			d.Collateral = &choose.CollateralPolicy{CacheDir: t.TempDir(), CheckRevocations: true}
 		}), ""},
 		{"sev-snp without its section", func(p *policy.Policy) { p.Variant = "sev-snp" }, "variant sev-snp needs a sevSnp section"},
-		{"sev-snp with a tdx section", func(p *policy.Policy) { snp(nil)(p); p.TDX = &policy.TDXPolicy{} }, "variant sev-snp takes a sevSnp section, not tdx"},
+		{"sev-snp with a tdx section", func(p *policy.Policy) { snp(nil)(p); p.TDX = &choose.TDXPolicy{} }, "variant sev-snp takes a sevSnp section, not tdx"},
 		{"sev-snp with pinned AKs", func(p *policy.Policy) { snp(nil)(p); p.PinnedAKs = []string{akPEM(t)} }, "trusts the vTPM key its hardware report binds"},
 		{"tpm with a sevSnp section", func(p *policy.Policy) { snp(nil)(p); p.Variant = "tpm" }, "variant tpm takes no sevSnp or tdx section"},
-		{"no launch measurement", snp(func(s *policy.SEVSNPPolicy) { s.LaunchMeasurements = nil }), "sevSnp.launchMeasurements is empty"},
-		{"short launch measurement", snp(func(s *policy.SEVSNPPolicy) { s.LaunchMeasurements = []string{"abcd"} }), "sevSnp.launchMeasurements[0] has 2 bytes, want 48"},
-		{"launch measurement not hex", snp(func(s *policy.SEVSNPPolicy) { s.LaunchMeasurements = []string{"xyz"} }), "sevSnp.launchMeasurements[0] is not hex"},
-		{"bad ABI", snp(func(s *policy.SEVSNPPolicy) { s.GuestPolicy = &policy.SNPGuestPolicy{MinimumABI: "new"} }), "sevSnp.guestPolicy.minimumABI \"new\": want MAJOR.MINOR"},
-		{"bad VMPL", snp(func(s *policy.SEVSNPPolicy) { s.VMPL = &vmpl }), "sevSnp.vmpl 5: want 0-3"},
-		{"roots not a cert chain", snp(func(s *policy.SEVSNPPolicy) { s.Roots = []string{"x"} }), "sevSnp.roots[0]: not an AMD KDS cert_chain"},
-		{"collateral without a directory", snp(func(s *policy.SEVSNPPolicy) { s.Collateral = &policy.CollateralPolicy{} }), "sevSnp.collateral.cacheDir is empty"},
-		{"no MRTD", tdx(func(d *policy.TDXPolicy) { d.MRTD = "" }), "tdx.mrtd is empty"},
-		{"RTMR out of range", tdx(func(d *policy.TDXPolicy) { d.RTMRs = map[int]string{4: m48} }), "tdx.rtmrs.4: want an index 0-3"},
-		{"debuggable TD attributes", tdx(func(d *policy.TDXPolicy) { d.TdAttributes = "0100000000000000" }), "TD_ATTRIBUTES may not have DEBUG set"},
-		{"short XFAM", tdx(func(d *policy.TDXPolicy) { d.Xfam = "00" }), "tdx.xfam has 1 bytes, want 8"},
-		{"tdx roots not PEM", tdx(func(d *policy.TDXPolicy) { d.Roots = "x" }), "roots holds no PEM certificate"},
+		{"no launch measurement", snp(func(s *choose.SEVSNPPolicy) { s.LaunchMeasurements = nil }), "sevSnp.launchMeasurements is empty"},
+		{"short launch measurement", snp(func(s *choose.SEVSNPPolicy) { s.LaunchMeasurements = []string{"abcd"} }), "sevSnp.launchMeasurements[0] has 2 bytes, want 48"},
+		{"launch measurement not hex", snp(func(s *choose.SEVSNPPolicy) { s.LaunchMeasurements = []string{"xyz"} }), "sevSnp.launchMeasurements[0] is not hex"},
+		{"bad ABI", snp(func(s *choose.SEVSNPPolicy) { s.GuestPolicy = &choose.SNPGuestPolicy{MinimumABI: "new"} }), "sevSnp.guestPolicy.minimumABI \"new\": want MAJOR.MINOR"},
+		{"bad VMPL", snp(func(s *choose.SEVSNPPolicy) { s.VMPL = &vmpl }), "sevSnp.vmpl 5: want 0-3"},
+		{"roots not a cert chain", snp(func(s *choose.SEVSNPPolicy) { s.Roots = []string{"x"} }), "sevSnp.roots[0]: not an AMD KDS cert_chain"},
+		{"collateral without a directory", snp(func(s *choose.SEVSNPPolicy) { s.Collateral = &choose.CollateralPolicy{} }), "sevSnp.collateral.cacheDir is empty"},
+		{"no MRTD", tdx(func(d *choose.TDXPolicy) { d.MRTD = "" }), "tdx.mrtd is empty"},
+		{"RTMR out of range", tdx(func(d *choose.TDXPolicy) { d.RTMRs = map[int]string{4: m48} }), "tdx.rtmrs.4: want an index 0-3"},
+		{"debuggable TD attributes", tdx(func(d *choose.TDXPolicy) { d.TdAttributes = "0100000000000000" }), "TD_ATTRIBUTES may not have DEBUG set"},
+		{"short XFAM", tdx(func(d *choose.TDXPolicy) { d.Xfam = "00" }), "tdx.xfam has 1 bytes, want 8"},
+		{"tdx roots not PEM", tdx(func(d *choose.TDXPolicy) { d.Roots = "x" }), "roots holds no PEM certificate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
