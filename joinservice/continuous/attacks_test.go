@@ -10,7 +10,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -79,7 +78,7 @@ func newAttackRig(t *testing.T, machines map[string]string, silent map[string]st
 		r.nodes[name] = startRunningNode(t, policy.RoleWorker, r.clusterID, ip, r.port)
 		running = append(running, r.nodes[name])
 	}
-	r.log = slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{t}, r.logs), nil))
+	r.log = slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{T: t}, r.logs), nil))
 	if r.pol, err = joinservice.NewPolicyStore(attestation.VariantTPM, time.Now, r.log, r.reg); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +94,7 @@ func newAttackRig(t *testing.T, machines map[string]string, silent map[string]st
 	}
 	bindings := nodebinding.New(client, namespace, time.Now)
 	for name, ip := range machines {
-		if _, err := bindings.Bind(ctx, name, r.nodes[name].identity(t)); err != nil {
+		if _, err := bindings.Bind(ctx, name, r.nodes[name].Identity(t)); err != nil {
 			t.Fatal(err)
 		}
 		createNode(t, client, name, ip, false)
@@ -112,42 +111,11 @@ func newAttackRig(t *testing.T, machines map[string]string, silent map[string]st
 	return r
 }
 
-// holdSilent listens at addr and holds every connection open without a
-// byte, as a node whose evidence endpoint hangs does.
-func holdSilent(t testing.TB, addr string) {
-	t.Helper()
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		_ = lis.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-}
-
 // compromise extends PCR 4 of node's TPM, as a compromised boot component
 // would.
 func (r *attackRig) compromise(t *testing.T, node string) {
 	t.Helper()
-	if err := tpm2.PCRExtend(r.nodes[node].rw, tpmutil.Handle(4), tpm2.AlgSHA256, bytes.Repeat([]byte{0xee}, 32), ""); err != nil {
+	if err := tpm2.PCRExtend(r.nodes[node].RW, tpmutil.Handle(4), tpm2.AlgSHA256, bytes.Repeat([]byte{0xee}, 32), ""); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -341,24 +309,6 @@ func TestSilentNodesHaveTheirOwnPool(t *testing.T) {
 		t.Errorf("the compromised node was tainted %v after the round began, behind the silent nodes (deadline %v)", took, deadline)
 	}
 	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-}
-
-// createNode creates Node name with InternalIP ip, labelled a control
-// plane when cp is set.
-func createNode(t *testing.T, client kubernetes.Interface, name, ip string, cp bool) {
-	t.Helper()
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if cp {
-		n.Labels = map[string]string{labelControlPlane: ""}
-	}
-	created, err := client.CoreV1().Nodes().Create(t.Context(), n, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
-	if _, err := client.CoreV1().Nodes().UpdateStatus(t.Context(), created, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -3,18 +3,11 @@ package continuous
 import (
 	"bytes"
 	"context"
-	"crypto"
 	"crypto/rand"
-	"crypto/x509"
-	"encoding/hex"
-	"encoding/json"
-	"encoding/pem"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,16 +20,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous/continuoustest"
 
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
-	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -46,122 +35,27 @@ import (
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
+// The fixtures shared with the certificate approver's tests (package
+// continuoustest), by their short names here.
 const (
-	namespace = "gatehouse-system"
-	rolePCR   = 8
+	namespace = continuoustest.Namespace
+	rolePCR   = continuoustest.RolePCR
 )
 
-var testPCRs = []int{4, rolePCR, keys.NodeLockPCR}
+var (
+	testPCRs          = continuoustest.PCRs
+	bootArtefacts     = continuoustest.BootArtefacts
+	startRunningNode  = continuoustest.StartRunningNode
+	joinConfig        = continuoustest.JoinConfig
+	joinConfigPinning = continuoustest.JoinConfigPinning
+	holdSilent        = continuoustest.HoldSilent
+	createNode        = continuoustest.CreateNode
+)
 
-// bootArtefacts are what a test node of role boots.
-func bootArtefacts(role policy.Role) []tpm.Artefact {
-	return []tpm.Artefact{
-		tpm.BytesArtefact(4, "gatehouse-bootstrapper", []byte("bootstrapper v1")),
-		tpm.BytesArtefact(rolePCR, "kernel-cmdline", []byte("gatehouse.role="+string(role))),
-	}
-}
-
-// runningNode is a machine on its own swtpm that booted as role, took its
-// node lock with clusterID and serves its evidence on addr.
-type runningNode struct {
-	attester *tpmattester.Attester
-	rw       interface {
-		Read([]byte) (int, error)
-		Write([]byte) (int, error)
-	}
-	addr string
-}
-
-func startRunningNode(t *testing.T, role policy.Role, clusterID []byte, ip string, port int) *runningNode {
-	t.Helper()
-	rw := swtpmtest.Boot(t, t.TempDir(), bootArtefacts(role))
-	if clusterID != nil { // nil: rebooted, not rejoined yet
-		if err := tpm2.PCRExtend(rw, tpmutil.Handle(keys.NodeLockPCR), tpm2.AlgSHA256, clusterID, ""); err != nil {
-			t.Fatal(err)
-		}
-	}
-	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.Close() })
-	lis, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = atls.ServeEvidence(t.Context(), lis, a) }()
-	return &runningNode{attester: a, rw: rw, addr: lis.Addr().String()}
-}
-
-func (n *runningNode) identity(t *testing.T) string {
-	t.Helper()
-	id, err := n.attester.Identity()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
-}
-
-// joinConfig is a join config trusting the nodes' keys and expecting
-// what they boot, accepting pcr4 too at PCR 4 when it is set.
-func joinConfig(t *testing.T, nodes []*runningNode, pcr4 []byte) *corev1.ConfigMap {
-	t.Helper()
-	var aks []crypto.PublicKey
-	for _, n := range nodes {
-		aks = append(aks, n.attester.AttestationKey())
-	}
-	return joinConfigPinning(t, aks, pcr4)
-}
-
-// joinConfigPinning is joinConfig trusting aks.
-func joinConfigPinning(t testing.TB, aks []crypto.PublicKey, pcr4 []byte) *corev1.ConfigMap {
-	t.Helper()
-	ref := func(role policy.Role, pcrs ...int) map[string]any {
-		r, err := tpm.ReferenceValues(bootArtefacts(role), pcrs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]any{}
-		for i, m := range r {
-			out[fmt.Sprint(i)] = map[string]any{"expected": hex.EncodeToString(m.Expected)}
-		}
-		return out
-	}
-	common := ref(policy.RoleWorker, 4)
-	if pcr4 != nil { // accepted besides what the others measure
-		common["4"].(map[string]any)["alsoAccepted"] = []string{hex.EncodeToString(pcr4)}
-	}
-	var pinned []string
-	for _, ak := range aks {
-		spki, err := x509.MarshalPKIXPublicKey(ak)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pinned = append(pinned, string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki})))
-	}
-	doc, err := yaml.Marshal(map[string]any{
-		"variant": "tpm", "pcrs": testPCRs, "referenceValues": common, "pinnedAKs": pinned,
-		"roles": map[policy.Role]any{
-			policy.RoleControlPlane: map[string]any{"referenceValues": ref(policy.RoleControlPlane, rolePCR)},
-			policy.RoleWorker:       map[string]any{"referenceValues": ref(policy.RoleWorker, rolePCR)},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	components, err := json.Marshal([]map[string]any{{
-		"url": "https://dl.k8s.io/release/v1.36.4/bin/linux/amd64/kubelet", "hash": "sha256:" + strings.Repeat("ab", 32),
-		"installPath": "/usr/local/bin/kubelet",
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gatehouse-join-config", Namespace: namespace}, Data: map[string]string{
-		joinconfig.KeyAttestation: string(doc), joinconfig.KeyMeasurementSalt: strings.Repeat("cd", keys.MeasurementSaltSize),
-		joinconfig.KeyAPIServerEndpoint: "10.0.0.1:6443", joinconfig.KeyKubernetesVersion: "v1.36.4",
-		joinconfig.KeyKubernetesComponents: string(components),
-	}}
-}
+type (
+	runningNode = continuoustest.RunningNode
+	testWriter  = continuoustest.TestWriter
+)
 
 // TestLoop runs rounds over real Nodes of a real API server whose
 // machines serve real TPM evidence: a good worker is attested; one whose
@@ -199,7 +93,7 @@ func TestLoop(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	var logs testkit.LogBuffer
-	log := slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{t}, &logs), nil))
+	log := slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{T: t}, &logs), nil))
 	pol, err := joinservice.NewPolicyStore(attestation.VariantTPM, time.Now, log, reg)
 	if err != nil {
 		t.Fatal(err)
@@ -216,9 +110,9 @@ func TestLoop(t *testing.T) {
 	}
 	bindings := nodebinding.New(client, namespace, time.Now)
 	for node, id := range map[string]string{
-		"worker-good": good.identity(t), "worker-taken": good.identity(t), "worker-gone": good.identity(t),
-		"cp-posing": posing.identity(t), "worker-rebooted": rebooted.identity(t),
-		"worker-rebooted-impostor": good.identity(t), "worker-denied": good.identity(t),
+		"worker-good": good.Identity(t), "worker-taken": good.Identity(t), "worker-gone": good.Identity(t),
+		"cp-posing": posing.Identity(t), "worker-rebooted": rebooted.Identity(t),
+		"worker-rebooted-impostor": good.Identity(t), "worker-denied": good.Identity(t),
 	} {
 		if _, err := bindings.Bind(ctx, node, id); err != nil {
 			t.Fatal(err)
@@ -296,7 +190,7 @@ func TestLoop(t *testing.T) {
 	}
 
 	// A compromised boot: PCR 4 of worker-good changes.
-	if err := tpm2.PCRExtend(good.rw, tpmutil.Handle(4), tpm2.AlgSHA256, bytes.Repeat([]byte{0xee}, 32), ""); err != nil {
+	if err := tpm2.PCRExtend(good.RW, tpmutil.Handle(4), tpm2.AlgSHA256, bytes.Repeat([]byte{0xee}, 32), ""); err != nil {
 		t.Fatal(err)
 	}
 	round(map[string]string{"worker-good": ReasonEvidenceRejected})
@@ -322,7 +216,7 @@ func TestLoop(t *testing.T) {
 		t.Errorf("the rejected node's condition does not name PCR 4: %+v", c)
 	}
 	// The administrator accepts the new measurement (hot reload).
-	pcr4, err := tpm2.ReadPCR(good.rw, 4, tpm2.AlgSHA256)
+	pcr4, err := tpm2.ReadPCR(good.RW, 4, tpm2.AlgSHA256)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,12 +319,4 @@ func condition(n *corev1.Node) *corev1.NodeCondition {
 		}
 	}
 	return nil
-}
-
-// testWriter sends log lines to t.Log.
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
 }

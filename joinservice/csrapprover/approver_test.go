@@ -43,24 +43,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/joinservice/joinconfig"
 )
 
-// createNode creates Node name with InternalIP ip, labelled a control
-// plane when cp is set.
-func createNode(t *testing.T, client kubernetes.Interface, name, ip string, cp bool) {
-	t.Helper()
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if cp {
-		n.Labels = map[string]string{labelControlPlane: ""}
-	}
-	created, err := client.CoreV1().Nodes().Create(t.Context(), n, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
-	if _, err := client.CoreV1().Nodes().UpdateStatus(t.Context(), created, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // csrPEM is a PEM certificate request of a new key for subject with the
 // given names.
 func csrPEM(t *testing.T, subject pkix.Name, dns []string, ips []net.IP) []byte {
@@ -130,7 +112,7 @@ func TestApprover(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	var logs testkit.LogBuffer
-	log := slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{t}, &logs), nil))
+	log := slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{T: t}, &logs), nil))
 	pol, err := joinservice.NewPolicyStore(attestation.VariantTPM, time.Now, log, reg)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +130,7 @@ func TestApprover(t *testing.T) {
 	bindings := nodebinding.New(client, namespace, time.Now)
 	for node, n := range map[string]*runningNode{"worker-good": good, "worker-bad": compromised, "worker-other": other, "worker-tainted": other,
 		"worker-new": good, "worker-denied": other} {
-		if _, err := bindings.Bind(ctx, node, n.identity(t)); err != nil {
+		if _, err := bindings.Bind(ctx, node, n.Identity(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -165,7 +147,7 @@ func TestApprover(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A compromised boot of worker-bad, after it joined.
-	if err := tpm2.PCRExtend(compromised.rw, tpmutil.Handle(4), tpm2.AlgSHA256, bytes.Repeat([]byte{0xee}, 32), ""); err != nil {
+	if err := tpm2.PCRExtend(compromised.RW, tpmutil.Handle(4), tpm2.AlgSHA256, bytes.Repeat([]byte{0xee}, 32), ""); err != nil {
 		t.Fatal(err)
 	}
 	// kubeadm's bindings that let the controller manager approve every
@@ -189,7 +171,7 @@ func TestApprover(t *testing.T) {
 	// Tokens that outlived their node's good standing: issued to nodes
 	// that are now tainted, compromised or denied (a rejoin mints one too).
 	tokens := joinservice.NewTokens(client, time.Now)
-	joinToken, err := tokens.Issue(ctx, good.identity(t)+"\x00worker-new", "127.0.0.1", "join of worker-new")
+	joinToken, err := tokens.Issue(ctx, good.Identity(t)+"\x00worker-new", "127.0.0.1", "join of worker-new")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -112,7 +112,7 @@ func TestDenyListEveryIdentity(t *testing.T) {
 	}
 	bindings := nodebinding.New(client, namespace, time.Now)
 	var logs testkit.LogBuffer
-	log := slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{t}, &logs), nil))
+	log := slog.New(slog.NewJSONHandler(io.MultiWriter(testWriter{T: t}, &logs), nil))
 
 	for i, m := range deniedMachines(t, clusterID) {
 		t.Run(m.kind, func(t *testing.T) {
