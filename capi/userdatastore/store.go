@@ -39,7 +39,7 @@ var (
 	// errNilData is returned by Put for nil data.
 	errNilData = errors.New("nil data")
 	// errTTLOutOfRange is returned by PresignedGetURL for a TTL outside
-	// minTTL..MaxTTL.
+	// minTTL..maxTTL.
 	errTTLOutOfRange = errors.New("presigned URL TTL out of range")
 	// ErrBucketNotFound is returned when the bucket does not exist (S3 error
 	// code NoSuchBucket).
@@ -228,7 +228,7 @@ func (s *Store) Put(ctx context.Context, key string, data []byte) error {
 }
 
 // PresignedGetURL returns a URL that GETs the object under key without
-// credentials until ttl (minTTL..MaxTTL, truncated to whole seconds) has
+// credentials until ttl (minTTL..maxTTL, truncated to whole seconds) has
 // passed: https, or http when the store is Insecure. It does not check
 // that the object exists. With no Region configured the first call asks the
 // server for the bucket's location.

@@ -1,6 +1,8 @@
 // Package architecture checks the rules of docs/architecture.md that the
-// compiler does not: which package may import which, and that the package
-// map lists every package.
+// compiler does not: which package may import which, that the package map
+// lists every package, that every export has a production caller outside
+// its package (or is listed public API), and that internal/ holds only what
+// two consumers share.
 package architecture
 
 import (
