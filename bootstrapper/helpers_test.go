@@ -113,7 +113,7 @@ func (n *testNode) identity(t testing.TB) string {
 	return id
 }
 
-func verifier(t *testing.T, a *tpmattester.Attester, lockedOK ...bool) *tpm.Verifier {
+func verifier(t *testing.T, a *tpmattester.Attester, lockedOK ...bool) *tpm.QuoteVerifier {
 	t.Helper()
 	ref, err := tpm.ReferenceValues(bootArtefacts, testPCRs)
 	if err != nil {
@@ -124,7 +124,7 @@ func verifier(t *testing.T, a *tpmattester.Attester, lockedOK ...bool) *tpm.Veri
 		m.WarnOnly = true
 		ref[keys.NodeLockPCR] = m
 	}
-	v, err := tpm.NewVerifier(tpm.Policy{
+	v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{
 		PCRs: testPCRs, ReferenceValues: ref,
 		Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{a.AttestationKey()}},
 	}, time.Now)

@@ -446,7 +446,7 @@ func TestJoinLogsRefusedEvidence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refusing, err := tpm.NewVerifier(tpm.Policy{PCRs: testPCRs, ReferenceValues: ref,
+	refusing, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: testPCRs, ReferenceValues: ref,
 		Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{other.Public()}}}, time.Now)
 	if err != nil {
 		t.Fatal(err)

@@ -25,7 +25,7 @@ func TestKeyActivationOverGRPC(t *testing.T) {
 	roots, inter := swtpmtest.Pools(t, ca)
 	serverTPM := swtpmtest.Manufacture(t, ca, pcrs, nil)
 	clientTPM := swtpmtest.Manufacture(t, ca, pcrs, nil)
-	verifier, err := tpm.NewVerifier(tpm.Policy{PCRs: pcrs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
+	verifier, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: pcrs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestKeyActivationRefusals(t *testing.T) {
 	roots, inter := swtpmtest.Pools(t, ca)
 	node := swtpmtest.Manufacture(t, ca, pcrs, nil)
 	stranger := swtpmtest.Manufacture(t, ca, pcrs, nil)
-	verifier, err := tpm.NewVerifier(tpm.Policy{PCRs: pcrs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
+	verifier, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: pcrs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ var pcrs = []int{0, 4, 16}
 // mutual handshake share the attester (it serialises TPM commands).
 type tpmPair struct {
 	attester *tpmattester.Attester
-	verifier *tpm.Verifier
+	verifier *tpm.QuoteVerifier
 }
 
 func newTPMPair(t testing.TB) *tpmPair {
@@ -62,7 +62,7 @@ func newTPMPair(t testing.TB) *tpmPair {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := tpm.NewVerifier(tpm.Policy{
+	v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{
 		PCRs: pcrs, ReferenceValues: ref,
 		Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{a.AttestationKey()}},
 	}, time.Now)

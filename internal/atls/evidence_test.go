@@ -34,7 +34,7 @@ func TestServeAndFetchEvidence(t *testing.T) {
 	}
 
 	// Evidence that does not match is an error naming the mismatch.
-	wrong, err := tpm.NewVerifier(tpm.Policy{
+	wrong, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{
 		PCRs:            pcrs,
 		ReferenceValues: measurements.M{4: {Expected: make([]byte, 32)}},
 		Endorsement:     tpm.Endorsement{PinnedKeys: []crypto.PublicKey{pair.attester.AttestationKey()}},

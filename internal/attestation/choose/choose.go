@@ -92,11 +92,11 @@ func confidentialVMVerifier(v attestation.Variant, a Appraisal, hardware func() 
 	if err != nil {
 		return nil, err
 	}
-	vtpm, err := tpm.NewBoundVerifier(tpm.Policy{PCRs: a.PCRs, ReferenceValues: a.ReferenceValues}, a.Now)
+	vtpm, err := tpm.NewBoundVerifier(tpm.QuotePolicy{PCRs: a.PCRs, ReferenceValues: a.ReferenceValues}, a.Now)
 	if err != nil {
 		return nil, err
 	}
-	return cvm.NewVerifier(v, hw, vtpm)
+	return cvm.NewCompositeVerifier(v, hw, vtpm)
 }
 
 // AttesterOptions shape a node's attester. They are the bootstrapper's

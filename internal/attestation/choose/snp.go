@@ -67,8 +67,8 @@ type SNPGuestPolicy struct {
 
 // compile turns the section into the report verifier's policy; capture
 // leaves the launch measurements out (see Policy.KeyVerifier).
-func (s *SEVSNPPolicy) compile(now func() time.Time, capture bool) (snp.Policy, error) {
-	out := snp.Policy{AnyLaunchMeasurement: capture}
+func (s *SEVSNPPolicy) compile(now func() time.Time, capture bool) (snp.ReportPolicy, error) {
+	out := snp.ReportPolicy{AnyLaunchMeasurement: capture}
 	if len(s.LaunchMeasurements) == 0 && !capture {
 		return out, errors.New("launchMeasurements is empty: list the launch measurement of each image nodes may boot (gatehouse reference-values capture)")
 	}
@@ -157,6 +157,6 @@ func snpVerifier(a Appraisal) (attestation.Verifier, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sevSnp.%w", err)
 		}
-		return snp.NewVerifier(sp, a.Now)
+		return snp.NewReportVerifier(sp, a.Now)
 	})
 }

@@ -47,8 +47,8 @@ type TDXPolicy struct {
 
 // compile turns the section into the quote verifier's policy; capture
 // leaves MRTD and RTMRs out (see Policy.KeyVerifier).
-func (t *TDXPolicy) compile(now func() time.Time, capture bool) (tdx.Policy, error) {
-	out := tdx.Policy{AnyMRTD: capture, ReferenceValues: measurements.M{}}
+func (t *TDXPolicy) compile(now func() time.Time, capture bool) (tdx.TDQuotePolicy, error) {
+	out := tdx.TDQuotePolicy{AnyMRTD: capture, ReferenceValues: measurements.M{}}
 	if !capture {
 		if t.MRTD == "" {
 			return out, errors.New("mrtd is empty: name the MRTD of the image nodes boot (gatehouse reference-values capture)")
@@ -123,6 +123,6 @@ func tdxVerifier(a Appraisal) (attestation.Verifier, error) {
 		if err != nil {
 			return nil, fmt.Errorf("tdx.%w", err)
 		}
-		return tdx.NewVerifier(tp, a.Now)
+		return tdx.NewTDQuoteVerifier(tp, a.Now)
 	})
 }

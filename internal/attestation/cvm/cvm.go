@@ -25,31 +25,31 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
 
-// Verifier verifies "sev-snp" or "tdx" evidence (a marshalled
+// CompositeVerifier verifies "sev-snp" or "tdx" evidence (a marshalled
 // ConfidentialVMEvidence). Safe for concurrent use.
-type Verifier struct {
+type CompositeVerifier struct {
 	variant  attestation.Variant
 	hardware attestation.Verifier
-	vtpm     *tpm.Verifier
+	vtpm     *tpm.QuoteVerifier
 }
 
-// NewVerifier returns a verifier of variant (attestation.VariantSNP or
-// VariantTDX) checking the hardware report with hardware (an snp.Verifier
-// or tdx.Verifier, with its reference values and TCB minimums) and the
+// NewCompositeVerifier returns a verifier of variant (attestation.VariantSNP or
+// VariantTDX) checking the hardware report with hardware (an snp.ReportVerifier
+// or tdx.TDQuoteVerifier, with its reference values and TCB minimums) and the
 // vTPM quote with vtpm, a verifier from tpm.NewBoundVerifier (PCRs and
 // their reference values).
-func NewVerifier(variant attestation.Variant, hardware attestation.Verifier, vtpm *tpm.Verifier) (*Verifier, error) {
+func NewCompositeVerifier(variant attestation.Variant, hardware attestation.Verifier, vtpm *tpm.QuoteVerifier) (*CompositeVerifier, error) {
 	if variant != attestation.VariantSNP && variant != attestation.VariantTDX {
 		return nil, fmt.Errorf("confidential VM variant %q: want %s or %s", variant, attestation.VariantSNP, attestation.VariantTDX)
 	}
 	if hardware == nil || hardware.Variant() != variant || vtpm == nil {
 		return nil, fmt.Errorf("confidential VM variant %s needs a %s hardware verifier and a vTPM verifier", variant, variant)
 	}
-	return &Verifier{variant: variant, hardware: hardware, vtpm: vtpm}, nil
+	return &CompositeVerifier{variant: variant, hardware: hardware, vtpm: vtpm}, nil
 }
 
 // Variant returns the verifier's variant.
-func (v *Verifier) Variant() attestation.Variant { return v.variant }
+func (v *CompositeVerifier) Variant() attestation.Variant { return v.variant }
 
 // Verify checks, in order: the hardware report (signature and chain to
 // the vendor's roots, its REPORT_DATA = SHA-512(nonce || AK), debug off, TCB
@@ -59,7 +59,7 @@ func (v *Verifier) Variant() attestation.Variant { return v.variant }
 // the AK ("tpm-ak:sha256:…"), Measurements the PCRs; Hardware holds the
 // report's result and Endorsement names the hardware and its measurement.
 // Errors wrap the attestation.Err* values of the check that failed.
-func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
+func (v *CompositeVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}

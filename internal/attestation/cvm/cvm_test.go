@@ -59,7 +59,7 @@ func platforms(t testing.TB) []platform {
 			return a
 		},
 		verifier: func(t testing.TB) attestation.Verifier {
-			v, err := snp.NewVerifier(snp.Policy{LaunchMeasurements: [][]byte{snpLaunch}, MinimumTCB: tcb, TrustedRoots: amd.Roots()}, time.Now)
+			v, err := snp.NewReportVerifier(snp.ReportPolicy{LaunchMeasurements: [][]byte{snpLaunch}, MinimumTCB: tcb, TrustedRoots: amd.Roots()}, time.Now)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -80,7 +80,7 @@ func platforms(t testing.TB) []platform {
 			return a
 		},
 		verifier: func(t testing.TB) attestation.Verifier {
-			v, err := tdx.NewVerifier(tdx.Policy{ReferenceValues: measurements.M{0: {Expected: tdxMRTD}}, TrustedRoots: intel.Roots()}, time.Now)
+			v, err := tdx.NewTDQuoteVerifier(tdx.TDQuotePolicy{ReferenceValues: measurements.M{0: {Expected: tdxMRTD}}, TrustedRoots: intel.Roots()}, time.Now)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,13 +107,13 @@ func vTPM(t testing.TB) *tpmattester.Attester {
 	return a
 }
 
-func verifier(t testing.TB, p platform, change func(*tpm.Policy)) *cvm.Verifier {
+func verifier(t testing.TB, p platform, change func(*tpm.QuotePolicy)) *cvm.CompositeVerifier {
 	t.Helper()
 	ref, err := tpm.ReferenceValues(boot, pcrs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	policy := tpm.Policy{PCRs: pcrs, ReferenceValues: ref}
+	policy := tpm.QuotePolicy{PCRs: pcrs, ReferenceValues: ref}
 	if change != nil {
 		change(&policy)
 	}
@@ -121,7 +121,7 @@ func verifier(t testing.TB, p platform, change func(*tpm.Policy)) *cvm.Verifier 
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := cvm.NewVerifier(p.variant, p.verifier(t), vtpm)
+	v, err := cvm.NewCompositeVerifier(p.variant, p.verifier(t), vtpm)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func TestConfidentialVM(t *testing.T) {
 			tests := []struct {
 				name     string
 				evidence []byte
-				policy   func(*tpm.Policy)
+				policy   func(*tpm.QuotePolicy)
 				wantErr  error
 				wantText string
 			}{
@@ -201,7 +201,7 @@ func TestConfidentialVM(t *testing.T) {
 				{name: "debuggable guest", evidence: attest(t, p.attester(t, launch, true)), wantErr: attestation.ErrPolicy, wantText: "debug"},
 				{
 					name: "PCRs differ from the reference values", evidence: genuine,
-					policy:  func(p *tpm.Policy) { p.ReferenceValues = measurements.M{4: {Expected: make([]byte, 32)}} },
+					policy:  func(p *tpm.QuotePolicy) { p.ReferenceValues = measurements.M{4: {Expected: make([]byte, 32)}} },
 					wantErr: attestation.ErrMeasurement,
 				},
 				{name: "no hardware report", evidence: reassemble(t, genuine, nil), wantErr: attestation.ErrMalformed},
@@ -227,7 +227,7 @@ func TestBoundVerifierAdmitsNothingAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := tpm.NewBoundVerifier(tpm.Policy{PCRs: pcrs}, time.Now)
+	v, err := tpm.NewBoundVerifier(tpm.QuotePolicy{PCRs: pcrs}, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestBoundVerifierAdmitsNothingAlone(t *testing.T) {
 	if _, err := v.VerifyBound(context.Background(), quote, nonce, nil); !errors.Is(err, attestation.ErrUntrustedKey) {
 		t.Fatalf("VerifyBound without a key = %v, want untrusted key", err)
 	}
-	if _, err := tpm.NewBoundVerifier(tpm.Policy{PCRs: pcrs, Endorsement: tpm.Endorsement{PinnedKeys: nil, GCE: &tpm.GCEEndorsement{Projects: []string{"p"}}}}, time.Now); err == nil {
+	if _, err := tpm.NewBoundVerifier(tpm.QuotePolicy{PCRs: pcrs, Endorsement: tpm.Endorsement{PinnedKeys: nil, GCE: &tpm.GCEEndorsement{Projects: []string{"p"}}}}, time.Now); err == nil {
 		t.Fatal("a bound verifier accepted another key endorsement")
 	}
 }

@@ -58,7 +58,7 @@ func TestRecordedRealReport(t *testing.T) {
 	verify := func(evidence []byte, cache *collateral.Cache) error {
 		trust.ClearProductCertCache()
 		cache.Now = func() time.Time { return recordedTime }
-		v, err := NewVerifier(Policy{LaunchMeasurements: [][]byte{make([]byte, MeasurementSize)}, Collateral: cache}, func() time.Time { return recordedTime })
+		v, err := NewReportVerifier(ReportPolicy{LaunchMeasurements: [][]byte{make([]byte, MeasurementSize)}, Collateral: cache}, func() time.Time { return recordedTime })
 		if err != nil {
 			t.Fatal(err)
 		}

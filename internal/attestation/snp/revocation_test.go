@@ -61,7 +61,7 @@ func TestRevocationsThroughCollateral(t *testing.T) {
 	evidence := f.evidence(t, reportSpec{reportData: attestation.Binding512(nonce, []byte("ud")), tcb: testTCB, measurement: testMeasurement}, []byte("ud"), nil)
 	verify := func(t *testing.T, cache *collateral.Cache) error {
 		t.Helper()
-		v := f.verifier(t, func(p *Policy) {
+		v := f.verifier(t, func(p *ReportPolicy) {
 			p.TrustedRoots, p.Collateral, p.CheckRevocations = f.Roots() /* anew: go-sev-guest memoises a fetched CRL in them, and each case must fetch its own */, cache, true
 		})
 		_, err := v.Verify(t.Context(), evidence, nonce)
@@ -90,7 +90,7 @@ func TestRevocationsThroughCollateral(t *testing.T) {
 	if err := verify(t, &collateral.Cache{Dir: dir, Now: later}); err == nil || !strings.Contains(err.Error(), "past its next update") {
 		t.Fatalf("offline with a stale CRL: %v", err)
 	}
-	if _, err := NewVerifier(Policy{LaunchMeasurements: [][]byte{testMeasurement}, CheckRevocations: true}, time.Now); err == nil {
+	if _, err := NewReportVerifier(ReportPolicy{LaunchMeasurements: [][]byte{testMeasurement}, CheckRevocations: true}, time.Now); err == nil {
 		t.Fatal("revocation checks without a collateral source were accepted")
 	}
 	if entries, _ := os.ReadDir(empty); len(entries) != 0 {

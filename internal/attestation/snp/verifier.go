@@ -34,8 +34,8 @@ import (
 // MeasurementSize is the size of the launch MEASUREMENT in bytes.
 const MeasurementSize = 48
 
-// Policy is the appraisal policy of a Verifier.
-type Policy struct {
+// ReportPolicy is the appraisal policy of a ReportVerifier.
+type ReportPolicy struct {
 	// LaunchMeasurements are the accepted launch MEASUREMENTs (48 bytes
 	// each, at least one): one per image version a cluster runs.
 	LaunchMeasurements [][]byte
@@ -75,15 +75,15 @@ type Policy struct {
 	CheckRevocations bool
 }
 
-// Verifier verifies "sev-snp" evidence. Debug guests are always refused.
-type Verifier struct {
-	policy Policy
+// ReportVerifier verifies "sev-snp" evidence. Debug guests are always refused.
+type ReportVerifier struct {
+	policy ReportPolicy
 	now    func() time.Time
 }
 
-// NewVerifier returns a verifier for policy; now is the time certificates
+// NewReportVerifier returns a verifier for policy; now is the time certificates
 // are checked at (time.Now in production).
-func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
+func NewReportVerifier(policy ReportPolicy, now func() time.Time) (*ReportVerifier, error) {
 	if len(policy.LaunchMeasurements) == 0 && !policy.AnyLaunchMeasurement {
 		return nil, errors.New("sev-snp policy: no launch measurement; name at least one")
 	}
@@ -106,18 +106,18 @@ func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 	if policy.CheckRevocations && policy.Collateral == nil {
 		return nil, errors.New("sev-snp policy: checking revocations needs a collateral source (AMD KDS through a cache)")
 	}
-	return &Verifier{policy: policy, now: now}, nil
+	return &ReportVerifier{policy: policy, now: now}, nil
 }
 
 // Variant returns attestation.VariantSNP.
-func (v *Verifier) Variant() attestation.Variant { return attestation.VariantSNP }
+func (v *ReportVerifier) Variant() attestation.Variant { return attestation.VariantSNP }
 
 // Verify checks evidence (a marshalled SNPEvidence): the report's signature
 // under the VCEK/VLEK from the certificate table and that certificate's chain
 // to the trusted AMD roots; REPORT_DATA = SHA-512(nonce || user data); the
 // guest policy has debugging off; TCB versions at or above the minimums; the
 // VMPL; and the launch measurement against the reference value.
-func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
+func (v *ReportVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}

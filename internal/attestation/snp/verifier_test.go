@@ -62,9 +62,9 @@ func (f *fakeAMD) evidence(t testing.TB, spec reportSpec, userData []byte, mutat
 	return ev
 }
 
-func (f *fakeAMD) verifier(t testing.TB, change func(*Policy)) *Verifier {
+func (f *fakeAMD) verifier(t testing.TB, change func(*ReportPolicy)) *ReportVerifier {
 	t.Helper()
-	p := Policy{
+	p := ReportPolicy{
 		LaunchMeasurements: [][]byte{testMeasurement},
 		MinimumTCB:         testTCB,
 		MinimumLaunchTCB:   testTCB,
@@ -73,7 +73,7 @@ func (f *fakeAMD) verifier(t testing.TB, change func(*Policy)) *Verifier {
 	if change != nil {
 		change(&p)
 	}
-	v, err := NewVerifier(p, time.Now)
+	v, err := NewReportVerifier(p, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestVerify(t *testing.T) {
 		name     string
 		spec     reportSpec
 		mutate   func(raw []byte, chain *spb.CertificateChain)
-		policy   func(*Policy)
+		policy   func(*ReportPolicy)
 		nonce    []byte
 		wantErr  error
 		wantText string
@@ -105,22 +105,22 @@ func TestVerify(t *testing.T) {
 		},
 		{
 			name: "TCB below minimum", spec: good,
-			policy:  func(p *Policy) { p.MinimumTCB.BlSpl = 4 },
+			policy:  func(p *ReportPolicy) { p.MinimumTCB.BlSpl = 4 },
 			wantErr: attestation.ErrPolicy, wantText: "lower than the policy minimum TCB",
 		},
 		{
 			name: "launch TCB below minimum", spec: good,
-			policy:  func(p *Policy) { p.MinimumLaunchTCB.SnpSpl = 9 },
+			policy:  func(p *ReportPolicy) { p.MinimumLaunchTCB.SnpSpl = 9 },
 			wantErr: attestation.ErrPolicy,
 		},
 		{
 			name: "VCEK chain to untrusted roots (real AMD roots)", spec: good,
-			policy:  func(p *Policy) { p.TrustedRoots = nil },
+			policy:  func(p *ReportPolicy) { p.TrustedRoots = nil },
 			wantErr: attestation.ErrSignature, wantText: "could not be verified by any trusted roots",
 		},
 		{
 			name: "reported TCB differs from the VCEK's", spec: func() reportSpec { s := good; s.tcb = lowerTCB; return s }(),
-			policy:  func(p *Policy) { p.MinimumTCB, p.MinimumLaunchTCB = lowerTCB, lowerTCB },
+			policy:  func(p *ReportPolicy) { p.MinimumTCB, p.MinimumLaunchTCB = lowerTCB, lowerTCB },
 			wantErr: attestation.ErrPolicy, wantText: "does not match the TCB of the V",
 		},
 		{
@@ -132,22 +132,22 @@ func TestVerify(t *testing.T) {
 			wantErr: attestation.ErrMeasurement, wantText: "launch measurement bbbb",
 		},
 		{
-			name: "wrong VMPL", spec: good, policy: func(p *Policy) { p.VMPL = &vmpl1 },
+			name: "wrong VMPL", spec: good, policy: func(p *ReportPolicy) { p.VMPL = &vmpl1 },
 			wantErr: attestation.ErrPolicy, wantText: "VMPL 0 is not 1",
 		},
 		{
 			name: "firmware ABI below the guest policy's minimum", spec: good,
-			policy:  func(p *Policy) { p.GuestPolicy = &abi.SnpPolicy{ABIMajor: 1, ABIMinor: 55} },
+			policy:  func(p *ReportPolicy) { p.GuestPolicy = &abi.SnpPolicy{ABIMajor: 1, ABIMinor: 55} },
 			wantErr: attestation.ErrPolicy,
 		},
 		{
 			name: "author key required, none signed the ID key", spec: good,
-			policy:  func(p *Policy) { p.AuthorKeyDigests = [][]byte{bytes.Repeat([]byte{2}, abi.AuthorKeyDigestSize)} },
+			policy:  func(p *ReportPolicy) { p.AuthorKeyDigests = [][]byte{bytes.Repeat([]byte{2}, abi.AuthorKeyDigestSize)} },
 			wantErr: attestation.ErrPolicy,
 		},
 		{
 			name: "ID block required, none signed the launch", spec: good,
-			policy:  func(p *Policy) { p.IDKeyDigests = [][]byte{bytes.Repeat([]byte{1}, abi.IDKeyDigestSize)} },
+			policy:  func(p *ReportPolicy) { p.IDKeyDigests = [][]byte{bytes.Repeat([]byte{1}, abi.IDKeyDigestSize)} },
 			wantErr: attestation.ErrPolicy,
 		},
 		{
@@ -225,7 +225,7 @@ func TestVerifyMalformed(t *testing.T) {
 
 func TestNewVerifierNeedsTheLaunchMeasurement(t *testing.T) {
 	for _, m := range [][][]byte{nil, {testMeasurement, {1}}} {
-		if _, err := NewVerifier(Policy{LaunchMeasurements: m}, time.Now); err == nil {
+		if _, err := NewReportVerifier(ReportPolicy{LaunchMeasurements: m}, time.Now); err == nil {
 			t.Errorf("reference values %v accepted", m)
 		}
 	}

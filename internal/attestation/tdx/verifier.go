@@ -38,8 +38,8 @@ const MeasurementSize = 48
 // memory readable by the host (TDX module ABI spec, TDATTRIBUTES).
 const tdAttributesDebug = 1
 
-// Policy is the appraisal policy of a Verifier.
-type Policy struct {
+// TDQuotePolicy is the appraisal policy of a TDQuoteVerifier.
+type TDQuotePolicy struct {
 	// ReferenceValues: index 0 is MRTD, 1-4 are RTMR0-RTMR3, 48 bytes each.
 	ReferenceValues measurements.M
 	// AnyMRTD accepts any MRTD, with no reference value for index 0: only
@@ -78,15 +78,15 @@ type Policy struct {
 	CheckRevocations bool
 }
 
-// Verifier verifies "tdx" evidence. Debuggable TDs are always refused.
-type Verifier struct {
-	policy Policy
+// TDQuoteVerifier verifies "tdx" evidence. Debuggable TDs are always refused.
+type TDQuoteVerifier struct {
+	policy TDQuotePolicy
 	now    func() time.Time
 }
 
-// NewVerifier returns a verifier for policy; now is the time certificates
+// NewTDQuoteVerifier returns a verifier for policy; now is the time certificates
 // are checked at (time.Now in production).
-func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
+func NewTDQuoteVerifier(policy TDQuotePolicy, now func() time.Time) (*TDQuoteVerifier, error) {
 	if _, ok := policy.ReferenceValues[0]; ok == policy.AnyMRTD {
 		return nil, errors.New("tdx policy: set the MRTD reference value (index 0), or, only to capture reference values, accept any MRTD")
 	}
@@ -117,18 +117,18 @@ func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 	if policy.CheckRevocations && policy.Collateral == nil {
 		return nil, errors.New("tdx policy: checking revocations needs a collateral source (Intel PCS through a cache)")
 	}
-	return &Verifier{policy: policy, now: now}, nil
+	return &TDQuoteVerifier{policy: policy, now: now}, nil
 }
 
 // Variant returns attestation.VariantTDX.
-func (v *Verifier) Variant() attestation.Variant { return attestation.VariantTDX }
+func (v *TDQuoteVerifier) Variant() attestation.Variant { return attestation.VariantTDX }
 
 // Verify checks evidence (a marshalled TDXEvidence): the quote's signature
 // under the attestation key, the QE report under the PCK certificate and its
 // chain to the trusted root; REPORTDATA = SHA-512(nonce || user data); the TD
 // is not debuggable; TEE_TCB_SVN at or above the minimum; and MRTD and RTMRs
 // against the reference values.
-func (v *Verifier) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
+func (v *TDQuoteVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*attestation.Result, error) {
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}

@@ -41,8 +41,8 @@ func TestVerify(t *testing.T) {
 	nonce := bytes.Repeat([]byte{3}, attestation.NonceSize)
 	userData := []byte("tls key hash")
 	bind := func(b *pb.TDQuoteBody) { b.ReportData = attestation.Binding512(nonce, userData) }
-	policy := func(change func(*Policy)) Policy {
-		p := Policy{ReferenceValues: measurements.M{0: {Expected: mustHex(t, sampleMRTD)}}, TrustedRoots: f.Roots()}
+	policy := func(change func(*TDQuotePolicy)) TDQuotePolicy {
+		p := TDQuotePolicy{ReferenceValues: measurements.M{0: {Expected: mustHex(t, sampleMRTD)}}, TrustedRoots: f.Roots()}
 		if change != nil {
 			change(&p)
 		}
@@ -52,7 +52,7 @@ func TestVerify(t *testing.T) {
 		name     string
 		edit     func(*pb.TDQuoteBody)
 		tamper   func(raw []byte)
-		policy   Policy
+		policy   TDQuotePolicy
 		nonce    []byte
 		at       time.Time // when verified; zero: now
 		wantErr  error
@@ -65,44 +65,44 @@ func TestVerify(t *testing.T) {
 		},
 		{
 			name: "other TDX module (MRSEAM)", edit: bind,
-			policy:  policy(func(p *Policy) { p.MrSeam = bytes.Repeat([]byte{7}, MeasurementSize) }),
+			policy:  policy(func(p *TDQuotePolicy) { p.MrSeam = bytes.Repeat([]byte{7}, MeasurementSize) }),
 			wantErr: attestation.ErrPolicy, wantText: "MR_SEAM",
 		},
 		{
 			name: "other module signer (MRSIGNERSEAM)", edit: bind,
-			policy:  policy(func(p *Policy) { p.MrSignerSeam = bytes.Repeat([]byte{7}, MeasurementSize) }),
+			policy:  policy(func(p *TDQuotePolicy) { p.MrSignerSeam = bytes.Repeat([]byte{7}, MeasurementSize) }),
 			wantErr: attestation.ErrPolicy, wantText: "MRSIGNERSEAM",
 		},
 		{
 			name: "other TD attributes", edit: bind,
-			policy:  policy(func(p *Policy) { p.TdAttributes = []byte{0, 0, 0, 0x10, 0, 0, 0, 0} }),
+			policy:  policy(func(p *TDQuotePolicy) { p.TdAttributes = []byte{0, 0, 0, 0x10, 0, 0, 0, 0} }),
 			wantErr: attestation.ErrPolicy, wantText: "TD_ATTRIBUTES",
 		},
 		{
 			name: "quoting enclave of another vendor", edit: bind,
-			policy:  policy(func(p *Policy) { p.QeVendorID = bytes.Repeat([]byte{1}, 16) }),
+			policy:  policy(func(p *TDQuotePolicy) { p.QeVendorID = bytes.Repeat([]byte{1}, 16) }),
 			wantErr: attestation.ErrPolicy, wantText: "QE_VENDOR_ID",
 		},
 		{
 			name: "quoting enclave below the minimum SVN", edit: bind,
-			policy:  policy(func(p *Policy) { p.MinimumQeSvn = 0xffff }),
+			policy:  policy(func(p *TDQuotePolicy) { p.MinimumQeSvn = 0xffff }),
 			wantErr: attestation.ErrPolicy, wantText: "QE security-version",
 		},
 		{
 			name: "other XFAM", edit: bind,
-			policy:  policy(func(p *Policy) { p.Xfam = bytes.Repeat([]byte{0xff}, 8) }),
+			policy:  policy(func(p *TDQuotePolicy) { p.Xfam = bytes.Repeat([]byte{0xff}, 8) }),
 			wantErr: attestation.ErrPolicy, wantText: "XFAM",
 		},
 		{
 			name: "wrong MRTD", edit: bind,
-			policy: policy(func(p *Policy) {
+			policy: policy(func(p *TDQuotePolicy) {
 				p.ReferenceValues[0] = measurements.Measurement{Expected: make([]byte, MeasurementSize)}
 			}),
 			wantErr: attestation.ErrMeasurement, wantText: "index 0: expected 0000",
 		},
 		{
 			name: "wrong RTMR", edit: bind,
-			policy: policy(func(p *Policy) {
+			policy: policy(func(p *TDQuotePolicy) {
 				p.ReferenceValues[4] = measurements.Measurement{Expected: bytes.Repeat([]byte{1}, MeasurementSize)}
 			}),
 			wantErr: attestation.ErrMeasurement, wantText: "index 4",
@@ -114,7 +114,7 @@ func TestVerify(t *testing.T) {
 		},
 		{
 			name: "PCK chain to an untrusted root (the real Intel root)", edit: bind,
-			policy:  policy(func(p *Policy) { p.TrustedRoots = nil }),
+			policy:  policy(func(p *TDQuotePolicy) { p.TrustedRoots = nil }),
 			wantErr: attestation.ErrSignature, wantText: "unknown authority",
 		},
 		{
@@ -123,7 +123,7 @@ func TestVerify(t *testing.T) {
 		},
 		{
 			name: "TEE TCB SVN below minimum", edit: bind,
-			policy:  policy(func(p *Policy) { p.MinimumTeeTcbSvn = append([]byte{9}, make([]byte, 15)...) }),
+			policy:  policy(func(p *TDQuotePolicy) { p.MinimumTeeTcbSvn = append([]byte{9}, make([]byte, 15)...) }),
 			wantErr: attestation.ErrPolicy, wantText: "less than the required minimum",
 		},
 		{
@@ -145,7 +145,7 @@ func TestVerify(t *testing.T) {
 			if !tt.at.IsZero() {
 				clock = func() time.Time { return tt.at }
 			}
-			v, err := NewVerifier(tt.policy, clock)
+			v, err := NewTDQuoteVerifier(tt.policy, clock)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -178,7 +178,7 @@ func TestRealIntelQuote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := NewVerifier(Policy{ReferenceValues: measurements.M{0: {Expected: mustHex(t, sampleMRTD)}}}, func() time.Time { return sampleTime })
+	v, err := NewTDQuoteVerifier(TDQuotePolicy{ReferenceValues: measurements.M{0: {Expected: mustHex(t, sampleMRTD)}}}, func() time.Time { return sampleTime })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestRealIntelQuoteWithPCSCollateral(t *testing.T) {
 	dir := t.TempDir()
 	verify := func(cache *collateral.Cache, at time.Time) error {
 		cache.Now = func() time.Time { return at }
-		v, err := NewVerifier(Policy{
+		v, err := NewTDQuoteVerifier(TDQuotePolicy{
 			ReferenceValues: measurements.M{0: {Expected: mustHex(t, sampleMRTD)}},
 			Collateral:      cache.TDX(), CheckRevocations: true,
 		}, func() time.Time { return at })
@@ -253,7 +253,7 @@ func TestRealIntelQuoteWithPCSCollateral(t *testing.T) {
 }
 
 func TestVerifyMalformed(t *testing.T) {
-	v, err := NewVerifier(Policy{ReferenceValues: measurements.M{0: {Expected: mustHex(t, sampleMRTD)}}}, time.Now)
+	v, err := NewTDQuoteVerifier(TDQuotePolicy{ReferenceValues: measurements.M{0: {Expected: mustHex(t, sampleMRTD)}}}, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func FuzzVerify(f *testing.F) {
 	}
 	f.Add(seed)
 	f.Add([]byte{})
-	v, err := NewVerifier(Policy{ReferenceValues: measurements.M{0: {Expected: mustHex(f, sampleMRTD)}}, TrustedRoots: intel.Roots()}, time.Now)
+	v, err := NewTDQuoteVerifier(TDQuotePolicy{ReferenceValues: measurements.M{0: {Expected: mustHex(f, sampleMRTD)}}, TrustedRoots: intel.Roots()}, time.Now)
 	if err != nil {
 		f.Fatal(err)
 	}

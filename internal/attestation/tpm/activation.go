@@ -79,7 +79,7 @@ type ekEndorsement struct {
 // along is still activated against (the attester waits for the
 // challenge), but its chain is not what makes the AK trusted, and it
 // proves no identity.
-func (v *Verifier) endorsement(ev *attestationv1.TPMEvidence) (ekEndorsement, error) {
+func (v *QuoteVerifier) endorsement(ev *attestationv1.TPMEvidence) (ekEndorsement, error) {
 	mode := v.mode
 	if mode == modeBound {
 		// The hardware report vouches for the AK; an EK adds nothing.

@@ -81,7 +81,7 @@ func BenchmarkVerificationEK(b *testing.B) {
 	ca := swtpmtest.CA(b)
 	node := swtpmtest.Manufacture(b, ca, testPCRs, nil)
 	roots, inter := swtpmtest.Pools(b, ca)
-	v, err := tpm.NewVerifier(tpm.Policy{PCRs: testPCRs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
+	v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: testPCRs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func BenchmarkVerificationEK(b *testing.B) {
 // RSA signature and the AK certificate's chain.
 func BenchmarkVerificationGCE(b *testing.B) {
 	evidence, extraData, pcrs := recordedGCE(b)
-	v, err := tpm.NewVerifier(tpm.Policy{PCRs: pcrs, Endorsement: tpm.Endorsement{GCE: &tpm.GCEEndorsement{Projects: []string{"google.com:wuale-gcp-testing"}}}}, time.Now)
+	v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: pcrs, Endorsement: tpm.Endorsement{GCE: &tpm.GCEEndorsement{Projects: []string{"google.com:wuale-gcp-testing"}}}}, time.Now)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func BenchmarkActivate(b *testing.B) {
 	ca := swtpmtest.CA(b)
 	node := swtpmtest.Manufacture(b, ca, testPCRs, nil)
 	roots, inter := swtpmtest.Pools(b, ca)
-	v, err := tpm.NewVerifier(tpm.Policy{PCRs: testPCRs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
+	v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: testPCRs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
 	if err != nil {
 		b.Fatal(err)
 	}

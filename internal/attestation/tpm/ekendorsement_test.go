@@ -49,9 +49,9 @@ func TestEKEndorsement(t *testing.T) {
 	ca, other := swtpmtest.CA(t), swtpmtest.CA(t)
 	node, stranger, foreign := manufacture(t, ca), manufacture(t, ca), manufacture(t, other)
 	roots, inter := swtpmtest.Pools(t, ca)
-	verifier := func(t *testing.T, roots, inter *x509.CertPool) *tpm.Verifier {
+	verifier := func(t *testing.T, roots, inter *x509.CertPool) *tpm.QuoteVerifier {
 		t.Helper()
-		v, err := tpm.NewVerifier(tpm.Policy{PCRs: testPCRs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
+		v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: testPCRs, Endorsement: tpm.Endorsement{EKRoots: roots, EKIntermediates: inter}}, time.Now)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +157,7 @@ func TestEKEndorsement(t *testing.T) {
 	}
 
 	t.Run("pinned AK with an EK certificate still asks for activation", func(t *testing.T) {
-		v, err := tpm.NewVerifier(tpm.Policy{PCRs: testPCRs, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{node.attester.AttestationKey()}}}, time.Now)
+		v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: testPCRs, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{node.attester.AttestationKey()}}}, time.Now)
 		if err != nil {
 			t.Fatal(err)
 		}

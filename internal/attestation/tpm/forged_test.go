@@ -137,7 +137,7 @@ func TestVerifyRejectsForgedQuotes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newForger(t, tt.attrs)
-			v, err := NewVerifier(Policy{PCRs: pcrs, Endorsement: Endorsement{PinnedKeys: []crypto.PublicKey{f.key.Public()}}}, time.Now)
+			v, err := NewQuoteVerifier(QuotePolicy{PCRs: pcrs, Endorsement: Endorsement{PinnedKeys: []crypto.PublicKey{f.key.Public()}}}, time.Now)
 			if err != nil {
 				t.Fatal(err)
 			}

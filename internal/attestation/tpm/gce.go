@@ -69,7 +69,7 @@ func googleRoots() (roots, intermediates *x509.CertPool, err error) {
 // instance and the instance. Errors wrap attestation.ErrUntrustedKey
 // (chain, no instance) or attestation.ErrPolicy (an instance outside the
 // allowed projects or zones).
-func (e *GCEEndorsement) verify(chain [][]byte, key any, v *Verifier) (string, *attestation.GCEInstance, error) {
+func (e *GCEEndorsement) verify(chain [][]byte, key any, v *QuoteVerifier) (string, *attestation.GCEInstance, error) {
 	leaf, err := v.verifyChain(chain, key, e.Roots, e.Intermediates)
 	if err != nil {
 		return "", nil, err

@@ -68,7 +68,7 @@ func TestGCERecordedEvidence(t *testing.T) {
 	const project = "google.com:wuale-gcp-testing"
 	verify := func(t *testing.T, gce tpm.GCEEndorsement, evidence, extraData []byte) (*attestation.Result, error) {
 		t.Helper()
-		v, err := tpm.NewVerifier(tpm.Policy{PCRs: pcrs, Endorsement: tpm.Endorsement{GCE: &gce}}, time.Now)
+		v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: pcrs, Endorsement: tpm.Endorsement{GCE: &gce}}, time.Now)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func TestGCERecordedEvidence(t *testing.T) {
 		})
 	}
 
-	if _, err := tpm.NewVerifier(tpm.Policy{PCRs: pcrs, Endorsement: tpm.Endorsement{GCE: &tpm.GCEEndorsement{}}}, time.Now); err == nil ||
+	if _, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: pcrs, Endorsement: tpm.Endorsement{GCE: &tpm.GCEEndorsement{}}}, time.Now); err == nil ||
 		!strings.Contains(err.Error(), "at least one allowed project") {
 		t.Fatalf("a GCE policy without projects: %v, want refused", err)
 	}
@@ -217,7 +217,7 @@ func TestGCEAttester(t *testing.T) {
 		ok       bool
 	}{{"allowed project", []string{"my-project"}, true}, {"another project", []string{"their-project"}, false}} {
 		t.Run(tt.name, func(t *testing.T) {
-			v, err := tpm.NewVerifier(tpm.Policy{PCRs: testPCRs, Endorsement: tpm.Endorsement{GCE: &tpm.GCEEndorsement{Projects: tt.projects, Roots: roots}}}, time.Now)
+			v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: testPCRs, Endorsement: tpm.Endorsement{GCE: &tpm.GCEEndorsement{Projects: tt.projects, Roots: roots}}}, time.Now)
 			if err != nil {
 				t.Fatal(err)
 			}

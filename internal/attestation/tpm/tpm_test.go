@@ -72,7 +72,7 @@ type fixture struct {
 	tpm      io.ReadWriter
 	log      []byte // the boot's event log
 	attester *tpmattester.Attester
-	policy   tpm.Policy
+	policy   tpm.QuotePolicy
 }
 
 func newFixture(t testing.TB) *fixture {
@@ -95,7 +95,7 @@ func newFixture(t testing.TB) *fixture {
 		tpm:      rw,
 		log:      log,
 		attester: a,
-		policy: tpm.Policy{
+		policy: tpm.QuotePolicy{
 			PCRs:            testPCRs,
 			ReferenceValues: ref,
 			Endorsement:     tpm.Endorsement{PinnedKeys: []crypto.PublicKey{a.AttestationKey()}},
@@ -103,9 +103,9 @@ func newFixture(t testing.TB) *fixture {
 	}
 }
 
-func (f *fixture) verifier(t testing.TB) *tpm.Verifier {
+func (f *fixture) verifier(t testing.TB) *tpm.QuoteVerifier {
 	t.Helper()
-	v, err := tpm.NewVerifier(f.policy, time.Now)
+	v, err := tpm.NewQuoteVerifier(f.policy, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,22 +179,22 @@ func TestNewVerifierRefusesBadPolicies(t *testing.T) {
 	key := &ecdsa.PublicKey{}
 	tests := []struct {
 		name    string
-		policy  tpm.Policy
+		policy  tpm.QuotePolicy
 		wantErr string
 	}{
-		{name: "no PCRs", policy: tpm.Policy{Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}}}, wantErr: "no PCRs selected"},
-		{name: "PCR out of range", policy: tpm.Policy{PCRs: []int{24}, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}}}, wantErr: "PCR 24 out of range"},
-		{name: "no endorsement", policy: tpm.Policy{PCRs: []int{0}}, wantErr: "set exactly one of"},
-		{name: "both endorsements", policy: tpm.Policy{PCRs: []int{0}, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}, Roots: x509.NewCertPool()}}, wantErr: "set exactly one of"},
+		{name: "no PCRs", policy: tpm.QuotePolicy{Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}}}, wantErr: "no PCRs selected"},
+		{name: "PCR out of range", policy: tpm.QuotePolicy{PCRs: []int{24}, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}}}, wantErr: "PCR 24 out of range"},
+		{name: "no endorsement", policy: tpm.QuotePolicy{PCRs: []int{0}}, wantErr: "set exactly one of"},
+		{name: "both endorsements", policy: tpm.QuotePolicy{PCRs: []int{0}, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}, Roots: x509.NewCertPool()}}, wantErr: "set exactly one of"},
 		{
 			name:    "reference value outside the selection",
-			policy:  tpm.Policy{PCRs: []int{0}, ReferenceValues: measurements.M{7: {}}, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}}},
+			policy:  tpm.QuotePolicy{PCRs: []int{0}, ReferenceValues: measurements.M{7: {}}, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{key}}},
 			wantErr: "reference value for PCR 7",
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := tpm.NewVerifier(tt.policy, time.Now); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			if _, err := tpm.NewQuoteVerifier(tt.policy, time.Now); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("error = %v, want %q", err, tt.wantErr)
 			}
 		})
@@ -299,7 +299,7 @@ func TestVerifyRejects(t *testing.T) {
 		name     string
 		evidence func(t *testing.T) []byte
 		nonce    []byte
-		policy   func(p *tpm.Policy)
+		policy   func(p *tpm.QuotePolicy)
 		wantErr  error
 		wantText string
 	}{
@@ -325,7 +325,7 @@ func TestVerifyRejects(t *testing.T) {
 		{
 			name:     "wrong PCR value",
 			evidence: func(*testing.T) []byte { return evidence },
-			policy: func(p *tpm.Policy) {
+			policy: func(p *tpm.QuotePolicy) {
 				p.ReferenceValues[4] = measurements.Measurement{Expected: bytes.Repeat([]byte{0xee}, 32)}
 			},
 			wantErr: attestation.ErrMeasurement, wantText: "index 4: expected eeee",
@@ -333,7 +333,7 @@ func TestVerifyRejects(t *testing.T) {
 		{
 			name:     "PCR selection mismatch",
 			evidence: func(*testing.T) []byte { return evidence },
-			policy:   func(p *tpm.Policy) { p.PCRs = []int{0, 4, 15, 16, 17} },
+			policy:   func(p *tpm.QuotePolicy) { p.PCRs = []int{0, 4, 15, 16, 17} },
 			wantErr:  attestation.ErrPolicy, wantText: "policy requires exactly [0 4 15 16 17]",
 		},
 		{
@@ -380,7 +380,7 @@ func TestVerifyRejects(t *testing.T) {
 		{
 			name:     "expired AK certificate",
 			evidence: func(*testing.T) []byte { return evidence },
-			policy: func(p *tpm.Policy) {
+			policy: func(p *tpm.QuotePolicy) {
 				pool, chain := akCertificate(t, f.attester.AttestationKey(), now.Add(-2*time.Hour), now.Add(-time.Hour))
 				p.Endorsement = tpm.Endorsement{Roots: pool}
 				akChain = chain
@@ -390,7 +390,7 @@ func TestVerifyRejects(t *testing.T) {
 		{
 			name:     "AK certificate from an untrusted CA",
 			evidence: func(*testing.T) []byte { return evidence },
-			policy: func(p *tpm.Policy) {
+			policy: func(p *tpm.QuotePolicy) {
 				_, chain := akCertificate(t, f.attester.AttestationKey(), now.Add(-time.Hour), now.Add(time.Hour))
 				other, _ := akCertificate(t, f.attester.AttestationKey(), now.Add(-time.Hour), now.Add(time.Hour))
 				p.Endorsement = tpm.Endorsement{Roots: other}
@@ -401,7 +401,7 @@ func TestVerifyRejects(t *testing.T) {
 		{
 			name:     "AK certificate for another key",
 			evidence: func(*testing.T) []byte { return evidence },
-			policy: func(p *tpm.Policy) {
+			policy: func(p *tpm.QuotePolicy) {
 				pool, chain := akCertificate(t, otherAK.PublicKey(), now.Add(-time.Hour), now.Add(time.Hour))
 				p.Endorsement = tpm.Endorsement{Roots: pool}
 				akChain = chain
@@ -458,7 +458,7 @@ func TestVerifyRejects(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			v, err := tpm.NewVerifier(policy, time.Now)
+			v, err := tpm.NewQuoteVerifier(policy, time.Now)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -86,8 +86,8 @@ func (e Endorsement) mode() string {
 	return modes[0]
 }
 
-// Policy is the appraisal policy of a Verifier.
-type Policy struct {
+// QuotePolicy is the appraisal policy of a QuoteVerifier.
+type QuotePolicy struct {
 	// PCRs is the exact SHA-256 PCR selection a quote must cover.
 	PCRs []int
 	// ReferenceValues are compared with the quoted PCR values.
@@ -96,9 +96,9 @@ type Policy struct {
 	Endorsement Endorsement
 }
 
-// Verifier verifies "tpm" evidence. It is safe for concurrent use.
-type Verifier struct {
-	policy Policy
+// QuoteVerifier verifies "tpm" evidence. It is safe for concurrent use.
+type QuoteVerifier struct {
+	policy QuotePolicy
 	mode   string // policy.Endorsement.mode(), fixed at construction
 	now    func() time.Time
 	// pinned holds the Identity of each of policy.Endorsement.PinnedKeys,
@@ -106,9 +106,9 @@ type Verifier struct {
 	pinned map[string]bool
 }
 
-// NewVerifier returns a verifier for policy. now gives the time AK
+// NewQuoteVerifier returns a verifier for policy. now gives the time AK
 // certificates are checked at (time.Now in production).
-func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
+func NewQuoteVerifier(policy QuotePolicy, now func() time.Time) (*QuoteVerifier, error) {
 	if len(policy.PCRs) == 0 {
 		return nil, errors.New("tpm policy: no PCRs selected")
 	}
@@ -129,7 +129,7 @@ func NewVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 // TDX) binds it instead, and the caller passes the AK that report binds to
 // VerifyBound (package cvm). policy.Endorsement must be empty. Verify
 // always fails on such a verifier, so it cannot admit an unendorsed key.
-func NewBoundVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
+func NewBoundVerifier(policy QuotePolicy, now func() time.Time) (*QuoteVerifier, error) {
 	if e := policy.Endorsement; len(e.PinnedKeys) > 0 || e.Roots != nil || e.EKRoots != nil || e.EKIntermediates != nil || e.GCE != nil {
 		return nil, errors.New("tpm policy: a vTPM whose key a hardware report binds takes no other key endorsement")
 	}
@@ -139,7 +139,7 @@ func NewBoundVerifier(policy Policy, now func() time.Time) (*Verifier, error) {
 // modeBound is the key trust of NewBoundVerifier's verifiers.
 const modeBound = "bound"
 
-func newVerifier(policy Policy, mode string, now func() time.Time) (*Verifier, error) {
+func newVerifier(policy QuotePolicy, mode string, now func() time.Time) (*QuoteVerifier, error) {
 	if g := policy.Endorsement.GCE; g != nil {
 		if len(g.Projects) == 0 {
 			return nil, errors.New("tpm policy: GCE needs at least one allowed project, or every Compute Engine VM of every Google customer would be trusted")
@@ -163,7 +163,7 @@ func newVerifier(policy Policy, mode string, now func() time.Time) (*Verifier, e
 	p.PCRs = slices.Clone(policy.PCRs)
 	slices.Sort(p.PCRs)
 	p.PCRs = slices.Compact(p.PCRs)
-	v := &Verifier{policy: p, mode: mode, now: now, pinned: map[string]bool{}}
+	v := &QuoteVerifier{policy: p, mode: mode, now: now, pinned: map[string]bool{}}
 	for i, key := range policy.Endorsement.PinnedKeys {
 		identity, err := Identity(key)
 		if err != nil {
@@ -175,7 +175,7 @@ func newVerifier(policy Policy, mode string, now func() time.Time) (*Verifier, e
 }
 
 // Variant returns attestation.VariantTPM.
-func (v *Verifier) Variant() attestation.Variant { return attestation.VariantTPM }
+func (v *QuoteVerifier) Variant() attestation.Variant { return attestation.VariantTPM }
 
 // Verify checks evidence (a marshalled TPMEvidence) and returns what it
 // proves. The checks, each failing with an error wrapping an
@@ -193,7 +193,7 @@ func (v *Verifier) Variant() attestation.Variant { return attestation.VariantTPM
 //   - the reported PCR values hash to the quoted PCR digest;
 //   - the event log, when present, replays to the reported PCR values;
 //   - the PCR values match the reference values.
-func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestation.Result, error) {
+func (v *QuoteVerifier) Verify(_ context.Context, evidence, nonce []byte) (*attestation.Result, error) {
 	if v.mode == modeBound {
 		return nil, fmt.Errorf("%w: this verifier trusts only an attestation key a hardware report binds (VerifyBound)", attestation.ErrUntrustedKey)
 	}
@@ -212,7 +212,7 @@ func (v *Verifier) Verify(_ context.Context, evidence, nonce []byte) (*attestati
 // key a verified hardware report binds (package cvm); the result's
 // Endorsement is then "bound". Errors as Verify's; on any other verifier
 // it fails.
-func (v *Verifier) VerifyBound(_ context.Context, evidence, nonce, boundAK []byte) (*attestation.Result, error) {
+func (v *QuoteVerifier) VerifyBound(_ context.Context, evidence, nonce, boundAK []byte) (*attestation.Result, error) {
 	if v.mode != modeBound || len(boundAK) == 0 {
 		return nil, fmt.Errorf("%w: VerifyBound needs a verifier from NewBoundVerifier and a bound key", attestation.ErrUntrustedKey)
 	}
@@ -232,7 +232,7 @@ func (v *Verifier) VerifyBound(_ context.Context, evidence, nonce, boundAK []byt
 // the relying party's nonce there). It lets recorded real evidence, such
 // as a Compute Engine vTPM's, run through the same checks; Gatehouse's
 // relying parties use Verify.
-func (v *Verifier) VerifyExtraData(_ context.Context, evidence, extraData []byte) (*attestation.Result, error) {
+func (v *QuoteVerifier) VerifyExtraData(_ context.Context, evidence, extraData []byte) (*attestation.Result, error) {
 	ev, err := ParseEvidence(evidence)
 	if err != nil {
 		return nil, err
@@ -245,7 +245,7 @@ func (v *Verifier) VerifyExtraData(_ context.Context, evidence, extraData []byte
 
 // verify checks parsed evidence whose quote must carry extraData; boundAK
 // is the AK a hardware report binds, for a verifier in modeBound.
-func (v *Verifier) verify(ev *attestationv1.TPMEvidence, extraData, boundAK []byte) (*attestation.Result, error) {
+func (v *QuoteVerifier) verify(ev *attestationv1.TPMEvidence, extraData, boundAK []byte) (*attestation.Result, error) {
 	ak, err := v.trustedAK(ev, boundAK)
 	if err != nil {
 		return nil, err
@@ -337,7 +337,7 @@ type trustedKey struct {
 
 // trustedAK decodes the AK, checks its attributes and its endorsement, and
 // returns its public key and identity.
-func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte) (trustedKey, error) {
+func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte) (trustedKey, error) {
 	pub, err := tpm2.DecodePublic(ev.GetAttestationKey())
 	if err != nil {
 		return trustedKey{}, fmt.Errorf("%w: decoding attestation key: %w", attestation.ErrMalformed, err)
@@ -385,7 +385,7 @@ func (v *Verifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte) (tru
 	return ak, nil
 }
 
-func (v *Verifier) verifyAKCertificate(chain [][]byte, key crypto.PublicKey) error {
+func (v *QuoteVerifier) verifyAKCertificate(chain [][]byte, key crypto.PublicKey) error {
 	_, err := v.verifyChain(chain, key, v.policy.Endorsement.Roots, nil)
 	return err
 }
@@ -394,7 +394,7 @@ func (v *Verifier) verifyAKCertificate(chain [][]byte, key crypto.PublicKey) err
 // the evidence: the leaf certifies key and chains, at v's time, to roots
 // through the chain's other certificates and intermediates (may be nil).
 // It returns the leaf.
-func (v *Verifier) verifyChain(chain [][]byte, key crypto.PublicKey, roots, intermediates *x509.CertPool) (*x509.Certificate, error) {
+func (v *QuoteVerifier) verifyChain(chain [][]byte, key crypto.PublicKey, roots, intermediates *x509.CertPool) (*x509.Certificate, error) {
 	if len(chain) == 0 {
 		return nil, fmt.Errorf("%w: no AK certificate, and the policy trusts only certified AKs", attestation.ErrUntrustedKey)
 	}
@@ -498,7 +498,7 @@ func decodeQuote(quote []byte) (*tpm2.AttestationData, error) {
 
 // checkPCRs checks the quoted selection against the policy and the reported
 // values against the quoted digest, and returns the values.
-func (v *Verifier) checkPCRs(ev *attestationv1.TPMEvidence, quote *tpm2.AttestationData, sigHash crypto.Hash) (map[uint32][]byte, error) {
+func (v *QuoteVerifier) checkPCRs(ev *attestationv1.TPMEvidence, quote *tpm2.AttestationData, sigHash crypto.Hash) (map[uint32][]byte, error) {
 	sel := quote.AttestedQuoteInfo.PCRSelection
 	if sel.Hash == tpm2.AlgSHA1 {
 		return nil, fmt.Errorf("%w: quote covers the SHA-1 PCR bank; only SHA-256 is accepted", attestation.ErrPolicy)

@@ -55,7 +55,7 @@ func attestVerify(t *testing.T, a *tpmattester.Attester, pinned crypto.PublicKey
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := tpm.NewVerifier(tpm.Policy{PCRs: pcrs, ReferenceValues: ref, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{pinned}}}, time.Now)
+	v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: pcrs, ReferenceValues: ref, Endorsement: tpm.Endorsement{PinnedKeys: []crypto.PublicKey{pinned}}}, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
