@@ -45,7 +45,7 @@ var bootArtefacts = []tpm.Artefact{tpm.BytesArtefact(4, "gatehouse-bootstrapper"
 // a LUKS state disk on a loop device, and a temporary root.
 type testNode struct {
 	sim      *simulator.Simulator
-	attester *tpmattester.Attester
+	attester *tpmattester.QuoteAttester
 	lock     *nodelock.Lock
 	disk     *statedisk.Disk
 	machine  *Machine
@@ -113,7 +113,7 @@ func (n *testNode) identity(t testing.TB) string {
 	return id
 }
 
-func verifier(t *testing.T, a *tpmattester.Attester, lockedOK ...bool) *tpm.QuoteVerifier {
+func verifier(t *testing.T, a *tpmattester.QuoteAttester, lockedOK ...bool) *tpm.QuoteVerifier {
 	t.Helper()
 	ref, err := tpm.ReferenceValues(bootArtefacts, testPCRs)
 	if err != nil {

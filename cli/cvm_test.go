@@ -78,7 +78,7 @@ func confidentialVMs(t *testing.T) []confidentialVM {
 func startConfidentialVM(t *testing.T, p confidentialVM, hw attestation.Attester, launch []byte) *node {
 	t.Helper()
 	sim, vtpm := bootSimulator(t)
-	node, err := cvm.NewAttester(hw, vtpm)
+	node, err := cvm.NewCompositeAttester(hw, vtpm)
 	if err != nil {
 		t.Fatal(err)
 	}

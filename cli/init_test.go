@@ -102,7 +102,7 @@ func startNode(t *testing.T) *node {
 
 // bootSimulator measures bootArtefacts into this process's TPM simulator
 // and returns it with an attester quoting testPCRs; both close when t ends.
-func bootSimulator(t *testing.T) (io.ReadWriter, *tpmattester.Attester) {
+func bootSimulator(t *testing.T) (io.ReadWriter, *tpmattester.QuoteAttester) {
 	t.Helper()
 	sim, err := simulator.Get()
 	if err != nil {
@@ -122,14 +122,14 @@ func bootSimulator(t *testing.T) (io.ReadWriter, *tpmattester.Attester) {
 
 // startNodeOn serves InitService and evidence as a node whose TPM is rw,
 // attesting with a.
-func startNodeOn(t *testing.T, rw io.ReadWriter, a *tpmattester.Attester) *node {
+func startNodeOn(t *testing.T, rw io.ReadWriter, a *tpmattester.QuoteAttester) *node {
 	t.Helper()
 	return startNodeAs(t, rw, a, a)
 }
 
 // startNodeAs is startNodeOn with evidence from attester (a confidential
 // VM's, whose vTPM is a).
-func startNodeAs(t *testing.T, rw io.ReadWriter, a *tpmattester.Attester, attester attestation.Attester) *node {
+func startNodeAs(t *testing.T, rw io.ReadWriter, a *tpmattester.QuoteAttester, attester attestation.Attester) *node {
 	t.Helper()
 	lock, err := nodelock.New(rw)
 	if err != nil {
@@ -178,7 +178,7 @@ func startNodeAs(t *testing.T, rw io.ReadWriter, a *tpmattester.Attester, attest
 }
 
 // akPEM returns a's attestation key as PEM, as a policy pins it.
-func akPEM(t *testing.T, a *tpmattester.Attester) string {
+func akPEM(t *testing.T, a *tpmattester.QuoteAttester) string {
 	t.Helper()
 	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
 	if err != nil {

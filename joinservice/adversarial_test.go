@@ -454,7 +454,7 @@ func TestAttacks(t *testing.T) {
 }
 
 // swtpmNodeTrusted boots another control plane on its own TPM and trusts it.
-func swtpmNodeTrusted(t *testing.T, h *harness) *tpmattester.Attester {
+func swtpmNodeTrusted(t *testing.T, h *harness) *tpmattester.QuoteAttester {
 	t.Helper()
 	a := swtpmNode(t, policy.RoleControlPlane)
 	h.trust(t, a)

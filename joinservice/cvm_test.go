@@ -33,7 +33,7 @@ func (k keyBinding) Variant() attestation.Variant { return k.hardware.Variant() 
 
 func (k keyBinding) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
 	bound := keyBindingAttester{hardware: k.hardware}
-	a, err := cvm.NewAttester(bound, k.vtpm)
+	a, err := cvm.NewCompositeAttester(bound, k.vtpm)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +135,7 @@ func TestConfidentialVMJoin(t *testing.T) {
 		t.Run(string(tt.variant), func(t *testing.T) {
 			h := newHarness(t, harnessOptions{variant: tt.variant, hardware: tt.hardware})
 			ctx := t.Context()
-			node, err := cvm.NewAttester(tt.genuine(t), h.node.attester)
+			node, err := cvm.NewCompositeAttester(tt.genuine(t), h.node.attester)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -154,7 +154,7 @@ func TestConfidentialVMJoin(t *testing.T) {
 					var attester attestation.Attester
 					if r.hardware == nil {
 						attester = keyBinding{vtpm: h.node.attester, hardware: tt.genuine(t)}
-					} else if attester, err = cvm.NewAttester(r.hardware(t), h.node.attester); err != nil {
+					} else if attester, err = cvm.NewCompositeAttester(r.hardware(t), h.node.attester); err != nil {
 						t.Fatal(err)
 					}
 					before := h.snapshot(t)

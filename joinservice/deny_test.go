@@ -195,7 +195,7 @@ func TestDenyListConfidentialVMHosts(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				machine, err := cvm.NewAttester(hw, h.node.attester)
+				machine, err := cvm.NewCompositeAttester(hw, h.node.attester)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -212,7 +212,7 @@ func TestDenyListConfidentialVMHosts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		machine, err := cvm.NewAttester(hw, h.node.attester)
+		machine, err := cvm.NewCompositeAttester(hw, h.node.attester)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -36,7 +36,7 @@ func (h *harness) trustManufacturer(t testing.TB, ca swtpm.LocalCA, extraRoots .
 
 // manufacturedNode is a node of role on a TPM that ca manufactured, booted
 // as role, sending its EK certificate.
-func manufacturedNode(t testing.TB, ca swtpm.LocalCA, role policy.Role) *tpmattester.Attester {
+func manufacturedNode(t testing.TB, ca swtpm.LocalCA, role policy.Role) *tpmattester.QuoteAttester {
 	t.Helper()
 	return swtpmtest.Manufacture(t, ca, testPCRs, func(sw *swtpm.TPM) error {
 		rw, err := sw.Open()
@@ -67,7 +67,7 @@ func TestEKEndorsedJoin(t *testing.T) {
 	worker := manufacturedNode(t, ca, policy.RoleWorker)
 	// The recorder keeps the answer of this join's activation, for the
 	// replay below.
-	recorder := &swtpmtest.Replaying{Attester: worker}
+	recorder := &swtpmtest.Replaying{QuoteAttester: worker}
 	resp, err := h.dial(t, recorder, "").IssueJoinTicket(ctx, joinRequest(t, "worker-ek", net.IPv4(10, 0, 0, 21), false))
 	if err != nil {
 		t.Fatalf("a node of the configured manufacturer, with no registered key: %v", err)
@@ -87,12 +87,12 @@ func TestEKEndorsedJoin(t *testing.T) {
 		reason   string
 	}{
 		{"TPM of another manufacturer", manufacturedNode(t, other, policy.RoleWorker), "untrusted_key"},
-		{"AK not resident with the EK", swtpmtest.SwappedEK{Attester: stranger, EKCertificate: worker.EKCertificate()}, "activation_failed"},
+		{"AK not resident with the EK", swtpmtest.SwappedEK{QuoteAttester: stranger, EKCertificate: worker.EKCertificate()}, "activation_failed"},
 		{"replayed activation answer", recorder, "activation_failed"},
 		{"TPM without an EK certificate", h.node.attester, "untrusted_key"},
-		{"expired EK certificate", swtpmtest.SwappedEK{Attester: worker, EKCertificate: swtpmtest.ReissueEK(t, worker.EKCertificate(), testCA,
+		{"expired EK certificate", swtpmtest.SwappedEK{QuoteAttester: worker, EKCertificate: swtpmtest.ReissueEK(t, worker.EKCertificate(), testCA,
 			time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour), true)}, "untrusted_key"},
-		{"not an EK certificate", swtpmtest.SwappedEK{Attester: worker, EKCertificate: swtpmtest.ReissueEK(t, worker.EKCertificate(), testCA,
+		{"not an EK certificate", swtpmtest.SwappedEK{QuoteAttester: worker, EKCertificate: swtpmtest.ReissueEK(t, worker.EKCertificate(), testCA,
 			time.Now().Add(-time.Hour), time.Now().Add(time.Hour), false)}, "untrusted_key"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -107,7 +107,7 @@ func TestEKEndorsedJoin(t *testing.T) {
 
 // stalling never answers its activation challenge.
 type stalling struct {
-	*tpmattester.Attester
+	*tpmattester.QuoteAttester
 	release chan struct{}
 }
 
@@ -130,7 +130,7 @@ func TestHandshakeTimeoutCoversKeyActivation(t *testing.T) {
 	h := newHarness(t, harnessOptions{limits: ConnectionLimits{HandshakeTimeout: 500 * time.Millisecond}})
 	ca := swtpmtest.CA(t)
 	h.trustManufacturer(t, ca)
-	s := stalling{Attester: manufacturedNode(t, ca, policy.RoleWorker), release: make(chan struct{})}
+	s := stalling{QuoteAttester: manufacturedNode(t, ca, policy.RoleWorker), release: make(chan struct{})}
 	before := h.snapshot(t)
 	done := make(chan error, 1)
 	go func() {

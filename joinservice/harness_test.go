@@ -88,7 +88,7 @@ func bootArtefacts(role policy.Role) []tpm.Artefact {
 // test using it share it: they differ in node name and disk, not in AK.
 // swtpmNode gives a test another identity, and a control plane.
 type node struct {
-	attester *tpmattester.Attester
+	attester *tpmattester.QuoteAttester
 }
 
 func newNode(t testing.TB) *node {
@@ -103,7 +103,7 @@ func newNode(t testing.TB) *node {
 
 // bootNode opens this process's TPM simulator, measures bootArtefacts into
 // it and returns an attester quoting testPCRs, and what closes both.
-func bootNode() (*tpmattester.Attester, func(), error) {
+func bootNode() (*tpmattester.QuoteAttester, func(), error) {
 	sim, err := simulator.Get()
 	if err != nil {
 		return nil, nil, err
@@ -123,7 +123,7 @@ func bootNode() (*tpmattester.Attester, func(), error) {
 // swtpmNode boots a node of role on its own swtpm, a separate TPM with its
 // own attestation identity, and returns its attester. The harness does not
 // trust it until h.trust.
-func swtpmNode(t testing.TB, role policy.Role) *tpmattester.Attester {
+func swtpmNode(t testing.TB, role policy.Role) *tpmattester.QuoteAttester {
 	t.Helper()
 	rw := swtpmtest.Boot(t, t.TempDir(), bootArtefacts(role))
 	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs})
@@ -136,7 +136,7 @@ func swtpmNode(t testing.TB, role policy.Role) *tpmattester.Attester {
 
 // trust pins the AKs of attesters in the join config and waits until the
 // service applied it.
-func (h *harness) trust(t testing.TB, attesters ...*tpmattester.Attester) {
+func (h *harness) trust(t testing.TB, attesters ...*tpmattester.QuoteAttester) {
 	t.Helper()
 	for _, a := range attesters {
 		h.extraAKs = append(h.extraAKs, a.AttestationKey())
@@ -154,7 +154,7 @@ func (h *harness) applyJoinConfig(t testing.TB, data map[string]string) {
 }
 
 // identity returns the attestation identity of a.
-func identity(t testing.TB, a *tpmattester.Attester) string {
+func identity(t testing.TB, a *tpmattester.QuoteAttester) string {
 	t.Helper()
 	id, err := a.Identity()
 	if err != nil {

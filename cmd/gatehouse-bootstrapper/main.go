@@ -142,7 +142,7 @@ func newMachine(log *slog.Logger, o *options, disk *statedisk.Disk) *bootstrappe
 
 // newInitServer serves InitService for the first control plane, and
 // RecoveryService once the node is one.
-func newInitServer(o *options, machine *bootstrapper.Machine, lock *nodelock.Lock, tpm *tpmattester.Attester, hash []byte, reg prometheus.Registerer) (*bootstrapper.InitServer, error) {
+func newInitServer(o *options, machine *bootstrapper.Machine, lock *nodelock.Lock, tpm *tpmattester.QuoteAttester, hash []byte, reg prometheus.Registerer) (*bootstrapper.InitServer, error) {
 	identity, err := tpm.Identity()
 	if err != nil {
 		return nil, err
@@ -194,7 +194,7 @@ func serveMetrics(log *slog.Logger, addr string, reg *prometheus.Registry) {
 }
 
 // logEndorsement says how verifiers can trust the node's attestation key.
-func logEndorsement(log *slog.Logger, a *tpmattester.Attester, node attestation.Attester) {
+func logEndorsement(log *slog.Logger, a *tpmattester.QuoteAttester, node attestation.Attester) {
 	identity, _ := a.Identity()
 	if v := node.Variant(); v != attestation.VariantTPM {
 		log.Info("Evidence is the vTPM's quote with the hardware report binding its key", "variant", v, "identity", identity)

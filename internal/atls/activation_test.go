@@ -166,7 +166,7 @@ func TestKeyActivationRefusals(t *testing.T) {
 	}
 
 	t.Run("AK not resident with the EK", func(t *testing.T) {
-		serverErr, clientErr := clientAttests(t, swtpmtest.SwappedEK{Attester: stranger.Attester, EKCertificate: node.Attester.EKCertificate()}, verifier)
+		serverErr, clientErr := clientAttests(t, swtpmtest.SwappedEK{QuoteAttester: stranger.Attester, EKCertificate: node.Attester.EKCertificate()}, verifier)
 		if !errors.Is(serverErr, attestation.ErrActivation) || !strings.Contains(serverErr.Error(), "not resident in the TPM") {
 			t.Errorf("server: %v, want ErrActivation naming the AK not resident with the EK", serverErr)
 		}
@@ -176,7 +176,7 @@ func TestKeyActivationRefusals(t *testing.T) {
 	})
 
 	t.Run("replayed answer", func(t *testing.T) {
-		r := &swtpmtest.Replaying{Attester: node.Attester}
+		r := &swtpmtest.Replaying{QuoteAttester: node.Attester}
 		if serverErr, clientErr := clientAttests(t, r, verifier); serverErr != nil || clientErr != nil {
 			t.Fatalf("first handshake: server %v, client %v; want success", serverErr, clientErr)
 		}

@@ -37,7 +37,7 @@ var pcrs = []int{0, 4, 16}
 // pinning its key. The simulator is one per process, so both sides of a
 // mutual handshake share the attester (it serialises TPM commands).
 type tpmPair struct {
-	attester *tpmattester.Attester
+	attester *tpmattester.QuoteAttester
 	verifier *tpm.QuoteVerifier
 }
 
@@ -364,12 +364,12 @@ func TestEvidenceBoundToAnotherKey(t *testing.T) {
 // the key it is asked about, as an attacker relaying a genuine attester's
 // evidence onto its own key would.
 type relay struct {
-	*tpmattester.Attester
+	*tpmattester.QuoteAttester
 	userData []byte
 }
 
 func (r relay) Attest(ctx context.Context, _, nonce []byte) ([]byte, error) {
-	return r.Attester.Attest(ctx, r.userData, nonce)
+	return r.QuoteAttester.Attest(ctx, r.userData, nonce)
 }
 
 // panicking is a verifier with a parser bug: it panics on any evidence.

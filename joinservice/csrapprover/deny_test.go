@@ -67,7 +67,7 @@ type deniedMachine struct {
 	// attester is the machine's, serving at ip; vtpm is its (v)TPM's,
 	// whose AK identity its node name is bound to.
 	attester attestation.Attester
-	vtpm     *tpmattester.Attester
+	vtpm     *tpmattester.QuoteAttester
 	ip       string
 	// variant and trust are the join policy's variant and its key trust
 	// (or hardware) section.
@@ -283,7 +283,7 @@ func bootLocked(rw io.ReadWriter, clusterID []byte) error {
 
 // lockedAttester is a worker on its own swtpm that took its node lock,
 // provisioned by provision (when set) before its attester is made.
-func lockedAttester(t *testing.T, clusterID []byte, opts tpmattester.Options, provision func(io.ReadWriter)) *tpmattester.Attester {
+func lockedAttester(t *testing.T, clusterID []byte, opts tpmattester.Options, provision func(io.ReadWriter)) *tpmattester.QuoteAttester {
 	t.Helper()
 	rw := swtpmtest.Boot(t, t.TempDir(), nil)
 	if err := bootLocked(rw, clusterID); err != nil {
@@ -302,7 +302,7 @@ func lockedAttester(t *testing.T, clusterID []byte, opts tpmattester.Options, pr
 
 func confidentialVM(t *testing.T, hardware, vtpm attestation.Attester) attestation.Attester {
 	t.Helper()
-	a, err := cvm.NewAttester(hardware, vtpm)
+	a, err := cvm.NewCompositeAttester(hardware, vtpm)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +324,7 @@ func samplePPID(t *testing.T) string {
 	return ext.PPID
 }
 
-func mustIdentity(t *testing.T, a *tpmattester.Attester) string {
+func mustIdentity(t *testing.T, a *tpmattester.QuoteAttester) string {
 	t.Helper()
 	id, err := a.Identity()
 	if err != nil {
@@ -333,7 +333,7 @@ func mustIdentity(t *testing.T, a *tpmattester.Attester) string {
 	return id
 }
 
-func akPEM(t *testing.T, a *tpmattester.Attester) string {
+func akPEM(t *testing.T, a *tpmattester.QuoteAttester) string {
 	t.Helper()
 	spki, err := x509.MarshalPKIXPublicKey(a.AttestationKey())
 	if err != nil {

@@ -124,7 +124,7 @@ type NodeAttester struct {
 	// TPM is the open (v)TPM (the node lock extends a PCR of it).
 	TPM io.ReadWriteCloser
 	// TPMAttester quotes with the (v)TPM's attestation key.
-	TPMAttester *tpmattester.Attester
+	TPMAttester *tpmattester.QuoteAttester
 	// Attester produces the node's evidence: the TPM quote, or for a
 	// confidential VM variant the vTPM quote and the hardware report
 	// binding its key.
@@ -175,7 +175,7 @@ func OpenAttester(o AttesterOptions) (*NodeAttester, error) {
 	}
 	n := &NodeAttester{TPM: rw, TPMAttester: tpmAttester, Attester: tpmAttester}
 	if hardware != nil {
-		if n.Attester, err = cvm.NewAttester(hardware, tpmAttester); err != nil {
+		if n.Attester, err = cvm.NewCompositeAttester(hardware, tpmAttester); err != nil {
 			n.Close()
 			return nil, err
 		}

@@ -39,7 +39,7 @@ func BenchmarkVerification(b *testing.B) {
 		if p.variant == attestation.VariantTDX {
 			launch = tdxMRTD
 		}
-		a, err := cvm.NewAttester(p.attester(b, launch, false), vtpm)
+		a, err := cvm.NewCompositeAttester(p.attester(b, launch, false), vtpm)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -85,32 +85,32 @@ func (v *CompositeVerifier) Verify(ctx context.Context, evidence, nonce []byte) 
 	return result, nil
 }
 
-// Attester produces "sev-snp" or "tdx" evidence from the VM's vTPM and
+// CompositeAttester produces "sev-snp" or "tdx" evidence from the VM's vTPM and
 // its hardware attester (snpguest, tdxguest).
-type Attester struct {
+type CompositeAttester struct {
 	hardware attestation.Attester
 	vtpm     attestation.Attester
 }
 
-// NewAttester returns an attester combining hardware (of variant sev-snp
-// or tdx) and vtpm (a tpmattester.Attester for the VM's vTPM, sending no
+// NewCompositeAttester returns an attester combining hardware (of variant sev-snp
+// or tdx) and vtpm (a tpmattester.QuoteAttester for the VM's vTPM, sending no
 // EK certificate).
-func NewAttester(hardware, vtpm attestation.Attester) (*Attester, error) {
+func NewCompositeAttester(hardware, vtpm attestation.Attester) (*CompositeAttester, error) {
 	if v := hardware.Variant(); v != attestation.VariantSNP && v != attestation.VariantTDX {
 		return nil, fmt.Errorf("confidential VM attester: hardware variant %q, want %s or %s", v, attestation.VariantSNP, attestation.VariantTDX)
 	}
 	if vtpm.Variant() != attestation.VariantTPM {
 		return nil, fmt.Errorf("confidential VM attester: the vTPM attester is %q, want %s", vtpm.Variant(), attestation.VariantTPM)
 	}
-	return &Attester{hardware: hardware, vtpm: vtpm}, nil
+	return &CompositeAttester{hardware: hardware, vtpm: vtpm}, nil
 }
 
 // Variant returns the hardware's variant.
-func (a *Attester) Variant() attestation.Variant { return a.hardware.Variant() }
+func (a *CompositeAttester) Variant() attestation.Variant { return a.hardware.Variant() }
 
 // Attest quotes the vTPM bound to userData and nonce, then asks the
 // hardware for a report bound to the quote's AK and nonce.
-func (a *Attester) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+func (a *CompositeAttester) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
 	quote, err := a.vtpm.Attest(ctx, userData, nonce)
 	if err != nil {
 		return nil, fmt.Errorf("quoting the vTPM: %w", err)

@@ -90,7 +90,7 @@ func platforms(t testing.TB) []platform {
 }
 
 // vTPM returns an attester on the simulator, measured as boot says.
-func vTPM(t testing.TB) *tpmattester.Attester {
+func vTPM(t testing.TB) *tpmattester.QuoteAttester {
 	t.Helper()
 	sim, err := simulator.Get()
 	if err != nil {
@@ -144,7 +144,7 @@ func TestConfidentialVM(t *testing.T) {
 		}
 		attest := func(t *testing.T, hw attestation.Attester) []byte {
 			t.Helper()
-			a, err := cvm.NewAttester(hw, vtpm)
+			a, err := cvm.NewCompositeAttester(hw, vtpm)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -262,7 +262,7 @@ func mustAK(t *testing.T, evidence []byte) []byte {
 // must never panic, and whatever verifies carries the genuine user data.
 func FuzzVerify(f *testing.F) {
 	p := platforms(f)[0]
-	a, err := cvm.NewAttester(p.attester(f, snpLaunch, false), vTPM(f))
+	a, err := cvm.NewCompositeAttester(p.attester(f, snpLaunch, false), vTPM(f))
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 // swtpmNode is a software TPM with its attester, EK public key and AK
 // public area (as its evidence carries it).
 type swtpmNode struct {
-	attester *tpmattester.Attester
+	attester *tpmattester.QuoteAttester
 	ek       any
 	ak       []byte
 }

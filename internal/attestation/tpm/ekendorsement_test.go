@@ -24,7 +24,7 @@ import (
 // manufactured is a TPM made by swtpm_setup --create-ek-cert with a local
 // CA as its manufacturer, and its attester sending the EK certificate.
 type manufactured struct {
-	attester *tpmattester.Attester
+	attester *tpmattester.QuoteAttester
 	ekCert   *x509.Certificate
 }
 
@@ -57,7 +57,7 @@ func TestEKEndorsement(t *testing.T) {
 		}
 		return v
 	}
-	attest := func(t *testing.T, a *tpmattester.Attester, nonce []byte, change func(*attestationv1.TPMEvidence)) []byte {
+	attest := func(t *testing.T, a *tpmattester.QuoteAttester, nonce []byte, change func(*attestationv1.TPMEvidence)) []byte {
 		t.Helper()
 		ev, err := a.Attest(t.Context(), []byte("user data"), nonce)
 		if err != nil {
@@ -121,7 +121,7 @@ func TestEKEndorsement(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for name, a := range map[string]*tpmattester.Attester{"AK's TPM": stranger.attester, "EK's TPM": node.attester} {
+		for name, a := range map[string]*tpmattester.QuoteAttester{"AK's TPM": stranger.attester, "EK's TPM": node.attester} {
 			if _, err := a.Activate(t.Context(), challenge); err == nil {
 				t.Fatalf("the %s answered a challenge for an AK and EK of two TPMs", name)
 			}
@@ -135,7 +135,7 @@ func TestEKEndorsement(t *testing.T) {
 	notEK := swtpmtest.ReissueEK(t, node.ekCert.Raw, testCA, time.Now().Add(-time.Hour), time.Now().Add(time.Hour), false)
 	for _, tt := range []struct {
 		name     string
-		a        *tpmattester.Attester
+		a        *tpmattester.QuoteAttester
 		change   func(*attestationv1.TPMEvidence)
 		roots    *x509.CertPool
 		says     string

@@ -71,7 +71,7 @@ func bootArtefacts() []tpm.Artefact {
 type fixture struct {
 	tpm      io.ReadWriter
 	log      []byte // the boot's event log
-	attester *tpmattester.Attester
+	attester *tpmattester.QuoteAttester
 	policy   tpm.QuotePolicy
 }
 
@@ -234,7 +234,7 @@ func akCertificate(t *testing.T, ak crypto.PublicKey, notBefore, notAfter time.T
 
 // certified returns an attester on the fixture's TPM that presents chain as
 // its AK's certificates. The AK is the same on every start of a TPM.
-func (f *fixture) certified(t testing.TB, chain [][]byte) *tpmattester.Attester {
+func (f *fixture) certified(t testing.TB, chain [][]byte) *tpmattester.QuoteAttester {
 	t.Helper()
 	a, err := tpmattester.New(f.tpm, tpmattester.Options{PCRs: testPCRs, EventLog: f.log, AKCertificates: chain})
 	if err != nil {

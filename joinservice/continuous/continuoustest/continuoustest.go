@@ -58,7 +58,7 @@ func BootArtefacts(role policy.Role) []tpm.Artefact {
 // RunningNode is a machine on its own swtpm that booted as role, took its
 // node lock with clusterID and serves its evidence on Addr.
 type RunningNode struct {
-	Attester *tpmattester.Attester
+	Attester *tpmattester.QuoteAttester
 	RW       interface {
 		Read([]byte) (int, error)
 		Write([]byte) (int, error)

@@ -40,14 +40,14 @@ func ParseInterface(s string) (Interface, error) {
 	return "", fmt.Errorf("unknown SEV-SNP guest interface %q: use %s, %s or %s", s, Auto, configFSTSM, sevGuest)
 }
 
-// Attester produces SEV-SNP reports as SNPEvidence.
-type Attester struct {
+// ReportAttester produces SEV-SNP reports as SNPEvidence.
+type ReportAttester struct {
 	provider client.QuoteProvider
 }
 
 // New opens the SEV-SNP guest interface iface, or fails outside an
 // SEV-SNP guest, saying which interface it tried.
-func New(iface Interface) (*Attester, error) {
+func New(iface Interface) (*ReportAttester, error) {
 	var provider client.QuoteProvider
 	switch iface {
 	case Auto:
@@ -71,19 +71,19 @@ func New(iface Interface) (*Attester, error) {
 
 // NewWithProvider returns an attester using provider, e.g. go-sev-guest's
 // test quote provider (package snptest).
-func NewWithProvider(provider client.QuoteProvider) (*Attester, error) {
+func NewWithProvider(provider client.QuoteProvider) (*ReportAttester, error) {
 	if provider == nil || !provider.IsSupported() {
 		return nil, errors.New("SEV-SNP quote provider not available")
 	}
-	return &Attester{provider: provider}, nil
+	return &ReportAttester{provider: provider}, nil
 }
 
 // Variant returns attestation.VariantSNP.
-func (a *Attester) Variant() attestation.Variant { return attestation.VariantSNP }
+func (a *ReportAttester) Variant() attestation.Variant { return attestation.VariantSNP }
 
 // Attest requests a report with REPORT_DATA = SHA-512(nonce || userData) and
 // returns it with the host's certificate table as marshalled SNPEvidence.
-func (a *Attester) Attest(_ context.Context, userData, nonce []byte) ([]byte, error) {
+func (a *ReportAttester) Attest(_ context.Context, userData, nonce []byte) ([]byte, error) {
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}

@@ -14,13 +14,13 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tdx"
 )
 
-// Attester produces "tdx" evidence.
-type Attester struct {
+// TDQuoteAttester produces "tdx" evidence.
+type TDQuoteAttester struct {
 	provider client.QuoteProvider
 }
 
 // New opens the TDX guest interface, or fails outside a TDX guest.
-func New() (*Attester, error) {
+func New() (*TDQuoteAttester, error) {
 	provider, err := client.GetQuoteProvider()
 	if err != nil {
 		return nil, fmt.Errorf("opening the TDX guest interface: %w", err)
@@ -33,22 +33,22 @@ func New() (*Attester, error) {
 
 // NewWithProvider returns an attester using provider, e.g. a test quote
 // provider (package tdxtest).
-func NewWithProvider(provider client.QuoteProvider) (*Attester, error) {
+func NewWithProvider(provider client.QuoteProvider) (*TDQuoteAttester, error) {
 	if provider == nil {
 		return nil, fmt.Errorf("no TDX quote provider")
 	}
 	if err := provider.IsSupported(); err != nil {
 		return nil, fmt.Errorf("TDX quote provider not available: %w", err)
 	}
-	return &Attester{provider: provider}, nil
+	return &TDQuoteAttester{provider: provider}, nil
 }
 
 // Variant returns attestation.VariantTDX.
-func (a *Attester) Variant() attestation.Variant { return attestation.VariantTDX }
+func (a *TDQuoteAttester) Variant() attestation.Variant { return attestation.VariantTDX }
 
 // Attest requests a quote with REPORTDATA = SHA-512(nonce || userData) and
 // returns it as marshalled TDXEvidence.
-func (a *Attester) Attest(_ context.Context, userData, nonce []byte) ([]byte, error) {
+func (a *TDQuoteAttester) Attest(_ context.Context, userData, nonce []byte) ([]byte, error) {
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}

@@ -25,7 +25,7 @@ func boot(version string) []tpm.Artefact {
 }
 
 // startBooted starts swtpm on dir, measures boot into it and returns an attester.
-func startBooted(t testing.TB, dir, version string) (*TPM, *tpmattester.Attester) {
+func startBooted(t testing.TB, dir, version string) (*TPM, *tpmattester.QuoteAttester) {
 	t.Helper()
 	sw, err := Start(t.Context(), dir)
 	if err != nil {
@@ -49,7 +49,7 @@ func startBooted(t testing.TB, dir, version string) (*TPM, *tpmattester.Attester
 	return sw, a
 }
 
-func attestVerify(t *testing.T, a *tpmattester.Attester, pinned crypto.PublicKey, version string) error {
+func attestVerify(t *testing.T, a *tpmattester.QuoteAttester, pinned crypto.PublicKey, version string) error {
 	t.Helper()
 	ref, err := tpm.ReferenceValues(boot(version), pcrs)
 	if err != nil {

@@ -22,7 +22,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
 
-// Options configures an Attester.
+// Options configures an QuoteAttester.
 type Options struct {
 	// PCRs is the SHA-256 PCR selection to quote; it must equal the
 	// verifier's policy.
@@ -80,12 +80,12 @@ func ParseEKCertificateMode(s string) (EKCertificateMode, error) {
 	return "", fmt.Errorf("EK certificate mode %q: use off, auto or required", s)
 }
 
-// Attester produces "tpm" evidence with a TPM. It creates a transient ECC
+// QuoteAttester produces "tpm" evidence with a TPM. It creates a transient ECC
 // P-256 attestation key from the TPM's owner hierarchy with go-tpm-tools'
 // AK template; on a given TPM that key is the same every time, so verifiers
 // can pin it. It is safe for concurrent use: TPM commands are serialised,
 // and a caller waiting for the TPM stops waiting when its context ends.
-type Attester struct {
+type QuoteAttester struct {
 	// turn holds one token while a TPM command runs: a lock that a waiter
 	// can leave when its context ends (sync.Mutex cannot), so a caller
 	// whose deadline passed never waits behind a queue of quotes.
@@ -98,7 +98,7 @@ type Attester struct {
 }
 
 // New creates the attestation key on the TPM at rw. Close flushes it.
-func New(rw io.ReadWriter, opts Options) (*Attester, error) {
+func New(rw io.ReadWriter, opts Options) (*QuoteAttester, error) {
 	if len(opts.PCRs) == 0 {
 		return nil, errors.New("tpm attester: no PCRs selected")
 	}
@@ -136,7 +136,7 @@ func New(rw io.ReadWriter, opts Options) (*Attester, error) {
 		return nil, fmt.Errorf("tpm attester: unknown EK certificate mode %q", opts.EKCertificate)
 	}
 	opts.PCRs = slices.Clone(opts.PCRs)
-	return &Attester{turn: make(chan struct{}, 1), tpm: rw, ak: ak, opts: opts, pub: pub, ekCert: ekCert}, nil
+	return &QuoteAttester{turn: make(chan struct{}, 1), tpm: rw, ak: ak, opts: opts, pub: pub, ekCert: ekCert}, nil
 }
 
 // gceAK loads a Compute Engine vTPM's ECC AK with its certificate.
@@ -172,20 +172,20 @@ func readEKCertificate(rw io.ReadWriter) ([]byte, error) {
 var errNoEKCertificate = errors.New("this TPM has no RSA EK certificate")
 
 // Variant returns attestation.VariantTPM.
-func (a *Attester) Variant() attestation.Variant { return attestation.VariantTPM }
+func (a *QuoteAttester) Variant() attestation.Variant { return attestation.VariantTPM }
 
 // AttestationKey returns the AK's public key, to pin in a verifier's policy.
-func (a *Attester) AttestationKey() crypto.PublicKey { return a.ak.PublicKey() }
+func (a *QuoteAttester) AttestationKey() crypto.PublicKey { return a.ak.PublicKey() }
 
 // Identity returns the identity verifiers see for this attester's evidence
 // (see tpm.Identity).
-func (a *Attester) Identity() (string, error) { return tpm.Identity(a.ak.PublicKey()) }
+func (a *QuoteAttester) Identity() (string, error) { return tpm.Identity(a.ak.PublicKey()) }
 
 // lock waits for the TPM until ctx ends; on success the caller must call
 // unlock. A command already sent to the TPM is not interrupted: only the
 // wait ends. The error wraps ctx's cause (context.DeadlineExceeded,
 // context.Canceled).
-func (a *Attester) lock(ctx context.Context) error {
+func (a *QuoteAttester) lock(ctx context.Context) error {
 	if err := context.Cause(ctx); err != nil {
 		return fmt.Errorf("waiting for the TPM: %w", err)
 	}
@@ -197,12 +197,12 @@ func (a *Attester) lock(ctx context.Context) error {
 	}
 }
 
-func (a *Attester) unlock() { <-a.turn }
+func (a *QuoteAttester) unlock() { <-a.turn }
 
 // Attest quotes the selected PCRs with extraData SHA-256(nonce || userData)
 // and returns marshalled TPMEvidence. It waits for the TPM (another
 // caller's command) at most until ctx ends, then fails wrapping ctx's cause.
-func (a *Attester) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+func (a *QuoteAttester) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}
@@ -234,7 +234,7 @@ func (a *Attester) Attest(ctx context.Context, userData, nonce []byte) ([]byte, 
 
 // Close flushes the attestation key from the TPM, after any command in
 // progress. It does not close the TPM.
-func (a *Attester) Close() error {
+func (a *QuoteAttester) Close() error {
 	if err := a.lock(context.Background()); err != nil {
 		return err
 	}
@@ -245,17 +245,17 @@ func (a *Attester) Close() error {
 
 // EKCertificate returns the EK certificate evidence carries, DER; nil when
 // it carries none (Options.EKCertificate).
-func (a *Attester) EKCertificate() []byte { return a.ekCert }
+func (a *QuoteAttester) EKCertificate() []byte { return a.ekCert }
 
 // RequestsActivation reports whether evidence carries the EK certificate
 // (Options.EKCertificate), which asks the verifier for a credential
 // activation challenge (attestation.Activator).
-func (a *Attester) RequestsActivation() bool { return a.ekCert != nil }
+func (a *QuoteAttester) RequestsActivation() bool { return a.ekCert != nil }
 
 // Activate answers a marshalled TPMActivationChallenge (the verifier's
 // attestation.KeyActivation) with ActivateCredential, waiting for the TPM
 // at most until ctx ends, as Attest does.
-func (a *Attester) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
+func (a *QuoteAttester) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
 	c, err := tpm.ParseActivationChallenge(challenge)
 	if err != nil {
 		return nil, err
@@ -272,11 +272,11 @@ func (a *Attester) Activate(ctx context.Context, challenge []byte) ([]byte, erro
 // credential and encryptedSecret are the challenge's TPM2B encodings. It
 // waits for the TPM as long as another command takes; Activate is the
 // variant whose wait ends with its context.
-func (a *Attester) ActivateCredential(credential, encryptedSecret []byte) ([]byte, error) {
+func (a *QuoteAttester) ActivateCredential(credential, encryptedSecret []byte) ([]byte, error) {
 	return a.activateCredential(context.Background(), credential, encryptedSecret)
 }
 
-func (a *Attester) activateCredential(ctx context.Context, credential, encryptedSecret []byte) ([]byte, error) {
+func (a *QuoteAttester) activateCredential(ctx context.Context, credential, encryptedSecret []byte) ([]byte, error) {
 	if len(credential) < 2 || len(encryptedSecret) < 2 {
 		return nil, errors.New("activating the credential: challenge too short")
 	}

@@ -52,7 +52,7 @@ func Pools(t testing.TB, ca swtpm.LocalCA) (roots, intermediates *x509.CertPool)
 type Manufactured struct {
 	TPM *swtpm.TPM
 	// Attester sends the EK certificate (Options.EKCertificate).
-	Attester *tpmattester.Attester
+	Attester *tpmattester.QuoteAttester
 }
 
 // Manufacture makes and starts a TPM whose EK certificate ca issued, first
@@ -91,14 +91,14 @@ func Manufacture(t testing.TB, ca swtpm.LocalCA, pcrs []int, prepare func(*swtpm
 // carries another TPM's EK certificate, so its AK is not resident with
 // that EK and it cannot answer the activation challenge.
 type SwappedEK struct {
-	*tpmattester.Attester
+	*tpmattester.QuoteAttester
 	// EKCertificate is the other TPM's EK certificate, DER.
 	EKCertificate []byte
 }
 
 // Attest returns the attester's evidence with the EK certificate swapped.
 func (s SwappedEK) Attest(ctx context.Context, userData, nonce []byte) ([]byte, error) {
-	ev, err := s.Attester.Attest(ctx, userData, nonce)
+	ev, err := s.QuoteAttester.Attest(ctx, userData, nonce)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +114,7 @@ func (s SwappedEK) Attest(ctx context.Context, userData, nonce []byte) ([]byte, 
 // challenge with its TPM and every later one with that first answer, as a
 // replayed recording would.
 type Replaying struct {
-	*tpmattester.Attester
+	*tpmattester.QuoteAttester
 	mu     sync.Mutex
 	answer []byte
 }
@@ -124,7 +124,7 @@ func (r *Replaying) Activate(ctx context.Context, challenge []byte) ([]byte, err
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.answer == nil {
-		answer, err := r.Attester.Activate(ctx, challenge)
+		answer, err := r.QuoteAttester.Activate(ctx, challenge)
 		if err != nil {
 			return nil, err
 		}
