@@ -8,7 +8,9 @@ package architecture
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -33,43 +36,64 @@ type pkg struct {
 	XTestImports []string
 }
 
-// listPackages runs `go list -json ./...` in the module root and returns
-// each package keyed by its path relative to the module ("" for none).
+// listPackages returns each package of the module keyed by its path
+// relative to the module ("" for none), and the module's root. It runs
+// `go list -json ./...` once per test binary (listModule): the rules all
+// read the same listing, and go list is most of their time.
 func listPackages(t *testing.T) (root string, pkgs map[string]pkg) {
 	t.Helper()
+	l, err := moduleListing()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.pkgs) < 10 {
+		t.Fatalf("go list found only %d packages in %s", len(l.pkgs), l.root)
+	}
+	return l.root, maps.Clone(l.pkgs)
+}
+
+// listing is what listModule found: the module's root and its packages.
+type listing struct {
+	root string
+	pkgs map[string]pkg
+}
+
+// moduleListing is listModule's result, computed on first use and read
+// only afterwards.
+var moduleListing = sync.OnceValues(listModule)
+
+// listModule runs `go list -json ./...` in the module root.
+func listModule() (listing, error) {
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
 	if err != nil {
-		t.Fatalf("go list -m: %v", err)
+		return listing{}, fmt.Errorf("go list -m: %w", err)
 	}
-	root = strings.TrimSpace(string(out))
+	root := strings.TrimSpace(string(out))
 	cmd := exec.Command("go", "list", "-e", "-json", "./...")
 	cmd.Dir = root
 	out, err = cmd.Output()
 	if err != nil {
-		t.Fatalf("go list ./...: %v", err)
+		return listing{}, fmt.Errorf("go list ./...: %w", err)
 	}
-	pkgs = map[string]pkg{}
+	pkgs := map[string]pkg{}
 	dec := json.NewDecoder(strings.NewReader(string(out)))
 	for {
 		var p pkg
 		if err := dec.Decode(&p); err == io.EOF {
 			break
 		} else if err != nil {
-			t.Fatalf("decoding go list output: %v", err)
+			return listing{}, fmt.Errorf("decoding go list output: %w", err)
 		}
 		pkgs[rel(p.ImportPath)] = p
 		// go test caches a result by the files the test itself opened;
 		// stat what go list read so an edit reruns the test.
 		for _, name := range slices.Concat([]string{""}, p.GoFiles, p.TestGoFiles, p.XTestGoFiles) {
 			if _, err := os.Stat(filepath.Join(p.Dir, name)); err != nil {
-				t.Fatal(err)
+				return listing{}, err
 			}
 		}
 	}
-	if len(pkgs) < 10 {
-		t.Fatalf("go list found only %d packages in %s", len(pkgs), root)
-	}
-	return root, pkgs
+	return listing{root: root, pkgs: pkgs}, nil
 }
 
 // rel is path relative to the module, or "" when it is not one of ours.
