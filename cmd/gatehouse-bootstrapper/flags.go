@@ -54,9 +54,12 @@ type options struct {
 }
 
 // parseFlags parses and checks the flags in args of the bootstrapper
-// started as name; hostname is the default node name. Errors name the flag.
+// started as name; hostname is the default node name. Errors name the flag;
+// -h gives flag.ErrHelp after printing the usage. The flag set is the
+// bootstrapper's own: flags libraries register on the global set (such as
+// go-sev-guest's -sev_guest_device_path) are unknown here.
 func parseFlags(name string, args []string, hostname string) (*options, error) {
-	fs := flag.NewFlagSet(name, flag.ExitOnError)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var o options
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	nodeName := fs.String("node-name", strings.ToLower(hostname), "Kubernetes node name")

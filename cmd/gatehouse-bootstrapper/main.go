@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -63,7 +64,9 @@ func main() {
 func run(log *slog.Logger, level *slog.LevelVar) error {
 	hostname, _ := os.Hostname()
 	o, err := parseFlags(os.Args[0], os.Args[1:], hostname)
-	if err != nil {
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	} else if err != nil {
 		return err
 	}
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {

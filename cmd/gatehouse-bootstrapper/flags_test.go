@@ -1,0 +1,61 @@
+package main
+
+import (
+	"flag"
+	"strings"
+	"testing"
+
+	// Imported for their side effect on the global flag set, as the
+	// bootstrapper's own imports do: they register test flags there.
+	_ "github.com/google/go-sev-guest/client"
+	_ "github.com/google/go-tdx-guest/client"
+)
+
+// required are the flags every bootstrapper start needs.
+var required = []string{"--advertise-address", "192.0.2.10", "--state-disk", "/dev/vdb"}
+
+// TestLibraryTestFlagsAreRefused: go-sev-guest and go-tdx-guest register
+// flags on Go's global flag set that point the guest device at another path
+// (or a fake when testing); the bootstrapper parsed the global set and so
+// accepted them. Its own flag set refuses them.
+func TestLibraryTestFlagsAreRefused(t *testing.T) {
+	for _, f := range []string{"sev_guest_device_path", "tdx_guest_device_path"} {
+		if flag.CommandLine.Lookup(f) == nil {
+			t.Fatalf("-%s is not registered globally any more: this test no longer shows what it refuses", f)
+		}
+		_, err := parseFlags("gatehouse-bootstrapper", append([]string{"-" + f + "=/tmp/fake"}, required...), "node-1")
+		if err == nil || !strings.Contains(err.Error(), "flag provided but not defined: -"+f) {
+			t.Errorf("-%s: %v, want it refused as undefined", f, err)
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags("gatehouse-bootstrapper", append([]string{"--pcrs", "4,15", "--kube-proxy-conntrack-max-per-core", "0",
+		"--join-endpoints", "10.0.0.1:9090,10.0.0.2:9090", "--skip-phases", "addon/coredns, ,"}, required...), "Node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.node.Name != "node-1" || o.node.AdvertiseAddress != "192.0.2.10" || o.stateDisk != "/dev/vdb" {
+		t.Errorf("node %+v, state disk %q", o.node, o.stateDisk)
+	}
+	if len(o.attester.PCRs) != 2 || o.attester.Variant != "tpm" || o.attester.TPMPath != "/dev/tpmrm0" {
+		t.Errorf("attester options %+v", o.attester)
+	}
+	if o.kubeProxy.ConntrackMaxPerCore == nil || *o.kubeProxy.ConntrackMaxPerCore != 0 || o.endpoints == nil || len(o.skipPhases) != 1 {
+		t.Errorf("kube-proxy %+v, endpoints %v, skip phases %q", o.kubeProxy, o.endpoints, o.skipPhases)
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--state-disk", "/dev/vdb"}, "--advertise-address and --state-disk are required"},
+		{append([]string{"--pcrs", "4"}, required...), "--pcrs must include the node lock PCR 15"},
+		{append([]string{"--join-backoff", "2m", "--join-backoff-max", "1m"}, required...), "--join-backoff 2m0s and --join-backoff-max 1m0s"},
+		{append([]string{"--kubelet-service", "upstart"}, required...), `--kubelet-service "upstart"`},
+	} {
+		if _, err := parseFlags("gatehouse-bootstrapper", tt.args, "node-1"); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("parseFlags(%q) = %v, want an error containing %q", tt.args, err, tt.want)
+		}
+	}
+}
