@@ -31,7 +31,14 @@ type source struct {
 type decl struct {
 	pkg, name string
 	pos       token.Position
-	reach     []ast.Node
+	reach     []reached
+}
+
+// reached is a part of a declaration and the file it is in, whose imports
+// name the packages it refers to.
+type reached struct {
+	node ast.Node
+	file *ast.File
 }
 
 // parseSources parses the non-test files of every package of the module.
@@ -80,7 +87,7 @@ func callsCount(p string) bool {
 // exportedDecls lists the exported top-level identifiers of s.
 func exportedDecls(fset *token.FileSet, s source) map[string]*decl {
 	out := map[string]*decl{}
-	add := func(name *ast.Ident, reach ...ast.Node) {
+	add := func(f *ast.File, name *ast.Ident, reach ...ast.Node) {
 		if !name.IsExported() {
 			return
 		}
@@ -91,28 +98,32 @@ func exportedDecls(fset *token.FileSet, s source) map[string]*decl {
 		}
 		for _, n := range reach {
 			if n != nil && !isNilNode(n) {
-				d.reach = append(d.reach, n)
+				d.reach = append(d.reach, reached{n, f})
 			}
 		}
 	}
-	var methods []*ast.FuncDecl
+	type method struct {
+		decl *ast.FuncDecl
+		file *ast.File
+	}
+	var methods []method
 	for _, f := range s.files {
 		for _, dl := range f.Decls {
 			switch dl := dl.(type) {
 			case *ast.FuncDecl:
 				if dl.Recv != nil {
-					methods = append(methods, dl)
+					methods = append(methods, method{dl, f})
 					continue
 				}
-				add(dl.Name, dl.Type)
+				add(f, dl.Name, dl.Type)
 			case *ast.GenDecl:
 				for _, spec := range dl.Specs {
 					switch spec := spec.(type) {
 					case *ast.TypeSpec:
-						add(spec.Name, spec.TypeParams, exportedPart(spec.Type))
+						add(f, spec.Name, spec.TypeParams, exportedPart(spec.Type))
 					case *ast.ValueSpec:
 						for _, name := range spec.Names {
-							add(name, spec.Type)
+							add(f, name, spec.Type)
 						}
 					}
 				}
@@ -121,11 +132,11 @@ func exportedDecls(fset *token.FileSet, s source) map[string]*decl {
 	}
 	// A used type's exported methods are reachable through it.
 	for _, m := range methods {
-		if !m.Name.IsExported() {
+		if !m.decl.Name.IsExported() {
 			continue
 		}
-		if d := out[receiverType(m.Recv.List[0].Type)]; d != nil {
-			d.reach = append(d.reach, m.Type)
+		if d := out[receiverType(m.decl.Recv.List[0].Type)]; d != nil {
+			d.reach = append(d.reach, reached{m.decl.Type, m.file})
 		}
 	}
 	return out
@@ -265,25 +276,11 @@ func uncalledExports(fset *token.FileSet, srcs []source, public func(key string)
 		}
 	}
 	// What a used identifier's declaration names is reachable too.
-	fileOf := func(d *decl) *ast.File {
-		for _, s := range srcs {
-			if s.path != d.pkg {
-				continue
-			}
-			for _, f := range s.files {
-				if fset.Position(f.Pos()).Filename == d.pos.Filename {
-					return f
-				}
-			}
-		}
-		return nil
-	}
 	for len(queue) > 0 {
 		d := queue[0]
 		queue = queue[1:]
-		imported := fileImports[fileOf(d)]
-		for _, n := range d.reach {
-			uses(n, imported, func(pkg, name string) {
+		for _, r := range d.reach {
+			uses(r.node, fileImports[r.file], func(pkg, name string) {
 				if pkg == "" {
 					pkg = d.pkg
 				}
@@ -385,7 +382,7 @@ func TestExportsHaveProductionCallers(t *testing.T) {
 			relFile(root, d.pos.Filename), d.pos.Line, key, d.pkg, "test/architecture/callers_test.go")
 	}
 	// Every entry must still match an export nothing else uses.
-	_, all := uncalledAndPublic(fset, srcs)
+	all := uncalledKeys(fset, srcs)
 	for key := range publicAPI {
 		matched := false
 		for _, k := range all {
@@ -397,15 +394,14 @@ func TestExportsHaveProductionCallers(t *testing.T) {
 	}
 }
 
-// uncalledAndPublic returns the exports with no production caller, counting
-// nothing as public API.
-func uncalledAndPublic(fset *token.FileSet, srcs []source) ([]*decl, []string) {
-	ds := uncalledExports(fset, srcs, func(string) bool { return false })
-	keys := make([]string, len(ds))
-	for i, d := range ds {
-		keys[i] = d.pkg + "." + d.name
+// uncalledKeys returns the keys ("pkg.Name") of the exports with no
+// production caller, counting nothing as public API.
+func uncalledKeys(fset *token.FileSet, srcs []source) []string {
+	var keys []string
+	for _, d := range uncalledExports(fset, srcs, func(string) bool { return false }) {
+		keys = append(keys, d.pkg+"."+d.name)
 	}
-	return ds, keys
+	return keys
 }
 
 // relFile is a file name relative to the module root.
@@ -431,6 +427,14 @@ func OnlyForTests() {}
 const Used, Unused = 1, 2
 type Public struct{ Reached Reachable }
 type Reachable int
+`, "method.go": `package lib
+import "github.com/gatehouse-dev/gatehouse/internal/other"
+// Other is declared in another file than Result, which imports other.
+func (Result) Other() other.Thing { return 0 }
+`},
+		"internal/other": {"other.go": `package other
+type Thing int
+type Unused int
 `},
 		"internal/lib/libtest": {"libtest.go": `package libtest
 import "github.com/gatehouse-dev/gatehouse/internal/lib"
@@ -459,7 +463,7 @@ func Run() int { _ = alias.New(); return alias.Used }
 	for _, d := range uncalledExports(fset, srcs, func(key string) bool { return key == "internal/lib.Public" }) {
 		got = append(got, d.pkg+"."+d.name)
 	}
-	want := []string{"cli.Run", "internal/lib.Hidden", "internal/lib.OnlyForTests", "internal/lib.Unused"}
+	want := []string{"cli.Run", "internal/lib.Hidden", "internal/lib.OnlyForTests", "internal/lib.Unused", "internal/other.Unused"}
 	if !slices.Equal(got, want) {
 		t.Errorf("uncalled exports = %v, want %v", got, want)
 	}
