@@ -18,12 +18,20 @@
 // new image during a rolling upgrade, or one node's measurement an
 // administrator accepted.
 //
+// events (tpm only, optional) lists the events expected behind Expected, in
+// the order they are extended, so that a verifier replaying the node's TCG
+// event log can name the event that differs (docs/attestation.md, "Event
+// logs"):
+//
+//	11: {expected: "…", events: [{type: EV_IPL, description: ".cmdline", digest: "…", source: "uki.efi section .cmdline"}]}
+//
 // Parsing is strict: unknown fields, non-hex values, and indices that are not
 // decimal integers are errors naming the index.
 package measurements
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -47,6 +55,32 @@ type Measurement struct {
 	WarnOnly bool
 	// AlsoAccepted are further accepted values.
 	AlsoAccepted [][]byte
+	// Events are the events expected behind Expected, in extension order;
+	// nil when the reference value comes without them.
+	Events []Event
+}
+
+// Event is one measurement event expected behind a reference value: what a
+// TCG event log entry (TCG PC Client Platform Firmware Profile §10.2) is
+// expected to hold, and where the expectation came from.
+type Event struct {
+	// Type is the TCG event type's name, e.g. "EV_IPL" or
+	// "EV_EFI_BOOT_SERVICES_APPLICATION".
+	Type string `json:"type"`
+	// Description says what was measured, e.g. ".cmdline".
+	Description string `json:"description"`
+	// Digest is the SHA-256 digest extended into the PCR (32 bytes).
+	Digest []byte `json:"digest"`
+	// Source is the provenance of Digest, e.g. "uki.efi section .cmdline".
+	Source string `json:"source,omitempty"`
+}
+
+// wireEvent is the file form of an Event.
+type wireEvent struct {
+	Type        string `json:"type"`
+	Description string `json:"description"`
+	Digest      string `json:"digest"`
+	Source      string `json:"source,omitempty"`
 }
 
 // Accepts reports whether v is Expected or one of AlsoAccepted.
@@ -64,12 +98,13 @@ type M map[uint32]Measurement
 type wireMeasurement struct {
 	Expected     *string  `json:"expected"`
 	WarnOnly     bool     `json:"warnOnly"`
-	AlsoAccepted []string `json:"alsoAccepted"`
+	AlsoAccepted []string    `json:"alsoAccepted"`
+	Events       []wireEvent `json:"events"`
 }
 
 // fieldNames are the only field names of wireMeasurement, matched exactly
 // (encoding/json alone would match them case-insensitively).
-var fieldNames = []string{"expected", "warnOnly", "alsoAccepted"}
+var fieldNames = []string{"expected", "warnOnly", "alsoAccepted", "events"}
 
 // Parse reads reference values from YAML or JSON. Every value must have
 // valueSize bytes (32 for tpm, 48 for sev-snp and tdx); 0 accepts any
@@ -97,7 +132,7 @@ func Parse(data []byte, valueSize int) (M, error) {
 		}
 		for name := range fields {
 			if !slices.Contains(fieldNames, name) {
-				return nil, fmt.Errorf("reference values: index %d: unknown field %q (known: expected, warnOnly, alsoAccepted)", index, name)
+				return nil, fmt.Errorf("reference values: index %d: unknown field %q (known: expected, warnOnly, alsoAccepted, events)", index, name)
 			}
 		}
 		var w wireMeasurement
@@ -122,18 +157,48 @@ func Parse(data []byte, valueSize int) (M, error) {
 			}
 			values = append(values, value)
 		}
-		m[uint32(index)] = Measurement{Expected: values[0], WarnOnly: w.WarnOnly, AlsoAccepted: values[1:]}
+		events, err := parseEvents(w.Events)
+		if err != nil {
+			return nil, fmt.Errorf("reference values: index %d: %w", index, err)
+		}
+		m[uint32(index)] = Measurement{Expected: values[0], WarnOnly: w.WarnOnly, AlsoAccepted: values[1:], Events: events}
 	}
 	return m, nil
 }
 
-// reencode decodes fields into v, refusing values of the wrong JSON type.
+// parseEvents decodes the events of one index: every one needs a type and
+// a 32-byte hex digest.
+func parseEvents(wire []wireEvent) ([]Event, error) {
+	if len(wire) == 0 {
+		return nil, nil
+	}
+	events := make([]Event, len(wire))
+	for i, w := range wire {
+		if w.Type == "" {
+			return nil, fmt.Errorf("events[%d] has no type (a TCG event type such as EV_IPL)", i)
+		}
+		digest, err := hex.DecodeString(w.Digest)
+		if err != nil {
+			return nil, fmt.Errorf("events[%d] (%s %q): digest is not hex: %w", i, w.Type, w.Description, err)
+		}
+		if len(digest) != sha256.Size {
+			return nil, fmt.Errorf("events[%d] (%s %q): digest has %d bytes, want %d (SHA-256)", i, w.Type, w.Description, len(digest), sha256.Size)
+		}
+		events[i] = Event{Type: w.Type, Description: w.Description, Digest: digest, Source: w.Source}
+	}
+	return events, nil
+}
+
+// reencode decodes fields into v, refusing values of the wrong JSON type
+// and unknown fields of events.
 func reencode(fields map[string]json.RawMessage, v *wireMeasurement) error {
 	data, err := json.Marshal(fields)
 	if err != nil {
 		return err
 	}
-	return json.Unmarshal(data, v)
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }
 
 // Marshal encodes m as YAML in the format Parse reads, indices in order.
@@ -147,6 +212,20 @@ func (m M) Marshal() ([]byte, error) {
 				quoted[i] = strconv.Quote(hex.EncodeToString(a))
 			}
 			fmt.Fprintf(&b, ", alsoAccepted: [%s]", strings.Join(quoted, ", "))
+		}
+		if events := m[index].Events; len(events) > 0 {
+			b.WriteString(", events: [")
+			for i, e := range events {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				fmt.Fprintf(&b, "{type: %q, description: %q, digest: %q", e.Type, e.Description, hex.EncodeToString(e.Digest))
+				if e.Source != "" {
+					fmt.Fprintf(&b, ", source: %q", e.Source)
+				}
+				b.WriteString("}")
+			}
+			b.WriteString("]")
 		}
 		b.WriteString("}\n")
 	}

@@ -39,6 +39,16 @@ func TestParse(t *testing.T) {
 			size: 32,
 			want: M{4: {Expected: bytes.Repeat([]byte{0xaa}, 32), AlsoAccepted: [][]byte{bytes.Repeat([]byte{0xbb}, 32)}}},
 		},
+		{
+			name: "expected events",
+			in:   "11: {expected: " + h32a + ", events: [{type: EV_IPL, description: .cmdline, digest: " + h32b + ", source: uki.efi}]}\n",
+			size: 32,
+			want: M{11: {Expected: bytes.Repeat([]byte{0xaa}, 32), Events: []Event{{Type: "EV_IPL", Description: ".cmdline", Digest: bytes.Repeat([]byte{0xbb}, 32), Source: "uki.efi"}}}},
+		},
+		{name: "an event without a type is refused", in: "11: {expected: " + h32a + ", events: [{description: x, digest: " + h32b + "}]}", size: 32, wantErr: "index 11: events[0] has no type"},
+		{name: "an event digest of the wrong size is refused", in: "11: {expected: " + h32a + ", events: [{type: EV_IPL, description: .linux, digest: aabb}]}", size: 32, wantErr: `index 11: events[0] (EV_IPL ".linux"): digest has 2 bytes, want 32`},
+		{name: "an event digest that is not hex is refused", in: "11: {expected: " + h32a + ", events: [{type: EV_IPL, digest: xyz}]}", size: 32, wantErr: "digest is not hex"},
+		{name: "an unknown event field is refused", in: "11: {expected: " + h32a + ", events: [{type: EV_IPL, digest: " + h32b + ", pcr: 4}]}", size: 32, wantErr: `unknown field "pcr"`},
 		{name: "a further value that is not hex is refused", in: "4: {expected: " + h32a + ", alsoAccepted: [" + h32b + ", xyz]}", size: 32, wantErr: "index 4: alsoAccepted[1] is not hex"},
 		{name: "a further value of the wrong size is refused", in: "4: {expected: " + h32a + ", alsoAccepted: [aabb]}", size: 32, wantErr: "index 4: alsoAccepted[0] has 2 bytes, want 32"},
 		{name: "unknown field is refused", in: "4: {expected: " + h32a + ", warnonly: true}", size: 32, wantErr: `unknown field "warnonly"`},
@@ -68,7 +78,7 @@ func TestParse(t *testing.T) {
 				t.Fatalf("got %d indices, want %d", len(got), len(tt.want))
 			}
 			for i, w := range tt.want {
-				if !bytes.Equal(got[i].Expected, w.Expected) || got[i].WarnOnly != w.WarnOnly || !slices.EqualFunc(got[i].AlsoAccepted, w.AlsoAccepted, bytes.Equal) {
+				if !bytes.Equal(got[i].Expected, w.Expected) || got[i].WarnOnly != w.WarnOnly || !slices.EqualFunc(got[i].AlsoAccepted, w.AlsoAccepted, bytes.Equal) || !slices.EqualFunc(got[i].Events, w.Events, equalEvent) {
 					t.Errorf("index %d: got %+v, want %+v", i, got[i], w)
 				}
 			}
@@ -78,7 +88,11 @@ func TestParse(t *testing.T) {
 
 func TestMarshalRoundTrip(t *testing.T) {
 	m := M{0: {Expected: bytes.Repeat([]byte{1}, 32)}, 23: {Expected: bytes.Repeat([]byte{2}, 32), WarnOnly: true},
-		4: {Expected: bytes.Repeat([]byte{3}, 32), AlsoAccepted: [][]byte{bytes.Repeat([]byte{4}, 32), bytes.Repeat([]byte{5}, 32)}}}
+		4: {Expected: bytes.Repeat([]byte{3}, 32), AlsoAccepted: [][]byte{bytes.Repeat([]byte{4}, 32), bytes.Repeat([]byte{5}, 32)}},
+		11: {Expected: bytes.Repeat([]byte{6}, 32), Events: []Event{
+			{Type: "EV_IPL", Description: ".linux\x00", Digest: bytes.Repeat([]byte{7}, 32), Source: `uki.efi "section" name`},
+			{Type: "EV_IPL", Description: ".linux", Digest: bytes.Repeat([]byte{8}, 32)},
+		}}}
 	data, err := m.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +102,7 @@ func TestMarshalRoundTrip(t *testing.T) {
 		t.Fatalf("parsing %s: %v", data, err)
 	}
 	for i := range m {
-		if !bytes.Equal(back[i].Expected, m[i].Expected) || back[i].WarnOnly != m[i].WarnOnly || !slices.EqualFunc(back[i].AlsoAccepted, m[i].AlsoAccepted, bytes.Equal) {
+		if !bytes.Equal(back[i].Expected, m[i].Expected) || back[i].WarnOnly != m[i].WarnOnly || !slices.EqualFunc(back[i].AlsoAccepted, m[i].AlsoAccepted, bytes.Equal) || !slices.EqualFunc(back[i].Events, m[i].Events, equalEvent) {
 			t.Errorf("index %d: got %+v, want %+v", i, back[i], m[i])
 		}
 	}
@@ -174,4 +188,8 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip changed %d indices into %d", len(m), len(back))
 		}
 	})
+}
+
+func equalEvent(a, b Event) bool {
+	return a.Type == b.Type && a.Description == b.Description && bytes.Equal(a.Digest, b.Digest) && a.Source == b.Source
 }
