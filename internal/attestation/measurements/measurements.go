@@ -96,8 +96,8 @@ type M map[uint32]Measurement
 
 // wireMeasurement is the file form of a Measurement.
 type wireMeasurement struct {
-	Expected     *string  `json:"expected"`
-	WarnOnly     bool     `json:"warnOnly"`
+	Expected     *string     `json:"expected"`
+	WarnOnly     bool        `json:"warnOnly"`
 	AlsoAccepted []string    `json:"alsoAccepted"`
 	Events       []wireEvent `json:"events"`
 }
