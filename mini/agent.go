@@ -475,6 +475,8 @@ func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 		"--node-name", spec.Name, "--advertise-address", spec.IP,
 		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--state-disk", spec.StateDisk,
 		"--state-disk-mapper-name", spec.Network.stateMapperName(spec.Name), "--state-disk-mount", "/run/gatehouse/state",
+		// The nodes share the host's kernel, which may lack device-mapper.
+		"--insecure-state-on-root-fs",
 		"--init-listen", fmt.Sprintf("%s:%d", spec.IP, initPort), "--init-secret-hash-file", spec.InitSecretHashFile,
 		"--cgroup-driver", "cgroupfs", "--cgroup-root", spec.CgroupRoot, "--allow-cgroup-v1", "--allow-swap", "--kubelet-shared-disk",
 		"--image-repository", ImageRepository, "--image-pull-policy", "Never",

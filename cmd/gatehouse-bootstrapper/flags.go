@@ -32,6 +32,9 @@ type options struct {
 	// stateDisk is the LUKS2 state disk, opened as mapperName and mounted
 	// at stateMount.
 	stateDisk, mapperName, stateMount string
+	// insecureStateOnRootFS keeps the state on the root file system where
+	// the kernel has no device-mapper (local network-namespace clusters).
+	insecureStateOnRootFS bool
 	// initListen serves InitService; initSecretHashFile holds the init
 	// secret's bcrypt hash.
 	initListen, initSecretHashFile string
@@ -67,6 +70,7 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	attesterOptions := attesterFlags(fs)
 	fs.StringVar(&o.stateDisk, "state-disk", "", "block device of the LUKS2 state disk (required)")
 	fs.StringVar(&o.mapperName, "state-disk-mapper-name", "gatehouse-state", "device-mapper name of the opened state disk")
+	fs.BoolVar(&o.insecureStateOnRootFS, "insecure-state-on-root-fs", false, "where the kernel has no device-mapper, keep the node's state unencrypted on the root file system instead of refusing to bootstrap; only for a local network-namespace cluster (gatehouse mini), whose nodes share a host kernel")
 	fs.StringVar(&o.stateMount, "state-disk-mount", "/run/gatehouse/state", "where the opened state disk is mounted; /etc/kubernetes, /var/lib/kubelet, /var/lib/etcd and /etc/gatehouse are bound onto it")
 	fs.StringVar(&o.initListen, "init-listen", ":9000", "attested TLS address of InitService")
 	fs.StringVar(&o.initSecretHashFile, "init-secret-hash-file", "/etc/gatehouse/init-secret.bcrypt", "file with the bcrypt hash of the init secret")

@@ -96,7 +96,10 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err != nil {
 		return err
 	}
-	machine := newMachine(log, o, disk)
+	machine, err := newMachine(log, o, disk, statedisk.DeviceMapperAvailable)
+	if err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	initServer, err := newInitServer(o, machine, lock, node.TPMAttester, hash, reg)
 	if err != nil {
@@ -122,9 +125,12 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 }
 
 // newMachine is the node the bootstrapper sets up: its root, state disk,
-// installer, kubeadm and kubelet. Without device-mapper the state disk is
-// not opened and the node's state stays on the root file system.
-func newMachine(log *slog.Logger, o *options, disk *statedisk.Disk) *bootstrapper.Machine {
+// installer, kubeadm and kubelet. The node's state lives on the opened
+// state disk; a kernel without device-mapper (deviceMapper says why) is
+// refused, unless --insecure-state-on-root-fs keeps the state on the root
+// file system for a local network-namespace cluster (docs/bootstrapper.md,
+// "State disk").
+func newMachine(log *slog.Logger, o *options, disk *statedisk.Disk, deviceMapper func() (bool, string)) (*bootstrapper.Machine, error) {
 	m := &bootstrapper.Machine{
 		Root:        o.root,
 		Disk:        disk,
@@ -135,12 +141,16 @@ func newMachine(log *slog.Logger, o *options, disk *statedisk.Disk) *bootstrappe
 		Log:         log,
 		KubeletLogs: bootstrapper.JournalKubeletLogs,
 	}
-	if ok, why := statedisk.DeviceMapperAvailable(); ok {
+	ok, why := deviceMapper()
+	switch {
+	case ok:
 		m.State = &statedisk.Volume{Disk: disk, MapperName: o.mapperName, MountPoint: o.stateMount, Dirs: statedisk.StateDirs}
-	} else {
-		log.Warn("The state disk will not be opened: the node's state stays on the root file system", "reason", why)
+	case o.insecureStateOnRootFS:
+		log.Warn("The state disk will not be opened (--insecure-state-on-root-fs): the node's state stays unencrypted on the root file system", "reason", why)
+	default:
+		return nil, fmt.Errorf("refusing to bootstrap: the node's state disk cannot be opened because %s, so its keys, certificates and etcd data would stay unencrypted on the root file system; boot a kernel with device-mapper and dm-crypt (the Gatehouse node image has them), or, for a local network-namespace cluster only, pass --insecure-state-on-root-fs", why)
 	}
-	return m
+	return m, nil
 }
 
 // newInitServer serves InitService for the first control plane, and
