@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -43,17 +44,17 @@ func bootTools() map[string]string {
 }
 
 // TestBootMeasuresTheUKIAndResetStartsOver boots the tiny UKI under QEMU
-// with OVMF and swtpm (slow: about a minute per boot under TCG, two boots;
+// with OVMF and swtpm (slow: up to a minute per boot under TCG, three boots;
 // it runs in `make test`, not with -short). It checks what the runner
 // promises: the marker reaches the console, the state disk carries its
 // serial, the firmware's event log replays to the PCRs and shows the UKI
 // measured (PCR 4 its Authenticode digest, PCR 11 its sections as
 // systemd-measure predicts, PCR 9 the initrd), a port forward reaches the
 // guest, the image is unchanged, a reset boots again with PCRs from zero,
-// and Stop leaves no process.
+// so does the guest's own reboot, and Stop leaves no process.
 func TestBootMeasuresTheUKIAndResetStartsOver(t *testing.T) {
 	if testing.Short() {
-		t.Skip("boots a VM twice (minutes under TCG); runs without -short")
+		t.Skip("boots a VM three times (minutes under TCG); runs without -short")
 	}
 	requireTools(t, bootTools())
 	disk := buildTestDisk(t)
@@ -64,7 +65,7 @@ func TestBootMeasuresTheUKIAndResetStartsOver(t *testing.T) {
 	dir := t.TempDir()
 	vm, err := Start(ctx, Config{
 		Image: disk.Disk, Dir: dir, StateDiskSize: 64 << 20, MemoryMiB: 512,
-		Forwards: []Forward{{Guest: testGuestPort}},
+		Forwards: []Forward{{Guest: testGuestPort}, {Guest: testRebootPort}},
 		TPMCA:    swtpm.LocalCA{Dir: t.TempDir()},
 		Log:      testLogger(t),
 	})
@@ -89,10 +90,11 @@ func TestBootMeasuresTheUKIAndResetStartsOver(t *testing.T) {
 	events := checkEventLog(t, first)
 	checkUKIMeasured(t, disk, first, events)
 	logEvents(t, events)
+	keepEventLog(t, first, disk)
 
 	ports := vm.Ports()
-	if len(ports) != 1 || ports[0].Guest != testGuestPort || ports[0].Host == 0 {
-		t.Fatalf("Ports() = %v, want guest port %d on a chosen host port", ports, testGuestPort)
+	if len(ports) != 2 || ports[0].Guest != testGuestPort || ports[0].Host == 0 || ports[1].Host == 0 {
+		t.Fatalf("Ports() = %v, want guest ports %d and %d on chosen host ports", ports, testGuestPort, testRebootPort)
 	}
 	if got := readGreeting(ctx, t, ports[0].Host); got != testGreeting {
 		t.Errorf("127.0.0.1:%d answered %q, want the guest's %q", ports[0].Host, got, testGreeting)
@@ -114,6 +116,25 @@ func TestBootMeasuresTheUKIAndResetStartsOver(t *testing.T) {
 			t.Errorf("PCR %d after the reset is %x, want %x as in the first boot", pcr, second.pcrs[pcr], first.pcrs[pcr])
 		}
 	}
+
+	// The guest rebooting itself boots again too (QEMU runs without
+	// -no-reboot), and its lines count as the next boot. The connection
+	// stays open: user-mode networking drops a connection to the guest
+	// whose host side closed before the guest accepted it.
+	conn, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1].Host)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rebootCtx, cancelReboot := context.WithTimeout(ctx, 3*time.Minute)
+	waitForBootAfter(rebootCtx, t, vm, second.boot)
+	cancelReboot()
+	_ = conn.Close()
+	third := waitBoot(ctx, t, vm)
+	t.Logf("Boot 2 after the guest rebooted: firmware handed over after %s, init marker after %s", third.handover, third.initStarted)
+	if third.boot != second.boot+1 {
+		t.Errorf("the boot after the guest's reboot is number %d, want %d", third.boot, second.boot+1)
+	}
+	checkEventLog(t, third)
 
 	if err := vm.Stop(ctx); err != nil {
 		t.Fatal(err)
@@ -181,6 +202,29 @@ func waitBoot(ctx context.Context, t *testing.T, vm *VM) bootResult {
 		t.Fatalf("boot %d printed %d PCRs and an event log of %d bytes", ready.Boot, len(r.pcrs), len(r.eventLog))
 	}
 	return r
+}
+
+// waitForBootAfter waits until the console has a line of a boot after
+// boot.
+func waitForBootAfter(ctx context.Context, t *testing.T, vm *VM, boot int) {
+	t.Helper()
+	next := 0
+	for {
+		lines, n, more := vm.Console(next)
+		next = n
+		for _, l := range lines {
+			if l.Boot > boot {
+				return
+			}
+		}
+		select {
+		case <-more:
+		case <-vm.Done():
+			t.Fatalf("the VM ended before boot %d", boot+1)
+		case <-ctx.Done():
+			t.Fatalf("no boot after boot %d: %v", boot, ctx.Err())
+		}
+	}
 }
 
 // checkEventLog replays the boot's event log against the PCRs the
@@ -276,14 +320,39 @@ func logEvents(t *testing.T, events []tcg.Event) {
 		if e.Index != 4 && e.Index != 9 && e.Index != 11 {
 			continue
 		}
-		fmt.Fprintf(&b, "\nPCR %2d %-36s %x %s", e.Index, e.Type.String(), e.Digest, describe(e.Data))
+		fmt.Fprintf(&b, "\nPCR %2d %-32s %x %s", e.Index, e.Type.String(), e.Digest, describe(e))
 	}
 	t.Logf("Events of PCRs 4, 9, 11:%s", b.String())
 }
 
-// describe renders event data for the log: text when it is ASCII or
-// UTF-16LE text, its length otherwise.
-func describe(data []byte) string {
+// describe renders an event's data for the log: a tagged event's tag and
+// text, an image load's file path, ASCII or UTF-16LE text, or its length.
+func describe(e tcg.Event) string {
+	switch e.Type {
+	case tcg.EventTag:
+		if tagged, err := tcg.ParseTaggedEventData(e.Data); err == nil {
+			return fmt.Sprintf("tag %#x %s", tagged.ID, describeText(tagged.Data))
+		}
+	case tcg.EFIBootServicesApplication:
+		if load, err := tcg.ParseEFIImageLoad(bytes.NewReader(e.Data)); err == nil {
+			var path []string
+			if elems, err := load.DevicePath(); err == nil {
+				for _, el := range elems {
+					path = append(path, fmt.Sprintf("%d/%d", el.Type, el.Subtype))
+					if el.Type == 4 && el.Subtype == 4 { // media, file path
+						path[len(path)-1] = describeText(el.Data)
+					}
+				}
+			}
+			return fmt.Sprintf("image of %d bytes, device path %s", load.Header.Length, strings.Join(path, " "))
+		}
+	}
+	return describeText(e.Data)
+}
+
+// describeText renders ASCII or UTF-16LE text quoted, other data by its
+// length.
+func describeText(data []byte) string {
 	trimmed := bytes.TrimRight(data, "\x00")
 	ascii, utf16 := len(trimmed) > 0, len(trimmed) > 0
 	var u []byte
@@ -305,6 +374,24 @@ func describe(data []byte) string {
 		return strconv.Quote(string(u)) + " (UTF-16)"
 	}
 	return fmt.Sprintf("(%d bytes of data)", len(data))
+}
+
+// keepEventLog writes the boot's raw event log and PCRs to the file
+// $GATEHOUSE_QEMU_EVENTLOG names (and .pcrs beside it), for checking a
+// PCR prediction against a real boot by hand.
+func keepEventLog(t *testing.T, r bootResult, d testDisk) {
+	t.Helper()
+	out := os.Getenv("GATEHOUSE_QEMU_EVENTLOG")
+	if out == "" {
+		return
+	}
+	var pcrs strings.Builder
+	for i := range 16 {
+		fmt.Fprintf(&pcrs, "%d: %x\n", i, r.pcrs[i])
+	}
+	writeFile(t, out, string(r.eventLog))
+	writeFile(t, out+".pcrs", pcrs.String())
+	t.Logf("Kept the event log in %s and the PCRs in %s.pcrs; the UKI and its sections are in %s", out, out, filepath.Dir(d.UKI))
 }
 
 // readGreeting connects to the forwarded port and returns the guest's

@@ -152,3 +152,45 @@ func TestCleanText(t *testing.T) {
 		}
 	}
 }
+
+// FuzzConsole feeds the console what a guest may write (the guest is not
+// trusted), in two writes with a reset between: lines never hold line
+// ends or control characters, stay bounded, and their boots never go
+// back.
+func FuzzConsole(f *testing.F) {
+	f.Add([]byte("BdsDxe: starting\r\n\x1b[2Jtext\n"), []byte("next boot\n"))
+	f.Add([]byte("unfinished"), []byte("\x1b[1;"))
+	f.Add([]byte(strings.Repeat("x", maxLineBytes+1)), []byte{})
+	f.Fuzz(func(t *testing.T, before, after []byte) {
+		path := filepath.Join(t.TempDir(), "console.log")
+		c, err := newConsole(path, time.Now(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, before, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.poll(); err != nil {
+			t.Fatal(err)
+		}
+		c.newBoot(int64(len(before)), time.Now())
+		if err := os.WriteFile(path, append(before, after...), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c.end()
+		lines, _, boot, ended, _ := c.since(0)
+		if !ended || boot != 1 {
+			t.Fatalf("ended %v, boot %d after the end and one reset", ended, boot)
+		}
+		last := 0
+		for _, l := range lines {
+			if l.Boot < last || l.Boot > 1 {
+				t.Fatalf("line %q of boot %d after boot %d", l.Text, l.Boot, last)
+			}
+			last = l.Boot
+			if len(l.Text) >= 2*maxLineBytes || strings.ContainsFunc(l.Text, func(r rune) bool { return r < 0x20 && r != '\t' || r == 0x7f }) {
+				t.Fatalf("line of %d bytes with control characters: %q", len(l.Text), l.Text)
+			}
+		}
+	})
+}

@@ -34,6 +34,8 @@ const (
 	markerLogEnd   = "GATEHOUSE-EVENTLOG-END"
 	testGuestPort  = 9000
 	testGreeting   = "gatehouse-test"
+	// A connection to testRebootPort makes the guest reboot itself.
+	testRebootPort = 9001
 )
 
 // testModules are the kernel modules the init loads (with what they
@@ -42,8 +44,9 @@ func testModules() []string { return []string{"virtio_pci", "virtio_blk", "virti
 
 // testInit is the initrd's /init: it prints the markers, the disks'
 // serial numbers, the SHA-256 PCRs and the firmware's event log (base64),
-// brings up the network QEMU's user mode expects (10.0.2.15/24), and
-// answers on testGuestPort.
+// brings up the network QEMU's user mode expects (10.0.2.15/24),
+// reboots when a connection comes to testRebootPort, and answers on
+// testGuestPort.
 // It loads the modules listed in /lib/modules/order, in that order.
 func testInit() string {
 	return `#!/bin/busybox sh
@@ -64,6 +67,7 @@ echo ` + markerLogEnd + `
 ip link set lo up
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
+nc -l -p ` + fmt.Sprint(testRebootPort) + ` -e reboot -f &
 echo ` + markerReady + `
 while true; do nc -l -p ` + fmt.Sprint(testGuestPort) + ` -e echo ` + testGreeting + `; done
 `
@@ -76,7 +80,7 @@ const (
 	stubPath      = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub"
 	// testDiskRecipe changes when the recipe below does, so that the
 	// cache does not serve a disk built by an older one.
-	testDiskRecipe = "tiny-uki-v2"
+	testDiskRecipe = "tiny-uki-v3"
 )
 
 // testDisk is the built boot: the disk and the UKI's parts.

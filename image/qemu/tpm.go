@@ -15,11 +15,12 @@ import (
 
 // startTPM runs the VM's TPM: swtpm with its state in dir/tpm,
 // manufactured with an EK certificate from ca on the first start, serving
-// QEMU's TPM emulator backend on the control socket
-// (docs/specs/tpm_emulator in QEMU's sources: QEMU passes the data
-// channel over the control channel, sends CMD_INIT when the machine starts
-// and at every reset, and the firmware sends TPM2_Startup, so PCRs start
-// from their reset values on every boot). It returns once swtpm accepts
+// QEMU's TPM emulator backend on the control socket (QEMU's
+// docs/specs/tpm.rst, "The QEMU TPM emulator device"; swtpm's
+// man page swtpm-ioctls(3)): QEMU passes the data channel over the
+// control channel and sends CMD_INIT when the machine starts and at every
+// reset, and the firmware sends TPM2_Startup, so PCRs start from their
+// reset values on every boot. It returns once swtpm accepts
 // connections.
 func startTPM(ctx context.Context, bin, dir string, ca swtpm.LocalCA, log *slog.Logger) (*process, error) {
 	stateDir := filepath.Join(dir, tpmDir)

@@ -165,6 +165,7 @@ func (v *VM) startQEMU(ctx context.Context, bin string) error {
 	v.qmp, err = dialQMP(ctx, filepath.Join(cfg.Dir, qmpSocket), p, v.onEvent)
 	if err != nil {
 		p.kill()
+		v.console.end()
 		return fmt.Errorf("%w%s", err, v.qemuLogTail())
 	}
 	v.log.Info("OVMF starting"+v.firmwareEstimate(), "pid", p.cmd.Process.Pid, "dir", cfg.Dir)
