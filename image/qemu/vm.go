@@ -236,6 +236,7 @@ func bootStages() []bootStage {
 	return []bootStage{
 		{regexp.MustCompile(`^BdsDxe: starting `), "Firmware handed over to the boot loader; kernel booting"},
 		{regexp.MustCompile(`^\[ *[0-9.]+\] Run .* as init process`), "Kernel started init"},
+		{regexp.MustCompile(`^Welcome to .*!$`), "systemd started"},
 		{regexp.MustCompile(`^\[ *[0-9.]+\] systemd\[1\]: Switching root`), "Initrd done: switching to the root file system"},
 	}
 }
