@@ -11,6 +11,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -75,9 +76,9 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if o.endpoints == nil {
 		log.Warn("No join service endpoints: this node can only be initialised (gatehouse init)")
 	}
-	hash, err := os.ReadFile(o.initSecretHashFile)
+	hash, err := readInitSecretHash(log, o.initSecretHashFile)
 	if err != nil {
-		return fmt.Errorf("reading the init secret hash: %w", err)
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -161,7 +162,7 @@ func newInitServer(o *options, machine *bootstrapper.Machine, lock *nodelock.Loc
 		return nil, err
 	}
 	return bootstrapper.NewInitServer(bootstrapper.InitServerConfig{
-		Machine: machine, Lock: lock, Identity: identity, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
+		Machine: machine, Lock: lock, Identity: identity, InitSecretHash: hash,
 		BindName:        bootstrapper.BindNodeName,
 		SecretAttempts:  o.secretAttempts,
 		Registerer:      reg,
@@ -218,4 +219,20 @@ func logEndorsement(log *slog.Logger, a *tpmattester.QuoteAttester, node attesta
 		return
 	}
 	log.Info("Evidence carries no EK certificate: verifiers must pin this attestation key (pinnedAKs)", "identity", identity)
+}
+
+// readInitSecretHash reads the bcrypt hash of the init secret from path.
+// A node provisioned without one (no file: a worker image, or a node that
+// joins) gets nil and refuses every Init; it can still join, rejoin and be
+// recovered.
+func readInitSecretHash(log *slog.Logger, path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		log.Info("No init secret hash: this node cannot be initialised, only joined, rejoined or recovered", "file", path)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the init secret hash: %w", err)
+	}
+	return []byte(strings.TrimSpace(string(data))), nil
 }
