@@ -32,6 +32,10 @@ type options struct {
 	// stateDisk is the LUKS2 state disk, opened as mapperName and mounted
 	// at stateMount.
 	stateDisk, mapperName, stateMount string
+	// roleFromCmdline takes controlPlane from /proc/cmdline, and
+	// advertiseAuto the advertise address from the default route, at start
+	// (resolveFromMachine).
+	roleFromCmdline, advertiseAuto bool
 	// insecureStateOnRootFS keeps the state on the root file system where
 	// the kernel has no device-mapper (local network-namespace clusters).
 	insecureStateOnRootFS bool
@@ -66,7 +70,7 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	var o options
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	nodeName := fs.String("node-name", strings.ToLower(hostname), "Kubernetes node name")
-	advertise := fs.String("advertise-address", "", "this node's IP address (required; not loopback)")
+	advertise := fs.String("advertise-address", "", "this node's IP address (required; not loopback), or auto: the source address of the default route (the node image)")
 	attesterOptions := attesterFlags(fs)
 	fs.StringVar(&o.stateDisk, "state-disk", "", "block device of the LUKS2 state disk (required)")
 	fs.StringVar(&o.mapperName, "state-disk-mapper-name", "gatehouse-state", "device-mapper name of the opened state disk")
@@ -78,6 +82,7 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	endpointsFile := fs.String("join-endpoints-file", "", "file listing join service host:port endpoints, one per line")
 	fs.StringVar(&o.caHash, "cluster-ca-hash", "", "discovery token CA cert hash (sha256:<hex>) of the cluster to join")
 	fs.BoolVar(&o.controlPlane, "control-plane", false, "join as a control plane")
+	fs.BoolVar(&o.roleFromCmdline, "role-from-kernel-cmdline", false, "take the role from the measured kernel command line's gatehouse.role=controlPlane|worker (the node image) instead of --control-plane")
 	fs.DurationVar(&o.joinBackoff.Initial, "join-backoff", bootstrapper.DefaultBackoff.Initial, "first wait between rounds of calls to the join service's endpoints; doubles each round (with jitter)")
 	fs.DurationVar(&o.joinBackoff.Max, "join-backoff-max", bootstrapper.DefaultBackoff.Max, "longest wait between rounds of calls to the join service's endpoints")
 	fs.StringVar(&o.root, "root", "/", "file system root to install into")
@@ -132,6 +137,10 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	if *advertise == "" || o.stateDisk == "" {
 		return nil, errors.New("--advertise-address and --state-disk are required")
 	}
+	if o.roleFromCmdline && o.controlPlane {
+		return nil, errors.New("--control-plane and --role-from-kernel-cmdline: give one; the node image takes its role from its measured kernel command line")
+	}
+	o.advertiseAuto = *advertise == advertiseAuto
 	if o.joinBackoff.Initial <= 0 || o.joinBackoff.Max < o.joinBackoff.Initial {
 		return nil, fmt.Errorf("--join-backoff %s and --join-backoff-max %s: want 0 < backoff ≤ max", o.joinBackoff.Initial, o.joinBackoff.Max)
 	}

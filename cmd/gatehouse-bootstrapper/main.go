@@ -73,6 +73,10 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
+	facts := machineFacts{cmdline: func() ([]byte, error) { return os.ReadFile("/proc/cmdline") }, defaultRoute: defaultRouteAddress}
+	if err := resolveFromMachine(o, facts); err != nil {
+		return err
+	}
 	if o.endpoints == nil {
 		log.Warn("No join service endpoints: this node can only be initialised (gatehouse init)")
 	}
