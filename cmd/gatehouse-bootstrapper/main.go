@@ -149,7 +149,7 @@ func newMachine(log *slog.Logger, o *options, disk *statedisk.Disk, deviceMapper
 	ok, why := deviceMapper()
 	switch {
 	case ok:
-		m.State = &statedisk.Volume{Disk: disk, MapperName: o.mapperName, MountPoint: o.stateMount, Dirs: statedisk.StateDirs}
+		m.State = &statedisk.Volume{Disk: disk, MapperName: o.mapperName, MountPoint: o.stateMount, Dirs: statedisk.StateDirs, Log: log}
 	case o.insecureStateOnRootFS:
 		log.Warn("The state disk will not be opened (--insecure-state-on-root-fs): the node's state stays unencrypted on the root file system", "reason", why)
 	default:
