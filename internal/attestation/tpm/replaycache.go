@@ -46,8 +46,8 @@ func newReplayCache() *replayCache {
 
 // replay returns replayTCGEventLog(log, pcrs), from memory when it holds
 // the replay of the same log to the same values of the PCRs order lists
-// (the quoted selection, sorted). The events returned are a fresh slice
-// whose elements share their digests with the cache: read only.
+// (the quoted selection, sorted). The events returned are shared with
+// the cache and every result it served them to: read only.
 func (c *replayCache) replay(log []byte, pcrs map[uint32][]byte, order []int) ([]attestation.BootEvent, error) {
 	values := make([]byte, 0, 32*len(order))
 	for _, index := range order {
@@ -64,9 +64,8 @@ func (c *replayCache) replay(log []byte, pcrs map[uint32][]byte, order []int) ([
 		entry := elem.Value.(*replayEntry)
 		if bytes.Equal(entry.log, log) && bytes.Equal(entry.pcrs, values) {
 			c.recency.MoveToFront(elem)
-			events := slices.Clone(entry.events)
 			c.mu.Unlock()
-			return events, nil
+			return entry.events, nil
 		}
 	}
 	c.mu.Unlock()
@@ -75,7 +74,10 @@ func (c *replayCache) replay(log []byte, pcrs map[uint32][]byte, order []int) ([
 	if err != nil || len(log) > replayCacheBytes/4 {
 		return events, err
 	}
-	entry := &replayEntry{hash: hash, log: slices.Clone(log), pcrs: values, events: slices.Clone(events)}
+	// Clipped, so that appending to a result's events never writes into
+	// another's.
+	events = slices.Clip(events)
+	entry := &replayEntry{hash: hash, log: slices.Clone(log), pcrs: values, events: events}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.byHash[hash]; ok {

@@ -144,24 +144,20 @@ func describeEvent(typ tcg.EventType, data []byte) string {
 	return text(data)
 }
 
-// variableName returns the name of a UEFI_VARIABLE_DATA (§10.4.3), e.g.
-// "SecureBoot" or "Boot0001", checking the sizes it declares before
-// go-eventlog allocates them.
+// variableName returns the name of a UEFI_VARIABLE_DATA (§10.4.3: the
+// variable's GUID, UINT64 UnicodeNameLength in characters, UINT64
+// VariableDataLength, then the UTF-16 name and the data), e.g.
+// "SecureBoot" or "Boot0001"; "" when the sizes do not fit the data.
 func variableName(data []byte) string {
-	const header = 32 // VariableName GUID, UnicodeNameLength, VariableDataLength
+	const header = 32
 	if len(data) < header {
 		return ""
 	}
 	nameLen := binary.LittleEndian.Uint64(data[16:])
-	dataLen := binary.LittleEndian.Uint64(data[24:])
-	if nameLen > uint64(len(data)) || dataLen > uint64(len(data)) || header+2*nameLen+dataLen > uint64(len(data)) {
+	if nameLen > uint64(len(data)-header)/2 {
 		return ""
 	}
-	v, err := tcg.ParseUEFIVariableData(bytes.NewReader(data))
-	if err != nil {
-		return ""
-	}
-	return text16(v.UnicodeName)
+	return text16(data[header : header+2*nameLen])
 }
 
 // imagePath returns the file path nodes of an UEFI_IMAGE_LOAD_EVENT's
@@ -183,13 +179,9 @@ func imagePath(data []byte) string {
 		if e.Type != tcg.MediaDevice || e.Subtype != filePath || len(e.Data)%2 != 0 {
 			continue
 		}
-		units := make([]uint16, len(e.Data)/2)
-		for i := range units {
-			units[i] = binary.LittleEndian.Uint16(e.Data[2*i:])
-		}
-		path.WriteString(text16(units))
+		path.WriteString(text16(e.Data))
 	}
-	return printable(path.String())
+	return text([]byte(path.String()))
 }
 
 // text decodes event data holding a string: UTF-16LE (what EFI
@@ -197,47 +189,62 @@ func imagePath(data []byte) string {
 // terminating NULs. "" when the data is not mostly text.
 func text(data []byte) string {
 	if len(data) >= 2 && len(data)%2 == 0 && data[1] == 0 && data[0] != 0 {
-		units := make([]uint16, len(data)/2)
-		for i := range units {
-			units[i] = binary.LittleEndian.Uint16(data[2*i:])
-		}
-		return text16(units)
+		return text16(data)
 	}
-	data = bytes.TrimRight(data, "\x00")
-	if !utf8.Valid(data) {
-		return ""
-	}
-	return printable(string(data))
-}
-
-// text16 decodes UTF-16 without its terminating NULs.
-func text16(units []uint16) string {
-	for len(units) > 0 && units[len(units)-1] == 0 {
-		units = units[:len(units)-1]
-	}
-	return printable(string(utf16.Decode(units)))
-}
-
-// printable returns s when at least three quarters of it are printable,
-// with the rest replaced by U+FFFD and cut to maxDescription characters;
-// "" otherwise (binary data).
-func printable(s string) string {
+	// Past 4 bytes a character, the rest is cut anyway.
+	data = bytes.TrimRight(data[:min(len(data), 4*maxDescription)], "\x00")
 	var b strings.Builder
+	b.Grow(len(data))
 	n, bad := 0, 0
-	for _, r := range s {
-		if n == maxDescription {
-			b.WriteString("…")
-			break
-		}
-		if !unicode.IsPrint(r) {
-			r = unicode.ReplacementChar
-			bad++
-		}
-		b.WriteRune(r)
+	for len(data) > 0 && n < maxDescription {
+		r, size := utf8.DecodeRune(data)
+		data = data[size:]
+		bad += add(&b, r)
 		n++
 	}
+	return described(&b, n, bad, len(data) > 0)
+}
+
+// text16 decodes UTF-16LE data without its terminating NULs.
+func text16(data []byte) string {
+	for len(data) >= 2 && data[len(data)-2] == 0 && data[len(data)-1] == 0 {
+		data = data[:len(data)-2]
+	}
+	var b strings.Builder
+	b.Grow(min(len(data)/2, maxDescription))
+	n, bad := 0, 0
+	for len(data) >= 2 && n < maxDescription {
+		r := rune(binary.LittleEndian.Uint16(data))
+		data = data[2:]
+		if utf16.IsSurrogate(r) && len(data) >= 2 {
+			r = utf16.DecodeRune(r, rune(binary.LittleEndian.Uint16(data)))
+			data = data[2:]
+		}
+		bad += add(&b, r)
+		n++
+	}
+	return described(&b, n, bad, len(data) > 0)
+}
+
+// add writes r to b, U+FFFD for what is not printable, and returns 1 for
+// that, 0 otherwise.
+func add(b *strings.Builder, r rune) int {
+	if !unicode.IsPrint(r) {
+		b.WriteRune(unicode.ReplacementChar)
+		return 1
+	}
+	b.WriteRune(r)
+	return 0
+}
+
+// described returns the n characters in b, "…" added when more were cut,
+// or "" when more than a quarter of them were not printable (binary data).
+func described(b *strings.Builder, n, bad int, cut bool) string {
 	if 4*bad > n {
 		return ""
+	}
+	if cut {
+		b.WriteString("…")
 	}
 	return b.String()
 }

@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"io"
 	"os"
@@ -24,10 +26,12 @@ import (
 	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/google/go-tpm/tpmutil"
+	"sigs.k8s.io/yaml"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 )
@@ -534,5 +538,67 @@ func TestRealLogRefusalNamesGRUBsCommandLine(t *testing.T) {
 	want := "PCR 8: event " + strconv.Itoa(int(number)) + ` EV_IPL "kernel_cmdline: /vmlinuz-6.8.0-1010-gcp root=PARTUUID=`
 	if !errors.Is(err, attestation.ErrMeasurement) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "(the image's grub.cfg)") {
 		t.Fatalf("Verify error = %v\nwant one naming %s", err, want)
+	}
+}
+
+// TestRoleRefusalNamesTheEvent: a policy whose roles differ in the
+// kernel command line refuses a node booted with the other role's,
+// naming the .cmdline event, and requires the log by default since its
+// reference values list events.
+func TestRoleRefusalNamesTheEvent(t *testing.T) {
+	controlPlane := ukiBoot("root=PARTUUID=1 gatehouse.role=controlPlane")
+	worker := ukiBoot("root=PARTUUID=1 gatehouse.role=worker")
+	node := bootWithLog(t, synthesize(t, []tpm2.Algorithm{tpm2.AlgSHA256}, controlPlane), []int{4, 9, 11, 15})
+	spki, err := x509.MarshalPKIXPublicKey(node.attester.AttestationKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := func(boot []event) policy.RolePolicy {
+		m := measurements.M{11: {Expected: replayed(boot, 11), Events: expectedEvents(boot, 11)}}
+		y, err := m.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := yaml.YAMLToJSON(y)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return policy.RolePolicy{ReferenceValues: j}
+	}
+	p := policy.Policy{
+		Variant: "tpm", PCRs: []int{4, 9, 11, 15},
+		PinnedAKs: []string{string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki}))},
+		Roles:     map[policy.Role]policy.RolePolicy{policy.RoleControlPlane: role(controlPlane), policy.RoleWorker: role(worker)},
+	}
+	appraisal, err := p.Appraisal(time.Now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(appraisal.Summary, "requireEventLog=true") {
+		t.Errorf("summary %q: reference values listing events require the log", appraisal.Summary)
+	}
+	asWorker, err := appraisal.ForRole(policy.RoleWorker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := newNonce(t)
+	evidence := node.attest(t, nonce)
+	_, err = asWorker.Verify(context.Background(), evidence, nonce)
+	want := `role worker: measurements differ from the reference values: index 11: expected ` + hex.EncodeToString(replayed(worker, 11)) +
+		", got " + hex.EncodeToString(replayed(controlPlane, 11)) + `; the TCG event log shows: PCR 11: event 9 EV_IPL ".cmdline": digest ` +
+		hex.EncodeToString(controlPlane[8].digest[:8]) + "… expected " + hex.EncodeToString(worker[8].digest[:8]) + "… (uki.efi section .cmdline)"
+	if !errors.Is(err, attestation.ErrMeasurement) || !strings.HasSuffix(err.Error(), want) {
+		t.Fatalf("Verify as a worker: %v\nwant the refusal ending %s", err, want)
+	}
+	result, err := appraisal.Verify(context.Background(), evidence, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if roles := appraisal.Roles(result.Measurements); !slices.Equal(roles, []policy.Role{policy.RoleControlPlane}) {
+		t.Fatalf("roles %v, want controlPlane", roles)
+	}
+	bare := mutate(t, evidence, func(ev *attestationv1.TPMEvidence) { ev.TcgEventLog = nil })
+	if _, err := appraisal.Verify(context.Background(), bare, nonce); !errors.Is(err, attestation.ErrPolicy) || !strings.Contains(err.Error(), "requireEventLog") {
+		t.Fatalf("evidence without its log: %v, want the policy's requirement", err)
 	}
 }
