@@ -114,12 +114,16 @@ func short(digest []byte) string {
 	return hex.EncodeToString(digest[:8]) + "…"
 }
 
+// ExplanationMarker starts the part of a refusal's message that
+// ExplanationSuffix adds.
+const ExplanationMarker = "; the TCG event log shows: "
+
 // ExplanationSuffix formats ExplainMismatches' sentences as the end of a
-// refusal's message: "; the TCG event log shows: " and the sentences
-// joined by "; ", or "" when there are none.
+// refusal's message: ExplanationMarker and the sentences joined by "; ",
+// or "" when there are none.
 func ExplanationSuffix(explanations []string) string {
 	if len(explanations) == 0 {
 		return ""
 	}
-	return "; the TCG event log shows: " + strings.Join(explanations, "; ")
+	return ExplanationMarker + strings.Join(explanations, "; ")
 }
