@@ -114,7 +114,7 @@ func Verify(ctx context.Context, data []byte, pub crypto.PublicKey) (Values, err
 	}
 	_, payload, err := verifier.VerifyAndDecode(ctx, env)
 	if err != nil {
-		return Values{}, fmt.Errorf("%w (key %s): the payload or its type was changed after signing (%v); take the file from the build again",
+		return Values{}, fmt.Errorf("%w (key %s): the payload or its type was changed after signing (%w); take the file from the build again",
 			errBadSignature, keyID, err)
 	}
 	v, err := parsePayloadJSON(payload)
