@@ -42,7 +42,16 @@ type chainEvent struct {
 	DigestOf string `json:"digestOf"`
 	Text     string `json:"text,omitempty"`
 	Measured bool   `json:"measured"`
-	Why      string `json:"why"`
+	// SecureBoot, when "on" or "off", limits the event to platforms with
+	// Secure Boot in that state (a platform profile's secureBoot).
+	SecureBoot string `json:"secureBoot,omitempty"`
+	Why        string `json:"why"`
+}
+
+// appliesTo reports whether e happens on a platform whose Secure Boot is
+// on (secureBoot) or off.
+func (e chainEvent) appliesTo(secureBoot bool) bool {
+	return e.SecureBoot == "" || (e.SecureBoot == "on") == secureBoot
 }
 
 // untouched is a PCR the boot chain leaves at zero.
@@ -64,6 +73,9 @@ func loadBootChain() (bootChain, error) {
 		return bootChain{}, fmt.Errorf("bootchain.yaml: %w", err)
 	}
 	for i, e := range c.Events {
+		if e.SecureBoot != "" && e.SecureBoot != "on" && e.SecureBoot != "off" {
+			return bootChain{}, fmt.Errorf("bootchain.yaml: events[%d]: secureBoot %q: want on, off or nothing", i, e.SecureBoot)
+		}
 		switch e.DigestOf {
 		case "initrd", "load-options", "linux-authenticode":
 		case "text":
@@ -89,7 +101,11 @@ func (e chainEvent) digest(u *uki) ([]byte, string, error) {
 		sum := sha256.Sum256(initrd)
 		return sum[:], fmt.Sprintf("%s section .initrd (sha256 of %d bytes), measured by the Linux EFI stub", u.name, len(initrd)), nil
 	case "load-options":
-		options, err := loadOptions(u.sections[".cmdline"])
+		cmdline, ok := u.sections[".cmdline"]
+		if !ok {
+			return nil, "", fmt.Errorf("%s has no .cmdline section: the kernel's command line would come from the boot option, which is not predicted; build the UKI with one", u.name)
+		}
+		options, err := loadOptions(cmdline)
 		if err != nil {
 			return nil, "", fmt.Errorf("%s section .cmdline: %w", u.name, err)
 		}

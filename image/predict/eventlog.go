@@ -61,6 +61,9 @@ func PlatformFromEventLog(log []byte, name, description, source string, pcrs []u
 	applicationSeen := false
 	for i, e := range el.Events(register.HashSHA256) {
 		index := uint32(e.Index)
+		if on, ok := secureBootState(e); ok {
+			p.secureBoot = on
+		}
 		if !slices.Contains(pcrs, index) && (index != 4 || applicationSeen) {
 			continue
 		}
@@ -88,6 +91,20 @@ func PlatformFromEventLog(log []byte, name, description, source string, pcrs []u
 		p.pcrs[index] = measurements.Measurement{Expected: replay(events), Events: events}
 	}
 	return p, nil
+}
+
+// secureBootState reads the SecureBoot variable's value from its PCR 7
+// measurement (TCG PC Client PFP §3.3.4.8: EV_EFI_VARIABLE_DRIVER_CONFIG
+// of SecureBoot, one byte, 1 when enabled).
+func secureBootState(e tcg.Event) (on, ok bool) {
+	if e.Index != 7 || e.Type != tcg.EFIVariableDriverConfig {
+		return false, false
+	}
+	v, err := tcg.ParseUEFIVariableData(bytes.NewReader(e.Data))
+	if err != nil || v.VarName() != "SecureBoot" {
+		return false, false
+	}
+	return len(v.VariableData) > 0 && v.VariableData[0] == 1, true
 }
 
 // explain turns a log event into an expected event; EV_NO_ACTION events are

@@ -40,6 +40,7 @@ const maxPlatformFile = 1 << 20
 //	name: qemu-ovmf                      # lower-case letters, digits, '-'
 //	description: QEMU q35 with Debian 12's OVMF 2022.11, Secure Boot off
 //	source: "measured: event log sha256:… of a boot on 2026-07-01 (QEMU 7.2, ovmf 2022.11-6+deb12u2)"
+//	secureBoot: false                    # the firmware's Secure Boot state
 //	pcr4:
 //	  before: [{type: EV_EFI_ACTION, description: "Calling EFI Application from Boot Option", digest: <hex>, source: "…"}, …]
 //	  after: []
@@ -54,6 +55,7 @@ const maxPlatformFile = 1 << 20
 // measure-platform` writes a profile from a real boot's TCG event log.
 type Platform struct {
 	name, description, source string
+	secureBoot                bool
 	pcr4Before, pcr4After     []measurements.Event
 	pcrs                      measurements.M
 }
@@ -63,6 +65,7 @@ type wirePlatform struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description"`
 	Source      string          `json:"source"`
+	SecureBoot  bool            `json:"secureBoot"`
 	PCR4        wirePCR4        `json:"pcr4"`
 	PCRs        json.RawMessage `json:"pcrs"`
 }
@@ -147,7 +150,7 @@ func parsePlatform(data []byte) (Platform, error) {
 	if err := checkPlatformName(w.Name); err != nil {
 		return Platform{}, err
 	}
-	p := Platform{name: w.Name, description: w.Description, source: w.Source, pcrs: measurements.M{}}
+	p := Platform{name: w.Name, description: w.Description, source: w.Source, secureBoot: w.SecureBoot, pcrs: measurements.M{}}
 	if p.pcr4Before, err = parseEvents("pcr4.before", w.PCR4.Before); err != nil {
 		return Platform{}, err
 	}
@@ -199,7 +202,7 @@ func parseEvents(field string, wire []wireEvent) ([]measurements.Event, error) {
 func (p Platform) Marshal() ([]byte, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Platform profile %s (format: image/predict/platform.go; docs/image.md).\n", p.name)
-	fmt.Fprintf(&b, "name: %s\ndescription: %s\nsource: %s\npcr4:\n", p.name, strconv.Quote(p.description), strconv.Quote(p.source))
+	fmt.Fprintf(&b, "name: %s\ndescription: %s\nsource: %s\nsecureBoot: %t\npcr4:\n", p.name, strconv.Quote(p.description), strconv.Quote(p.source), p.secureBoot)
 	for _, part := range []struct {
 		name   string
 		events []measurements.Event

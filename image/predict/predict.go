@@ -7,9 +7,10 @@
 //
 //	PCR 4   the platform's events before the UKI (platform profile, pcr4.before),
 //	        EV_EFI_BOOT_SERVICES_APPLICATION with the UKI's Authenticode SHA-256
-//	        (TCG PC Client PFP §10.4.4), the boot chain's PCR 4 events, pcr4.after
-//	PCR 9   what the Linux EFI stub measures: the initrd (EV_EVENT_TAG "Linux
-//	        initrd"), and its load options if the boot chain table says so
+//	        (TCG PC Client PFP §10.4.4), the boot chain's PCR 4 events (the
+//	        kernel systemd-stub loads, when Secure Boot is off), pcr4.after
+//	PCR 9   what the Linux EFI stub measures (EV_EVENT_TAG): its load options,
+//	        the command line systemd-stub hands over, then the initrd
 //	PCR 11  systemd-stub 252's UKI sections: per section of .linux, .osrel,
 //	        .cmdline, .initrd, .splash, .dtb, .pcrpkey present, EV_IPL of the
 //	        name with its NUL, then EV_IPL of its VirtualSize bytes
@@ -80,6 +81,9 @@ func predict(name string, data []byte, platform Platform) (prediction, error) {
 	}
 	var assumed []string
 	for _, e := range chain.Events {
+		if !e.appliesTo(platform.secureBoot) {
+			continue
+		}
 		if !e.Measured {
 			assumed = append(assumed, fmt.Sprintf("PCR %d %s %q", e.PCR, e.Type, e.Description))
 			continue

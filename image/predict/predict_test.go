@@ -16,10 +16,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 )
 
-// kernel stands in for a kernel image: systemd-measure and systemd-stub's
-// PCR 11 measurement take any bytes.
-var kernel = bytes.Repeat([]byte("not a kernel, 4097 bytes "), 164)[:4097]
-
 func sum(data []byte) []byte {
 	s := sha256.Sum256(data)
 	return s[:]
@@ -64,6 +60,7 @@ func qemuOVMF(t *testing.T) Platform {
 }
 
 func TestPCR11MatchesSystemdMeasure(t *testing.T) {
+	kernel := predicttest.Kernel(t)
 	tests := []struct {
 		name     string
 		sections []predicttest.Section
@@ -91,18 +88,19 @@ func TestPCR11MatchesSystemdMeasure(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := predict("uki.efi", data, qemuOVMF(t))
+			u, err := parseUKI("uki.efi", data)
 			if err != nil {
 				t.Fatal(err)
 			}
+			events := u.pcr11Events()
 			want := systemdMeasure(t, files)
-			if got := p.Values[11].Expected; !bytes.Equal(got, want) {
+			if got := replay(events); !bytes.Equal(got, want) {
 				t.Errorf("PCR 11 %x, systemd-measure says %x", got, want)
 			}
-			if n := len(p.Values[11].Events); n != 2*len(tt.sections) {
+			if n := len(events); n != 2*len(tt.sections) {
 				t.Errorf("PCR 11 has %d events, want a name and a content event per section (%d)", n, 2*len(tt.sections))
 			}
-			for i, e := range p.Values[11].Events {
+			for i, e := range events {
 				if e.Type != "EV_IPL" || !strings.HasPrefix(e.Description, ".") || e.Source == "" {
 					t.Errorf("PCR 11 event %d: %+v", i, e)
 				}
@@ -134,6 +132,7 @@ func osslsigncodeDigest(t *testing.T, path string) []byte {
 }
 
 func TestAuthenticodeMatchesOsslsigncode(t *testing.T) {
+	kernel := predicttest.Kernel(t)
 	dir := t.TempDir()
 	path, _ := predicttest.BuildUKI(t, dir, "uki.efi", []predicttest.Section{
 		{Name: ".cmdline", Content: []byte("console=ttyS0")}, {Name: ".linux", Content: kernel}, {Name: ".initrd", Content: []byte("initrd")},
@@ -199,6 +198,7 @@ func TestAuthenticodeMatchesOsslsigncode(t *testing.T) {
 }
 
 func TestPredictPCR4AndPCR9(t *testing.T) {
+	kernel := predicttest.Kernel(t)
 	initrd := bytes.Repeat([]byte("initrd "), 1000)
 	path, _ := predicttest.BuildUKI(t, t.TempDir(), "uki-worker.efi", []predicttest.Section{
 		{Name: ".cmdline", Content: []byte("gatehouse.role=worker")}, {Name: ".linux", Content: kernel}, {Name: ".initrd", Content: initrd},
@@ -215,16 +215,26 @@ func TestPredictPCR4AndPCR9(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	action, separator := sum([]byte("Calling EFI Application from Boot Option")), sum([]byte{0, 0, 0, 0})
-	wantPCR4 := replay([]measurements.Event{{Type: "EV_EFI_ACTION", Digest: action}, {Type: "EV_SEPARATOR", Digest: separator}, {Type: "EV_EFI_BOOT_SERVICES_APPLICATION", Digest: digest}})
-	if got := p.Values[4]; !bytes.Equal(got.Expected, wantPCR4) || len(got.Events) != 3 || got.Events[2].Type != "EV_EFI_BOOT_SERVICES_APPLICATION" ||
-		!strings.Contains(got.Events[2].Source, "uki-worker.efi Authenticode") || !strings.Contains(got.Events[1].Source, "platform qemu-ovmf: EV_SEPARATOR") {
-		t.Errorf("PCR 4 %x %+v, want %x from the action, the separator and the UKI", got.Expected, got.Events, wantPCR4)
+	kernelDigest, err := authenticode(kernel)
+	if err != nil {
+		t.Fatal(err)
 	}
-	initrdEvent := measurements.Event{Type: "EV_EVENT_TAG", Digest: sum(initrd)}
-	if got := p.Values[9]; !bytes.Equal(got.Expected, replay([]measurements.Event{initrdEvent})) || len(got.Events) != 1 ||
-		got.Events[0].Description != "Linux initrd" || !strings.Contains(got.Events[0].Source, "section .initrd (sha256 of 7000 bytes)") {
-		t.Errorf("PCR 9 %x %+v, want the initrd's digest extended once", got.Expected, got.Events)
+	action, separator := sum([]byte("Calling EFI Application from Boot Option")), sum([]byte{0, 0, 0, 0})
+	wantPCR4 := replay([]measurements.Event{{Type: "EV_EFI_ACTION", Digest: action}, {Type: "EV_SEPARATOR", Digest: separator},
+		{Type: "EV_EFI_BOOT_SERVICES_APPLICATION", Digest: digest}, {Type: "EV_EFI_BOOT_SERVICES_APPLICATION", Digest: kernelDigest}})
+	if got := p.Values[4]; !bytes.Equal(got.Expected, wantPCR4) || len(got.Events) != 4 || got.Events[2].Type != "EV_EFI_BOOT_SERVICES_APPLICATION" ||
+		!strings.Contains(got.Events[2].Source, "uki-worker.efi Authenticode") || !strings.Contains(got.Events[1].Source, "platform qemu-ovmf: EV_SEPARATOR") ||
+		!strings.Contains(got.Events[3].Source, "section .linux Authenticode") {
+		t.Errorf("PCR 4 %x %+v, want %x from the action, the separator, the UKI and the kernel", got.Expected, got.Events, wantPCR4)
+	}
+	options := make([]byte, 0, 2*22)
+	for _, c := range "gatehouse.role=worker\x00" {
+		options = append(options, byte(c), 0)
+	}
+	wantPCR9 := replay([]measurements.Event{{Type: "EV_EVENT_TAG", Digest: sum(options)}, {Type: "EV_EVENT_TAG", Digest: sum(initrd)}})
+	if got := p.Values[9]; !bytes.Equal(got.Expected, wantPCR9) || len(got.Events) != 2 || got.Events[0].Description != "LOADED_IMAGE::LoadOptions" ||
+		got.Events[1].Description != "Linux initrd" || !strings.Contains(got.Events[1].Source, "section .initrd (sha256 of 7000 bytes)") {
+		t.Errorf("PCR 9 %x %+v, want %x: the command line as load options, then the initrd", got.Expected, got.Events, wantPCR9)
 	}
 	for _, index := range []uint32{12, 13} {
 		if got := p.Values[index]; !bytes.Equal(got.Expected, make([]byte, 32)) || len(got.Events) != 0 {
@@ -242,7 +252,8 @@ func TestPredictPCR4AndPCR9(t *testing.T) {
 }
 
 func TestPredictWithoutInitrd(t *testing.T) {
-	path, _ := predicttest.BuildUKI(t, t.TempDir(), "uki.efi", []predicttest.Section{{Name: ".linux", Content: kernel}})
+	kernel := predicttest.Kernel(t)
+	path, _ := predicttest.BuildUKI(t, t.TempDir(), "uki.efi", []predicttest.Section{{Name: ".cmdline", Content: []byte("quiet")}, {Name: ".linux", Content: kernel}})
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -251,8 +262,8 @@ func TestPredictWithoutInitrd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := p.Values[9]; !bytes.Equal(got.Expected, make([]byte, 32)) || len(got.Events) != 0 {
-		t.Errorf("PCR 9 %x %+v: without an initrd the kernel measures none", got.Expected, got.Events)
+	if got := p.Values[9]; len(got.Events) != 1 || got.Events[0].Description != "LOADED_IMAGE::LoadOptions" {
+		t.Errorf("PCR 9 %x %+v: without an initrd the kernel measures only its load options", got.Expected, got.Events)
 	}
 }
 
@@ -277,6 +288,7 @@ func setSectionField(t *testing.T, data []byte, name string, offset int, value u
 }
 
 func TestPredictRefuses(t *testing.T) {
+	kernel := predicttest.Kernel(t)
 	dir := t.TempDir()
 	uki := func(name string, sections ...predicttest.Section) []byte {
 		path, _ := predicttest.BuildUKI(t, dir, name, sections)
@@ -287,14 +299,15 @@ func TestPredictRefuses(t *testing.T) {
 		return data
 	}
 	linux := predicttest.Section{Name: ".linux", Content: kernel}
-	good := uki("good.efi", linux, predicttest.Section{Name: ".initrd", Content: []byte("initrd")})
+	noCmdline := uki("no-cmdline.efi", linux, predicttest.Section{Name: ".initrd", Content: []byte("initrd")})
+	cmdline := predicttest.Section{Name: ".cmdline", Content: []byte("quiet")}
 	otherStub := filepath.Join(dir, "magic")
 	if err := os.WriteFile(otherStub, []byte("#### LoaderInfo: systemd-stub 257.1 ####\x00"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	newerStub := filepath.Join(dir, "newer.efi")
 	if out, err := exec.CommandContext(t.Context(), predicttest.RequireTool(t, "objcopy", "binutils"), "--update-section", ".sdmagic="+otherStub,
-		filepath.Join(dir, "good.efi"), newerStub).CombinedOutput(); err != nil {
+		filepath.Join(dir, "no-cmdline.efi"), newerStub).CombinedOutput(); err != nil {
 		t.Fatalf("objcopy: %v\n%s", err, out)
 	}
 	newer, err := os.ReadFile(newerStub)
@@ -308,10 +321,11 @@ func TestPredictRefuses(t *testing.T) {
 	}{
 		{"not a PE file", []byte("MZ but nothing else"), "is not a PE file"},
 		{"the stub alone", mustRead(t, predicttest.Stub), "has no .linux section"},
-		{"a section systemd-stub takes for .linux", uki("prefix.efi", linux, predicttest.Section{Name: ".linux2", Content: []byte("x")}), "sections systemd-stub takes for .linux"},
-		{"a .pcrpkey section", uki("pcrpkey.efi", linux, predicttest.Section{Name: ".initrd", Content: []byte("i")}, predicttest.Section{Name: ".pcrpkey", Content: []byte("k")}), "appends to the initrd"},
+		{"a section systemd-stub takes for .linux", uki("prefix.efi", cmdline, linux, predicttest.Section{Name: ".linux2", Content: []byte("x")}), "sections systemd-stub takes for .linux"},
+		{"a .pcrpkey section", uki("pcrpkey.efi", cmdline, linux, predicttest.Section{Name: ".initrd", Content: []byte("i")}, predicttest.Section{Name: ".pcrpkey", Content: []byte("k")}), "appends to the initrd"},
 		{"a stub other than 252", newer, `not systemd-stub 252`},
-		{"a gap before a section", setSectionField(t, good, ".sbat", 20, binary.LittleEndian.Uint32(sectionHeader(t, good, ".sbat")[20:])+0x200), "not well defined"},
+		{"no .cmdline section", noCmdline, "has no .cmdline section"},
+		{"a gap before a section", setSectionField(t, noCmdline, ".sbat", 20, binary.LittleEndian.Uint32(sectionHeader(t, noCmdline, ".sbat")[20:])+0x200), "not well defined"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

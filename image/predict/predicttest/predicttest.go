@@ -30,6 +30,19 @@ type Section struct {
 	Content []byte
 }
 
+// Kernel returns a PE image to stand in for a kernel in a UKI's .linux
+// section: systemd-stub itself. Prediction takes the kernel's Authenticode
+// hash (the firmware measures the kernel systemd-stub loads); systemd-stub's
+// PCR 11 measurement and systemd-measure take any bytes.
+func Kernel(t testing.TB) []byte {
+	t.Helper()
+	data, err := os.ReadFile(RequireTool(t, Stub, "systemd-boot-efi"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
 // RequireTool returns the path of a host tool (a name looked up in PATH,
 // or an absolute path). Without it the test fails under CI (CI set), naming
 // the Debian package to install, and is skipped elsewhere.
