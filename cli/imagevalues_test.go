@@ -164,6 +164,27 @@ func TestConfigGenerateRefusesSignedValues(t *testing.T) {
 	run(t, "image", "keygen", "--private-key", attackerPriv, "--public-key", attackerPub)
 	resigned := filepath.Join(b.dir, "resigned.json")
 	run(t, "image", "sign-values", "--key", attackerPriv, "--in", b.unsigned, "--out", resigned)
+	// Values signed by the trusted key whose roles do not differ: the
+	// control plane's UKI given for both roles.
+	var same map[string]any
+	unsigned, err := os.ReadFile(b.unsigned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(unsigned, &same); err != nil {
+		t.Fatal(err)
+	}
+	roles := same["roles"].(map[string]any)
+	roles["worker"] = roles["controlPlane"]
+	sameFile, sameSigned := filepath.Join(b.dir, "same.json"), filepath.Join(b.dir, "same.signed.json")
+	data, err := json.Marshal(same)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(sameFile, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "image", "sign-values", "--key", b.privKey, "--in", sameFile, "--out", sameSigned)
 	plain := filepath.Join(b.dir, "plain.yaml")
 	if err := os.WriteFile(plain, []byte("4: {expected: \""+strings.Repeat("ab", 32)+"\"}\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -183,6 +204,7 @@ func TestConfigGenerateRefusesSignedValues(t *testing.T) {
 		{"a verify key without a signed file", []string{"--verify-key", b.pubKey}, "--reference-values-from and --verify-key go together"},
 		{"the private key as verify key", []string{"--reference-values-from", b.signed, "--verify-key", b.privKey}, "never pass the private key"},
 		{"signed and unsigned values together", []string{"--reference-values-from", b.signed, "--verify-key", b.pubKey, "--reference-values", plain}, "not both"},
+		{"roles that measure alike", []string{"--reference-values-from", sameSigned, "--verify-key", b.pubKey}, "equal at every PCR"},
 		{"quoted PCRs that miss signed values", []string{"--reference-values-from", b.signed, "--verify-key", b.pubKey, "--pcrs", "0,4,9,11,15"}, "--pcrs lacks PCRs"},
 	}
 	for _, tt := range tests {

@@ -54,6 +54,12 @@ func readSignedReferenceValues(cmd *cobra.Command, file, keyFile string, pcrs *[
 		return signedRefs{}, fmt.Errorf("--reference-values-from %s has no %s values: the first node is a control plane", file, policy.RoleControlPlane)
 	}
 	common, roles := v.Split()
+	for role, m := range roles {
+		if len(m) == 0 {
+			return signedRefs{}, fmt.Errorf("--reference-values-from %s: the roles' values are equal at every PCR, so %s has none of its own and a worker's evidence "+
+				"would satisfy the control-plane role; sign values of UKIs that differ in their command line (docs/joinservice.md, \"Roles from evidence\")", file, role)
+		}
+	}
 	var missing []int
 	for _, m := range append([]measurements.M{common}, slices.Collect(maps.Values(roles))...) {
 		for _, index := range m.Indices() {
