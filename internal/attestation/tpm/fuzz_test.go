@@ -116,7 +116,7 @@ func FuzzParseActivationChallenge(f *testing.F) {
 func FuzzTCGEventLog(f *testing.F) {
 	uki := synthesize(f, []tpm2.Algorithm{tpm2.AlgSHA1, tpm2.AlgSHA256}, ukiBoot("gatehouse.role=worker"))
 	// The Ubuntu log of TestTCGEventLogAttacks (45 KiB) is too big to minimise quickly.
-	for _, log := range [][]byte{testdata.ArchLinuxWorkstationEventLog, uki, testdata.Debian10EventLog[:2048], uki[:len(uki)/2]} {
+	for _, log := range [][]byte{ovmfUKILog(f), testdata.ArchLinuxWorkstationEventLog, uki, testdata.Debian10EventLog[:2048], uki[:len(uki)/2]} {
 		f.Add(log, []byte{})
 	}
 	f.Add(uki, append([]byte{11}, bytes.Repeat([]byte{7}, 32)...))

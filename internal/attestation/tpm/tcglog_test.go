@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -171,6 +172,59 @@ func TestRealEventLogReplays(t *testing.T) {
 	if !cmdline || !secureBoot || !calling {
 		t.Errorf("described events found: GRUB's kernel_cmdline %t, SecureBoot %t, %q %t; events: %+v",
 			cmdline, secureBoot, tcg.CallingEFIApplication, calling, result.BootEvents)
+	}
+}
+
+// ovmfUKILog is a real boot of a UKI under QEMU, OVMF and swtpm
+// (testdata/README.md): the boot chain of the node image.
+func ovmfUKILog(t testing.TB) []byte {
+	t.Helper()
+	return readTestdata(t, "qemu-ovmf-uki-eventlog.bin")
+}
+
+// ovmfSelection quotes every PCR the OVMF boot extends, and the node lock.
+var ovmfSelection = []int{0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 15}
+
+// TestRealUKIBootNamesTheCommandLine: the events of a real UKI boot
+// replay to its quote and are described as systemd-stub and OVMF logged
+// them; reference values expecting another command line name the
+// .cmdline event.
+func TestRealUKIBootNamesTheCommandLine(t *testing.T) {
+	log := ovmfUKILog(t)
+	node := bootWithLog(t, log, ovmfSelection)
+	nonce := newNonce(t)
+	evidence := node.attest(t, nonce)
+	result, err := node.verifier(t, nil, true).Verify(context.Background(), evidence, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pcr11 []measurements.Event
+	var described []string
+	for _, e := range result.BootEvents {
+		described = append(described, fmt.Sprintf("%d %d %s %s", e.Number, e.PCR, e.Type, e.Description))
+		if e.PCR == 11 {
+			pcr11 = append(pcr11, measurements.Event{Type: e.Type, Description: e.Description, Digest: e.Digest, Source: "uki.efi section " + e.Description})
+		}
+	}
+	for _, want := range []string{
+		"4 7 EV_EFI_VARIABLE_DRIVER_CONFIG SecureBoot", "10 1 EV_EFI_VARIABLE_BOOT BootOrder",
+		"23 4 EV_EFI_BOOT_SERVICES_APPLICATION \\EFI\\BOOT\\BOOTX64.EFI", "29 11 EV_IPL .cmdline",
+		"34 9 EV_EVENT_TAG Linux initrd", "35 5 EV_EFI_ACTION Exit Boot Services Invocation",
+	} {
+		if !slices.Contains(described, want) {
+			t.Errorf("no event %q among:\n%s", want, strings.Join(described, "\n"))
+		}
+	}
+	if len(pcr11) != 8 {
+		t.Fatalf("%d PCR 11 events, want systemd-stub's 8 (4 sections, name and contents)", len(pcr11))
+	}
+	got := pcr11[5].Digest
+	pcr11[5].Digest = sum([]byte("root=PARTUUID=1 gatehouse.role=worker"))
+	ref := measurements.M{11: {Expected: bytes.Repeat([]byte{11}, 32), Events: pcr11}}
+	_, err = node.verifier(t, ref, true).Verify(context.Background(), evidence, nonce)
+	want := `PCR 11: event 29 EV_IPL ".cmdline": digest ` + hex.EncodeToString(got[:8]) + "… expected " + hex.EncodeToString(pcr11[5].Digest[:8]) + "… (uki.efi section .cmdline)"
+	if !errors.Is(err, attestation.ErrMeasurement) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Verify: %v\nwant a refusal naming %s", err, want)
 	}
 }
 

@@ -110,6 +110,8 @@ type QuoteVerifier struct {
 	pinned map[string]bool
 	// replays remembers the TCG event logs replayed last.
 	replays *replayCache
+	// aks remembers the attestation keys decoded.
+	aks *akMemo
 }
 
 // NewQuoteVerifier returns a verifier for policy. now gives the time AK
@@ -169,7 +171,7 @@ func newVerifier(policy QuotePolicy, mode string, now func() time.Time) (*QuoteV
 	p.PCRs = slices.Clone(policy.PCRs)
 	slices.Sort(p.PCRs)
 	p.PCRs = slices.Compact(p.PCRs)
-	v := &QuoteVerifier{policy: p, mode: mode, now: now, pinned: map[string]bool{}, replays: newReplayCache()}
+	v := &QuoteVerifier{policy: p, mode: mode, now: now, pinned: map[string]bool{}, replays: newReplayCache(), aks: &akMemo{}}
 	for i, key := range policy.Endorsement.PinnedKeys {
 		identity, err := Identity(key)
 		if err != nil {
@@ -355,22 +357,11 @@ type trustedKey struct {
 // trustedAK decodes the AK, checks its attributes and its endorsement, and
 // returns its public key and identity.
 func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte) (trustedKey, error) {
-	pub, err := tpm2.DecodePublic(ev.GetAttestationKey())
+	decoded, err := v.aks.decode(ev.GetAttestationKey())
 	if err != nil {
-		return trustedKey{}, fmt.Errorf("%w: decoding attestation key: %w", attestation.ErrMalformed, err)
+		return trustedKey{}, err
 	}
-	if pub.Attributes&requiredAKAttributes != requiredAKAttributes {
-		return trustedKey{}, fmt.Errorf("%w: attestation key is not a restricted, TPM-resident signing key (attributes %#x)",
-			attestation.ErrUntrustedKey, uint32(pub.Attributes))
-	}
-	key, err := pub.Key()
-	if err != nil {
-		return trustedKey{}, fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
-	}
-	identity, err := Identity(key)
-	if err != nil {
-		return trustedKey{}, fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
-	}
+	key, identity := decoded.key, decoded.identity
 	ak := trustedKey{key: key, identity: identity}
 
 	switch v.mode {
