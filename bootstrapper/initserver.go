@@ -53,7 +53,9 @@ type InitServerConfig struct {
 	// attestation checks running nodes against the bindings.
 	BindName NameBinder
 	// InitSecretHash is the bcrypt hash of the init secret the node was
-	// provisioned with.
+	// provisioned with; nil when it was provisioned with none, and then
+	// every Init is refused (FailedPrecondition): the node can only join,
+	// rejoin or be recovered.
 	InitSecretHash []byte
 	// AdminName is the admin kubeconfig's user; "" is DefaultAdminName.
 	AdminName string
@@ -103,8 +105,10 @@ func NewInitServer(cfg InitServerConfig) (*InitServer, error) {
 	if cfg.Machine == nil || cfg.Lock == nil || cfg.Identity == "" || cfg.BindName == nil {
 		return nil, errors.New("init server: Machine, Lock, Identity and BindName are required")
 	}
-	if _, err := bcrypt.Cost(cfg.InitSecretHash); err != nil {
-		return nil, fmt.Errorf("init server: the provisioned init secret hash is not a bcrypt hash: %w", err)
+	if cfg.InitSecretHash != nil {
+		if _, err := bcrypt.Cost(cfg.InitSecretHash); err != nil {
+			return nil, fmt.Errorf("init server: the provisioned init secret hash is not a bcrypt hash: %w", err)
+		}
 	}
 	if cfg.AdminName == "" {
 		cfg.AdminName = defaultAdminName
@@ -196,6 +200,10 @@ func (s *InitServer) Init(req *initservicev1.InitRequest, stream initservicev1.I
 	plan, err := s.plan(req)
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if s.cfg.InitSecretHash == nil {
+		s.cfg.Machine.Log.Warn("Init refused: this node was provisioned without an init secret hash")
+		return status.Error(codes.FailedPrecondition, "this node was provisioned without an init secret hash, so it cannot be initialised: it can only join, rejoin or be recovered; provision the hash (--init-secret-hash-file) on the node meant to be the first control plane")
 	}
 	source := ""
 	if p, ok := peer.FromContext(stream.Context()); ok {

@@ -63,13 +63,24 @@ type initFixture struct {
 
 func newInitFixture(t *testing.T) *initFixture {
 	t.Helper()
+	return newInitFixtureHashed(t, true)
+}
+
+// newInitFixtureHashed is newInitFixture, with the node provisioned with
+// the init secret's hash or (hashed false) with none.
+func newInitFixtureHashed(t *testing.T, hashed bool) *initFixture {
+	t.Helper()
 	n := newTestNode(t)
 	n.formatDisk(t)
 	f := &initFixture{node: n, secret: random(t, 32), master: random(t, 32), masterSalt: random(t, 32)}
-	hash, err := bcrypt.GenerateFromPassword(f.secret, bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
+	var hash []byte
+	if hashed {
+		var err error
+		if hash, err = bcrypt.GenerateFromPassword(f.secret, bcrypt.MinCost); err != nil {
+			t.Fatal(err)
+		}
 	}
+	var err error
 	f.bindings = &nameBindings{}
 	f.server, err = NewInitServer(InitServerConfig{Machine: n.machine, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash, AdminName: "alice", BindName: f.bindings.bind})
 	if err != nil {
@@ -312,6 +323,22 @@ func TestInitWrongSecret(t *testing.T) {
 	}
 	if _, _, err := receive(t, stream); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("wrong secret: %v, want PermissionDenied", err)
+	}
+	f.assertUnchanged(t)
+}
+
+// TestInitWithoutHashRefused: a node provisioned without an init secret
+// hash (a worker image) cannot be initialised by anyone, whatever secret
+// they send: FailedPrecondition, and nothing changed.
+func TestInitWithoutHashRefused(t *testing.T) {
+	f := newInitFixtureHashed(t, false)
+	stream, err := f.client.Init(t.Context(), f.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = receive(t, stream)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "provisioned without an init secret hash") {
+		t.Fatalf("init without a hash: %v, want FailedPrecondition naming the missing hash", err)
 	}
 	f.assertUnchanged(t)
 }

@@ -21,18 +21,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 )
 
-// newImageCmd is the image command group.
-// TODO(issue 35): helper "img" adds cli/image.go with `image build`; the
-// group then lives there and this file keeps only newImageRunCmd.
-func newImageCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "image",
-		Short: "Build and run the Gatehouse node image",
-	}
-	cmd.AddCommand(newImageRunCmd())
-	return cmd
-}
-
 // imageRunOptions are the flags of `gatehouse image run`.
 type imageRunOptions struct {
 	dir, tpmCA, stateDisk string

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -34,6 +36,9 @@ type Volume struct {
 	MountPoint string
 	// Dirs are the directories that live on the disk (StateDirs).
 	Dirs []string
+	// Log gets one line per unlock saying since when the disk holds the
+	// node's state (its Record); nil logs nothing.
+	Log *slog.Logger
 }
 
 // Unlock maps the disk with key (if it is not mapped yet), makes its file
@@ -61,6 +66,18 @@ func (v *Volume) Unlock(ctx context.Context, key []byte) error {
 	}
 	if err := v.mount(dev); err != nil {
 		return err
+	}
+	boot, err := bootID()
+	if err != nil {
+		return err
+	}
+	record, err := recordOpen(v.MountPoint, boot, time.Now())
+	if err != nil {
+		return err
+	}
+	if v.Log != nil {
+		v.Log.Info("The state disk is open and holds the node's state", "since", record.Created.Format(time.RFC3339),
+			"createdInBoot", record.CreatedInBoot, "thisBoot", boot, "bootsOpened", record.Opened)
 	}
 	for _, dir := range v.Dirs {
 		if err := v.bind(ctx, dir); err != nil {

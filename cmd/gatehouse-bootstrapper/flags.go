@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snpguest"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -32,6 +33,10 @@ type options struct {
 	// stateDisk is the LUKS2 state disk, opened as mapperName and mounted
 	// at stateMount.
 	stateDisk, mapperName, stateMount string
+	// roleFromCmdline takes controlPlane from /proc/cmdline, and
+	// advertiseAuto the advertise address from the default route, at start
+	// (resolveFromMachine).
+	roleFromCmdline, advertiseAuto bool
 	// insecureStateOnRootFS keeps the state on the root file system where
 	// the kernel has no device-mapper (local network-namespace clusters).
 	insecureStateOnRootFS bool
@@ -66,7 +71,7 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	var o options
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	nodeName := fs.String("node-name", strings.ToLower(hostname), "Kubernetes node name")
-	advertise := fs.String("advertise-address", "", "this node's IP address (required; not loopback)")
+	advertise := fs.String("advertise-address", "", "this node's IP address (required; not loopback), or auto: the source address of the default route (the node image)")
 	attesterOptions := attesterFlags(fs)
 	fs.StringVar(&o.stateDisk, "state-disk", "", "block device of the LUKS2 state disk (required)")
 	fs.StringVar(&o.mapperName, "state-disk-mapper-name", "gatehouse-state", "device-mapper name of the opened state disk")
@@ -78,6 +83,7 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	endpointsFile := fs.String("join-endpoints-file", "", "file listing join service host:port endpoints, one per line")
 	fs.StringVar(&o.caHash, "cluster-ca-hash", "", "discovery token CA cert hash (sha256:<hex>) of the cluster to join")
 	fs.BoolVar(&o.controlPlane, "control-plane", false, "join as a control plane")
+	fs.BoolVar(&o.roleFromCmdline, "role-from-kernel-cmdline", false, "take the role from the measured kernel command line's gatehouse.role=controlPlane|worker (the node image) instead of --control-plane")
 	fs.DurationVar(&o.joinBackoff.Initial, "join-backoff", bootstrapper.DefaultBackoff.Initial, "first wait between rounds of calls to the join service's endpoints; doubles each round (with jitter)")
 	fs.DurationVar(&o.joinBackoff.Max, "join-backoff-max", bootstrapper.DefaultBackoff.Max, "longest wait between rounds of calls to the join service's endpoints")
 	fs.StringVar(&o.root, "root", "/", "file system root to install into")
@@ -132,6 +138,10 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	if *advertise == "" || o.stateDisk == "" {
 		return nil, errors.New("--advertise-address and --state-disk are required")
 	}
+	if o.roleFromCmdline && o.controlPlane {
+		return nil, errors.New("--control-plane and --role-from-kernel-cmdline: give one; the node image takes its role from its measured kernel command line")
+	}
+	o.advertiseAuto = *advertise == advertiseAuto
 	if o.joinBackoff.Initial <= 0 || o.joinBackoff.Max < o.joinBackoff.Initial {
 		return nil, fmt.Errorf("--join-backoff %s and --join-backoff-max %s: want 0 < backoff ≤ max", o.joinBackoff.Initial, o.joinBackoff.Max)
 	}
@@ -172,6 +182,7 @@ func attesterFlags(fs *flag.FlagSet) func() (choose.AttesterOptions, error) {
 	pcrList := fs.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
 	fs.StringVar(&o.EKCertificate, "ek-certificate", string(tpmattester.EKCertificateAuto), ekCertificateUsage)
 	fs.StringVar(&o.AttestationKey, "attestation-key", string(tpmattester.AKOwner), attestationKeyUsage)
+	fs.StringVar(&o.TCGEventLog, "tcg-event-log", tpm.DefaultTCGEventLogPath, tcgEventLogUsage)
 	return func() (choose.AttesterOptions, error) {
 		var err error
 		o.PCRs, err = parsePCRs(*pcrList)
@@ -184,6 +195,9 @@ const ekCertificateUsage = "send the TPM's EK certificate with evidence, for ver
 
 const attestationKeyUsage = "attestation key: owner (the same key on every boot; verifiers pin it or trust the TPM's EK certificate), " +
 	"or gce (a Compute Engine vTPM's AK with the certificate Google issued the instance; policy gce)"
+
+const tcgEventLogUsage = "the firmware's TCG event log, read afresh and sent with every evidence so verifiers replay it and " +
+	"name the boot event behind a refused PCR; none when the file does not exist or with \"\" (a local cluster's swtpm nodes)"
 
 const attestationUsage = "attestation variant: tpm (the TPM's quote), sev-snp or tdx (a confidential VM: " +
 	"its vTPM's quote with the AMD SEV-SNP report or Intel TDX quote binding the vTPM's key)"

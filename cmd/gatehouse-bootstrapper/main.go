@@ -11,6 +11,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -72,12 +73,16 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
+	facts := machineFacts{cmdline: func() ([]byte, error) { return os.ReadFile("/proc/cmdline") }, defaultRoute: defaultRouteAddress}
+	if err := resolveFromMachine(o, facts); err != nil {
+		return err
+	}
 	if o.endpoints == nil {
 		log.Warn("No join service endpoints: this node can only be initialised (gatehouse init)")
 	}
-	hash, err := os.ReadFile(o.initSecretHashFile)
+	hash, err := readInitSecretHash(log, o.initSecretHashFile)
 	if err != nil {
-		return fmt.Errorf("reading the init secret hash: %w", err)
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -88,6 +93,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	}
 	defer node.Close()
 	logEndorsement(log, node.TPMAttester, node.Attester)
+	logTCGEventLog(log, node.TCGEventLog)
 	lock, err := nodelock.New(node.TPM)
 	if err != nil {
 		return err
@@ -144,7 +150,7 @@ func newMachine(log *slog.Logger, o *options, disk *statedisk.Disk, deviceMapper
 	ok, why := deviceMapper()
 	switch {
 	case ok:
-		m.State = &statedisk.Volume{Disk: disk, MapperName: o.mapperName, MountPoint: o.stateMount, Dirs: statedisk.StateDirs}
+		m.State = &statedisk.Volume{Disk: disk, MapperName: o.mapperName, MountPoint: o.stateMount, Dirs: statedisk.StateDirs, Log: log}
 	case o.insecureStateOnRootFS:
 		log.Warn("The state disk will not be opened (--insecure-state-on-root-fs): the node's state stays unencrypted on the root file system", "reason", why)
 	default:
@@ -161,7 +167,7 @@ func newInitServer(o *options, machine *bootstrapper.Machine, lock *nodelock.Loc
 		return nil, err
 	}
 	return bootstrapper.NewInitServer(bootstrapper.InitServerConfig{
-		Machine: machine, Lock: lock, Identity: identity, InitSecretHash: []byte(strings.TrimSpace(string(hash))),
+		Machine: machine, Lock: lock, Identity: identity, InitSecretHash: hash,
 		BindName:        bootstrapper.BindNodeName,
 		SecretAttempts:  o.secretAttempts,
 		Registerer:      reg,
@@ -218,4 +224,30 @@ func logEndorsement(log *slog.Logger, a *tpmattester.QuoteAttester, node attesta
 		return
 	}
 	log.Info("Evidence carries no EK certificate: verifiers must pin this attestation key (pinnedAKs)", "identity", identity)
+}
+
+// readInitSecretHash reads the bcrypt hash of the init secret from path.
+// A node provisioned without one (no file: a worker image, or a node that
+// joins) gets nil and refuses every Init; it can still join, rejoin and be
+// recovered.
+func readInitSecretHash(log *slog.Logger, path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		log.Info("No init secret hash: this node cannot be initialised, only joined, rejoined or recovered", "file", path)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the init secret hash: %w", err)
+	}
+	return []byte(strings.TrimSpace(string(data))), nil
+}
+
+// logTCGEventLog says, once at start, whether evidence carries the
+// firmware's TCG event log.
+func logTCGEventLog(log *slog.Logger, path string) {
+	if path == "" {
+		log.Info("Evidence carries no TCG event log: --tcg-event-log names no file that exists; verifiers whose policy requires one (requireEventLog) refuse this node")
+		return
+	}
+	log.Info("Evidence carries the TCG event log, read afresh for each", "path", path)
 }

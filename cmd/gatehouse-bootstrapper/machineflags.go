@@ -1,0 +1,92 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+)
+
+// advertiseAuto is the --advertise-address value that takes the address
+// from the default route.
+const advertiseAuto = "auto"
+
+// roleParameter is the kernel command line parameter the node image
+// measures its role with (docs/image.md, "Roles").
+const roleParameter = "gatehouse.role"
+
+// machineFacts reads what the flags may leave to the machine: the kernel
+// command line (/proc/cmdline) and the source address of the default
+// route.
+type machineFacts struct {
+	cmdline      func() ([]byte, error)
+	defaultRoute func() (string, error)
+}
+
+// resolveFromMachine fills in the flags set to come from the machine:
+// --role-from-kernel-cmdline and --advertise-address auto.
+func resolveFromMachine(o *options, m machineFacts) error {
+	if o.roleFromCmdline {
+		data, err := m.cmdline()
+		if err != nil {
+			return fmt.Errorf("--role-from-kernel-cmdline: reading the kernel command line: %w", err)
+		}
+		if o.controlPlane, err = roleFromCmdline(string(data)); err != nil {
+			return fmt.Errorf("--role-from-kernel-cmdline: %w", err)
+		}
+	}
+	if o.advertiseAuto {
+		addr, err := m.defaultRoute()
+		if err != nil {
+			return fmt.Errorf("--advertise-address auto: %w", err)
+		}
+		o.node.AdvertiseAddress = addr
+	}
+	return nil
+}
+
+// roleFromCmdline returns whether cmdline (the kernel command line)
+// names the control-plane role: exactly one gatehouse.role= parameter,
+// controlPlane or worker.
+func roleFromCmdline(cmdline string) (controlPlane bool, err error) {
+	var roles []string
+	for _, field := range strings.Fields(cmdline) {
+		if v, ok := strings.CutPrefix(field, roleParameter+"="); ok {
+			roles = append(roles, v)
+		}
+	}
+	switch {
+	case len(roles) == 0:
+		return false, fmt.Errorf("the kernel command line has no %s= parameter: boot the node image's UKI of the node's role", roleParameter)
+	case len(roles) > 1:
+		return false, fmt.Errorf("the kernel command line names %s= %d times (%s): want one", roleParameter, len(roles), strings.Join(roles, ", "))
+	}
+	switch roles[0] {
+	case "controlPlane":
+		return true, nil
+	case "worker":
+		return false, nil
+	}
+	return false, fmt.Errorf("the kernel command line's %s=%q is no role: want controlPlane or worker", roleParameter, roles[0])
+}
+
+// defaultRouteAddress returns the address this machine's packets to the
+// internet leave from: the default route's source address. A UDP
+// "connection" sends nothing; the kernel only picks the route
+// (192.0.2.1 is TEST-NET-1, RFC 5737, never answered).
+func defaultRouteAddress() (string, error) {
+	conn, err := net.Dial("udp4", "192.0.2.1:9")
+	if err != nil {
+		return "", fmt.Errorf("finding the default route's address (is the network up?): %w", err)
+	}
+	defer conn.Close()
+	addr, err := netip.ParseAddrPort(conn.LocalAddr().String())
+	if err != nil {
+		return "", err
+	}
+	if addr.Addr().IsLoopback() || addr.Addr().IsUnspecified() {
+		return "", errors.New("the default route leaves from " + addr.Addr().String() + ": not an address other nodes reach")
+	}
+	return addr.Addr().String(), nil
+}
