@@ -113,7 +113,7 @@ func under(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/"
 // components are the folders holding one component's logic each. A
 // component imports the bottom (api/, internal/, charts) and its own
 // folder, never another component.
-var components = []string{"bootstrapper", "joinservice", "keyservice", "capi", "upgrade", "mini"}
+var components = []string{"bootstrapper", "joinservice", "keyservice", "capi", "upgrade", "mini", "image"}
 
 // allowed reports whether package from (relative path) may import to
 // (relative path), with the rule's name for the error message.
