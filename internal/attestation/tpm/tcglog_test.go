@@ -27,6 +27,7 @@ import (
 	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/google/go-tpm/tpmutil"
+	"google.golang.org/protobuf/encoding/protowire"
 	"sigs.k8s.io/yaml"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
@@ -290,6 +291,27 @@ func TestTCGEventLogAttacks(t *testing.T) {
 				t.Fatalf("Verify error = %v, want %v containing %q", err, tt.want, tt.wantMsg)
 			}
 		})
+	}
+}
+
+// TestEvidenceWithTheLogTwiceIsRefused: the verifier takes the log out of
+// the evidence without copying it; a second log field is malformed, not a
+// choice between two logs.
+func TestEvidenceWithTheLogTwiceIsRefused(t *testing.T) {
+	node := bootWithLog(t, ovmfUKILog(t), ovmfSelection)
+	nonce := newNonce(t)
+	evidence := node.attest(t, nonce)
+	v := node.verifier(t, nil, true)
+	if _, err := v.Verify(context.Background(), evidence, nonce); err != nil {
+		t.Fatal(err)
+	}
+	twice := protowire.AppendBytes(protowire.AppendTag(bytes.Clone(evidence), 10, protowire.BytesType), ovmfUKILog(t))
+	if _, err := v.Verify(context.Background(), twice, nonce); !errors.Is(err, attestation.ErrMalformed) || !strings.Contains(err.Error(), "twice") {
+		t.Fatalf("evidence with the log twice: %v, want ErrMalformed", err)
+	}
+	wrongType := protowire.AppendVarint(protowire.AppendTag(bytes.Clone(evidence), 10, protowire.VarintType), 1)
+	if _, err := v.Verify(context.Background(), wrongType, nonce); !errors.Is(err, attestation.ErrMalformed) {
+		t.Fatalf("evidence with a number where the log goes: %v, want ErrMalformed", err)
 	}
 }
 
