@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/ThalesGroup/crypto11 v1.5.0
 	github.com/blang/semver/v4 v4.0.0
+	github.com/cavaliergopher/cpio v1.0.1
 	github.com/coreos/butane v0.26.0
 	github.com/coreos/ignition/v2 v2.25.0
 	github.com/go-logr/logr v1.4.4

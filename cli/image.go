@@ -10,5 +10,7 @@ func newImageCmd() *cobra.Command {
 		Short: "Work with Gatehouse node images and their signed reference values",
 	}
 	cmd.AddCommand(imageValuesCmds()...)
+	cmd.AddCommand(newImageRunCmd())
+	cmd.AddCommand(newImageBuildCmd())
 	return cmd
 }

@@ -33,8 +33,11 @@ esac
 PACKAGES=(ca-certificates git make gcc libc6-dev util-linux mount iproute2 iptables
 	swtpm swtpm-tools cryptsetup-bin containerd runc containernetworking-plugins haproxy)
 # Debian packages only the tests use: OpenSSL's headers for the TPM
-# simulator's cgo, SoftHSM2 for PKCS#11, cloud-init for `cloud-init schema`.
-TEST_PACKAGES=(libssl-dev softhsm2 cloud-init)
+# simulator's cgo, SoftHSM2 for PKCS#11, cloud-init for `cloud-init schema`;
+# QEMU, OVMF and the systemd stub, objcopy, sfdisk and mtools for the VM
+# boots of image/qemu (`gatehouse image run` needs the first three).
+TEST_PACKAGES=(libssl-dev softhsm2 cloud-init
+	qemu-system-x86 qemu-utils ovmf systemd-boot-efi binutils fdisk mtools)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
