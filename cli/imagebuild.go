@@ -16,7 +16,7 @@ import (
 
 func newImageBuildCmd() *cobra.Command {
 	opts := build.Options{}
-	var output string
+	var output, signingKeyFile, platform string
 	cmd := &cobra.Command{
 		Use:   "build",
 		Short: "Build the node image: a Debian 12 raw GPT disk with a dm-verity root and a UKI per role (as root)",
@@ -47,6 +47,13 @@ func newImageBuildCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defaultKey := !cmd.Flags().Changed("signing-key")
+			if defaultKey {
+				signingKeyFile = filepath.Join(opts.CacheDir, "signing-key.pem")
+			}
+			if err := signBuild(cmd.Context(), opts.Progress, res, platform, signingKeyFile, defaultKey, opts.Out); err != nil {
+				return err
+			}
 			if output == "json" {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
@@ -63,6 +70,8 @@ func newImageBuildCmd() *cobra.Command {
 	f.StringVar(&opts.Bootstrapper, "bootstrapper", "", "gatehouse-bootstrapper binary to bake in (default: built from the Gatehouse checkout in the current directory)")
 	f.StringVar(&opts.Mirror, "mirror", build.DefaultMirror, "Debian archive the packages come from (its security archive is the one beside it: …/debian-security)")
 	f.BoolVar(&opts.Rebuild, "rebuild", false, "assemble the image again even when the cache has it (the root file system stays cached)")
+	f.StringVar(&signingKeyFile, "signing-key", "", "PEM private key (Ed25519 or ECDSA P-256; gatehouse image keygen) that signs the build's reference values (default: CACHE/signing-key.pem, created on first use)")
+	f.StringVar(&platform, "platform", "qemu-ovmf", "platform whose firmware the reference values are predicted for (image/predict/platforms)")
 	f.StringVarP(&output, "output", "o", "text", "result format: text (with progress) or json (progress on standard error)")
 	return cmd
 }

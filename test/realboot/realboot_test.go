@@ -162,7 +162,7 @@ func (r *rig) endpoint(vm *qemu.VM) string {
 // every start of that TPM.
 func (r *rig) identity(t *testing.T, vmDir string) string {
 	t.Helper()
-	stateDir := filepath.Join(vmDir, qemu.TPMDir)
+	stateDir := filepath.Join(vmDir, "tpm") // where image/qemu keeps the TPM of a VM directory (Config.Dir)
 	if err := swtpm.Manufacture(t.Context(), stateDir, r.ca); err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestRealBoot(t *testing.T) {
 	waitFor(t, vm, listening)
 	ep := r.endpoint(vm)
 
-	out := r.run(t, "verify", "--config", r.config, "--node", ep)
+	out := r.run(t, "verify", "--config", r.config, "--node", ep, "--events")
 	for _, want := range []string{identity, "controlPlane", ".cmdline", "EV_EFI_BOOT_SERVICES_APPLICATION"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("verify's report lacks %q:\n%s", want, out)
