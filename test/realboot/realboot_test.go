@@ -117,7 +117,9 @@ func (r *rig) try(t *testing.T, args ...string) (string, error) {
 func (r *rig) boot(t *testing.T, disk, dir string) *qemu.VM {
 	t.Helper()
 	vm, err := qemu.Start(t.Context(), qemu.Config{
-		Image: disk, Dir: dir, StateDiskSize: 1 << 30, TPMCA: r.ca,
+		// 1 GiB: OVMF measures a firmware volume whose digest depends on the
+		// memory size into PCR 0, and platform qemu-ovmf was measured so.
+		Image: disk, Dir: dir, StateDiskSize: 1 << 30, TPMCA: r.ca, MemoryMiB: 1024,
 		Forwards: []qemu.Forward{{Guest: initPort}},
 		Log:      slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	})
