@@ -18,10 +18,7 @@ import (
 // nothing to boot; no boot is needed) and ends them each way a VM ends:
 // nothing of them may be left running.
 func TestNothingIsLeftRunning(t *testing.T) {
-	requireTools(t, map[string]string{
-		"qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils", debianOVMFCode: "ovmf",
-		"swtpm": "swtpm", "swtpm_setup": "swtpm-tools",
-	})
+	requireTools(t, vmTools())
 	image := filepath.Join(t.TempDir(), "blank.raw")
 	if err := os.WriteFile(image, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
