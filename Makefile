@@ -73,7 +73,10 @@ build-mini: ## Build the binaries the local cluster runs into bin/ (all but the 
 
 .PHONY: unit
 unit: tools ## Run the tests (needs `make setup-test` first)
-	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
+	@# The real-boot test (test/realboot) boots the node image built from this checkout (cached by content).
+	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) \
+		$(if $(filter ./... ./test/realboot/...,$(PKGS)),GATEHOUSE_NODE_IMAGE=$$(hack/node-image.sh)) \
+		gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
 	@# The CAPI provider's parity test against upstream CABPK's renderers: a module of its own (docs/capi-parity.md).
 	$(if $(filter ./...,$(PKGS)),cd test/capiparity && GATEHOUSE_KUBE_BIN=$$(../../hack/kube-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) ./...)
 
@@ -91,6 +94,10 @@ mini-up: setup build-mini ## Set up what the local cluster needs and start one (
 .PHONY: mini-down
 mini-down: build-mini ## Remove the local cluster and everything it made
 	bin/gatehouse mini down
+
+.PHONY: image
+image: setup-test ## Build the node image (docs/image.md) from this checkout and print its directory
+	hack/node-image.sh
 
 .PHONY: clean
 clean: ## Remove build outputs (not the caches)

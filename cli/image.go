@@ -11,5 +11,6 @@ func newImageCmd() *cobra.Command {
 	}
 	cmd.AddCommand(imageValuesCmds()...)
 	cmd.AddCommand(newImageRunCmd())
+	cmd.AddCommand(newImageBuildCmd())
 	return cmd
 }

@@ -35,9 +35,12 @@ PACKAGES=(ca-certificates git make gcc libc6-dev util-linux mount iproute2 iptab
 # Debian packages only the tests use: OpenSSL's headers for the TPM
 # simulator's cgo, SoftHSM2 for PKCS#11, cloud-init for `cloud-init schema`;
 # QEMU, OVMF and the systemd stub, objcopy, sfdisk and mtools for the VM
-# boots of image/qemu (`gatehouse image run` needs the first three).
+# boots of image/qemu (`gatehouse image run` needs the first three);
+# debootstrap, squashfs-tools, dosfstools and zstd for `gatehouse image
+# build`, whose image the real-boot test boots (make image needs them too).
 TEST_PACKAGES=(libssl-dev softhsm2 cloud-init
-	qemu-system-x86 qemu-utils ovmf systemd-boot-efi binutils fdisk mtools)
+	qemu-system-x86 qemu-utils ovmf systemd-boot-efi binutils fdisk mtools
+	debootstrap squashfs-tools dosfstools zstd)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 

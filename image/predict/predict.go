@@ -121,8 +121,12 @@ func predict(name string, data []byte, platform Platform) (prediction, error) {
 		fmt.Sprintf("stub %s; PCRs %s are expected zero (boot chain %s, image/predict/bootchain.yaml)", strings.Trim(stub, "# "), strings.Join(untouched, ", "), chain.Name),
 	}}
 	if missing := platform.missingPCRs(DefaultPlatformPCRs); len(missing) > 0 {
-		p.Notes = append(p.Notes, fmt.Sprintf("PCRs %s are NOT predicted: platform profile %s has no measured values for them, so a policy made from these values "+
-			"does not check the firmware; measure them from a real boot with gatehouse image measure-platform", joinPCRs(missing), platform.name))
+		what := "PCRs " + joinPCRs(missing) + " are"
+		if len(missing) == 1 {
+			what = "PCR " + joinPCRs(missing) + " is"
+		}
+		p.Notes = append(p.Notes, fmt.Sprintf("%s NOT predicted: platform profile %s has no measured values for them, so a policy made from these values "+
+			"does not check the firmware; measure them from a real boot with gatehouse image measure-platform", what, platform.name))
 	}
 	if len(assumed) > 0 {
 		p.Notes = append(p.Notes, fmt.Sprintf("assumed not measured (boot chain %s, image/predict/bootchain.yaml says why): %s", chain.Name, strings.Join(assumed, "; ")))
