@@ -176,7 +176,7 @@ func (r *rig) identity(t *testing.T, vmDir string) string {
 		t.Fatal(err)
 	}
 	defer rw.Close()
-	a, err := tpmattester.New(rw, tpmattester.Options{})
+	a, err := tpmattester.New(rw, tpmattester.Options{PCRs: []int{15}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 )
 
 // replayCacheBytes bounds the logs a replayCache keeps, in bytes: 4 MiB
-// hold about 270 logs of an OVMF boot (15 KiB) or 90 of a cloud VM with
-// Secure Boot (45 KiB).
+// hold about 1 300 logs of the node image's OVMF boot (3 KiB) or 90 of a
+// cloud VM with Secure Boot (45 KiB).
 const replayCacheBytes = 4 << 20
 
 // replayCache remembers the replays of TCG event logs it saw last, so

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-eventlog/register"
 	"github.com/google/go-eventlog/tcg"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 )
@@ -44,6 +45,43 @@ func (v *QuoteVerifier) bootEvents(log []byte, pcrs map[uint32][]byte) ([]attest
 // first TPM: the firmware's log, with the events the firmware recorded
 // after handing it over (the final events table).
 const DefaultTCGEventLogPath = "/sys/kernel/security/tpm0/binary_bios_measurements"
+
+// tcgEventLogField is TPMEvidence.tcg_event_log's field number.
+const tcgEventLogField = 10
+
+// splitTCGEventLog finds the TCG event log in marshalled TPMEvidence and
+// returns the evidence without it, to decode, and the log, a slice of
+// evidence: decoding would copy it, and it is most of the evidence's
+// bytes. It returns evidence itself when the log is absent or the
+// encoding does not scan (the decoder then names what is wrong). The log
+// twice is ErrMalformed: the attester sends it once.
+func splitTCGEventLog(evidence []byte) (rest, log []byte, err error) {
+	start, end := -1, -1
+	for b := evidence; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return evidence, nil, nil
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return evidence, nil, nil
+		}
+		if num == tcgEventLogField && typ == protowire.BytesType {
+			if start >= 0 {
+				return nil, nil, fmt.Errorf("%w: TPM evidence carries the TCG event log twice", attestation.ErrMalformed)
+			}
+			start, end = len(evidence)-len(b), len(evidence)-len(b)+n+m
+			log, _ = protowire.ConsumeBytes(b[n:])
+		}
+		b = b[n+m:]
+	}
+	if start < 0 {
+		return evidence, nil, nil
+	}
+	rest = make([]byte, 0, len(evidence)-(end-start))
+	rest = append(append(rest, evidence[:start]...), evidence[end:]...)
+	return rest, log, nil
+}
 
 // maxDescription bounds BootEvent.Description in characters.
 const maxDescription = 160

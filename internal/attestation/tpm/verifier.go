@@ -331,12 +331,22 @@ func Identity(ak crypto.PublicKey) (string, error) {
 }
 
 // ParseEvidence decodes marshalled TPMEvidence, refusing more than
-// attestation.MaxEvidenceSize bytes.
+// attestation.MaxEvidenceSize bytes. The TCG event log, most of the
+// evidence's bytes, is not copied: TcgEventLog is a slice of evidence,
+// which must not change while the result is in use.
 func ParseEvidence(evidence []byte) (*attestationv1.TPMEvidence, error) {
-	ev := &attestationv1.TPMEvidence{}
-	if err := attestation.DecodeEvidence(evidence, ev); err != nil {
+	if len(evidence) > attestation.MaxEvidenceSize {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
+	}
+	rest, tcgLog, err := splitTCGEventLog(evidence)
+	if err != nil {
 		return nil, err
 	}
+	ev := &attestationv1.TPMEvidence{}
+	if err := attestation.DecodeEvidence(rest, ev); err != nil {
+		return nil, err
+	}
+	ev.TcgEventLog = tcgLog
 	if len(ev.GetQuote()) == 0 || len(ev.GetSignature()) == 0 || len(ev.GetAttestationKey()) == 0 {
 		return nil, fmt.Errorf("%w: TPM evidence lacks a quote, signature or attestation key", attestation.ErrMalformed)
 	}
