@@ -123,7 +123,7 @@ func TestUKILayout(t *testing.T) {
 
 func TestCacheKeys(t *testing.T) {
 	t.Run("root file system key depends on the mirror only among inputs", func(t *testing.T) {
-		if rootFSKey(DefaultMirror) != rootFSKey(DefaultMirror) {
+		if first, again := rootFSKey(DefaultMirror), rootFSKey(DefaultMirror); first != again {
 			t.Error("the same mirror gave two keys")
 		}
 		if rootFSKey(DefaultMirror) == rootFSKey("http://mirror.example/debian") {
@@ -149,8 +149,10 @@ func TestCacheKeys(t *testing.T) {
 	changes := map[string]func(in *assemblyInputs){
 		"root file system": func(in *assemblyInputs) { in.root = &rootFS{Digest: "ab", SourceDateEpoch: 1} },
 		"epoch":            func(in *assemblyInputs) { in.root = &rootFS{Digest: "aa", SourceDateEpoch: 2} },
-		"kubelet":          func(in *assemblyInputs) { in.kube = []binary{{Name: "kubelet", Path: "/usr/local/bin/kubelet", SHA256: "bc"}} },
-		"bootstrapper":     func(in *assemblyInputs) { in.bootstrapper.SHA256 = "cd" },
+		"kubelet": func(in *assemblyInputs) {
+			in.kube = []binary{{Name: "kubelet", Path: "/usr/local/bin/kubelet", SHA256: "bc"}}
+		},
+		"bootstrapper": func(in *assemblyInputs) { in.bootstrapper.SHA256 = "cd" },
 	}
 	for name, change := range changes {
 		t.Run("a changed "+name+" changes the assembly key", func(t *testing.T) {
