@@ -78,17 +78,7 @@ func newImageBuildCmd() *cobra.Command {
 
 // defaultImageBuildCache is $GATEHOUSE_CACHE/image, or gatehouse/image in
 // the user's cache directory.
-func defaultImageBuildCache() string {
-	root := os.Getenv("GATEHOUSE_CACHE")
-	if root == "" {
-		dir, err := os.UserCacheDir()
-		if err != nil {
-			return ""
-		}
-		root = filepath.Join(dir, "gatehouse")
-	}
-	return filepath.Join(root, "image")
-}
+func defaultImageBuildCache() string { return cacheDir("image") }
 
 // moduleRoot returns the Gatehouse checkout holding the current directory,
 // or "" outside one.

@@ -91,9 +91,13 @@ func newMiniUpCmd() *cobra.Command {
 }
 
 // defaultImageCache is where mini up keeps its image archives: beside
-// the pinned binaries hack/kube-binaries.sh builds ($GATEHOUSE_CACHE, or
-// gatehouse in the user's cache directory); "" when there is none.
-func defaultImageCache() string {
+// the pinned binaries hack/kube-binaries.sh builds; "" when there is none.
+func defaultImageCache() string { return cacheDir("mini-images") }
+
+// cacheDir is sub of Gatehouse's cache: $GATEHOUSE_CACHE, or gatehouse in
+// the user's cache directory (where hack/kube-binaries.sh builds); ""
+// when there is none.
+func cacheDir(sub string) string {
 	root := os.Getenv("GATEHOUSE_CACHE")
 	if root == "" {
 		dir, err := os.UserCacheDir()
@@ -102,7 +106,7 @@ func defaultImageCache() string {
 		}
 		root = filepath.Join(dir, "gatehouse")
 	}
-	return filepath.Join(root, "mini-images")
+	return filepath.Join(root, sub)
 }
 
 // tamper changes the boot manifest of the named nodes by one bit: what a
