@@ -35,8 +35,11 @@ type Record struct {
 
 // NodeRecord is what one node owns on the host.
 type NodeRecord struct {
-	Name       string `json:"name"`
-	Dir        string `json:"dir"`
+	Name string `json:"name"`
+	Dir  string `json:"dir"`
+	// Provider names the Provider that made the node's machine
+	// (ProviderNetNS when empty: records made before providers existed).
+	Provider   string `json:"provider,omitempty"`
 	NetNS      string `json:"netns,omitempty"`
 	HostVeth   string `json:"hostVeth,omitempty"`
 	LoopDevice string `json:"loopDevice,omitempty"`
