@@ -15,14 +15,17 @@ import (
 	"strings"
 )
 
-// recipeVersion names the recipe: raise it when the build changes what it
-// makes in a way the recipe's files do not show (it is in every cache key).
+// recipeVersion names the recipe in the image (os-release's
+// IMAGE_VERSION) and in every cache key.
 const recipeVersion = "1"
 
 // recipeFS holds the files the recipe adds to the root file system, at
-// their paths in the image (recipe/rootfs/etc/fstab is /etc/fstab).
+// their paths in the image (recipe/rootfs/etc/fstab is /etc/fstab), and
+// this package's own Go files: the recipe is both, and a change to either
+// changes the cache keys (recipeDigest), so the cache never serves an
+// image an older build made.
 //
-//go:embed all:recipe
+//go:embed all:recipe *.go
 var recipeFS embed.FS
 
 const recipeRoot = "recipe/rootfs"
@@ -34,12 +37,12 @@ func executable(rel string) bool {
 		strings.HasPrefix(rel, "etc/initramfs-tools/scripts/")
 }
 
-// recipeDigest is the hex SHA-256 digest of the recipe's files (paths and
-// content).
+// recipeDigest is the hex SHA-256 digest of the recipe: its files and
+// this package's Go files but its tests (paths and content).
 func recipeDigest() (string, error) {
 	h := sha256.New()
-	err := fs.WalkDir(recipeFS, recipeRoot, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+	err := fs.WalkDir(recipeFS, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasSuffix(p, "_test.go") {
 			return err
 		}
 		data, err := recipeFS.ReadFile(p)

@@ -36,8 +36,8 @@ func TestCmdline(t *testing.T) {
 	}{
 		{"root is the dm-verity device, read-only", "root=/dev/mapper/root ro rootfstype=squashfs "},
 		{"root hash", " roothash=" + hex.EncodeToString(rootHash) + " "},
-		{"data partition by the root hash's first half", " gatehouse.verity.data=PARTUUID=01234567-89AB-CDEF-0011-223344556677 "},
-		{"hash partition by the root hash's second half", " gatehouse.verity.hash=PARTUUID=8899AABB-CCDD-EEFF-0F1E-2D3C4B5A6978 "},
+		{"data partition by the root hash's first half", " gatehouse.verity.data=PARTUUID=01234567-89ab-cdef-0011-223344556677 "},
+		{"hash partition by the root hash's second half", " gatehouse.verity.hash=PARTUUID=8899aabb-ccdd-eeff-0f1e-2d3c4b5a6978 "},
 		{"systemd's verity generator stays off", " systemd.verity=no "},
 		{"the role", " gatehouse.role=controlPlane "},
 		{"serial console and reboot after a panic", " console=ttyS0 panic=10"},
@@ -87,7 +87,7 @@ func TestLayout(t *testing.T) {
 	if l.root.typeGUID != "4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709" || l.verity.typeGUID != "2C7357ED-EBD2-46D9-AEC1-23D437EC2BF5" {
 		t.Errorf("partition types %s, %s are not DPS root-x86-64 and root-x86-64-verity", l.root.typeGUID, l.verity.typeGUID)
 	}
-	uuid := regexp.MustCompile(`^[0-9A-F]{8}-[0-9A-F]{4}-4[0-9A-F]{3}-[89AB][0-9A-F]{3}-[0-9A-F]{12}$`)
+	uuid := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 	for _, id := range []string{l.diskGUID, l.esp.uuid} {
 		if !uuid.MatchString(id) {
 			t.Errorf("derived GUID %s is no version 4 UUID", id)
@@ -105,7 +105,7 @@ func TestLayout(t *testing.T) {
 	for _, want := range []string{
 		"label: gpt\n", "label-id: " + l.diskGUID + "\n", "first-lba: 2048\n",
 		`start=2048, size=131072, type=C12A7328-F81F-11D2-BA4B-00A0C93EC93B, uuid=` + l.esp.uuid + `, name="esp"` + "\n",
-		`start=133120, size=206848, type=4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709, uuid=01234567-89AB-CDEF-0011-223344556677, name="root-x86-64", attrs="GUID:60"` + "\n",
+		`start=133120, size=206848, type=4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709, uuid=01234567-89ab-cdef-0011-223344556677, name="root-x86-64", attrs="GUID:60"` + "\n",
 	} {
 		if !strings.Contains(script, want) {
 			t.Errorf("sfdisk script lacks %q:\n%s", want, script)
@@ -149,8 +149,10 @@ func TestCacheKeys(t *testing.T) {
 	changes := map[string]func(in *assemblyInputs){
 		"root file system": func(in *assemblyInputs) { in.root = &rootFS{Digest: "ab", SourceDateEpoch: 1} },
 		"epoch":            func(in *assemblyInputs) { in.root = &rootFS{Digest: "aa", SourceDateEpoch: 2} },
-		"kubelet":          func(in *assemblyInputs) { in.kube = []binary{{Name: "kubelet", Path: "/usr/local/bin/kubelet", SHA256: "bc"}} },
-		"bootstrapper":     func(in *assemblyInputs) { in.bootstrapper.SHA256 = "cd" },
+		"kubelet": func(in *assemblyInputs) {
+			in.kube = []binary{{Name: "kubelet", Path: "/usr/local/bin/kubelet", SHA256: "bc"}}
+		},
+		"bootstrapper": func(in *assemblyInputs) { in.bootstrapper.SHA256 = "cd" },
 	}
 	for name, change := range changes {
 		t.Run("a changed "+name+" changes the assembly key", func(t *testing.T) {
