@@ -88,6 +88,12 @@ test: setup-test check-generate lint unit fuzz ## Set up the machine for the tes
 mini-up: setup build-mini ## Set up what the local cluster needs and start one (1 control plane + 2 workers)
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) bin/gatehouse mini up
 
+.PHONY: image
+image: ## Build the node image (as root): its Debian packages, the pinned binaries, then `gatehouse image build` (cached by content; docs/image.md)
+	hack/setup.sh --image
+	hack/build.sh ./cmd/gatehouse
+	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) bin/gatehouse image build
+
 .PHONY: mini-down
 mini-down: build-mini ## Remove the local cluster and everything it made
 	bin/gatehouse mini down

@@ -11,12 +11,18 @@ import (
 	"path/filepath"
 	"sort"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// keepBuilds is how many assembled images the cache keeps, newest first.
-const keepBuilds = 3
+// The cache keeps the keepBuilds most recently used assembled images, and
+// every one used within keepUsed: another build must not remove the disk
+// a VM is about to boot.
+const (
+	keepBuilds = 3
+	keepUsed   = 24 * time.Hour
+)
 
 // assemblyInputs decide an assembled image: the root file system and the
 // binaries baked into it (and the recipe, part of every key).
@@ -114,9 +120,10 @@ func lockCache(cache string, p *progress) (func(), error) {
 	return func() { _ = f.Close() }, nil
 }
 
-// pruneBuilds removes all but the keep most recently made images in dir
-// (assembled images, one directory each).
-func pruneBuilds(dir string, keep int) error {
+// pruneBuilds removes the assembled images in dir (one directory each)
+// but the keep most recently used and those used since notBefore. A
+// build marks an image used by setting its directory's modification time.
+func pruneBuilds(dir string, keep int, notBefore time.Time) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
@@ -139,7 +146,9 @@ func pruneBuilds(dir string, keep int) error {
 	sort.Slice(builds, func(i, j int) bool { return builds[i].made > builds[j].made })
 	var errs []error
 	for _, b := range builds[min(keep, len(builds)):] {
-		errs = append(errs, os.RemoveAll(b.path))
+		if b.made < notBefore.UnixNano() {
+			errs = append(errs, os.RemoveAll(b.path))
+		}
 	}
 	return errors.Join(errs...)
 }

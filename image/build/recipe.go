@@ -101,9 +101,11 @@ func imageDirs() []string {
 
 // enabledUnits are started at boot; disabledUnits are Debian's defaults a
 // node does without (apt's timers: the root is read-only; the getty on
-// tty1: a node has no console login); maskedUnits never run
-// (systemd-firstboot would ask for a locale on the console at every boot,
-// as machine-id is empty; no getty offers a login on any console).
+// tty1: a node has no console login); maskedUnits never run:
+// systemd-firstboot would ask for a locale on the console at every boot
+// (machine-id is empty); no getty offers a login on any console; and
+// systemd-pcrphase would extend PCR 11 with boot phases after systemd-stub's
+// measurements of the UKI, so PCR 11 holds exactly those (docs/image.md).
 func enabledUnits() []string {
 	return []string{"systemd-networkd.service", "systemd-resolved.service", "gatehouse-provision.service", "gatehouse-bootstrapper.service"}
 }
@@ -113,7 +115,8 @@ func disabledUnits() []string {
 }
 
 func maskedUnits() []string {
-	return []string{"systemd-firstboot.service", "getty@.service", "serial-getty@.service"}
+	return []string{"systemd-firstboot.service", "getty@.service", "serial-getty@.service",
+		"systemd-pcrphase.service", "systemd-pcrphase-sysinit.service", "systemd-pcrphase-initrd.service"}
 }
 
 // configure makes the installed root file system at tree the node image's:
@@ -149,6 +152,11 @@ func configure(ctx context.Context, tree string, bins []binary) error {
 	if err := installBinaries(tree, bins); err != nil {
 		return err
 	}
+	// No generator mounts the EFI system partition: the running node
+	// never reads it.
+	if err := maskGenerator(tree, "systemd-gpt-auto-generator"); err != nil {
+		return err
+	}
 	for _, c := range [][]string{
 		append([]string{"systemctl", "enable"}, enabledUnits()...),
 		append([]string{"systemctl", "disable"}, disabledUnits()...),
@@ -159,6 +167,20 @@ func configure(ctx context.Context, tree string, bins []binary) error {
 		}
 	}
 	return nil
+}
+
+// maskGenerator keeps the systemd generator name from running
+// (systemd.generator(7): a link to /dev/null in /etc/systemd/system-generators).
+func maskGenerator(tree, name string) error {
+	dir := filepath.Join(tree, "etc/systemd/system-generators")
+	if err := os.MkdirAll(dir, 0o755); err != nil { //nolint:gosec // system directory
+		return err
+	}
+	link := filepath.Join(dir, name)
+	if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return os.Symlink("/dev/null", link)
 }
 
 // appendOSRelease adds the image's identity to os-release

@@ -350,3 +350,36 @@ func TestRecipeFilesAreExecutableWhereNeeded(t *testing.T) {
 		t.Errorf("writing the recipe over itself: %v", err)
 	}
 }
+
+func TestPruneBuilds(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	ages := map[string]time.Duration{
+		"a": time.Minute, "b": time.Hour, "c": 2 * time.Hour, // the 3 most recently used
+		"d":     3 * time.Hour,  // used within keepUsed
+		"e":     48 * time.Hour, // old: removed
+		"f.tmp": 72 * time.Hour, // an assembly in progress: kept
+	}
+	for name, age := range ages {
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(filepath.Join(dir, name), now.Add(-age), now.Add(-age)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pruneBuilds(dir, keepBuilds, now.Add(-keepUsed)); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if want := []string{"a", "b", "c", "d", "f.tmp"}; !slices.Equal(left, want) {
+		t.Errorf("left %v, want %v", left, want)
+	}
+}
