@@ -73,7 +73,10 @@ build-mini: ## Build the binaries the local cluster runs into bin/ (all but the 
 
 .PHONY: unit
 unit: tools ## Run the tests (needs `make setup-test` first)
-	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
+	@# The real-boot test (test/realboot) boots the node image built from this checkout (cached by content).
+	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) \
+		$(if $(filter ./... ./test/realboot/...,$(PKGS)),GATEHOUSE_NODE_IMAGE=$$(hack/node-image.sh)) \
+		gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
 	@# The CAPI provider's parity test against upstream CABPK's renderers: a module of its own (docs/capi-parity.md).
 	$(if $(filter ./...,$(PKGS)),cd test/capiparity && GATEHOUSE_KUBE_BIN=$$(../../hack/kube-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) ./...)
 
@@ -88,15 +91,13 @@ test: setup-test check-generate lint unit fuzz ## Set up the machine for the tes
 mini-up: setup build-mini ## Set up what the local cluster needs and start one (1 control plane + 2 workers)
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) bin/gatehouse mini up
 
-.PHONY: image
-image: ## Build the node image (as root): its Debian packages, the pinned binaries, then `gatehouse image build` (cached by content; docs/image.md)
-	hack/setup.sh --image
-	hack/build.sh ./cmd/gatehouse
-	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) bin/gatehouse image build
-
 .PHONY: mini-down
 mini-down: build-mini ## Remove the local cluster and everything it made
 	bin/gatehouse mini down
+
+.PHONY: image
+image: setup-test ## Build the node image (docs/image.md) from this checkout and print its directory
+	hack/node-image.sh
 
 .PHONY: clean
 clean: ## Remove build outputs (not the caches)

@@ -32,6 +32,7 @@ func newConfigGenerateCmd() *cobra.Command {
 	var (
 		out, name, version, refFile, serviceCIDR, podCIDR  string
 		cpRefFile, workerRefFile, ekRootsFile, ekInterFile string
+		signedRefFile, verifyKeyFile                       string
 		akFiles, gceProjects, gceZones                     []string
 		pcrs                                               []int
 		force                                              bool
@@ -52,8 +53,14 @@ func newConfigGenerateCmd() *cobra.Command {
 			"--attestation chooses the variant: tpm (the default), gcp-vtpm (tpm with\n" +
 			"--gce-project), sev-snp (confidential VMs whose SEV-SNP report binds their vTPM's\n" +
 			"key: --launch-measurement, --snp-minimum-tcb) or tdx (--mrtd). The file comments\n" +
-			"every field of the variant's section.",
-		Example: "  gatehouse config generate --reference-values refs.yaml \\\n" +
+			"every field of the variant's section.\n\n" +
+			"--reference-values-from takes every reference value from a signed reference-value file an\n" +
+			"image build wrote (docs/attestation.md, \"Signed reference values\"), checked with the\n" +
+			"signer's public key (--verify-key): values all roles share go to referenceValues, the others\n" +
+			"to each role, events included, and the quoted PCRs grow to cover them. An unsigned, altered or\n" +
+			"wrongly signed file is refused.",
+		Example: "  gatehouse config generate --reference-values-from values.signed.json --verify-key values-signing.pub --ek-roots tpm-vendor-roots.pem\n" +
+			"  gatehouse config generate --reference-values refs.yaml \\\n" +
 			"    --control-plane-reference-values cp.yaml --worker-reference-values worker.yaml --ek-roots tpm-vendor-roots.pem\n" +
 			"  gatehouse config generate --attestation sev-snp --launch-measurement <hex> --snp-minimum-tcb 3.0.8.115 \\\n" +
 			"    --reference-values refs.yaml --control-plane-reference-values cp.yaml --worker-reference-values worker.yaml",
@@ -69,7 +76,16 @@ func newConfigGenerateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if refFile == "" || cpRefFile == "" || (hw.Variant == "tpm" && trust != 1) {
+			signed := signedRefFile != "" || verifyKeyFile != ""
+			if signed {
+				if refFile != "" || cpRefFile != "" || workerRefFile != "" {
+					return errors.New("--reference-values-from replaces --reference-values, --control-plane-reference-values and --worker-reference-values: give signed or unsigned values, not both")
+				}
+				if hw.Variant != "tpm" {
+					return fmt.Errorf("--reference-values-from holds TPM PCR values; --attestation %s takes its values from its own flags", variant)
+				}
+			}
+			if (!signed && (refFile == "" || cpRefFile == "")) || (hw.Variant == "tpm" && trust != 1) {
 				return errors.New("--reference-values, --control-plane-reference-values and (for tpm) one of --ek-roots, --gce-project and --pinned-ak are required: " +
 					"without them the policy would accept any software, any role or any TPM")
 			}
@@ -79,13 +95,21 @@ func newConfigGenerateCmd() *cobra.Command {
 			if ekInterFile != "" && ekRootsFile == "" {
 				return errors.New("--ek-intermediates needs --ek-roots")
 			}
-			refJSON, err := readReferenceValues("--reference-values", refFile)
-			if err != nil {
-				return err
-			}
+			var refJSON string
 			roles := map[policy.Role]string{}
-			if roles[policy.RoleControlPlane], err = readReferenceValues("--control-plane-reference-values", cpRefFile); err != nil {
-				return err
+			if signed {
+				values, err := readSignedReferenceValues(cmd, signedRefFile, verifyKeyFile, &pcrs)
+				if err != nil {
+					return err
+				}
+				refJSON, roles = values.common, values.roles
+			} else {
+				if refJSON, err = readReferenceValues("--reference-values", refFile); err != nil {
+					return err
+				}
+				if roles[policy.RoleControlPlane], err = readReferenceValues("--control-plane-reference-values", cpRefFile); err != nil {
+					return err
+				}
 			}
 			if workerRefFile != "" {
 				if roles[policy.RoleWorker], err = readReferenceValues("--worker-reference-values", workerRefFile); err != nil {
@@ -136,6 +160,8 @@ func newConfigGenerateCmd() *cobra.Command {
 	f.StringVar(&refFile, "reference-values", "", "file with the PCR values every node shares (JSON or YAML)")
 	f.StringVar(&cpRefFile, "control-plane-reference-values", "", "file with the PCR values that prove the control-plane role (JSON or YAML)")
 	f.StringVar(&workerRefFile, "worker-reference-values", "", "file with the PCR values that prove the worker role (JSON or YAML); without it no node can join as a worker")
+	f.StringVar(&signedRefFile, "reference-values-from", "", "signed reference-value file of an image build (DSSE JSON), instead of the three files above; needs --verify-key")
+	f.StringVar(&verifyKeyFile, "verify-key", "", "public key (PEM) of the image build's signing key, which --reference-values-from must be signed by")
 	f.StringArrayVar(&akFiles, "pinned-ak", nil, "PEM public key of a trusted attestation key (repeatable); or else --ek-roots")
 	f.StringVar(&ekRootsFile, "ek-roots", "", "PEM bundle of the root CAs of the nodes' TPM manufacturers: TPMs whose EK certificate chains to one join with no registered key")
 	f.StringVar(&ekInterFile, "ek-intermediates", "", "PEM bundle of the TPM manufacturers' issuing CAs (with --ek-roots)")

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"maps"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
@@ -46,18 +48,32 @@ type verifyReport struct {
 	Warnings     []string          `json:"warnings,omitempty"`
 	// Roles are the roles whose reference values the evidence satisfies.
 	Roles []policy.Role `json:"roles"`
+	// Events are the events of the node's TCG event log, replayed to the
+	// quoted PCRs, in log order; absent when the evidence carried none.
+	Events []bootEvent `json:"events,omitempty"`
+}
+
+// bootEvent is one event of verify's report (attestation.BootEvent).
+type bootEvent struct {
+	Number      uint32 `json:"number"`
+	PCR         uint32 `json:"pcr"`
+	Type        string `json:"type"`
+	Description string `json:"description,omitempty"`
+	Digest      string `json:"digest"`
 }
 
 func newVerifyCmd() *cobra.Command {
 	var config, node, stateFile, output, kubeconfig, namespace string
-	var all bool
+	var all, events bool
 	cmd := &cobra.Command{
 		Use:   "verify",
 		Short: "Verify a node's attestation and print its measurements",
 		Long: "Fetch fresh evidence from a node (its evidence endpoint, or the InitService of a\n" +
 			"node not yet initialised) for a new nonce, verify it against the configuration's\n" +
 			"policy and print the verified measurements. PCR 15 must hold the cluster ID from\n" +
-			"the state file, or zero when there is no state file. A node that belongs to a cluster\n" +
+			"the state file, or zero when there is no state file. When the evidence carries the\n" +
+			"node's TCG event log, its events are replayed to the PCRs (--events lists them) and a\n" +
+			"refusal names the event behind a PCR that differs. A node that belongs to a cluster\n" +
 			"answers only its join service and administrators: verify presents the client certificate\n" +
 			"of the admin kubeconfig (--kubeconfig).",
 		Example: "  gatehouse verify --node 192.0.2.11:9001\n  gatehouse verify --node 192.0.2.11:9001 --output json\n" +
@@ -103,7 +119,7 @@ func newVerifyCmd() *cobra.Command {
 			}
 			result, err := fetcher.Fetch(cmd.Context(), node, []attestation.Verifier{appraisal})
 			if err != nil {
-				return fetchError(node, kubeconfig, fetcher, err)
+				return refusalError{fetchError(node, kubeconfig, fetcher, err)}
 			}
 			report.Variant, report.Identity, report.Warnings = string(result.Variant), result.Identity, result.Warnings
 			report.Endorsement, report.Identities = result.Endorsement, result.Identities()
@@ -112,17 +128,21 @@ func newVerifyCmd() *cobra.Command {
 			for i, v := range result.Measurements {
 				report.Measurements[fmt.Sprint(i)] = hex.EncodeToString(v)
 			}
+			for _, e := range result.BootEvents {
+				report.Events = append(report.Events, bootEvent{Number: e.Number, PCR: e.PCR, Type: e.Type, Description: e.Description, Digest: hex.EncodeToString(e.Digest)})
+			}
 			if output == "json" {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(report)
 			}
-			return printVerifyReport(cmd.OutOrStdout(), report, result)
+			return printVerifyReport(cmd.OutOrStdout(), report, result, events)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&config, "config", clusterconfig.DefaultPath, "cluster configuration file")
 	f.StringVar(&node, "node", "", "the node's evidence address, host:port")
+	f.BoolVar(&events, "events", false, "list the events of the node's TCG event log behind each PCR (type, description, SHA-256 digest); --output json always has them")
 	f.BoolVar(&all, "all", false, "print every Node's continuous attestation state, from the records only Gatehouse writes")
 	f.StringVar(&namespace, "namespace", charts.Namespace, "namespace of the join service (where the attestation records live; with --all)")
 	f.StringVar(&kubeconfig, "kubeconfig", clusterconfig.DefaultKubeconfig, "admin kubeconfig: --all reads the cluster with it; "+
@@ -223,7 +243,7 @@ func printAllNodes(ctx context.Context, out io.Writer, kubeconfig, namespace, ou
 	return w.Flush()
 }
 
-func printVerifyReport(out io.Writer, r verifyReport, result *attestation.Result) error {
+func printVerifyReport(out io.Writer, r verifyReport, result *attestation.Result, listEvents bool) error {
 	fmt.Fprintf(out, "Node %s is verified (%s, %s).\n", r.Node, r.Variant, r.Identity)
 	if r.Endorsement != "" {
 		fmt.Fprintf(out, "Its attestation key is trusted by: %s.\n", r.Endorsement)
@@ -238,16 +258,67 @@ func printVerifyReport(out io.Writer, r verifyReport, result *attestation.Result
 	} else {
 		fmt.Fprintf(out, "PCR %d is zero: the node has not taken its node lock.\n", keys.NodeLockPCR)
 	}
+	perPCR := map[uint32][]attestation.BootEvent{}
+	for _, e := range result.BootEvents {
+		perPCR[e.PCR] = append(perPCR[e.PCR], e)
+	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PCR\tVALUE")
+	fmt.Fprintln(w, "PCR\tVALUE\tEVENTS")
 	for _, i := range slices.Sorted(maps.Keys(result.Measurements)) {
-		fmt.Fprintf(w, "%d\t%s\n", i, hex.EncodeToString(result.Measurements[i]))
+		count := "-"
+		if result.BootEvents != nil {
+			count = fmt.Sprint(len(perPCR[i]))
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\n", i, hex.EncodeToString(result.Measurements[i]), count)
 	}
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	switch {
+	case result.BootEvents == nil:
+		fmt.Fprintln(out, "The evidence carries no TCG event log: the PCR values alone were checked.")
+	case !listEvents:
+		fmt.Fprintf(out, "The node's TCG event log replays to these PCRs: %d events (--events lists them).\n", len(result.BootEvents))
+	default:
+		fmt.Fprintln(out, "The events of the node's TCG event log behind each PCR (the quote vouches for the digests; types and descriptions are the log's):")
+		w = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "PCR\tEVENT\tTYPE\tDESCRIPTION\tDIGEST")
+		for _, i := range slices.Sorted(maps.Keys(perPCR)) {
+			for _, e := range perPCR[i] {
+				fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\n", e.PCR, e.Number, e.Type, e.Description, hex.EncodeToString(e.Digest))
+			}
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
 	}
 	for _, warn := range r.Warnings {
 		fmt.Fprintln(out, "warning:", warn)
 	}
 	return nil
+}
+
+// refusalError lays out a refusal whose message names the events that
+// differ (tpm.ExplanationSuffix) one per line, under the part of the
+// message they explain.
+type refusalError struct{ err error }
+
+func (e refusalError) Unwrap() error { return e.err }
+
+func (e refusalError) Error() string {
+	parts := strings.Split(e.err.Error(), tpm.ExplanationMarker)
+	var b strings.Builder
+	b.WriteString(parts[0])
+	for _, part := range parts[1:] {
+		b.WriteString("\n  the TCG event log shows:")
+		segments := strings.Split(part, "; ")
+		i := 0
+		for ; i < len(segments) && strings.HasPrefix(segments[i], "PCR "); i++ {
+			b.WriteString("\n    " + segments[i])
+		}
+		if i < len(segments) {
+			b.WriteString("\n" + strings.Join(segments[i:], "; "))
+		}
+	}
+	return b.String()
 }

@@ -9,8 +9,6 @@
 #                         tests' Debian packages, the pinned Go tools (MinIO
 #                         among them) and the pinned upstream Cluster API
 #                         programs (hack/capi-tools.sh)
-#   hack/setup.sh --image what the local cluster needs, and the Debian packages
-#                         `gatehouse image build` runs (make image)
 #
 # Idempotent and fast when everything is already there. Every step longer
 # than a few seconds says what it does while it runs.
@@ -21,13 +19,11 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/lib/progress.sh"
 
 test=false
-image=false
 case "${1:-}" in
 "") ;;
 --test) test=true ;;
---image) image=true ;;
 *)
-	echo "usage: $0 [--test | --image]" >&2
+	echo "usage: $0 [--test]" >&2
 	exit 2
 	;;
 esac
@@ -37,17 +33,19 @@ esac
 PACKAGES=(ca-certificates git make gcc libc6-dev util-linux mount iproute2 iptables
 	swtpm swtpm-tools cryptsetup-bin containerd runc containernetworking-plugins haproxy)
 # Debian packages only the tests use: OpenSSL's headers for the TPM
-# simulator's cgo, SoftHSM2 for PKCS#11, cloud-init for `cloud-init schema`.
-TEST_PACKAGES=(libssl-dev softhsm2 cloud-init)
-# Debian packages the node image build runs (image/build checks them): the
-# root file system, squashfs, dm-verity, the UKI, the GPT disk and its ESP.
-IMAGE_PACKAGES=(debootstrap squashfs-tools mtools dosfstools fdisk binutils systemd-boot-efi cryptsetup-bin zstd)
+# simulator's cgo, SoftHSM2 for PKCS#11, cloud-init for `cloud-init schema`;
+# QEMU, OVMF and the systemd stub, objcopy, sfdisk and mtools for the VM
+# boots of image/qemu (`gatehouse image run` needs the first three);
+# debootstrap, squashfs-tools, dosfstools and zstd for `gatehouse image
+# build`, whose image the real-boot test boots (make image needs them too).
+TEST_PACKAGES=(libssl-dev softhsm2 cloud-init
+	qemu-system-x86 qemu-utils ovmf systemd-boot-efi binutils fdisk mtools
+	debootstrap squashfs-tools dosfstools zstd)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 wanted=("${PACKAGES[@]}")
-if $test; then wanted+=("${TEST_PACKAGES[@]}" "${IMAGE_PACKAGES[@]}"); fi
-if $image; then wanted+=("${IMAGE_PACKAGES[@]}"); fi
+if $test; then wanted+=("${TEST_PACKAGES[@]}"); fi
 missing=()
 for p in "${wanted[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

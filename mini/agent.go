@@ -107,7 +107,7 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	// node's mount namespace, where the node's own root/etc/kubernetes is
 	// bind-mounted over /etc/kubernetes (mountPrivateDirs).
 	procs.start(ctx, "evidence", filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), "serve-evidence",
-		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--listen", fmt.Sprintf("%s:%d", spec.IP, evidencePort),
+		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--tcg-event-log", "", "--listen", fmt.Sprintf("%s:%d", spec.IP, evidencePort),
 		"--client-ca", nodeClientCA)
 	// On a first boot kubeadm needs the kubelet while it runs, and the
 	// kubelet starts once kubeadm wrote its configuration. After a reboot
@@ -473,7 +473,8 @@ func kubeadmKubeletFlags(config, flags string) ([]string, bool) {
 func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 	args := []string{
 		"--node-name", spec.Name, "--advertise-address", spec.IP,
-		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--state-disk", spec.StateDisk,
+		// The host's firmware log is not the swtpm's.
+		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--tcg-event-log", "", "--state-disk", spec.StateDisk,
 		"--state-disk-mapper-name", spec.Network.stateMapperName(spec.Name), "--state-disk-mount", "/run/gatehouse/state",
 		// The nodes share the host's kernel, which may lack device-mapper.
 		"--insecure-state-on-root-fs",

@@ -62,6 +62,7 @@ func serveEvidence(log *slog.Logger, args []string) error {
 		return err
 	}
 	defer node.Close()
+	logTCGEventLog(log, node.TCGEventLog)
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err

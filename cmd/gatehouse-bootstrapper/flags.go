@@ -15,6 +15,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snpguest"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -181,6 +182,7 @@ func attesterFlags(fs *flag.FlagSet) func() (choose.AttesterOptions, error) {
 	pcrList := fs.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
 	fs.StringVar(&o.EKCertificate, "ek-certificate", string(tpmattester.EKCertificateAuto), ekCertificateUsage)
 	fs.StringVar(&o.AttestationKey, "attestation-key", string(tpmattester.AKOwner), attestationKeyUsage)
+	fs.StringVar(&o.TCGEventLog, "tcg-event-log", tpm.DefaultTCGEventLogPath, tcgEventLogUsage)
 	return func() (choose.AttesterOptions, error) {
 		var err error
 		o.PCRs, err = parsePCRs(*pcrList)
@@ -193,6 +195,9 @@ const ekCertificateUsage = "send the TPM's EK certificate with evidence, for ver
 
 const attestationKeyUsage = "attestation key: owner (the same key on every boot; verifiers pin it or trust the TPM's EK certificate), " +
 	"or gce (a Compute Engine vTPM's AK with the certificate Google issued the instance; policy gce)"
+
+const tcgEventLogUsage = "the firmware's TCG event log, read afresh and sent with every evidence so verifiers replay it and " +
+	"name the boot event behind a refused PCR; none when the file does not exist or with \"\" (a local cluster's swtpm nodes)"
 
 const attestationUsage = "attestation variant: tpm (the TPM's quote), sev-snp or tdx (a confidential VM: " +
 	"its vTPM's quote with the AMD SEV-SNP report or Intel TDX quote binding the vTPM's key)"

@@ -39,8 +39,17 @@ func TestParseFlags(t *testing.T) {
 	if o.node.Name != "node-1" || o.node.AdvertiseAddress != "192.0.2.10" || o.stateDisk != "/dev/vdb" {
 		t.Errorf("node %+v, state disk %q", o.node, o.stateDisk)
 	}
-	if len(o.attester.PCRs) != 2 || o.attester.Variant != "tpm" || o.attester.TPMPath != "/dev/tpmrm0" {
+	if len(o.attester.PCRs) != 2 || o.attester.Variant != "tpm" || o.attester.TPMPath != "/dev/tpmrm0" ||
+		o.attester.TCGEventLog != "/sys/kernel/security/tpm0/binary_bios_measurements" {
 		t.Errorf("attester options %+v", o.attester)
+	}
+	// The local cluster's swtpm nodes send no firmware log.
+	none, err := parseFlags("gatehouse-bootstrapper", append([]string{"--tcg-event-log", ""}, required...), "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if none.attester.TCGEventLog != "" {
+		t.Errorf("--tcg-event-log \"\" gives %q", none.attester.TCGEventLog)
 	}
 	if o.kubeProxy.ConntrackMaxPerCore == nil || *o.kubeProxy.ConntrackMaxPerCore != 0 || o.endpoints == nil || len(o.skipPhases) != 1 {
 		t.Errorf("kube-proxy %+v, endpoints %v, skip phases %q", o.kubeProxy, o.endpoints, o.skipPhases)

@@ -93,6 +93,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	}
 	defer node.Close()
 	logEndorsement(log, node.TPMAttester, node.Attester)
+	logTCGEventLog(log, node.TCGEventLog)
 	lock, err := nodelock.New(node.TPM)
 	if err != nil {
 		return err
@@ -239,4 +240,14 @@ func readInitSecretHash(log *slog.Logger, path string) ([]byte, error) {
 		return nil, fmt.Errorf("reading the init secret hash: %w", err)
 	}
 	return []byte(strings.TrimSpace(string(data))), nil
+}
+
+// logTCGEventLog says, once at start, whether evidence carries the
+// firmware's TCG event log.
+func logTCGEventLog(log *slog.Logger, path string) {
+	if path == "" {
+		log.Info("Evidence carries no TCG event log: --tcg-event-log names no file that exists; verifiers whose policy requires one (requireEventLog) refuse this node")
+		return
+	}
+	log.Info("Evidence carries the TCG event log, read afresh for each", "path", path)
 }

@@ -104,8 +104,9 @@ func imageDirs() []string {
 // tty1: a node has no console login); maskedUnits never run:
 // systemd-firstboot would ask for a locale on the console at every boot
 // (machine-id is empty); no getty offers a login on any console; and
-// systemd-pcrphase would extend PCR 11 with boot phases after systemd-stub's
-// measurements of the UKI, so PCR 11 holds exactly those (docs/image.md).
+// systemd-pcrphase would extend PCR 11 with boot phases at times that race
+// the bootstrapper's quote, and without an entry in the firmware's event
+// log: PCR 11 holds the UKI's sections and nothing else (docs/image.md).
 func enabledUnits() []string {
 	return []string{"systemd-networkd.service", "systemd-resolved.service", "gatehouse-provision.service", "gatehouse-bootstrapper.service"}
 }

@@ -25,7 +25,8 @@ func fileRole(role string) string { return strings.ToLower(role) }
 
 // cmdline is the kernel command line of the image of role: the dm-verity
 // root opened by the initrd (scripts/local-top/gatehouse-verity) from the
-// root and hash partitions (PARTUUID, derived from the root hash as
+// root and hash partitions (PARTUUID in lower case, as blkid and udev
+// name them; derived from the root hash as
 // systemd-repart derives them), systemd's own verity generator off (the
 // initrd opened it), the role, the serial console, and a reboot 10 s after
 // a panic. It is measured (PCR 11 through the UKI's .cmdline section), so
@@ -34,8 +35,8 @@ func cmdline(rootHash string, l layout, role string) string {
 	return strings.Join([]string{
 		"root=/dev/mapper/root", "ro", "rootfstype=squashfs",
 		"roothash=" + rootHash,
-		"gatehouse.verity.data=PARTUUID=" + l.root.uuid,
-		"gatehouse.verity.hash=PARTUUID=" + l.verity.uuid,
+		"gatehouse.verity.data=PARTUUID=" + strings.ToLower(l.root.uuid),
+		"gatehouse.verity.hash=PARTUUID=" + strings.ToLower(l.verity.uuid),
 		"systemd.verity=no",
 		"gatehouse.role=" + role,
 		"console=ttyS0", "panic=10",

@@ -104,6 +104,11 @@ type Result struct {
 	// Measurements are the verified measurements by index (see package
 	// measurements for what an index means per variant).
 	Measurements map[uint32][]byte
+	// BootEvents are the events of the TCG event log the evidence carried
+	// (variant tpm and the confidential VMs' vTPM quotes), in log order,
+	// for the quoted PCRs the log replays to; nil when it carried none.
+	// Shared between results: read only.
+	BootEvents []BootEvent
 	// Warnings lists mismatches of warn-only reference values.
 	Warnings []string
 	// AppraisalPolicy names the version of the appraisal policy that
@@ -129,6 +134,28 @@ type Result struct {
 	// KeyActivation). Attested TLS completes it before a connection is
 	// used; it is nil in a result a connection hands out.
 	Activation KeyActivation
+}
+
+// BootEvent is one event of a TCG event log (TCG PC Client Platform
+// Firmware Profile §10.2.2, TCG_PCR_EVENT2) whose digest a replay matched to
+// a quoted PCR value. The quote vouches for Digest only: Type and
+// Description are what the log says about it.
+type BootEvent struct {
+	// Number is the event's position in the log, the Spec ID event being
+	// 0 (as tpm2_eventlog numbers them).
+	Number uint32
+	// PCR is the PCR the event extended.
+	PCR uint32
+	// Type is the TCG event type's name, e.g. "EV_IPL" (Firmware Profile
+	// §10.4.1), or "EV_UNKNOWN_0x…" for a type the spec does not name.
+	Type string
+	// Description says what was measured, decoded from the event data
+	// (a UKI section such as ".cmdline", an EFI variable such as
+	// "SecureBoot", an image's device path); "" when the data says
+	// nothing readable. At most 160 characters, printable only.
+	Description string
+	// Digest is the SHA-256 digest extended into PCR (32 bytes).
+	Digest []byte
 }
 
 // Errors a verifier wraps, so callers and tests can tell failures apart with

@@ -335,6 +335,7 @@ var publicAPI = map[string]string{
 	"internal/clusterpki.AdminGroup":                             "the admin kubeconfig's organisation, the documented group of Init's admin (docs/keys.md)",
 	"internal/atls.ServeEvidence":                                "the evidence endpoint without the door, for listeners limited otherwise; the verifiers' tests in cli and joinservice/continuous serve a node's evidence with it (a node serves through EvidenceEndpoint)",
 	"internal/attestation/tpm.ExpectedPCRs":                      "predicts the PCR values of a measured boot without a TPM: how a node image's reference values are made (docs/attestation.md); the swtpm tests check a real boot against it",
+	"image/qemu.Accel*":                                          "values of qemu.Config.Accel, the runner's documented option (the CLI parses its flag with qemu.ParseAccel); the local cluster's VM nodes (issue 36) set them",
 	"capi/render/cloudinit.RefExpr":                              "the Jinja expression a reference renders to, which the renderer's fuzz checker recomputes independently of the rendering",
 	// TODO(issue 36): the exports below are what test/e2e drives a local
 	// cluster through; they become a provider seam or a *test package then.

@@ -38,7 +38,9 @@ type TPMEvidence struct {
 	AttestationKey []byte `protobuf:"bytes,5,opt,name=attestation_key,json=attestationKey,proto3" json:"attestation_key,omitempty"`
 	// Optional certificate chain for the attestation key, DER, leaf first.
 	AttestationKeyCertificates [][]byte `protobuf:"bytes,6,rep,name=attestation_key_certificates,json=attestationKeyCertificates,proto3" json:"attestation_key_certificates,omitempty"`
-	// Optional event log that replays to the quoted PCRs (see docs/attestation.md).
+	// Optional log of Gatehouse's own simulated boot (an EventLog, marshalled),
+	// which the local network-namespace cluster's nodes make; it replays to the
+	// quoted PCRs (see docs/attestation.md).
 	EventLog []byte `protobuf:"bytes,7,opt,name=event_log,json=eventLog,proto3" json:"event_log,omitempty"`
 	// The user data the quote is bound to: the quote's extraData is
 	// SHA-256(nonce || user_data).
@@ -49,8 +51,16 @@ type TPMEvidence struct {
 	// activation challenge (TPMActivationChallenge) after the handshake, which
 	// proves the attestation key lives in the same TPM as this EK.
 	EndorsementKeyCertificate []byte `protobuf:"bytes,9,opt,name=endorsement_key_certificate,json=endorsementKeyCertificate,proto3" json:"endorsement_key_certificate,omitempty"`
-	unknownFields             protoimpl.UnknownFields
-	sizeCache                 protoimpl.SizeCache
+	// Optional TCG event log the node's firmware and kernel wrote, as Linux
+	// exposes it in /sys/kernel/security/tpm0/binary_bios_measurements: the
+	// crypto-agile format of the TCG PC Client Platform Firmware Profile
+	// (§10.2, TCG_PCR_EVENT2 records after a Spec ID event). The verifier
+	// replays its SHA-256 digests to the quoted PCRs and names the events
+	// behind a PCR that differs from its reference value (docs/attestation.md,
+	// "Event logs").
+	TcgEventLog   []byte `protobuf:"bytes,10,opt,name=tcg_event_log,json=tcgEventLog,proto3" json:"tcg_event_log,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TPMEvidence) Reset() {
@@ -142,6 +152,13 @@ func (x *TPMEvidence) GetUserData() []byte {
 func (x *TPMEvidence) GetEndorsementKeyCertificate() []byte {
 	if x != nil {
 		return x.EndorsementKeyCertificate
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetTcgEventLog() []byte {
+	if x != nil {
+		return x.TcgEventLog
 	}
 	return nil
 }
@@ -504,7 +521,7 @@ var File_attestation_v1_evidence_proto protoreflect.FileDescriptor
 
 const file_attestation_v1_evidence_proto_rawDesc = "" +
 	"\n" +
-	"\x1dattestation/v1/evidence.proto\x12\x18gatehouse.attestation.v1\"\xd2\x03\n" +
+	"\x1dattestation/v1/evidence.proto\x12\x18gatehouse.attestation.v1\"\xf6\x03\n" +
 	"\vTPMEvidence\x12\x14\n" +
 	"\x05quote\x18\x01 \x01(\fR\x05quote\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12,\n" +
@@ -514,7 +531,9 @@ const file_attestation_v1_evidence_proto_rawDesc = "" +
 	"\x1cattestation_key_certificates\x18\x06 \x03(\fR\x1aattestationKeyCertificates\x12\x1b\n" +
 	"\tevent_log\x18\a \x01(\fR\beventLog\x12\x1b\n" +
 	"\tuser_data\x18\b \x01(\fR\buserData\x12>\n" +
-	"\x1bendorsement_key_certificate\x18\t \x01(\fR\x19endorsementKeyCertificate\x1a7\n" +
+	"\x1bendorsement_key_certificate\x18\t \x01(\fR\x19endorsementKeyCertificate\x12\"\n" +
+	"\rtcg_event_log\x18\n" +
+	" \x01(\fR\vtcgEventLog\x1a7\n" +
 	"\tPcrsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"c\n" +

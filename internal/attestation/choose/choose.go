@@ -8,8 +8,11 @@
 package choose
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"time"
 
 	"github.com/google/go-tpm/tpmutil"
@@ -69,6 +72,9 @@ type Appraisal struct {
 	Capture bool
 	// Now is the clock certificates and collateral are checked at.
 	Now func() time.Time
+	// RequireEventLog refuses (v)TPM evidence without the node's TCG event
+	// log (tpm.QuotePolicy.RequireEventLog).
+	RequireEventLog bool
 }
 
 // Verifier compiles the verifier of variant v from a. Errors name the
@@ -92,7 +98,7 @@ func confidentialVMVerifier(v attestation.Variant, a Appraisal, hardware func() 
 	if err != nil {
 		return nil, err
 	}
-	vtpm, err := tpm.NewBoundVerifier(tpm.QuotePolicy{PCRs: a.PCRs, ReferenceValues: a.ReferenceValues}, a.Now)
+	vtpm, err := tpm.NewBoundVerifier(tpm.QuotePolicy{PCRs: a.PCRs, ReferenceValues: a.ReferenceValues, RequireEventLog: a.RequireEventLog}, a.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -117,6 +123,11 @@ type AttesterOptions struct {
 	// SNPInterface is how the SEV-SNP report is fetched
 	// (--sev-snp-interface, snpguest.ParseInterface).
 	SNPInterface string
+	// TCGEventLog is the file of the firmware's TCG event log, sent with
+	// every evidence (--tcg-event-log, default
+	// tpm.DefaultTCGEventLogPath); none when "" or when the file does not
+	// exist.
+	TCGEventLog string
 }
 
 // NodeAttester is a node's open (v)TPM and its attesters.
@@ -129,6 +140,9 @@ type NodeAttester struct {
 	// confidential VM variant the vTPM quote and the hardware report
 	// binding its key.
 	Attester attestation.Attester
+	// TCGEventLog is the file of the TCG event log that evidence carries;
+	// "" when it carries none (for the start-up log).
+	TCGEventLog string
 }
 
 // Close closes the attester and the TPM.
@@ -164,16 +178,21 @@ func OpenAttester(o AttesterOptions) (*NodeAttester, error) {
 		// The hardware report vouches for the vTPM's key: no EK to activate.
 		mode = tpmattester.EKCertificateOff
 	}
+	tcgLog, err := tcgEventLogPath(o.TCGEventLog)
+	if err != nil {
+		return nil, err
+	}
 	rw, err := tpmutil.OpenTPM(o.TPMPath)
 	if err != nil {
 		return nil, fmt.Errorf("opening the TPM %s: %w", o.TPMPath, err)
 	}
-	tpmAttester, err := tpmattester.New(rw, tpmattester.Options{PCRs: o.PCRs, EKCertificate: mode, AttestationKey: tpmattester.AKSource(o.AttestationKey)})
+	tpmAttester, err := tpmattester.New(rw, tpmattester.Options{PCRs: o.PCRs, EKCertificate: mode,
+		AttestationKey: tpmattester.AKSource(o.AttestationKey), TCGEventLogPath: tcgLog})
 	if err != nil {
 		_ = rw.Close()
 		return nil, fmt.Errorf("creating the attestation key: %w", err)
 	}
-	n := &NodeAttester{TPM: rw, TPMAttester: tpmAttester, Attester: tpmAttester}
+	n := &NodeAttester{TPM: rw, TPMAttester: tpmAttester, Attester: tpmAttester, TCGEventLog: tcgLog}
 	if hardware != nil {
 		if n.Attester, err = cvm.NewCompositeAttester(hardware, tpmAttester); err != nil {
 			n.Close()
@@ -181,4 +200,22 @@ func OpenAttester(o AttesterOptions) (*NodeAttester, error) {
 		}
 	}
 	return n, nil
+}
+
+// tcgEventLogPath returns path when it names a readable file, "" when it is
+// "" or does not exist (a machine whose firmware keeps no log, or a local
+// cluster's node whose TPM is a swtpm), and an error naming the flag
+// otherwise.
+func tcgEventLogPath(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("--tcg-event-log: %w", err)
+	}
+	return path, f.Close()
 }

@@ -1,6 +1,8 @@
 package choose
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -73,9 +75,32 @@ func TestOpenAttesterNamesTheFlag(t *testing.T) {
 		{AttesterOptions{Variant: "sgx"}, "--attestation"},
 		{AttesterOptions{Variant: "tpm", EKCertificate: "sometimes"}, "--ek-certificate"},
 		{AttesterOptions{Variant: "sev-snp", EKCertificate: "auto", SNPInterface: "carrier-pigeon"}, "--sev-snp-interface"},
+		{AttesterOptions{Variant: "tpm", EKCertificate: "auto", TCGEventLog: filepath.Join(t.TempDir(), "a-file", "log")}, ""},
 	} {
+		if strings.HasSuffix(tt.o.TCGEventLog, "log") {
+			// A path through a file: neither readable nor absent.
+			if err := os.WriteFile(filepath.Dir(tt.o.TCGEventLog), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tt.want = "--tcg-event-log"
+		}
 		if _, err := OpenAttester(tt.o); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
 			t.Errorf("OpenAttester(%+v) = %v, want an error naming %s", tt.o, err, tt.want)
+		}
+	}
+}
+
+// TestTCGEventLogPath: a log file that does not exist means no log (a
+// machine whose firmware keeps none), one that does is read.
+func TestTCGEventLogPath(t *testing.T) {
+	dir := t.TempDir()
+	present := filepath.Join(dir, "binary_bios_measurements")
+	if err := os.WriteFile(present, []byte("log"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{"": "", filepath.Join(dir, "absent"): "", present: present} {
+		if got, err := tcgEventLogPath(path); err != nil || got != want {
+			t.Errorf("tcgEventLogPath(%q) = %q, %v; want %q", path, got, err, want)
 		}
 	}
 }

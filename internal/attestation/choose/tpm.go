@@ -16,5 +16,6 @@ func tpmVerifier(a Appraisal) (attestation.Verifier, error) {
 	if a.EndorsementErr != nil {
 		return nil, a.EndorsementErr
 	}
-	return tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: a.PCRs, ReferenceValues: a.ReferenceValues, Endorsement: a.Endorsement}, a.Now)
+	return tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: a.PCRs, ReferenceValues: a.ReferenceValues, Endorsement: a.Endorsement,
+		RequireEventLog: a.RequireEventLog}, a.Now)
 }

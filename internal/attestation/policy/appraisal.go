@@ -14,6 +14,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
@@ -85,7 +86,8 @@ func (p Policy) Appraisal(now func() time.Time, lockPCR []byte) (*Appraisal, err
 		lockPCR = make([]byte, 32)
 	}
 	ref[keys.NodeLockPCR] = measurements.Measurement{Expected: lockPCR}
-	v, err := p.commonVerifier(variant, ref, now)
+	requireEventLog := p.requiresEventLog(append(slices.Collect(maps.Values(roles)), ref)...)
+	v, err := p.commonVerifier(variant, ref, now, requireEventLog)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +111,7 @@ func (p Policy) Appraisal(now func() time.Time, lockPCR []byte) (*Appraisal, err
 			roleSummary = append(roleSummary, string(r)+"="+Fingerprint(j))
 		}
 	}
-	a.Summary = fmt.Sprintf("variant=%s pcrs=%v referenceValues=%s roles=[%s] keys=%s", variant, p.PCRs, Fingerprint(refJSON), strings.Join(roleSummary, " "), p.keyTrust())
+	a.Summary = fmt.Sprintf("variant=%s pcrs=%v referenceValues=%s roles=[%s] keys=%s requireEventLog=%t", variant, p.PCRs, Fingerprint(refJSON), strings.Join(roleSummary, " "), p.keyTrust(), requireEventLog)
 	return a, nil
 }
 
@@ -199,7 +201,7 @@ func (a *Appraisal) Verify(ctx context.Context, evidence, nonce []byte) (*attest
 		}
 		warnings, err := ref.Compare(result.Measurements)
 		if err != nil {
-			misses = append(misses, fmt.Sprintf("role %s: %v", r, err))
+			misses = append(misses, fmt.Sprintf("role %s: %v%s", r, err, explain(ref, result)))
 			continue
 		}
 		satisfied = true
@@ -256,8 +258,16 @@ func (v *roleVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*att
 		return nil, err
 	}
 	if !slices.Contains(v.a.Roles(result.Measurements), v.role) {
-		_, cmpErr := v.a.roles[v.role].Compare(result.Measurements)
-		return nil, fmt.Errorf("%w: %w: role %s: %w", attestation.ErrMeasurement, errRoleNotAttested, v.role, cmpErr)
+		ref := v.a.roles[v.role]
+		_, cmpErr := ref.Compare(result.Measurements)
+		return nil, fmt.Errorf("%w: %w: role %s: %w%s", attestation.ErrMeasurement, errRoleNotAttested, v.role, cmpErr, explain(ref, result))
 	}
 	return result, nil
+}
+
+// explain names, from the TCG event log a verified result carries, the
+// events behind the PCRs that differ from ref (tpm.ExplainMismatches), as
+// the end of a refusal's message; "" without a log.
+func explain(ref measurements.M, result *attestation.Result) string {
+	return tpm.ExplanationSuffix(tpm.ExplainMismatches(ref, result.Measurements, result.BootEvents))
 }

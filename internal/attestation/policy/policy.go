@@ -72,6 +72,13 @@ type Policy struct {
 	SEVSNP *choose.SEVSNPPolicy `json:"sevSnp,omitempty"`
 	// TDX is variant tdx's hardware section.
 	TDX *choose.TDXPolicy `json:"tdx,omitempty"`
+	// RequireEventLog refuses evidence whose (v)TPM quote comes without
+	// the node's TCG event log (the firmware's binary_bios_measurements),
+	// so that every refusal of a PCR names the event that differs. Unset,
+	// it is true when any reference value lists expected events and false
+	// otherwise (docs/attestation.md, "Event logs"). A log that comes is
+	// replayed whatever this says.
+	RequireEventLog *bool `json:"requireEventLog,omitempty"`
 }
 
 // GCEPolicy constrains the Compute Engine instances a policy trusts.
@@ -130,25 +137,41 @@ func (p Policy) KeyVerifier(now func() time.Time) (attestation.Verifier, error) 
 	if err != nil {
 		return nil, err
 	}
-	return choose.Verifier(variant, p.appraisal(nil, now, true))
+	return choose.Verifier(variant, p.appraisal(nil, now, true, false))
 }
 
 // commonVerifier compiles what every node of p must show: for tpm the
 // quote under p's key trust; for sev-snp and tdx the hardware report and
 // the vTPM quote whose key it binds. ref are the common PCR reference
 // values (node lock included).
-func (p Policy) commonVerifier(variant attestation.Variant, ref measurements.M, now func() time.Time) (attestation.Verifier, error) {
-	return choose.Verifier(variant, p.appraisal(ref, now, false))
+func (p Policy) commonVerifier(variant attestation.Variant, ref measurements.M, now func() time.Time, requireEventLog bool) (attestation.Verifier, error) {
+	return choose.Verifier(variant, p.appraisal(ref, now, false, requireEventLog))
 }
 
 // appraisal is what the variant's verifier compiles from (package choose).
-func (p Policy) appraisal(ref measurements.M, now func() time.Time, capture bool) choose.Appraisal {
+func (p Policy) appraisal(ref measurements.M, now func() time.Time, capture, requireEventLog bool) choose.Appraisal {
 	endorsement, err := parseEndorsement(p)
 	return choose.Appraisal{
 		PCRs: p.PCRs, ReferenceValues: ref,
 		Endorsement: endorsement, EndorsementErr: err, EndorsementSet: p.keyTrustSet(),
-		SEVSNP: p.SEVSNP, TDX: p.TDX, Capture: capture, Now: now,
+		SEVSNP: p.SEVSNP, TDX: p.TDX, Capture: capture, Now: now, RequireEventLog: requireEventLog,
 	}
+}
+
+// requiresEventLog is RequireEventLog, or its default: whether any of the
+// reference value sets lists expected events.
+func (p Policy) requiresEventLog(sets ...measurements.M) bool {
+	if p.RequireEventLog != nil {
+		return *p.RequireEventLog
+	}
+	for _, m := range sets {
+		for _, value := range m {
+			if len(value.Events) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // keyTrustSet reports whether any TPM key trust field is set.

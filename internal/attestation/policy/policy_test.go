@@ -181,3 +181,47 @@ func TestConfidentialVMVariants(t *testing.T) {
 		})
 	}
 }
+
+// TestRequireEventLogDefault: a policy requires the TCG event log when a
+// reference value lists expected events, unless it says otherwise.
+func TestRequireEventLogDefault(t *testing.T) {
+	plain := `{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`
+	withEvents := `{"4": {"expected": "` + strings.Repeat("ab", 32) + `", "events": [{"type": "EV_IPL", "description": ".cmdline", "digest": "` + strings.Repeat("cd", 32) + `"}]}}`
+	yes, no := true, false
+	tests := []struct {
+		name    string
+		common  string
+		role    string
+		require *bool
+		want    string
+	}{
+		{"no events: not required", "", plain, nil, "requireEventLog=false"},
+		{"a role's events: required", "", withEvents, nil, "requireEventLog=true"},
+		{"the common values' events: required", withEvents, plain, nil, "requireEventLog=true"},
+		{"events, but the policy says not", "", withEvents, &no, "requireEventLog=false"},
+		{"no events, but the policy says so", "", plain, &yes, "requireEventLog=true"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := policy.Policy{
+				Variant: "tpm", PCRs: []int{4, 15}, PinnedAKs: []string{akPEM(t)}, RequireEventLog: tt.require,
+				Roles: map[policy.Role]policy.RolePolicy{policy.RoleControlPlane: {ReferenceValues: []byte(tt.role)}},
+			}
+			if tt.common != "" {
+				p.ReferenceValues = []byte(tt.common)
+				p.Roles[policy.RoleControlPlane] = policy.RolePolicy{ReferenceValues: []byte(`{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`)}
+			}
+			a, err := p.Appraisal(time.Now, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasSuffix(a.Summary, tt.want) {
+				t.Fatalf("summary %q, want %s", a.Summary, tt.want)
+			}
+		})
+	}
+	decoded, err := policy.Decode([]byte("variant: tpm\nrequireEventLog: false\n"))
+	if err != nil || decoded.RequireEventLog == nil || *decoded.RequireEventLog {
+		t.Fatalf("decoding requireEventLog: false: %+v, %v", decoded.RequireEventLog, err)
+	}
+}

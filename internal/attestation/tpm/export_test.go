@@ -9,3 +9,9 @@ var ParseEKCertificate = parseEKCertificate
 var ParseEventLog = parseEventLog
 var ReplayEventLog = replayEventLog
 var GCERoots = googleRoots
+
+var ReplayTCGEventLog = replayTCGEventLog
+
+// ForgetReplays empties v's cache of replayed TCG event logs, so the next
+// verification parses its log again.
+func (v *QuoteVerifier) ForgetReplays() { v.replays = newReplayCache() }

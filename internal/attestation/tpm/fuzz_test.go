@@ -3,13 +3,22 @@ package tpm_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
+	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
+	"github.com/google/go-eventlog/register"
+	"github.com/google/go-eventlog/tcg"
+	"github.com/google/go-eventlog/testdata"
+	"github.com/google/go-tpm/legacy/tpm2"
 	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 )
 
@@ -95,4 +104,79 @@ func FuzzParseActivationChallenge(f *testing.F) {
 			t.Fatalf("parsed an incomplete challenge %+v", c)
 		}
 	})
+}
+
+// FuzzTCGEventLog feeds the TCG event log path (go-eventlog's parse and
+// replay, the events' descriptions, ExplainMismatches) arbitrary logs and
+// PCR values: it must never panic, a replay must return only events of
+// the PCRs given, with 32-byte digests and short printable descriptions,
+// and every explanation must name its PCR. pcrBytes gives PCR values in
+// 33-byte records (index mod 24, then the value); empty, the log's own
+// unverified replay is used, so mutated logs also reach the success path.
+func FuzzTCGEventLog(f *testing.F) {
+	uki := synthesize(f, []tpm2.Algorithm{tpm2.AlgSHA1, tpm2.AlgSHA256}, ukiBoot("gatehouse.role=worker"))
+	// The Ubuntu log of TestTCGEventLogAttacks (45 KiB) is too big to minimise quickly.
+	for _, log := range [][]byte{ovmfUKILog(f), testdata.ArchLinuxWorkstationEventLog, uki, testdata.Debian10EventLog[:2048], uki[:len(uki)/2]} {
+		f.Add(log, []byte{})
+	}
+	f.Add(uki, append([]byte{11}, bytes.Repeat([]byte{7}, 32)...))
+	f.Add([]byte{}, []byte{})
+	f.Fuzz(func(t *testing.T, log, pcrBytes []byte) {
+		pcrs := map[uint32][]byte{}
+		for i := 0; i+33 <= len(pcrBytes) && i < 33*24; i += 33 {
+			pcrs[uint32(pcrBytes[i]%24)] = pcrBytes[i+1 : i+33]
+		}
+		if len(pcrBytes) == 0 {
+			pcrs = ownReplay(log)
+		}
+		events, err := tpm.ReplayTCGEventLog(log, pcrs)
+		if err != nil {
+			if !errors.Is(err, attestation.ErrMalformed) && !errors.Is(err, attestation.ErrPolicy) {
+				t.Fatalf("error wraps neither ErrMalformed nor ErrPolicy: %v", err)
+			}
+			return
+		}
+		for _, e := range events {
+			if _, ok := pcrs[e.PCR]; !ok || len(e.Digest) != sha256.Size {
+				t.Fatalf("event %+v: PCR not given or digest not 32 bytes", e)
+			}
+			if n := utf8.RuneCountInString(e.Description); n > 161 || strings.ContainsFunc(e.Description, func(r rune) bool { return !unicode.IsPrint(r) }) {
+				t.Fatalf("description %q: %d characters or not printable", e.Description, n)
+			}
+		}
+		ref := measurements.M{}
+		for index := range pcrs {
+			ref[index] = measurements.Measurement{Expected: make([]byte, 32), Events: []measurements.Event{{Type: "EV_IPL", Description: ".cmdline", Digest: make([]byte, 32)}}}
+			if index%2 == 0 {
+				ref[index] = measurements.Measurement{Expected: make([]byte, 32)}
+			}
+		}
+		for _, sentence := range tpm.ExplainMismatches(ref, pcrs, events) {
+			if !strings.HasPrefix(sentence, "PCR ") {
+				t.Fatalf("explanation %q names no PCR", sentence)
+			}
+		}
+	})
+}
+
+// ownReplay replays log's SHA-256 digests as go-eventlog reads them,
+// without checking anything: the PCR values a machine writing log would
+// have, where it parses.
+func ownReplay(log []byte) map[uint32][]byte {
+	pcrs := map[uint32][]byte{}
+	el, err := tcg.ParseEventLog(log, tcg.ParseOpts{})
+	if err != nil {
+		return pcrs
+	}
+	for _, e := range el.Events(register.HashSHA256) {
+		if e.Type == tcg.NoAction || e.Index < 0 || e.Index > 23 || len(e.Digest) != sha256.Size {
+			continue
+		}
+		v, ok := pcrs[uint32(e.Index)]
+		if !ok {
+			v = make([]byte, sha256.Size)
+		}
+		pcrs[uint32(e.Index)] = sum(append(v, e.Digest...))
+	}
+	return pcrs
 }

@@ -261,7 +261,7 @@ func TestAKCertificateChain(t *testing.T) {
 }
 
 // mutate decodes evidence, applies change and re-encodes it.
-func mutate(t *testing.T, evidence []byte, change func(*attestationv1.TPMEvidence)) []byte {
+func mutate(t testing.TB, evidence []byte, change func(*attestationv1.TPMEvidence)) []byte {
 	t.Helper()
 	ev := &attestationv1.TPMEvidence{}
 	if err := proto.Unmarshal(evidence, ev); err != nil {

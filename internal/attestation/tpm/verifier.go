@@ -94,6 +94,10 @@ type QuotePolicy struct {
 	ReferenceValues measurements.M
 	// Endorsement says which AKs are trusted.
 	Endorsement Endorsement
+	// RequireEventLog refuses evidence without a TCG event log
+	// (TPMEvidence.tcg_event_log), so every refusal of a PCR can name its
+	// events (docs/attestation.md, "Event logs").
+	RequireEventLog bool
 }
 
 // QuoteVerifier verifies "tpm" evidence. It is safe for concurrent use.
@@ -104,6 +108,10 @@ type QuoteVerifier struct {
 	// pinned holds the Identity of each of policy.Endorsement.PinnedKeys,
 	// so finding a pinned key costs the same with one key or thousands.
 	pinned map[string]bool
+	// replays remembers the TCG event logs replayed last.
+	replays *replayCache
+	// aks remembers the attestation keys decoded.
+	aks *akMemo
 }
 
 // NewQuoteVerifier returns a verifier for policy. now gives the time AK
@@ -163,7 +171,7 @@ func newVerifier(policy QuotePolicy, mode string, now func() time.Time) (*QuoteV
 	p.PCRs = slices.Clone(policy.PCRs)
 	slices.Sort(p.PCRs)
 	p.PCRs = slices.Compact(p.PCRs)
-	v := &QuoteVerifier{policy: p, mode: mode, now: now, pinned: map[string]bool{}}
+	v := &QuoteVerifier{policy: p, mode: mode, now: now, pinned: map[string]bool{}, replays: newReplayCache(), aks: &akMemo{}}
 	for i, key := range policy.Endorsement.PinnedKeys {
 		identity, err := Identity(key)
 		if err != nil {
@@ -192,7 +200,13 @@ func (v *QuoteVerifier) Variant() attestation.Variant { return attestation.Varia
 //   - the quoted selection is exactly the policy's, in the SHA-256 bank;
 //   - the reported PCR values hash to the quoted PCR digest;
 //   - the event log, when present, replays to the reported PCR values;
-//   - the PCR values match the reference values.
+//   - the TCG event log, when present (required by RequireEventLog),
+//     replays to them: go-eventlog parses it (at most MaxTCGEventLogSize
+//     bytes) and replays its SHA-256 digests; the result's BootEvents are
+//     its events;
+//   - the PCR values match the reference values; a refusal names, from the
+//     TCG event log, the event behind each differing PCR that differs from
+//     the reference value's expected events (ExplainMismatches).
 func (v *QuoteVerifier) Verify(_ context.Context, evidence, nonce []byte) (*attestation.Result, error) {
 	if v.mode == modeBound {
 		return nil, fmt.Errorf("%w: this verifier trusts only an attestation key a hardware report binds (VerifyBound)", attestation.ErrUntrustedKey)
@@ -278,9 +292,13 @@ func (v *QuoteVerifier) verify(ev *attestationv1.TPMEvidence, extraData, boundAK
 			return nil, err
 		}
 	}
+	events, err := v.bootEvents(ev.GetTcgEventLog(), pcrs)
+	if err != nil {
+		return nil, err
+	}
 	warnings, err := v.policy.ReferenceValues.Compare(pcrs)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", attestation.ErrMeasurement, err)
+		return nil, fmt.Errorf("%w: %w%s", attestation.ErrMeasurement, err, ExplanationSuffix(ExplainMismatches(v.policy.ReferenceValues, pcrs, events)))
 	}
 	result := &attestation.Result{
 		Variant:       attestation.VariantTPM,
@@ -289,6 +307,7 @@ func (v *QuoteVerifier) verify(ev *attestationv1.TPMEvidence, extraData, boundAK
 		EKCertificate: ek.name,
 		GCEInstance:   ak.gce,
 		Measurements:  pcrs,
+		BootEvents:    events,
 		Endorsement:   endorsement,
 		Activation:    ek.activation,
 	}
@@ -312,12 +331,22 @@ func Identity(ak crypto.PublicKey) (string, error) {
 }
 
 // ParseEvidence decodes marshalled TPMEvidence, refusing more than
-// attestation.MaxEvidenceSize bytes.
+// attestation.MaxEvidenceSize bytes. The TCG event log, most of the
+// evidence's bytes, is not copied: TcgEventLog is a slice of evidence,
+// which must not change while the result is in use.
 func ParseEvidence(evidence []byte) (*attestationv1.TPMEvidence, error) {
-	ev := &attestationv1.TPMEvidence{}
-	if err := attestation.DecodeEvidence(evidence, ev); err != nil {
+	if len(evidence) > attestation.MaxEvidenceSize {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d allowed", attestation.ErrMalformed, len(evidence), attestation.MaxEvidenceSize)
+	}
+	rest, tcgLog, err := splitTCGEventLog(evidence)
+	if err != nil {
 		return nil, err
 	}
+	ev := &attestationv1.TPMEvidence{}
+	if err := attestation.DecodeEvidence(rest, ev); err != nil {
+		return nil, err
+	}
+	ev.TcgEventLog = tcgLog
 	if len(ev.GetQuote()) == 0 || len(ev.GetSignature()) == 0 || len(ev.GetAttestationKey()) == 0 {
 		return nil, fmt.Errorf("%w: TPM evidence lacks a quote, signature or attestation key", attestation.ErrMalformed)
 	}
@@ -338,22 +367,11 @@ type trustedKey struct {
 // trustedAK decodes the AK, checks its attributes and its endorsement, and
 // returns its public key and identity.
 func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte) (trustedKey, error) {
-	pub, err := tpm2.DecodePublic(ev.GetAttestationKey())
+	decoded, err := v.aks.decode(ev.GetAttestationKey())
 	if err != nil {
-		return trustedKey{}, fmt.Errorf("%w: decoding attestation key: %w", attestation.ErrMalformed, err)
+		return trustedKey{}, err
 	}
-	if pub.Attributes&requiredAKAttributes != requiredAKAttributes {
-		return trustedKey{}, fmt.Errorf("%w: attestation key is not a restricted, TPM-resident signing key (attributes %#x)",
-			attestation.ErrUntrustedKey, uint32(pub.Attributes))
-	}
-	key, err := pub.Key()
-	if err != nil {
-		return trustedKey{}, fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
-	}
-	identity, err := Identity(key)
-	if err != nil {
-		return trustedKey{}, fmt.Errorf("%w: attestation key: %w", attestation.ErrMalformed, err)
-	}
+	key, identity := decoded.key, decoded.identity
 	ak := trustedKey{key: key, identity: identity}
 
 	switch v.mode {

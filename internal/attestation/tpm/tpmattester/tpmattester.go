@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 
 	"github.com/google/go-tpm-tools/client"
@@ -29,6 +30,11 @@ type Options struct {
 	PCRs []int
 	// EventLog, when set, is sent with every evidence (see MeasureBoot).
 	EventLog []byte
+	// TCGEventLogPath, when set, is the file of the TCG event log the
+	// firmware and kernel wrote (tpm.DefaultTCGEventLogPath), read afresh
+	// for every evidence and sent with it; Attest fails when it cannot be
+	// read or exceeds tpm.MaxTCGEventLogSize.
+	TCGEventLogPath string
 	// AKCertificates, when set, is the AK's certificate chain, DER, leaf first.
 	AKCertificates [][]byte
 	// EKCertificate says whether evidence carries the certificate of the
@@ -206,6 +212,10 @@ func (a *QuoteAttester) Attest(ctx context.Context, userData, nonce []byte) ([]b
 	if err := attestation.CheckNonce(nonce); err != nil {
 		return nil, err
 	}
+	tcgLog, err := a.tcgEventLog()
+	if err != nil {
+		return nil, err
+	}
 	if err := a.lock(ctx); err != nil {
 		return nil, err
 	}
@@ -224,12 +234,39 @@ func (a *QuoteAttester) Attest(ctx context.Context, userData, nonce []byte) ([]b
 		EventLog:                   a.opts.EventLog,
 		UserData:                   userData,
 		EndorsementKeyCertificate:  a.ekCert,
+		TcgEventLog:                tcgLog,
 	}
 	out, err := proto.Marshal(ev)
 	if err != nil {
 		return nil, fmt.Errorf("encoding TPM evidence: %w", err)
 	}
 	return out, nil
+}
+
+// tcgEventLog reads the TCG event log from Options.TCGEventLogPath; nil
+// when none is set. It is read before the quote: a log that grew in
+// between would not replay (a firmware's log no longer changes once the
+// kernel runs).
+func (a *QuoteAttester) tcgEventLog() ([]byte, error) {
+	path := a.opts.TCGEventLogPath
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the TCG event log: %w", err)
+	}
+	defer f.Close()
+	// securityfs reports no size: read up to one byte past the limit.
+	log, err := io.ReadAll(io.LimitReader(f, tpm.MaxTCGEventLogSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the TCG event log %s: %w", path, err)
+	}
+	if len(log) > tpm.MaxTCGEventLogSize {
+		return nil, fmt.Errorf("the TCG event log %s has more than %d bytes, more than evidence can carry: "+
+			"start the bootstrapper with --tcg-event-log \"\" to send none", path, tpm.MaxTCGEventLogSize)
+	}
+	return log, nil
 }
 
 // Close flushes the attestation key from the TPM, after any command in
