@@ -249,8 +249,8 @@ func checkCmdline(t *testing.T, uki, want string) {
 	if got := string(data[:f.Section(".cmdline").VirtualSize]); got != want {
 		t.Errorf(".cmdline %q, want %q", got, want)
 	}
-	if f.FileHeader.TimeDateStamp != 0 {
-		t.Errorf("PE time stamp %d: want the stub's 0", f.FileHeader.TimeDateStamp)
+	if f.TimeDateStamp != 0 {
+		t.Errorf("PE time stamp %d: want the stub's 0", f.TimeDateStamp)
 	}
 }
 

@@ -123,8 +123,8 @@ func TestUKILayout(t *testing.T) {
 
 func TestCacheKeys(t *testing.T) {
 	t.Run("root file system key depends on the mirror only among inputs", func(t *testing.T) {
-		if rootFSKey(DefaultMirror) != rootFSKey(DefaultMirror) {
-			t.Error("the same mirror gave two keys")
+		if a, b := rootFSKey(DefaultMirror), rootFSKey(DefaultMirror); a != b {
+			t.Errorf("the same mirror gave two keys, %s and %s", a, b)
 		}
 		if rootFSKey(DefaultMirror) == rootFSKey("http://mirror.example/debian") {
 			t.Error("another mirror gave the same key")
