@@ -109,7 +109,7 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 	if err := os.MkdirAll(opts.CacheDir, 0o755); err != nil { //nolint:gosec // a cache of public artefacts
 		return nil, fmt.Errorf("creating the image cache: %w", err)
 	}
-	unlock, err := lockCache(opts.CacheDir, p)
+	unlock, err := lockCache(ctx, opts.CacheDir, p)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package build
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -100,24 +101,33 @@ func treeDigest(root string) (string, error) {
 }
 
 // lockCache takes the cache's lock, waiting (and saying so) while another
-// build holds it; the function returned releases it.
-func lockCache(cache string, p *progress) (func(), error) {
+// build holds it, until ctx ends; the function returned releases it.
+func lockCache(ctx context.Context, cache string, p *progress) (func(), error) {
 	f, err := os.OpenFile(filepath.Join(cache, ".lock"), os.O_CREATE|os.O_RDWR, 0o644) //nolint:gosec // a lock
 	if err != nil {
 		return nil, fmt.Errorf("opening the image cache's lock: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
-		p.detail("Waiting for another image build using %s", cache)
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		if err != nil {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for said := false; ; said = true {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { _ = f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
 			_ = f.Close()
 			return nil, fmt.Errorf("locking the image cache: %w", err)
 		}
-	} else if err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("locking the image cache: %w", err)
+		if !said {
+			p.detail("Waiting for another image build using %s", cache)
+		}
+		select {
+		case <-ctx.Done():
+			_ = f.Close()
+			return nil, fmt.Errorf("waiting for another image build using %s: %w", cache, ctx.Err())
+		case <-tick.C:
+		}
 	}
-	return func() { _ = f.Close() }, nil
 }
 
 // pruneBuilds removes the assembled images in dir (one directory each)

@@ -2,6 +2,7 @@ package build
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"errors"
 	"os"
@@ -385,4 +386,23 @@ func TestPruneBuilds(t *testing.T) {
 	if want := []string{"a", "b", "c", "d", "f.tmp"}; !slices.Equal(left, want) {
 		t.Errorf("left %v, want %v", left, want)
 	}
+}
+
+func TestLockCacheWaitsUntilContextEnds(t *testing.T) {
+	dir := t.TempDir()
+	unlock, err := lockCache(t.Context(), dir, newProgress(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	if _, err := lockCache(ctx, dir, newProgress(nil)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a second lock while the first is held: %v, want the context's deadline", err)
+	}
+	unlock()
+	again, err := lockCache(t.Context(), dir, newProgress(nil))
+	if err != nil {
+		t.Fatalf("the lock after its release: %v", err)
+	}
+	again()
 }
