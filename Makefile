@@ -8,7 +8,7 @@ export PATH := $(GATEHOUSE_CACHE)/tools/bin:/usr/local/go/bin:$(PATH)
 
 # Packages that `go test` runs; the race detector is always on.
 PKGS ?= ./...
-TEST_FLAGS ?= -race -count=1 -timeout=20m
+TEST_FLAGS ?= -race -count=1 -timeout=30m
 
 .PHONY: help
 help: ## List the targets

@@ -111,7 +111,7 @@ func assembleRole(ctx context.Context, p *progress, in parts, a *assembled, role
 // returns the manifest.
 func assembleImage(ctx context.Context, p *progress, in assemblyInputs, out string) (*manifest, error) {
 	work := filepath.Join(out, "work")
-	defer os.RemoveAll(work)
+	defer os.RemoveAll(work) // best effort; the directory is the build's
 	tree := filepath.Join(work, "tree")
 	if err := os.MkdirAll(work, 0o755); err != nil { //nolint:gosec // public artefacts
 		return nil, err

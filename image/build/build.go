@@ -202,7 +202,7 @@ func assembleCached(ctx context.Context, p *progress, in assemblyInputs, dir str
 	if err := os.MkdirAll(tmp, 0o755); err != nil { //nolint:gosec // public artefacts
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
+	defer os.RemoveAll(tmp) // gone after the rename; only an error path leaves it
 	m, err := assembleImage(ctx, p, in, tmp)
 	if err != nil {
 		return nil, err

@@ -124,8 +124,8 @@ func TestUKILayout(t *testing.T) {
 
 func TestCacheKeys(t *testing.T) {
 	t.Run("root file system key depends on the mirror only among inputs", func(t *testing.T) {
-		if a, b := rootFSKey(DefaultMirror), rootFSKey(DefaultMirror); a != b {
-			t.Errorf("the same mirror gave two keys, %s and %s", a, b)
+		if first, again := rootFSKey(DefaultMirror), rootFSKey(DefaultMirror); first != again {
+			t.Error("the same mirror gave two keys")
 		}
 		if rootFSKey(DefaultMirror) == rootFSKey("http://mirror.example/debian") {
 			t.Error("another mirror gave the same key")

@@ -122,7 +122,7 @@ func ensureRootFS(ctx context.Context, p *progress, cache, mirror string) (*root
 	if err := os.RemoveAll(tmp); err != nil {
 		return nil, fmt.Errorf("removing an interrupted root file system: %w", err)
 	}
-	defer os.RemoveAll(tmp)
+	defer os.RemoveAll(tmp) // gone after the rename
 	tree := filepath.Join(tmp, "tree")
 	if err := p.step(fmt.Sprintf("Debootstrap: Debian %s (minbase) from %s, .deb files kept in %s", suite, mirror, debs), func() error {
 		_, err := run(ctx, command{unshareMount: true, env: chrootEnv()}, "debootstrap",

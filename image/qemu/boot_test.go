@@ -26,21 +26,38 @@ import (
 	"github.com/google/go-eventlog/tcg"
 	"github.com/saferwall/pe"
 
+	"github.com/gatehouse-dev/gatehouse/image/predict/predicttest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 )
 
-// systemdMeasure is systemd 252's tool that predicts PCR 11 of a UKI.
-const systemdMeasure = "/usr/lib/systemd/systemd-measure"
-
-// bootTools are what booting the tiny UKI needs, with their Debian
-// packages.
-func bootTools() map[string]string {
-	return map[string]string{
-		"qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils", debianOVMFCode: "ovmf",
-		"swtpm": "swtpm", "swtpm_setup": "swtpm-tools", stubPath: "systemd-boot-efi", systemdMeasure: "systemd",
-		"objcopy": "binutils", "sfdisk": "fdisk", "mformat": "mtools", "mcopy": "mtools",
-		"apt-get": "apt", "dpkg-deb": "dpkg",
+// requireTools stops the test when a tool (a name in PATH, or an absolute
+// path, which need not be executable: firmware) is missing: under CI it
+// fails naming the Debian package (predicttest.RequireTool).
+func requireTools(t *testing.T, tools [][2]string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := os.Stat(tool[0]); err == nil && filepath.IsAbs(tool[0]) {
+			continue
+		}
+		predicttest.RequireTool(t, tool[0], tool[1])
 	}
+}
+
+// vmTools are what running a VM needs, with their Debian packages.
+func vmTools() [][2]string {
+	return [][2]string{
+		{"qemu-system-x86_64", "qemu-system-x86"}, {"qemu-img", "qemu-utils"}, {debianOVMFCode, "ovmf"},
+		{"swtpm", "swtpm"}, {"swtpm_setup", "swtpm-tools"},
+	}
+}
+
+// bootTools are what building and booting the tiny UKI needs.
+func bootTools() [][2]string {
+	return append(vmTools(), [][2]string{
+		{predicttest.Stub, "systemd-boot-efi"}, {predicttest.SystemdMeasure, "systemd"}, {"objcopy", "binutils"},
+		{"sfdisk", "fdisk"}, {"mformat", "mtools"}, {"mmd", "mtools"}, {"mcopy", "mtools"},
+		{"apt-get", "apt"}, {"apt-cache", "apt"}, {"dpkg-deb", "dpkg"},
+	}...)
 }
 
 // TestBootMeasuresTheUKIAndResetStartsOver boots the tiny UKI under QEMU
@@ -248,7 +265,7 @@ func checkUKIMeasured(t *testing.T, d testDisk, r bootResult, events []tcg.Event
 	t.Helper()
 	// PCR 11: systemd-stub's sections, as systemd-measure predicts them
 	// (no phase: the test init is no systemd).
-	out, err := exec.Command(systemdMeasure, "calculate", "--linux="+d.Linux, "--osrel="+d.OSRel,
+	out, err := exec.Command(predicttest.SystemdMeasure, "calculate", "--linux="+d.Linux, "--osrel="+d.OSRel,
 		"--cmdline="+d.Cmdline, "--initrd="+d.Initrd, "--bank=sha256", "--phase=").Output()
 	if err != nil {
 		t.Fatalf("systemd-measure: %v", err)

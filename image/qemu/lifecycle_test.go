@@ -1,12 +1,17 @@
 package qemu
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,10 +23,7 @@ import (
 // nothing to boot; no boot is needed) and ends them each way a VM ends:
 // nothing of them may be left running.
 func TestNothingIsLeftRunning(t *testing.T) {
-	requireTools(t, map[string]string{
-		"qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils", debianOVMFCode: "ovmf",
-		"swtpm": "swtpm", "swtpm_setup": "swtpm-tools",
-	})
+	requireTools(t, vmTools())
 	image := filepath.Join(t.TempDir(), "blank.raw")
 	if err := os.WriteFile(image, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
@@ -99,4 +101,87 @@ func TestNothingIsLeftRunning(t *testing.T) {
 		}
 		checkNothingLeft(t, nil, dir)
 	})
+}
+
+// TestVMDiesWithItsProcess kills (SIGKILL, no cleanup) a process that
+// started a VM: QEMU and swtpm must die with it (PR_SET_PDEATHSIG).
+func TestVMDiesWithItsProcess(t *testing.T) {
+	if dir := os.Getenv("GATEHOUSE_QEMU_TEST_HELPER"); dir != "" {
+		helperStartVM(t, dir)
+		return
+	}
+	requireTools(t, vmTools())
+	dir := t.TempDir()
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestVMDiesWithItsProcess$")
+	cmd.Env = append(os.Environ(), "GATEHOUSE_QEMU_TEST_HELPER="+dir)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	scanner := bufio.NewScanner(stdout)
+	for scanner.Scan() {
+		if rest, ok := strings.CutPrefix(scanner.Text(), "STARTED "); ok {
+			for _, f := range strings.Fields(rest) {
+				pid, err := strconv.Atoi(f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pids = append(pids, pid)
+			}
+			break
+		}
+	}
+	if len(pids) != 2 {
+		_ = cmd.Process.Kill()
+		t.Fatalf("the helper started no VM (%v)", cmd.Wait())
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	ticker := time.NewTicker(50 * time.Millisecond)
+	defer ticker.Stop()
+	for _, pid := range pids {
+		for alive(pid) {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("process %d of the VM outlived the process that started it", pid)
+			case <-ticker.C:
+			}
+		}
+	}
+}
+
+// helperStartVM starts a VM on a blank disk in dir, prints the PIDs of
+// QEMU and swtpm and waits to be killed.
+func helperStartVM(t *testing.T, dir string) {
+	image := filepath.Join(dir, "blank.raw")
+	if err := os.WriteFile(image, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vm, err := Start(context.Background(), Config{Image: image, Dir: filepath.Join(dir, "vm"), StateDiskSize: 1 << 20,
+		MemoryMiB: 256, CPUs: 1, TPMCA: swtpm.LocalCA{Dir: filepath.Join(dir, "ca")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := vm.pids()
+	fmt.Printf("STARTED %d %d\n", pids[0], pids[1])
+	<-vm.Done()
+}
+
+// alive reports whether a process exists and is no zombie.
+func alive(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: the state follows the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
 }

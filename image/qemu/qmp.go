@@ -118,9 +118,10 @@ func (q *qmp) execute(ctx context.Context, command string, arguments any) (json.
 	if err != nil {
 		return nil, err
 	}
-	if deadline, ok := ctx.Deadline(); ok {
-		_ = q.conn.SetWriteDeadline(deadline)
-	}
+	// The write deadline is this command's; one left from an earlier
+	// command's context (the dial's 30 s) would fail every later write.
+	deadline, _ := ctx.Deadline()
+	_ = q.conn.SetWriteDeadline(deadline)
 	if _, err := q.conn.Write(append(b, '\n')); err != nil {
 		return nil, fmt.Errorf("QMP %s: %w", command, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"debug/elf"
-	"debug/pe"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -18,13 +17,15 @@ import (
 	"testing"
 
 	"github.com/cavaliergopher/cpio"
+
+	"github.com/gatehouse-dev/gatehouse/image/predict/predicttest"
 )
 
 // The tiny boot the tests run before a real node image exists: Debian's
 // cloud kernel, an initrd of Debian's static busybox whose init prints
-// what the tests check, and systemd 252's stub, joined into a UKI on a GPT
-// disk's EFI system partition. Built once per content and cached under
-// $GATEHOUSE_CACHE/qemu-test.
+// what the tests check, and systemd 252's stub, joined into a UKI
+// (predicttest.BuildUKI) on a GPT disk's EFI system partition. Built once
+// per content and cached under $GATEHOUSE_CACHE/qemu-test.
 
 // Markers the test init prints.
 const (
@@ -77,10 +78,9 @@ while true; do nc -l -p ` + fmt.Sprint(testGuestPort) + ` -e echo ` + testGreeti
 const (
 	testCmdline   = "console=ttyS0 panic=-1"
 	testOSRelease = "ID=gatehouse-test\nNAME=\"Gatehouse test\"\n"
-	stubPath      = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub"
 	// testDiskRecipe changes when the recipe below does, so that the
 	// cache does not serve a disk built by an older one.
-	testDiskRecipe = "tiny-uki-v3"
+	testDiskRecipe = "tiny-uki-v4"
 )
 
 // testDisk is the built boot: the disk and the UKI's parts.
@@ -95,15 +95,11 @@ func buildTestDisk(t *testing.T) testDisk {
 	kernelPkg := debDependency(t, "linux-image-cloud-amd64")
 	kernel := resolveDeb(t, kernelPkg)
 	busybox := resolveDeb(t, "busybox-static")
-	stub := fileSHA256(t, stubPath)
+	stub := fileSHA256(t, predicttest.Stub)
 	key := sha256.Sum256([]byte(strings.Join([]string{testDiskRecipe, kernel.sha256, busybox.sha256, stub,
 		testInit(), testCmdline, testOSRelease}, "\x00")))
 	dir := filepath.Join(testCache(t), "uki-"+hex.EncodeToString(key[:8]))
-	d := testDisk{
-		Disk: filepath.Join(dir, "disk.raw"), UKI: filepath.Join(dir, "uki.efi"),
-		Linux: filepath.Join(dir, "linux"), Initrd: filepath.Join(dir, "initrd"),
-		Cmdline: filepath.Join(dir, "cmdline"), OSRel: filepath.Join(dir, "osrel"),
-	}
+	d := testDiskIn(dir)
 	if _, err := os.Stat(d.Disk); err == nil {
 		t.Logf("Tiny UKI disk from the cache: %s", dir)
 		return d
@@ -114,7 +110,7 @@ func buildTestDisk(t *testing.T) testDisk {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(tmp)
-	x := filepath.Join(tmp, "x")
+	x := t.TempDir()
 	for _, deb := range []string{fetchDeb(t, kernel), fetchDeb(t, busybox)} {
 		run(t, "dpkg-deb", "-x", deb, x)
 	}
@@ -126,21 +122,14 @@ func buildTestDisk(t *testing.T) testDisk {
 	if err != nil || len(modules) != 1 {
 		t.Fatalf("the kernel package holds %d module trees, want 1", len(modules))
 	}
-	out := testDisk{
-		Disk: filepath.Join(tmp, "disk.raw"), UKI: filepath.Join(tmp, "uki.efi"), Linux: vmlinuz[0],
-		Initrd: filepath.Join(tmp, "initrd"), Cmdline: filepath.Join(tmp, "cmdline"), OSRel: filepath.Join(tmp, "osrel"),
-	}
-	writeInitrd(t, out.Initrd, filepath.Join(x, "bin", "busybox"), modules[0])
-	writeFile(t, out.Cmdline, testCmdline)
-	writeFile(t, out.OSRel, testOSRelease)
-	buildUKI(t, out)
-	buildESPDisk(t, out.Disk, out.UKI)
-	if err := os.Rename(out.Linux, filepath.Join(tmp, "linux")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(x); err != nil {
-		t.Fatal(err)
-	}
+	predicttest.BuildUKI(t, tmp, "uki.efi", []predicttest.Section{
+		{Name: ".osrel", Content: []byte(testOSRelease)},
+		{Name: ".cmdline", Content: []byte(testCmdline)},
+		{Name: ".linux", Content: readFile(t, vmlinuz[0])},
+		{Name: ".initrd", Content: initrd(t, filepath.Join(x, "bin", "busybox"), modules[0])},
+	})
+	built := testDiskIn(tmp)
+	buildESPDisk(t, built.Disk, built.UKI)
 	if err := os.Rename(tmp, dir); err != nil {
 		// A concurrent build may have won; its disk is as good.
 		if _, serr := os.Stat(d.Disk); serr != nil {
@@ -150,9 +139,19 @@ func buildTestDisk(t *testing.T) testDisk {
 	return d
 }
 
-// writeInitrd writes an uncompressed newc cpio archive holding the init,
+// testDiskIn names the files of a tiny boot in dir, as predicttest.BuildUKI
+// names the UKI's sections.
+func testDiskIn(dir string) testDisk {
+	uki := filepath.Join(dir, "uki.efi")
+	return testDisk{
+		Disk: filepath.Join(dir, "disk.raw"), UKI: uki, Linux: uki + ".linux", Initrd: uki + ".initrd",
+		Cmdline: uki + ".cmdline", OSRel: uki + ".osrel",
+	}
+}
+
+// initrd returns an uncompressed newc cpio archive holding the init,
 // busybox and the modules.
-func writeInitrd(t *testing.T, path, busybox, modules string) {
+func initrd(t *testing.T, busybox, modules string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	w := cpio.NewWriter(&buf)
@@ -181,9 +180,7 @@ func writeInitrd(t *testing.T, path, busybox, modules string) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	return buf.Bytes()
 }
 
 // moduleLoadOrder returns the files of the modules named and of the
@@ -258,36 +255,6 @@ func moduleDepends(t *testing.T, path string) []string {
 // "-" as "_" (as the kernel names modules).
 func moduleName(path string) string {
 	return strings.ReplaceAll(strings.TrimSuffix(filepath.Base(path), ".ko"), "-", "_")
-}
-
-// buildUKI joins the stub and the sections with objcopy (systemd 252's
-// man page systemd-stub(7), "Assembling kernel images"), each section at
-// the next 2 MiB-aligned address after the stub's own.
-func buildUKI(t *testing.T, d testDisk) {
-	t.Helper()
-	f, err := pe.Open(stubPath)
-	if err != nil {
-		t.Fatalf("reading the systemd stub: %v", err)
-	}
-	var end uint64
-	for _, s := range f.Sections {
-		end = max(end, uint64(s.VirtualAddress)+uint64(s.VirtualSize))
-	}
-	_ = f.Close()
-	const align = 2 << 20
-	args := []string{}
-	for _, s := range []struct{ name, path string }{
-		{".osrel", d.OSRel}, {".cmdline", d.Cmdline}, {".linux", d.Linux}, {".initrd", d.Initrd},
-	} {
-		vma := (end + align - 1) / align * align
-		args = append(args, "--add-section", s.name+"="+s.path, "--change-section-vma", fmt.Sprintf("%s=%#x", s.name, vma))
-		info, err := os.Stat(s.path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		end = vma + uint64(info.Size())
-	}
-	run(t, "objcopy", append(args, stubPath, d.UKI)...)
 }
 
 // buildESPDisk makes a 64 MiB GPT disk whose one partition, an EFI system
@@ -449,26 +416,4 @@ func writeFile(t *testing.T, path, content string) {
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// requireTools stops the test when a program it needs is missing: under
-// CI (CI set) it fails naming the Debian package, elsewhere it skips.
-func requireTools(t *testing.T, tools map[string]string) {
-	t.Helper()
-	var missing []string
-	for tool, pkg := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			if _, err := os.Stat(tool); err != nil {
-				missing = append(missing, fmt.Sprintf("%s (Debian package %s)", tool, pkg))
-			}
-		}
-	}
-	if len(missing) == 0 {
-		return
-	}
-	msg := "missing: " + strings.Join(missing, ", ") + "; hack/setup.sh --test installs them"
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
 }

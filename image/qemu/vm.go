@@ -230,13 +230,14 @@ type bootStage struct {
 	message string
 }
 
-// bootStages are the markers of OVMF, Linux and systemd that the log
-// reports.
+// bootStages are the markers of OVMF, Linux, systemd and the node image's
+// bootstrapper unit that the log reports.
 func bootStages() []bootStage {
 	return []bootStage{
 		{regexp.MustCompile(`^BdsDxe: starting `), "Firmware handed over to the boot loader; kernel booting"},
 		{regexp.MustCompile(`^\[ *[0-9.]+\] Run .* as init process`), "Kernel started init"},
 		{regexp.MustCompile(`^Welcome to .*!$`), "systemd started"},
+		{regexp.MustCompile(`systemd\[1\]: Started gatehouse-bootstrapper\.service`), "The Gatehouse bootstrapper started"},
 		{regexp.MustCompile(`^\[ *[0-9.]+\] systemd\[1\]: Switching root`), "Initrd done: switching to the root file system"},
 	}
 }

@@ -21,8 +21,10 @@ func Write(path string, data []byte, perm fs.FileMode) error {
 
 // WriteFunc writes path atomically: write fills a temporary file in path's
 // directory (which must exist), which is then given mode perm, synced to
-// disk and renamed over path (rename(2) is atomic within a file system).
-// Errors name path; on any error the temporary file is removed and path is
+// disk and renamed over path (rename(2) is atomic within a file system);
+// the directory is synced too, so that the rename survives a crash or a
+// reset right after (fsync(2): syncing a file does not sync its directory
+// entry). Errors name path; on any error the temporary file is removed and path is
 // unchanged.
 func WriteFunc(path string, perm fs.FileMode, write func(*os.File) error) (err error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
@@ -45,5 +47,18 @@ func WriteFunc(path string, perm fs.FileMode, write func(*os.File) error) (err e
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir makes the entries of directory dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

@@ -47,6 +47,7 @@ func TestChangedCommandLineRefused(t *testing.T) {
 			t.Errorf("the refusal does not name %q:\n%s", want, out)
 		}
 	}
+	t.Logf("refused:\n%s", out)
 }
 
 // TestFlippedRootByteDoesNotBoot: one flipped byte in the root partition
