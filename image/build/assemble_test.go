@@ -197,12 +197,12 @@ func checkPartitionTable(t *testing.T, disk string, l layout) {
 		t.Fatal(err)
 	}
 	pt := table.PartitionTable
-	if pt.Label != "gpt" || pt.ID != l.diskGUID || len(pt.Partitions) != 3 {
+	if pt.Label != "gpt" || !strings.EqualFold(pt.ID, l.diskGUID) || len(pt.Partitions) != 3 {
 		t.Fatalf("partition table %+v, want GPT %s with 3 partitions", pt, l.diskGUID)
 	}
 	for i, want := range l.partitions() {
 		got := pt.Partitions[i]
-		if got.Start*sectorSize != want.start || got.Size*sectorSize != want.size || got.Type != want.typeGUID || got.UUID != want.uuid || got.Name != want.name {
+		if got.Start*sectorSize != want.start || got.Size*sectorSize != want.size || !strings.EqualFold(got.Type, want.typeGUID) || !strings.EqualFold(got.UUID, want.uuid) || got.Name != want.name {
 			t.Errorf("partition %d: %+v, want %+v", i+1, got, want)
 		}
 		if want.readOnly != strings.Contains(got.Attrs, "GUID:60") {

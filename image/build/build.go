@@ -109,7 +109,7 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 	if err := os.MkdirAll(opts.CacheDir, 0o755); err != nil { //nolint:gosec // a cache of public artefacts
 		return nil, fmt.Errorf("creating the image cache: %w", err)
 	}
-	unlock, err := lockCache(opts.CacheDir, p)
+	unlock, err := lockCache(ctx, opts.CacheDir, p)
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +141,10 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 	switch {
 	case err == nil && !opts.Rebuild:
 		res.Cached = true
+		now := time.Now()
+		if err := os.Chtimes(dir, now, now); err != nil { // used: pruneBuilds keeps it
+			return nil, err
+		}
 		p.detail("The cache holds this image (root file system %s, recipe %s): %s", short(root.Digest), recipeVersion, dir)
 	case err != nil && !errors.Is(err, os.ErrNotExist):
 		return nil, err
@@ -212,7 +216,7 @@ func assembleCached(ctx context.Context, p *progress, in assemblyInputs, dir str
 	if err := os.Rename(tmp, dir); err != nil {
 		return nil, fmt.Errorf("moving the image into the cache: %w", err)
 	}
-	if err := pruneBuilds(filepath.Dir(dir), keepBuilds); err != nil {
+	if err := pruneBuilds(filepath.Dir(dir), keepBuilds, time.Now().Add(-keepUsed)); err != nil {
 		p.detail("Could not prune old images from the cache: %v", err)
 	}
 	return resultFromManifest(dir, m), nil

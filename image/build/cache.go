@@ -1,6 +1,7 @@
 package build
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -11,12 +12,18 @@ import (
 	"path/filepath"
 	"sort"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// keepBuilds is how many assembled images the cache keeps, newest first.
-const keepBuilds = 3
+// The cache keeps the keepBuilds most recently used assembled images, and
+// every one used within keepUsed: another build must not remove the disk
+// a VM is about to boot.
+const (
+	keepBuilds = 3
+	keepUsed   = 24 * time.Hour
+)
 
 // assemblyInputs decide an assembled image: the root file system and the
 // binaries baked into it (and the recipe, part of every key).
@@ -94,29 +101,39 @@ func treeDigest(root string) (string, error) {
 }
 
 // lockCache takes the cache's lock, waiting (and saying so) while another
-// build holds it; the function returned releases it.
-func lockCache(cache string, p *progress) (func(), error) {
+// build holds it, until ctx ends; the function returned releases it.
+func lockCache(ctx context.Context, cache string, p *progress) (func(), error) {
 	f, err := os.OpenFile(filepath.Join(cache, ".lock"), os.O_CREATE|os.O_RDWR, 0o644) //nolint:gosec // a lock
 	if err != nil {
 		return nil, fmt.Errorf("opening the image cache's lock: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
-		p.detail("Waiting for another image build using %s", cache)
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		if err != nil {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for said := false; ; said = true {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { _ = f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
 			_ = f.Close()
 			return nil, fmt.Errorf("locking the image cache: %w", err)
 		}
-	} else if err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("locking the image cache: %w", err)
+		if !said {
+			p.detail("Waiting for another image build using %s", cache)
+		}
+		select {
+		case <-ctx.Done():
+			_ = f.Close()
+			return nil, fmt.Errorf("waiting for another image build using %s: %w", cache, ctx.Err())
+		case <-tick.C:
+		}
 	}
-	return func() { _ = f.Close() }, nil
 }
 
-// pruneBuilds removes all but the keep most recently made images in dir
-// (assembled images, one directory each).
-func pruneBuilds(dir string, keep int) error {
+// pruneBuilds removes the assembled images in dir (one directory each)
+// but the keep most recently used and those used since notBefore. A
+// build marks an image used by setting its directory's modification time.
+func pruneBuilds(dir string, keep int, notBefore time.Time) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
@@ -139,7 +156,9 @@ func pruneBuilds(dir string, keep int) error {
 	sort.Slice(builds, func(i, j int) bool { return builds[i].made > builds[j].made })
 	var errs []error
 	for _, b := range builds[min(keep, len(builds)):] {
-		errs = append(errs, os.RemoveAll(b.path))
+		if b.made < notBefore.UnixNano() {
+			errs = append(errs, os.RemoveAll(b.path))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -32,7 +32,7 @@ const (
 // partition is one GPT partition.
 type partition struct {
 	// name is the GPT partition name (PARTLABEL), typeGUID its type and
-	// uuid its unique GUID (PARTUUID), upper case.
+	// uuid its unique GUID (PARTUUID, lower case).
 	name, typeGUID, uuid string
 	// start and size are in bytes, multiples of 1 MiB.
 	start, size int64
@@ -86,9 +86,10 @@ func (l layout) sfdiskScript() string {
 
 func roundUp(v, to int64) int64 { return (v + to - 1) / to * to }
 
-// formatUUID formats 16 bytes as a UUID string, upper case.
+// formatUUID formats 16 bytes as a UUID string, lower case (as blkid and
+// /dev/disk/by-partuuid show them, and so as the command line names them).
 func formatUUID(b []byte) string {
-	h := strings.ToUpper(hex.EncodeToString(b[:16]))
+	h := hex.EncodeToString(b[:16])
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
 }
 

@@ -15,14 +15,17 @@ import (
 	"strings"
 )
 
-// recipeVersion names the recipe: raise it when the build changes what it
-// makes in a way the recipe's files do not show (it is in every cache key).
+// recipeVersion names the recipe in the image (os-release's
+// IMAGE_VERSION) and in every cache key.
 const recipeVersion = "1"
 
 // recipeFS holds the files the recipe adds to the root file system, at
-// their paths in the image (recipe/rootfs/etc/fstab is /etc/fstab).
+// their paths in the image (recipe/rootfs/etc/fstab is /etc/fstab), and
+// this package's own Go files: the recipe is both, and a change to either
+// changes the cache keys (recipeDigest), so the cache never serves an
+// image an older build made.
 //
-//go:embed all:recipe
+//go:embed all:recipe *.go
 var recipeFS embed.FS
 
 const recipeRoot = "recipe/rootfs"
@@ -34,12 +37,12 @@ func executable(rel string) bool {
 		strings.HasPrefix(rel, "etc/initramfs-tools/scripts/")
 }
 
-// recipeDigest is the hex SHA-256 digest of the recipe's files (paths and
-// content).
+// recipeDigest is the hex SHA-256 digest of the recipe: its files and
+// this package's Go files but its tests (paths and content).
 func recipeDigest() (string, error) {
 	h := sha256.New()
-	err := fs.WalkDir(recipeFS, recipeRoot, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+	err := fs.WalkDir(recipeFS, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasSuffix(p, "_test.go") {
 			return err
 		}
 		data, err := recipeFS.ReadFile(p)
@@ -98,12 +101,12 @@ func imageDirs() []string {
 
 // enabledUnits are started at boot; disabledUnits are Debian's defaults a
 // node does without (apt's timers: the root is read-only; the getty on
-// tty1: a node has no console login); maskedUnits never run
-// (systemd-firstboot would ask for a locale on the console at every boot,
-// as machine-id is empty; no getty offers a login on any console;
+// tty1: a node has no console login); maskedUnits never run:
+// systemd-firstboot would ask for a locale on the console at every boot
+// (machine-id is empty); no getty offers a login on any console; and
 // systemd-pcrphase would extend PCR 11 with boot phases at times that race
 // the bootstrapper's quote, and without an entry in the firmware's event
-// log: PCR 11 holds the UKI's sections and nothing else, docs/image.md).
+// log: PCR 11 holds the UKI's sections and nothing else (docs/image.md).
 func enabledUnits() []string {
 	return []string{"systemd-networkd.service", "systemd-resolved.service", "gatehouse-provision.service", "gatehouse-bootstrapper.service"}
 }
@@ -150,6 +153,11 @@ func configure(ctx context.Context, tree string, bins []binary) error {
 	if err := installBinaries(tree, bins); err != nil {
 		return err
 	}
+	// No generator mounts the EFI system partition: the running node
+	// never reads it.
+	if err := maskGenerator(tree, "systemd-gpt-auto-generator"); err != nil {
+		return err
+	}
 	for _, c := range [][]string{
 		append([]string{"systemctl", "enable"}, enabledUnits()...),
 		append([]string{"systemctl", "disable"}, disabledUnits()...),
@@ -160,6 +168,20 @@ func configure(ctx context.Context, tree string, bins []binary) error {
 		}
 	}
 	return nil
+}
+
+// maskGenerator keeps the systemd generator name from running
+// (systemd.generator(7): a link to /dev/null in /etc/systemd/system-generators).
+func maskGenerator(tree, name string) error {
+	dir := filepath.Join(tree, "etc/systemd/system-generators")
+	if err := os.MkdirAll(dir, 0o755); err != nil { //nolint:gosec // system directory
+		return err
+	}
+	link := filepath.Join(dir, name)
+	if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return os.Symlink("/dev/null", link)
 }
 
 // appendOSRelease adds the image's identity to os-release

@@ -2,6 +2,7 @@ package build
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"errors"
 	"os"
@@ -87,7 +88,7 @@ func TestLayout(t *testing.T) {
 	if l.root.typeGUID != "4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709" || l.verity.typeGUID != "2C7357ED-EBD2-46D9-AEC1-23D437EC2BF5" {
 		t.Errorf("partition types %s, %s are not DPS root-x86-64 and root-x86-64-verity", l.root.typeGUID, l.verity.typeGUID)
 	}
-	uuid := regexp.MustCompile(`^[0-9A-F]{8}-[0-9A-F]{4}-4[0-9A-F]{3}-[89AB][0-9A-F]{3}-[0-9A-F]{12}$`)
+	uuid := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 	for _, id := range []string{l.diskGUID, l.esp.uuid} {
 		if !uuid.MatchString(id) {
 			t.Errorf("derived GUID %s is no version 4 UUID", id)
@@ -105,7 +106,7 @@ func TestLayout(t *testing.T) {
 	for _, want := range []string{
 		"label: gpt\n", "label-id: " + l.diskGUID + "\n", "first-lba: 2048\n",
 		`start=2048, size=131072, type=C12A7328-F81F-11D2-BA4B-00A0C93EC93B, uuid=` + l.esp.uuid + `, name="esp"` + "\n",
-		`start=133120, size=206848, type=4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709, uuid=01234567-89AB-CDEF-0011-223344556677, name="root-x86-64", attrs="GUID:60"` + "\n",
+		`start=133120, size=206848, type=4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709, uuid=01234567-89ab-cdef-0011-223344556677, name="root-x86-64", attrs="GUID:60"` + "\n",
 	} {
 		if !strings.Contains(script, want) {
 			t.Errorf("sfdisk script lacks %q:\n%s", want, script)
@@ -352,4 +353,56 @@ func TestRecipeFilesAreExecutableWhereNeeded(t *testing.T) {
 	if err := writeRecipeFiles(tree); err != nil && !errors.Is(err, os.ErrExist) {
 		t.Errorf("writing the recipe over itself: %v", err)
 	}
+}
+
+func TestPruneBuilds(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	ages := map[string]time.Duration{
+		"a": time.Minute, "b": time.Hour, "c": 2 * time.Hour, // the 3 most recently used
+		"d":     3 * time.Hour,  // used within keepUsed
+		"e":     48 * time.Hour, // old: removed
+		"f.tmp": 72 * time.Hour, // an assembly in progress: kept
+	}
+	for name, age := range ages {
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(filepath.Join(dir, name), now.Add(-age), now.Add(-age)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pruneBuilds(dir, keepBuilds, now.Add(-keepUsed)); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if want := []string{"a", "b", "c", "d", "f.tmp"}; !slices.Equal(left, want) {
+		t.Errorf("left %v, want %v", left, want)
+	}
+}
+
+func TestLockCacheWaitsUntilContextEnds(t *testing.T) {
+	dir := t.TempDir()
+	unlock, err := lockCache(t.Context(), dir, newProgress(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	if _, err := lockCache(ctx, dir, newProgress(nil)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a second lock while the first is held: %v, want the context's deadline", err)
+	}
+	unlock()
+	again, err := lockCache(t.Context(), dir, newProgress(nil))
+	if err != nil {
+		t.Fatalf("the lock after its release: %v", err)
+	}
+	again()
 }

@@ -254,21 +254,36 @@ func releaseEpoch(lists string) (int64, error) {
 		if err != nil {
 			return 0, err
 		}
-		for line := range strings.SplitSeq(string(data), "\n") {
-			v, ok := strings.CutPrefix(line, "Date: ")
-			if !ok {
-				continue
-			}
-			t, err := time.Parse(time.RFC1123, strings.TrimSpace(v))
-			if err != nil {
-				return 0, fmt.Errorf("%s: Date %q: %w", filepath.Base(f), v, err)
-			}
-			newest = max(newest, t.Unix())
-			break
+		date, err := releaseDate(data)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", filepath.Base(f), err)
 		}
+		newest = max(newest, date)
 	}
 	if newest == 0 {
 		return 0, fmt.Errorf("no Release file with a Date in %s", lists)
 	}
 	return newest, nil
+}
+
+// releaseDate returns the Date field of a Debian Release or InRelease
+// file (Debian's repository format: "Date: Sat, 11 Jul 2026 10:16:37
+// UTC", RFC 1123), in seconds since the epoch; 0 without one. The file
+// comes from the mirror (apt checked its signature).
+func releaseDate(data []byte) (int64, error) {
+	for line := range strings.SplitSeq(string(data), "\n") {
+		v, ok := strings.CutPrefix(line, "Date: ")
+		if !ok {
+			continue
+		}
+		t, err := time.Parse(time.RFC1123, strings.TrimSpace(v))
+		if err != nil {
+			return 0, fmt.Errorf("date %q: %w", v, err)
+		}
+		if t.Unix() <= 0 {
+			return 0, fmt.Errorf("date %q is not after 1970", v)
+		}
+		return t.Unix(), nil
+	}
+	return 0, nil
 }

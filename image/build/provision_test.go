@@ -1,0 +1,119 @@
+package build
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestProvisionScript runs the image's provisioning script against fw_cfg
+// entries in a directory (what QEMU's -fw_cfg shows the guest) and checks
+// what it hands the bootstrapper, and what it refuses.
+func TestProvisionScript(t *testing.T) {
+	script, err := recipeFS.ReadFile(recipeRoot + "/usr/lib/gatehouse/provision")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hash = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	tests := []struct {
+		name    string
+		entries map[string]string
+		wantEnv string // bootstrapper.env
+		wantErr string // in the script's standard error, exit status 1
+		files   map[string]string
+	}{
+		{
+			name:    "nothing provisioned: the node waits for gatehouse init",
+			wantEnv: "GATEHOUSE_BOOTSTRAPPER_ARGS=\n",
+		},
+		{
+			name:    "join endpoints and CA hash",
+			entries: map[string]string{"join-endpoints": "10.0.2.2:9090\n# a comment\n", "cluster-ca-hash": hash + "\n"},
+			wantEnv: "GATEHOUSE_BOOTSTRAPPER_ARGS=--join-endpoints-file=RUN/join-endpoints --cluster-ca-hash=" + hash + "\n",
+			files:   map[string]string{"RUN/join-endpoints": "10.0.2.2:9090\n# a comment\n"},
+		},
+		{
+			name:    "endpoints without a CA hash are refused",
+			entries: map[string]string{"join-endpoints": "10.0.2.2:9090\n"},
+			wantErr: "join-endpoints and cluster-ca-hash come together",
+		},
+		{
+			name:    "a malformed CA hash is refused",
+			entries: map[string]string{"join-endpoints": "10.0.2.2:9090\n", "cluster-ca-hash": "sha256:XYZ"},
+			wantErr: "cluster-ca-hash is not sha256:<64 lowercase hex digits>",
+		},
+		{
+			name:    "allowed bootstrapper flags",
+			entries: map[string]string{"bootstrapper-args": "--image-repository=10.0.2.2:5000/k8s --ignore-preflight-errors=FileExisting-crictl\n--kubelet-arg=node-labels=tier=web"},
+			wantEnv: "GATEHOUSE_BOOTSTRAPPER_ARGS= --image-repository=10.0.2.2:5000/k8s --ignore-preflight-errors=FileExisting-crictl --kubelet-arg=node-labels=tier=web\n",
+		},
+		{
+			name:    "a flag outside the list is refused",
+			entries: map[string]string{"bootstrapper-args": "--log-level=debug --insecure-state-on-root-fs"},
+			wantErr: "bootstrapper-args: --insecure-state-on-root-fs is not allowed",
+		},
+		{
+			name:    "a flag without its value after = is refused",
+			entries: map[string]string{"bootstrapper-args": "--image-repository registry.example"},
+			wantErr: "bootstrapper-args: --image-repository is not allowed",
+		},
+		{
+			name:    "init secret hash and containerd drop-in",
+			entries: map[string]string{"init-secret.bcrypt": "$2a$10$abc", "containerd.toml": "version = 2\n"},
+			wantEnv: "GATEHOUSE_BOOTSTRAPPER_ARGS= --init-secret-hash-file=RUN/init-secret.bcrypt\n",
+			files:   map[string]string{"RUN/init-secret.bcrypt": "$2a$10$abc", "RUN/containerd.d/50-provisioned.toml": "version = 2\n"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			fwcfg, runDir := filepath.Join(dir, "fw_cfg"), filepath.Join(dir, "run")
+			if err := os.MkdirAll(fwcfg, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for name, content := range tt.entries {
+				if err := os.MkdirAll(filepath.Join(fwcfg, name), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(fwcfg, name, "raw"), []byte(content), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cmd := exec.CommandContext(t.Context(), "sh", "-c", string(script))
+			cmd.Env = append(os.Environ(), "GATEHOUSE_PROVISION_FWCFG="+fwcfg, "GATEHOUSE_PROVISION_RUN="+runDir,
+				"GATEHOUSE_PROVISION_HOSTNAME=no")
+			out, err := cmd.CombinedOutput()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(string(out), tt.wantErr) {
+					t.Fatalf("err %v, output %q: want a failure saying %q", err, out, tt.wantErr)
+				}
+				if _, err := os.Stat(filepath.Join(runDir, "bootstrapper.env")); err == nil {
+					t.Error("a refused provisioning wrote bootstrapper.env")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			env, err := os.ReadFile(filepath.Join(runDir, "bootstrapper.env"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := strings.ReplaceAll(tt.wantEnv, "RUN", runDir); string(env) != want {
+				t.Errorf("bootstrapper.env %q, want %q", env, want)
+			}
+			for name, want := range tt.files {
+				path := strings.ReplaceAll(name, "RUN", runDir)
+				got, err := os.ReadFile(path)
+				if err != nil || string(got) != want {
+					t.Errorf("%s: %q (%v), want %q", name, got, err, want)
+				}
+			}
+			if fi, err := os.Stat(filepath.Join(runDir, "init-secret.bcrypt")); err == nil && fi.Mode().Perm() != 0o600 {
+				t.Errorf("the init secret hash has mode %v, want 0600", fi.Mode().Perm())
+			}
+		})
+	}
+}
