@@ -6,6 +6,7 @@ package installer
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
@@ -84,6 +85,12 @@ func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component)
 	installed := map[string]string{} // URL and digest of a binary → where it was installed
 	for _, c := range list {
 		key := c.GetUrl() + "\x00" + c.GetHash()
+		if !c.GetExtract() && present(c) {
+			// A node image ships its pinned binaries on a read-only root
+			// (docs/image.md): the same bytes need no download.
+			i.opts.Log.Info("Component already installed", "path", c.GetInstallPath(), "hash", c.GetHash())
+			continue
+		}
 		var err error
 		if from, ok := installed[key]; ok && !c.GetExtract() {
 			err = copyInstalled(from, c.GetInstallPath())
@@ -99,6 +106,28 @@ func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component)
 		i.opts.Log.Info("Installed component", "url", c.GetUrl(), "path", c.GetInstallPath(), "extract", c.GetExtract())
 	}
 	return nil
+}
+
+// present reports whether c's install path already holds a file (or a
+// symbolic link to one) with c's digest.
+func present(c *componentsv1.Component) bool {
+	want, err := components.ParseHash(c.GetHash())
+	if err != nil {
+		return false
+	}
+	f, err := os.Open(c.GetInstallPath())
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return false
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return false
+	}
+	return bytes.Equal(h.Sum(nil), want)
 }
 
 // copyInstalled installs a copy of the binary installed at from as dest,

@@ -289,3 +289,35 @@ func TestInstallSameBinaryOnce(t *testing.T) {
 	}
 	assertOnly(t, dir, "kubeadm", "kubectl", "kubelet")
 }
+
+// TestInstallKeepsWhatIsThere: a binary already at its install path with
+// the pinned digest (a node image's read-only root) is neither fetched
+// nor written; one with another digest is replaced.
+func TestInstallKeepsWhatIsThere(t *testing.T) {
+	content := bytes.Repeat([]byte("kube "), 1000)
+	url, hits := serve(t, content, 0, nil)
+	dir := t.TempDir()
+	same, other := filepath.Join(dir, "kubelet"), filepath.Join(dir, "kubeadm")
+	if err := os.WriteFile(same, content, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, []byte("old"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o555); err != nil { // only kubeadm's replacement needs to write
+		t.Fatal(err)
+	}
+	err := newInstaller().Install(t.Context(), []*componentsv1.Component{{Url: url, Hash: hashOf(content), InstallPath: same}})
+	if err != nil || hits.Load() != 0 {
+		t.Fatalf("installing a present binary: %v, %d requests; want nothing fetched", err, hits.Load())
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := newInstaller().Install(t.Context(), []*componentsv1.Component{{Url: url, Hash: hashOf(content), InstallPath: other}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(other); !bytes.Equal(got, content) || hits.Load() != 1 {
+		t.Fatalf("a binary with another digest was not replaced (%d requests)", hits.Load())
+	}
+}
