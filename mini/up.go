@@ -69,6 +69,11 @@ type Options struct {
 	// manifest differs fails attestation and is not waited for; the CLI's
 	// hidden --tamper flag uses this to show a refused node.
 	BootManifest func(node string, manifest []byte) []byte
+	// NodeImage is the node image's directory (hack/node-image.sh;
+	// docs/image.md) when the cluster has or will get VM nodes (the qemu
+	// provider): the join policy then accepts the image's signed values
+	// for each role beside the namespace nodes' (acceptVMNodes).
+	NodeImage string
 	// Out receives progress.
 	Out io.Writer
 	// Init initialises the cluster as `gatehouse init` does: it verifies the

@@ -67,11 +67,19 @@ func TestProvisionScript(t *testing.T) {
 			files:   map[string]string{"RUN/init-secret.bcrypt": "$2a$10$abc", "RUN/containerd.d/50-provisioned.toml": "version = 2\n"},
 		},
 		{
+			name:    "a CNI network",
+			entries: map[string]string{"cni.conflist": `{"cniVersion": "1.0.0"}`},
+			wantEnv: "GATEHOUSE_BOOTSTRAPPER_ARGS=\n",
+			files:   map[string]string{"CNI/10-provisioned.conflist": `{"cniVersion": "1.0.0"}`},
+		},
+		{
 			name:    "a static address, its gateway and DNS server",
 			network: true,
-			entries: map[string]string{"network": "address=10.88.5.12/24\ngateway=10.88.5.1\n# a comment\ndns=10.88.5.1"},
+			entries: map[string]string{"network": "address=10.88.5.12/24\ngateway=10.88.5.1\n# a comment\ndns=10.88.5.1\n" +
+				"route=10.244.0.0/24,10.88.5.10\nroute=10.244.1.0/24,10.88.5.11"},
 			files: map[string]string{"NETWORKD/10-gatehouse-provisioned.network": "# From fw_cfg opt/gatehouse/network (gatehouse-provision-network.service).\n" +
-				"[Match]\nName=en* eth*\n[Network]\nAddress=10.88.5.12/24\nGateway=10.88.5.1\nDNS=10.88.5.1\n"},
+				"[Match]\nName=en* eth*\n[Network]\nAddress=10.88.5.12/24\nGateway=10.88.5.1\nDNS=10.88.5.1\n" +
+				"[Route]\nDestination=10.244.0.0/24\nGateway=10.88.5.10\n[Route]\nDestination=10.244.1.0/24\nGateway=10.88.5.11\n"},
 		},
 		{
 			name:    "no network entry: DHCP's address",
@@ -90,6 +98,12 @@ func TestProvisionScript(t *testing.T) {
 			wantErr: "is not <IPv4>/<prefix>",
 		},
 		{
+			name:    "a route without its gateway is refused",
+			network: true,
+			entries: map[string]string{"network": "address=10.88.5.12/24\nroute=10.244.0.0/24\n"},
+			wantErr: "network: route=10.244.0.0/24 is not <IPv4>/<prefix>,<IPv4>",
+		},
+		{
 			name:    "a gateway given twice is refused",
 			network: true,
 			entries: map[string]string{"network": "address=10.88.5.12/24\ngateway=10.88.5.1\ngateway=10.88.5.2\n"},
@@ -98,8 +112,8 @@ func TestProvisionScript(t *testing.T) {
 		{
 			name:    "an unknown key is refused",
 			network: true,
-			entries: map[string]string{"network": "address=10.88.5.12/24\nroute=0.0.0.0/0\n"},
-			wantErr: "network: a line is not address=, gateway= or dns=",
+			entries: map[string]string{"network": "address=10.88.5.12/24\nmtu=9000\n"},
+			wantErr: "network: a line is not address=, gateway=, dns= or route=",
 		},
 		{
 			name:    "a shell word in a value is refused",
@@ -136,7 +150,7 @@ func TestProvisionScript(t *testing.T) {
 			}
 			cmd := exec.CommandContext(t.Context(), "sh", args...)
 			cmd.Env = append(os.Environ(), "GATEHOUSE_PROVISION_FWCFG="+fwcfg, "GATEHOUSE_PROVISION_RUN="+runDir,
-				"GATEHOUSE_PROVISION_HOSTNAME=no", "GATEHOUSE_PROVISION_NETWORKD="+networkd)
+				"GATEHOUSE_PROVISION_HOSTNAME=no", "GATEHOUSE_PROVISION_NETWORKD="+networkd, "GATEHOUSE_PROVISION_CNI="+filepath.Join(dir, "cni"))
 			out, err := cmd.CombinedOutput()
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(string(out), tt.wantErr) {
@@ -178,7 +192,7 @@ func TestProvisionScript(t *testing.T) {
 				t.Errorf("bootstrapper.env %q, want %q", env, want)
 			}
 			for name, want := range tt.files {
-				path := strings.ReplaceAll(name, "RUN", runDir)
+				path := strings.ReplaceAll(strings.ReplaceAll(name, "RUN", runDir), "CNI", filepath.Join(dir, "cni"))
 				got, err := os.ReadFile(path)
 				if err != nil || string(got) != want {
 					t.Errorf("%s: %q (%v), want %q", name, got, err, want)
