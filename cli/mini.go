@@ -85,6 +85,7 @@ func newMiniUpCmd() *cobra.Command {
 	f.StringVar(&opts.KubeBinDir, "kube-bin", "", "directory of the pinned Kubernetes binaries (default $GATEHOUSE_KUBE_BIN)")
 	f.StringVar(&opts.AddonBinDir, "addon-bin", "", "directory of CoreDNS and the registry built by hack/addon-binaries.sh (default $GATEHOUSE_ADDON_BIN)")
 	f.StringVar(&opts.ImageCache, "image-cache", "", "directory keeping the built node images, by the digests of the binaries in them; \"\" builds them every time (default $GATEHOUSE_CACHE/mini-images, or ~/.cache/gatehouse/mini-images)")
+	f.StringVar(&opts.NodeImage, "node-image", "", "the node image's directory (hack/node-image.sh) when the cluster gets VM nodes: the join policy accepts its signed values too")
 	f.StringSliceVar(&tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")
 	_ = f.MarkHidden("tamper")
 	return cmd

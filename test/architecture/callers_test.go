@@ -347,6 +347,14 @@ var publicAPI = map[string]string{
 	"mini.ImageRepository":    "the repository of the images `mini up` preloads; test/e2e's workloads run the pause image from it",
 	"mini.PCRs":               "the PCRs a local node attests; test/e2e's attacks attest as a node does",
 	"mini.BootArtefacts":      "a local node's measured boot files; the same",
+	"mini.VMOptions":          "how VM nodes boot (the node image, QEMU's accelerator); test/vme2e adds, resets and restarts VM nodes with it until `mini node add --provider qemu` is wired (issue 36)",
+	"mini.AddVMWorker":        "the same",
+	"mini.ResetVMNode":        "the same",
+	"mini.RestartVMNode":      "the same",
+	"mini.DeleteVMNodes":      "the same",
+	"mini.VMConsoleLog":       "a VM node's serial console, where test/vme2e reads the bootstrapper's state-disk record",
+	"mini.VMPIDs":             "a VM node's QEMU and swtpm, whose memory test/vme2e measures",
+	"mini.VMMemoryMiB":        "a VM node's memory (PCR 0 depends on it); test/vme2e reports it beside QEMU's resident set",
 	"mini.EtcdMembers":        "the control planes' etcd members; test/e2e's HA checks wait for exactly the expected healthy members",
 }
 
