@@ -200,6 +200,9 @@ func (p *qemuProvider) Start(ctx context.Context, s *NodeSpec, nr *NodeRecord) e
 // image, and its pods' CNI network.
 func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 	dir := filepath.Join(vmDir(s.Dir), "provision")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
 	var entries []qemu.FWCfgEntry
 	add := func(name string, data []byte) error {
 		path := filepath.Join(dir, name)
