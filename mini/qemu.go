@@ -21,9 +21,9 @@ import (
 	"github.com/gatehouse-dev/gatehouse/mini/images"
 )
 
-var _ Provider = (*qemuProvider)(nil)
+var _ Provider = (*qemuNodes)(nil)
 
-// qemuProvider makes a node a virtual machine of the node image
+// qemuNodes is the qemu provider: it makes a node a virtual machine of the node image
 // (docs/image.md) with image/qemu: QEMU's q35 machine with OVMF measuring
 // the boot into the VM's own swtpm (EK certificate from the cluster's TPM
 // manufacturer CA), a tap device on the cluster bridge at the node's
@@ -32,7 +32,7 @@ var _ Provider = (*qemuProvider)(nil)
 // a later command needs to reach it is in its directory (vm.json, the QMP
 // socket). Its bootstrapper is provisioned through fw_cfg (docs/image.md,
 // "Provisioning") and pulls its images from the cluster's registry.
-type qemuProvider struct {
+type qemuNodes struct {
 	// image is the node image's directory (node-controlplane.raw,
 	// node-worker.raw, reference-values.signed.json, signing-key.pub).
 	image string
@@ -42,11 +42,17 @@ type qemuProvider struct {
 	log *slog.Logger
 }
 
+// qemuProvider returns the qemu provider of the cluster c describes: VMs
+// of its node image, KVM where usable and TCG elsewhere.
+func qemuProvider(c providerConfig) (Provider, error) {
+	return newQEMUProvider(c.NodeImage, qemu.AccelAuto, nil)
+}
+
 // newQEMUProvider returns the provider of VM nodes booting the node image
 // in imageDir (hack/node-image.sh prints it) with accelerator accel
 // (qemu.AccelAuto: KVM where usable, else TCG); log, when not nil,
 // receives each VM's boot progress.
-func newQEMUProvider(imageDir string, accel qemu.Accel, log *slog.Logger) (*qemuProvider, error) {
+func newQEMUProvider(imageDir string, accel qemu.Accel, log *slog.Logger) (*qemuNodes, error) {
 	for _, f := range []string{qemuImageDisk(imageDir, true), qemuImageDisk(imageDir, false), filepath.Join(imageDir, imageSignedValues)} {
 		if _, err := os.Stat(f); err != nil {
 			return nil, fmt.Errorf("the node image (hack/node-image.sh builds it): %w", err)
@@ -55,7 +61,7 @@ func newQEMUProvider(imageDir string, accel qemu.Accel, log *slog.Logger) (*qemu
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &qemuProvider{image: imageDir, accel: accel, log: log}, nil
+	return &qemuNodes{image: imageDir, accel: accel, log: log}, nil
 }
 
 // qemuImageDisk is the image's disk of a role: the roles' UKIs differ in
@@ -68,7 +74,7 @@ func qemuImageDisk(imageDir string, controlPlane bool) string {
 }
 
 // Name implements Provider.
-func (*qemuProvider) Name() string { return ProviderQEMU }
+func (*qemuNodes) Name() string { return ProviderQEMU }
 
 // qemuStateDiskSize is a VM node's state disk in bytes (sparse on the
 // host): LUKS2's header and an ext4 file system for /etc/kubernetes,
@@ -112,7 +118,7 @@ func (r vmRecord) save(nodeDir string) error {
 // Create implements Provider: the node's directory, its state disk (1 GiB,
 // sparse, serial gatehouse-state in the VM), its TPM (manufactured with an
 // EK certificate from s.TPMCA) and a tap device on the cluster bridge.
-func (p *qemuProvider) Create(ctx context.Context, s *NodeSpec, nr *NodeRecord) error {
+func (p *qemuNodes) Create(ctx context.Context, s *NodeSpec, nr *NodeRecord) error {
 	nr.Dir, nr.Provider = s.Dir, ProviderQEMU
 	dir := vmDir(s.Dir)
 	if err := os.MkdirAll(filepath.Join(dir, "provision"), 0o700); err != nil {
@@ -154,7 +160,7 @@ func (p *qemuProvider) Create(ctx context.Context, s *NodeSpec, nr *NodeRecord) 
 // sure the cluster's registry holds the images the node pulls, and boots
 // the role's disk of the node image. It returns once QEMU runs; the VM
 // boots, attests and joins on its own (Logs: its serial console).
-func (p *qemuProvider) Start(ctx context.Context, s *NodeSpec, nr *NodeRecord) error {
+func (p *qemuNodes) Start(ctx context.Context, s *NodeSpec, nr *NodeRecord) error {
 	rec, err := readVMRecord(s.Dir)
 	if err != nil {
 		return fmt.Errorf("%s was not created by the qemu provider: %w", s.Name, err)
@@ -316,14 +322,14 @@ func pushImages(ctx context.Context, s *NodeSpec) error {
 // Stop implements Provider: the VM's power button, then (after 30 s, or at
 // once without an ACPI handler in the guest) QEMU quits; what is left of
 // QEMU and swtpm is killed. Disks, TPM and directory stay.
-func (p *qemuProvider) Stop(ctx context.Context, nr *NodeRecord) error {
+func (p *qemuNodes) Stop(ctx context.Context, nr *NodeRecord) error {
 	return p.stop(ctx, nr, vmPowerOffGrace)
 }
 
 // vmPowerOffGrace is how long Stop waits for the guest to power off.
 const vmPowerOffGrace = 30 * time.Second
 
-func (p *qemuProvider) stop(ctx context.Context, nr *NodeRecord, grace time.Duration) error {
+func (p *qemuNodes) stop(ctx context.Context, nr *NodeRecord, grace time.Duration) error {
 	rec, err := readVMRecord(nr.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -351,7 +357,7 @@ func (p *qemuProvider) stop(ctx context.Context, nr *NodeRecord, grace time.Dura
 // firmware starts again and measures the new boot, the TPM's PCRs start
 // from zero; disks and the TPM's keys stay. A VM that does not run is
 // started.
-func (p *qemuProvider) Reset(ctx context.Context, s *NodeSpec, nr *NodeRecord) error {
+func (p *qemuNodes) Reset(ctx context.Context, s *NodeSpec, nr *NodeRecord) error {
 	rec, err := readVMRecord(s.Dir)
 	if err != nil {
 		return err
@@ -364,7 +370,7 @@ func (p *qemuProvider) Reset(ctx context.Context, s *NodeSpec, nr *NodeRecord) e
 
 // Delete implements Provider: the VM's processes are killed (no power-off:
 // the node is going), its tap device and directory removed.
-func (p *qemuProvider) Delete(ctx context.Context, nr *NodeRecord) error {
+func (p *qemuNodes) Delete(ctx context.Context, nr *NodeRecord) error {
 	if nr.Dir == "" {
 		return nil
 	}
@@ -379,16 +385,26 @@ func (p *qemuProvider) Delete(ctx context.Context, nr *NodeRecord) error {
 }
 
 // Exec implements Provider: a node image offers no shell, by design.
-func (*qemuProvider) Exec(context.Context, *NodeRecord, ...string) ([]byte, error) {
+func (*qemuNodes) Exec(context.Context, *NodeRecord, ...string) ([]byte, error) {
 	return nil, ErrNoExec
 }
 
 // Logs implements Provider: the VM's serial console (firmware, kernel,
 // systemd and the bootstrapper's log) and QEMU's own log.
-func (*qemuProvider) Logs(nr *NodeRecord) []string {
+func (*qemuNodes) Logs(nr *NodeRecord) []string {
 	dir := vmDir(nr.Dir)
 	return []string{filepath.Join(dir, "console.log"), filepath.Join(dir, "qemu.log"), filepath.Join(dir, "tpm", "swtpm.log")}
 }
+
+// Running implements Provider: the VM's QEMU runs.
+func (*qemuNodes) Running(nr *NodeRecord) bool {
+	rec, err := readVMRecord(nr.Dir)
+	return err == nil && rec.QEMUPID > 0 && vmProcessAlive(rec.QEMUPID, nr.Dir)
+}
+
+// StartsBeforeJoinData implements Provider: a VM reads its provisioning
+// (fw_cfg) once, at boot.
+func (*qemuNodes) StartsBeforeJoinData() bool { return false }
 
 // linkExists reports whether a network link of that name exists.
 func linkExists(name string) bool {

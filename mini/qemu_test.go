@@ -186,7 +186,7 @@ func hexOf(b []byte) []byte {
 // TestQEMUProviderBasics: no shell on a VM, its logs are its console's,
 // and a node without a VM record stops and deletes as nothing.
 func TestQEMUProviderBasics(t *testing.T) {
-	p := &qemuProvider{}
+	p := &qemuNodes{}
 	nr := &NodeRecord{Name: "worker-1", Dir: filepath.Join(t.TempDir(), "worker-1")}
 	if _, err := p.Exec(t.Context(), nr, "true"); !errors.Is(err, ErrNoExec) {
 		t.Errorf("Exec: %v, want ErrNoExec", err)

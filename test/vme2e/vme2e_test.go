@@ -14,7 +14,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,9 +59,6 @@ func TestVMWorker(t *testing.T) {
 				return
 			}
 		}
-		if err := mini.DeleteVMNodes(context.Background(), clusterDir); err != nil {
-			t.Errorf("cleanup: deleting the VM nodes: %v", err)
-		}
 		if out, err := gatehouse(t, bin, "mini", "down", "--dir", clusterDir); err != nil {
 			t.Errorf("cleanup: mini down: %v\n%s", err, out)
 		}
@@ -75,11 +71,10 @@ func TestVMWorker(t *testing.T) {
 	t.Logf("mini up (one namespace control plane) took %s", time.Since(start).Round(time.Second))
 	client := clientFor(t, filepath.Join(clusterDir, "gatehouse-admin.conf"))
 	ctx := t.Context()
-	opts := mini.VMOptions{NodeImage: image.Dir, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
 
 	// The VM worker joins through the join service.
 	start = time.Now()
-	name, err := mini.AddVMWorker(ctx, clusterDir, opts, testWriter{t})
+	name, err := mini.AddWorker(ctx, clusterDir, mini.WorkerOptions{Provider: mini.ProviderQEMU, NodeImage: image.Dir}, testWriter{t})
 	if err != nil {
 		t.Fatalf("adding a VM worker: %v", err)
 	}
@@ -97,7 +92,7 @@ func TestVMWorker(t *testing.T) {
 	// TPM whose PCRs start from zero; the node rejoins and opens its
 	// state disk, whose record says it was made in the first boot.
 	start = time.Now()
-	if err := mini.ResetVMNode(ctx, clusterDir, name, opts); err != nil {
+	if err := mini.RebootNode(ctx, clusterDir, name, false, testWriter{t}); err != nil {
 		t.Fatal(err)
 	}
 	second := waitStateOpened(ctx, t, name, 2)
@@ -122,7 +117,7 @@ func TestVMWorker(t *testing.T) {
 	// changed: the rejoin is refused naming the .cmdline event, and
 	// continuous attestation taints the Node that had been running.
 	tampered := tamperedImage(t, image)
-	if err := mini.RestartVMNode(ctx, clusterDir, name, mini.VMOptions{NodeImage: tampered, Log: opts.Log}); err != nil {
+	if err := mini.RestartVMNode(ctx, clusterDir, name, tampered); err != nil {
 		t.Fatal(err)
 	}
 	waitTainted(ctx, t, client, name)
