@@ -478,7 +478,7 @@ func gatehouse(t *testing.T, bin string, args ...string) (string, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(bin, "gatehouse"), args...) //nolint:gosec // the test's own build
+	cmd := exec.Command(filepath.Join(bin, "gatehouse"), args...)
 	cmd.Env = append(os.Environ(), "GATEHOUSE_KUBE_BIN="+kubeBin, testenv.AddonBinDirEnv+"="+addons)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
