@@ -17,7 +17,7 @@ log() { printf '[node-image] %s\n' "$*" >&2; }
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
 (cd "$here/.." && go build -o "$bin/gatehouse" ./cmd/gatehouse)
-log "gatehouse image build (cold: debootstrap and apt fetch 153 packages, then about 6 min of assembly; warm: seconds)"
+log "gatehouse image build (cold: debootstrap and apt fetch 200 packages, then about 6 min of assembly; warm: seconds)"
 # Progress goes to standard error; the JSON result to standard output.
 result=$(cd "$here/.." && "$bin/gatehouse" image build --cache-dir "$cache_root/image" --output json)
 dir=$(printf '%s' "$result" | sed -n 's/^  "dir": "\(.*\)",$/\1/p')

@@ -301,7 +301,7 @@ func TestInstallKeepsBakedBinaries(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "kube"), content, 0o755); err != nil { //nolint:gosec // a program
+	if err := os.WriteFile(filepath.Join(dir, "kube"), content, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	var list []*componentsv1.Component
@@ -323,7 +323,7 @@ func TestInstallKeepsBakedBinaries(t *testing.T) {
 		}
 	}
 
-	if err := os.WriteFile(filepath.Join(dir, "kubectl"), []byte("old"), 0o755); err != nil { //nolint:gosec // a program
+	if err := os.WriteFile(filepath.Join(dir, "kubectl"), []byte("old"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	other := &componentsv1.Component{Url: url, Hash: hashOf(content), InstallPath: filepath.Join(dir, "kubectl")}

@@ -1,0 +1,527 @@
+package capiboot
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	cabpkv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/controller/controllertest"
+	"github.com/gatehouse-dev/gatehouse/capi/render"
+	"github.com/gatehouse-dev/gatehouse/charts"
+	"github.com/gatehouse-dev/gatehouse/image/qemu"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/mini"
+)
+
+// readyTimeout bounds one VM's boot to a Ready Node (or to its refusal)
+// under TCG emulation on a busy machine: OVMF, the kernel, cloud-init's
+// stages, the attested join and the kubelet's registration.
+const readyTimeout = 30 * time.Minute
+
+// providerIDPrefix is the providerID scheme an infrastructure provider of
+// these VMs would use (CAPD's is docker:////<name>).
+const providerIDPrefix = "gatehouse-qemu://capiboot/"
+
+// joined and refused are the bootstrapper's lines on the VM's console
+// once the node joined, and when the join service's certificate does not
+// chain to the CA the data pins (clusterpki.VerifyClusterIdentity).
+var (
+	joined  = regexp.MustCompile(`gatehouse-bootstrapper.*Joined the cluster`)
+	refused = regexp.MustCompile(`does not chain to the pinned cluster CA`)
+)
+
+// TestCAPIDataBoots: a worker Machine's attested cloud-config, rendered by
+// the real provider against a real cluster, boots the node image with
+// cloud-init from a NoCloud seed; the VM joins through the join service
+// (no token or key in its data) and becomes a Ready Node with the Machine's
+// providerID. The same Machine of a Cluster whose CA differs gets data
+// pinning that CA: its VM refuses the join service and nothing is issued.
+func TestCAPIDataBoots(t *testing.T) {
+	testenv.RequireRoot(t)
+	image, err := testenv.NodeImageDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mini.CheckPrerequisites(); err != nil {
+		t.Fatalf("this machine cannot run a local cluster (make setup installs what is missing):\n%v", err)
+	}
+	began := time.Now()
+	ctx := t.Context()
+	bin := buildBinaries(t)
+	dir := filepath.Join(t.TempDir(), "mini")
+	network, err := mini.FreeNetwork(6)
+	if err != nil {
+		t.Fatalf("no network for the test's cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if out, err := gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
+			t.Errorf("cleanup: mini down: %v\n%s", err, out)
+		}
+	})
+	start := time.Now()
+	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)), "--control-planes", "1", "--workers", "0")
+	if err != nil {
+		t.Fatalf("mini up: %v\n%s", err, out)
+	}
+	t.Logf("mini up on network %d took %s", network, time.Since(start).Round(time.Second))
+	rec, err := mini.ReadRecord(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", rec.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	env := managementCluster(t, cfg)
+	acceptImage(ctx, t, kube, image)
+
+	ns := env.Namespace(t)
+	testenv.StartProcess(t, "gatehouse-capi-bootstrap", filepath.Join(bin, "gatehouse-capi-bootstrap"),
+		"--kubeconfig", rec.Kubeconfig, "--namespace", ns, "--leader-elect=false",
+		"--metrics-bind-address=0", "--health-probe-bind-address=0")
+	kubeconfig, err := os.ReadFile(rec.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster := workloadCluster(t, env, ns, "capiboot", cfg.Host, kubeconfig)
+	machine, data := attestedData(t, env, cluster, "worker-0", rec)
+	if !bytes.Contains(data, []byte("--cluster-ca-hash "+rec.CACertHash)) {
+		t.Fatalf("the data does not pin the cluster's CA %s (from kube-public/cluster-info):\n%s", rec.CACertHash, data)
+	}
+
+	work := t.TempDir()
+	tpmCA := swtpm.LocalCA{Dir: filepath.Join(dir, "tpm-ca")}
+	audit := func() string { return joinServiceLog(t, dir) }
+	// The VM reaches the cluster through QEMU's user-mode network: its
+	// connections leave from this machine's address on the bridge.
+	source := network.HostIP()
+	allowedBefore := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`)
+	seed := filepath.Join(work, "seed-worker-0.img")
+	if err := noCloudSeed(ctx, seed, data, string(machine.UID), machine.Name); err != nil {
+		t.Fatal(err)
+	}
+	booted := time.Now()
+	vm := boot(t, image.WorkerDisk, filepath.Join(work, "worker-0"), seed, tpmCA)
+	node := waitForNode(ctx, t, kube, providerIDPrefix+machine.Name)
+	t.Logf("VM boot to Node %s Ready: %s", node.Name, time.Since(booted).Round(time.Second))
+	if _, err := vm.WaitForLine(ctx, joined); err != nil {
+		t.Errorf("no %q on the console: %v", joined, err)
+	}
+	if got := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`); got != allowedBefore+1 {
+		t.Errorf("the join service allowed %d join tickets for the VM, want 1", got-allowedBefore)
+	}
+	assertNoBootstrapTokens(ctx, t, kube)
+	infrastructureProvider(ctx, t, env, machine, node)
+
+	t.Run("a wrong CA pin is refused", func(t *testing.T) {
+		if err := vm.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Another Cluster with its own CA (the <cluster>-ca Secret), joining
+		// the same join services: its data pins a CA they do not chain to.
+		wrong := workloadCluster(t, env, ns, "capiboot-wrong", cfg.Host, kubeconfig)
+		env.SeedCA(t, wrong)
+		m, data := attestedData(t, env, wrong, "worker-wrong", rec)
+		if bytes.Contains(data, []byte(rec.CACertHash)) {
+			t.Fatalf("the wrong Cluster's data pins the real CA:\n%s", data)
+		}
+		before := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`)
+		seed := filepath.Join(work, "seed-worker-wrong.img")
+		if err := noCloudSeed(ctx, seed, data, string(m.UID), m.Name); err != nil {
+			t.Fatal(err)
+		}
+		booted := time.Now()
+		vm := boot(t, image.WorkerDisk, filepath.Join(work, "worker-wrong"), seed, tpmCA)
+		waitCtx, cancel := context.WithTimeout(ctx, readyTimeout)
+		defer cancel()
+		line, err := vm.WaitForLine(waitCtx, refused)
+		if err != nil {
+			t.Fatalf("the VM with a wrong CA pin did not refuse the join service: %v", err)
+		}
+		t.Logf("VM boot to its refusal: %s: %s", time.Since(booted).Round(time.Second), line.Text)
+		if got := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`); got != before {
+			t.Errorf("the join service issued %d join tickets to the refusing VM", got-before)
+		}
+		nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nodes.Items {
+			if n.Spec.ProviderID == providerIDPrefix+m.Name {
+				t.Errorf("Node %s registered with the refusing VM's providerID", n.Name)
+			}
+		}
+	})
+	t.Logf("the test took %s", time.Since(began).Round(time.Second))
+}
+
+// managementCluster makes the local cluster a Cluster API management
+// cluster: Cluster API's core CRDs and ours.
+func managementCluster(t *testing.T, cfg *rest.Config) *controllertest.Env {
+	t.Helper()
+	// envtest's CRD installer logs through controller-runtime's logger.
+	ctrllog.SetLogger(ctrllog.Log.WithSink(ctrllog.NullLogSink{}))
+	core, _ := testenv.ClusterAPICRDs(t)
+	crds := filepath.Join("..", "..", "config", "crd")
+	if _, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: []string{core, crds}, ErrorIfPathMissing: true}); err != nil {
+		t.Fatalf("installing the CRDs: %v", err)
+	}
+	scheme := k8sruntime.NewScheme()
+	for _, add := range []func(*k8sruntime.Scheme) error{clientgoscheme.AddToScheme, clusterv1.AddToScheme, bootstrapv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &controllertest.Env{Config: cfg, Client: c, Scheme: scheme}
+}
+
+// workloadCluster creates a Cluster whose workload cluster is the local
+// cluster (kubeconfig, its admin's): infrastructure provisioned and the
+// control plane initialised, as the Cluster of an attested first node is
+// once `gatehouse init` ran.
+func workloadCluster(t *testing.T, env *controllertest.Env, ns, name, server string, kubeconfig []byte) *clusterv1.Cluster {
+	t.Helper()
+	ctx := t.Context()
+	u, err := url.Parse(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.ParseInt(port, 10, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &clusterv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       clusterv1.ClusterSpec{ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: host, Port: int32(p)}},
+	}
+	if err := env.Client.Create(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	c.Status.Initialization = clusterv1.ClusterInitializationStatus{InfrastructureProvisioned: ptr.To(true), ControlPlaneInitialized: ptr.To(true)}
+	if err := env.Client.Status().Update(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-kubeconfig",
+		Labels: map[string]string{clusterv1.ClusterNameLabel: name}},
+		Data: map[string][]byte{"value": kubeconfig}, Type: clusterv1.ClusterSecretType}
+	if err := env.Client.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// cniConfig is a bridge network for the VM's pods: a Node is Ready only
+// once its container runtime has a CNI configuration. The user data
+// carries it, as a cluster without a CNI add-on would.
+const cniConfig = `{"cniVersion": "1.0.0", "name": "capiboot", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.200.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+`
+
+// attestedData creates a worker Machine of cluster with an attested
+// KubeadmConfig joining through rec's join services, waits for its data
+// Secret, checks that the data holds no secret, and returns the Machine
+// and the data.
+func attestedData(t *testing.T, env *controllertest.Env, cluster *clusterv1.Cluster, name string, rec *mini.Record) (*clusterv1.Machine, []byte) {
+	t.Helper()
+	ctx := t.Context()
+	spec := bootstrapv1.KubeadmConfigSpec{
+		Format:   bootstrapv1.FormatCloudConfig,
+		Attested: &bootstrapv1.AttestedSpec{Enabled: true, JoinEndpoints: rec.JoinEndpoints},
+		JoinConfiguration: cabpkv1.JoinConfiguration{NodeRegistration: cabpkv1.NodeRegistrationOptions{
+			KubeletExtraArgs: []cabpkv1.Arg{{Name: "provider-id", Value: ptr.To(providerIDPrefix + name)}},
+		}},
+		Files: []cabpkv1.File{{Path: "/etc/cni/net.d/10-capiboot.conflist", Content: cniConfig, Permissions: "0644"}},
+	}
+	machine, _, err := env.Machine(ctx, cluster, name, false, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	configs := env.WaitFor(t, cluster.Namespace, "the data Secret of "+name, func(cs []bootstrapv1.KubeadmConfig) bool {
+		for _, c := range cs {
+			if c.Name == name && c.Status.DataSecretName != nil && ptr.Deref(c.Status.Initialization.DataSecretCreated, false) {
+				return true
+			}
+		}
+		return false
+	})
+	var cfg bootstrapv1.KubeadmConfig
+	for _, c := range configs {
+		if c.Name == name {
+			cfg = c
+		}
+	}
+	s := &corev1.Secret{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: *cfg.Status.DataSecretName}, s); err != nil {
+		t.Fatal(err)
+	}
+	if string(s.Data["format"]) != string(bootstrapv1.FormatCloudConfig) {
+		t.Fatalf("data format %q, want cloud-config", s.Data["format"])
+	}
+	data := s.Data["value"]
+	token := regexp.MustCompile(`\b[a-z0-9]{6}\.[a-z0-9]{16}\b`)
+	for _, bad := range []string{"PRIVATE KEY", "BEGIN CERTIFICATE", "certificate-key", "certificateKey", "token", "kind: JoinConfiguration"} {
+		if bytes.Contains(data, []byte(bad)) {
+			t.Errorf("%s's attested data contains %q:\n%s", name, bad, data)
+		}
+	}
+	if m := token.Find(data); m != nil {
+		t.Errorf("%s's attested data contains a bootstrap token %q", name, m)
+	}
+	for _, want := range []string{render.BootstrapperEnvPath, "--join-endpoints " + strings.Join(rec.JoinEndpoints, ","),
+		"--kubelet-arg provider-id=" + providerIDPrefix + name, "gatehouse-bootstrapper.service"} {
+		if !bytes.Contains(data, []byte(want)) {
+			t.Errorf("%s's data lacks %q:\n%s", name, want, data)
+		}
+	}
+	t.Logf("%s's data (%d bytes):\n%s", name, len(data), data)
+	return machine, data
+}
+
+// boot starts a worker VM of the node image in dir with the seed disk,
+// stopped when the test ends.
+func boot(t *testing.T, disk, dir, seed string, ca swtpm.LocalCA) *qemu.VM {
+	t.Helper()
+	vm, err := qemu.Start(t.Context(), qemu.Config{
+		// 1 GiB: platform qemu-ovmf's PCR 0 was measured so (docs/image.md).
+		Image: disk, Dir: dir, StateDiskSize: 1 << 30, TPMCA: ca, MemoryMiB: 1024,
+		Drives: []qemu.Drive{{File: seed, ReadOnly: true}},
+		Log:    slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("console of %s:\n%s", dir, consoleTail(vm))
+		}
+		if err := vm.Stop(context.Background()); err != nil {
+			t.Errorf("stopping the VM: %v", err)
+		}
+	})
+	return vm
+}
+
+// waitForNode waits for the Node whose spec.providerID is providerID to be
+// Ready, and returns it.
+func waitForNode(ctx context.Context, t *testing.T, kube kubernetes.Interface, providerID string) *corev1.Node {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err == nil {
+			for i := range nodes.Items {
+				if n := &nodes.Items[i]; n.Spec.ProviderID == providerID && ready(n) {
+					return n
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no Ready Node with providerID %s (last error %v)", providerID, err)
+		case <-tick.C:
+		}
+	}
+}
+
+// consoleTail is the end of the VM's console log (its boot, the journal's
+// lines, the bootstrapper's log).
+func consoleTail(vm *qemu.VM) string {
+	data, err := os.ReadFile(vm.ConsoleLog())
+	if err != nil {
+		return err.Error()
+	}
+	const keep = 48 << 10
+	if len(data) > keep {
+		data = data[len(data)-keep:]
+	}
+	return string(data)
+}
+
+func ready(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// assertNoBootstrapTokens: the secret-free path made no bootstrap token
+// (kube-system's bootstrap-token-* Secrets are the local cluster's own
+// kubeadm init's at most) and no kubelet asked for a client certificate
+// through a CertificateSigningRequest: the join service issued it.
+func assertNoBootstrapTokens(ctx context.Context, t *testing.T, kube kubernetes.Interface) {
+	t.Helper()
+	secrets, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range secrets.Items {
+		if strings.Contains(string(s.Data["description"]), "KubeadmConfig") || strings.Contains(string(s.Data["description"]), "capiboot") {
+			t.Errorf("the provider made bootstrap token %s: %s", s.Name, s.Data["description"])
+		}
+	}
+	csrs, err := kube.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range csrs.Items {
+		if c.Spec.SignerName == "kubernetes.io/kube-apiserver-client-kubelet" && strings.HasPrefix(c.Spec.Username, "system:bootstrap:") {
+			t.Errorf("CSR %s: a kubelet bootstrapped its client certificate with a token (%s)", c.Name, c.Spec.Username)
+		}
+	}
+}
+
+// infrastructureProvider does what an infrastructure provider does once
+// its machine runs: the Machine's spec.providerID and status.addresses.
+// No Cluster API core controller runs here, so nothing sets
+// status.nodeRef; the test checks what that controller matches a Node by
+// (spec.providerID equal to the Machine's) and the bootstrap contract's
+// fields of the KubeadmConfig.
+func infrastructureProvider(ctx context.Context, t *testing.T, env *controllertest.Env, machine *clusterv1.Machine, node *corev1.Node) {
+	t.Helper()
+	m := &clusterv1.Machine{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(machine), m); err != nil {
+		t.Fatal(err)
+	}
+	m.Spec.ProviderID = node.Spec.ProviderID
+	if err := env.Client.Update(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range node.Status.Addresses {
+		m.Status.Addresses = append(m.Status.Addresses, clusterv1.MachineAddress{Type: clusterv1.MachineAddressType(a.Type), Address: a.Address})
+	}
+	if err := env.Client.Status().Update(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(machine), m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Spec.ProviderID != providerIDPrefix+m.Name || len(m.Status.Addresses) == 0 {
+		t.Errorf("Machine %s: providerID %q, addresses %v", m.Name, m.Spec.ProviderID, m.Status.Addresses)
+	}
+	cfg := &bootstrapv1.KubeadmConfig{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(machine), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !ptr.Deref(cfg.Status.Initialization.DataSecretCreated, false) || ptr.Deref(cfg.Status.DataSecretName, "") != m.Name {
+		t.Errorf("KubeadmConfig %s: dataSecretCreated %v, dataSecretName %v", cfg.Name, cfg.Status.Initialization.DataSecretCreated, cfg.Status.DataSecretName)
+	}
+	for _, c := range cfg.Status.Conditions {
+		if c.Type == "Ready" && c.Status != metav1.ConditionTrue {
+			t.Errorf("KubeadmConfig %s is not Ready: %s: %s", cfg.Name, c.Reason, c.Message)
+		}
+	}
+	t.Logf("Machine %s: providerID %s, addresses %v (Node %s)", m.Name, m.Spec.ProviderID, m.Status.Addresses, node.Name)
+}
+
+// buildBinaries builds the gatehouse binaries into a directory for the test.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", dir+"/", "./cmd/...")
+	cmd.Dir = filepath.Join("..", "..")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the binaries: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// gatehouse runs the CLI with the Kubernetes binaries of the tests.
+func gatehouse(t *testing.T, bin string, args ...string) (string, error) {
+	t.Helper()
+	kubeBin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addons, err := testenv.AddonBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(bin, "gatehouse"), args...)
+	cmd.Env = append(os.Environ(), "GATEHOUSE_KUBE_BIN="+kubeBin, testenv.AddonBinDirEnv+"="+addons)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// joinServiceLog is the join service's log on the local cluster's control
+// plane (its audit records among it).
+func joinServiceLog(t *testing.T, dir string) string {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "cp-*", "root", "var", "log", "pods", charts.Namespace+"_gatehouse-joinservice-*", "*", "*.log"))
+	var all strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all.Write(data)
+	}
+	return all.String()
+}
+
+// auditCount counts the join service's audit lines from source holding
+// every one of fields.
+func auditCount(audit, source string, fields ...string) int {
+	n := 0
+	for line := range strings.SplitSeq(audit, "\n") {
+		if !strings.Contains(line, `"source":"`+source+`"`) {
+			continue
+		}
+		all := true
+		for _, f := range fields {
+			all = all && strings.Contains(line, f)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
