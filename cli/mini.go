@@ -40,7 +40,8 @@ func newMiniUpCmd() *cobra.Command {
 		Long: "Create a local attested Kubernetes cluster. Every node has its own network and mount\n" +
 			"namespaces, containerd, kubelet, software TPM and LUKS2 state disk, and runs the real\n" +
 			"gatehouse-bootstrapper: the first is initialised with `gatehouse init`, the others\n" +
-			"join through the join service.",
+			"join through the join service. With --provider qemu every node, with --vm-workers N the\n" +
+			"last N workers, is instead a VM of the node image (its own firmware, TPM and dm-crypt state disk).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			self, err := os.Executable()
@@ -69,6 +70,9 @@ func newMiniUpCmd() *cobra.Command {
 					failureLog: filepath.Join(dir, "init-failure.log"),
 				})
 			}
+			if opts.NodeImage == "" {
+				opts.NodeImage = os.Getenv("GATEHOUSE_NODE_IMAGE")
+			}
 			if len(tampered) > 0 {
 				opts.BootManifest = tamper(tampered)
 			}
@@ -85,6 +89,9 @@ func newMiniUpCmd() *cobra.Command {
 	f.StringVar(&opts.KubeBinDir, "kube-bin", "", "directory of the pinned Kubernetes binaries (default $GATEHOUSE_KUBE_BIN)")
 	f.StringVar(&opts.AddonBinDir, "addon-bin", "", "directory of CoreDNS and the registry built by hack/addon-binaries.sh (default $GATEHOUSE_ADDON_BIN)")
 	f.StringVar(&opts.ImageCache, "image-cache", "", "directory keeping the built node images, by the digests of the binaries in them; \"\" builds them every time (default $GATEHOUSE_CACHE/mini-images, or ~/.cache/gatehouse/mini-images)")
+	f.StringVar(&opts.Provider, "provider", mini.ProviderNetNS, "what every node is: "+mini.ProviderNetNS+" (namespaces on this machine) or "+mini.ProviderQEMU+" (a VM of the node image)")
+	f.IntVar(&opts.VMWorkers, "vm-workers", 0, "how many of the workers (the last ones) are VMs of the node image, the rest "+mini.ProviderNetNS+" nodes")
+	f.StringVar(&opts.NodeImage, "node-image", "", "directory of the node image VMs boot, as `make image` or hack/node-image.sh prints it (default $GATEHOUSE_NODE_IMAGE)")
 	f.StringSliceVar(&tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")
 	_ = f.MarkHidden("tamper")
 	return cmd
@@ -214,13 +221,19 @@ func newMiniNodeCmd() *cobra.Command {
 	reboot.Flags().BoolVar(&tamper, "tamper", false, "measure a changed boot manifest from this boot on (to see a refusal)")
 	_ = reboot.Flags().MarkHidden("tamper")
 	cmd.AddCommand(reboot)
-	var addDir string
+	var (
+		addDir  string
+		addOpts mini.WorkerOptions
+	)
 	add := &cobra.Command{
 		Use:   "add",
 		Short: "Add a worker: it boots, proves itself to the join service and joins",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			name, err := mini.AddWorker(cmd.Context(), addDir, mini.WorkerOptions{}, cmd.OutOrStdout())
+			if addOpts.NodeImage == "" {
+				addOpts.NodeImage = os.Getenv("GATEHOUSE_NODE_IMAGE")
+			}
+			name, err := mini.AddWorker(cmd.Context(), addDir, addOpts, cmd.OutOrStdout())
 			if err != nil {
 				return err
 			}
@@ -229,6 +242,8 @@ func newMiniNodeCmd() *cobra.Command {
 		},
 	}
 	add.Flags().StringVar(&addDir, "dir", mini.DefaultDir, "directory of the cluster's state")
+	add.Flags().StringVar(&addOpts.Provider, "provider", mini.ProviderNetNS, "what the worker is: "+mini.ProviderNetNS+" (namespaces on this machine) or "+mini.ProviderQEMU+" (a VM of the node image)")
+	add.Flags().StringVar(&addOpts.NodeImage, "node-image", "", "directory of the node image a VM boots, when the cluster has none (default $GATEHOUSE_NODE_IMAGE)")
 	cmd.AddCommand(add)
 	return cmd
 }

@@ -15,6 +15,11 @@ import (
 
 // Status prints the local cluster's nodes, or that there is none.
 func Status(ctx context.Context, dir string, out io.Writer) error {
+	return status(ctx, dir, out, providerFor)
+}
+
+// status is Status with the providers providerFor returns.
+func status(ctx context.Context, dir string, out io.Writer, providerFor providerLookup) error {
 	rec, err := ReadRecord(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		fmt.Fprintf(out, "No local cluster in %s.\n", dir)
