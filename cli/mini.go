@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -70,9 +71,6 @@ func newMiniUpCmd() *cobra.Command {
 					failureLog: filepath.Join(dir, "init-failure.log"),
 				})
 			}
-			if opts.NodeImage == "" {
-				opts.NodeImage = os.Getenv("GATEHOUSE_NODE_IMAGE")
-			}
 			if len(tampered) > 0 {
 				opts.BootManifest = tamper(tampered)
 			}
@@ -91,7 +89,7 @@ func newMiniUpCmd() *cobra.Command {
 	f.StringVar(&opts.ImageCache, "image-cache", "", "directory keeping the built node images, by the digests of the binaries in them; \"\" builds them every time (default $GATEHOUSE_CACHE/mini-images, or ~/.cache/gatehouse/mini-images)")
 	f.StringVar(&opts.Provider, "provider", mini.ProviderNetNS, "what every node is: "+mini.ProviderNetNS+" (namespaces on this machine) or "+mini.ProviderQEMU+" (a VM of the node image)")
 	f.IntVar(&opts.VMWorkers, "vm-workers", 0, "how many of the workers (the last ones) are VMs of the node image, the rest "+mini.ProviderNetNS+" nodes")
-	f.StringVar(&opts.NodeImage, "node-image", "", "directory of the node image VMs boot, as `make image` or hack/node-image.sh prints it (default $GATEHOUSE_NODE_IMAGE)")
+	f.StringVar(&opts.NodeImage, "node-image", "", "directory of the node image VMs boot, as `make image` or hack/node-image.sh prints it; also for VM workers added later, whose signed values the join policy then accepts")
 	f.StringSliceVar(&tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")
 	_ = f.MarkHidden("tamper")
 	return cmd
@@ -230,9 +228,6 @@ func newMiniNodeCmd() *cobra.Command {
 		Short: "Add a worker: it boots, proves itself to the join service and joins",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if addOpts.NodeImage == "" {
-				addOpts.NodeImage = os.Getenv("GATEHOUSE_NODE_IMAGE")
-			}
 			name, err := mini.AddWorker(cmd.Context(), addDir, addOpts, cmd.OutOrStdout())
 			if err != nil {
 				return err
@@ -243,8 +238,27 @@ func newMiniNodeCmd() *cobra.Command {
 	}
 	add.Flags().StringVar(&addDir, "dir", mini.DefaultDir, "directory of the cluster's state")
 	add.Flags().StringVar(&addOpts.Provider, "provider", mini.ProviderNetNS, "what the worker is: "+mini.ProviderNetNS+" (namespaces on this machine) or "+mini.ProviderQEMU+" (a VM of the node image)")
-	add.Flags().StringVar(&addOpts.NodeImage, "node-image", "", "directory of the node image a VM boots, when the cluster has none (default $GATEHOUSE_NODE_IMAGE)")
-	cmd.AddCommand(add)
+	add.Flags().StringVar(&addOpts.NodeImage, "node-image", "", "directory of the node image a VM boots, when the cluster has none")
+	cmd.AddCommand(add, newMiniNodeExecCmd())
+	return cmd
+}
+
+func newMiniNodeExecCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "exec NAME -- COMMAND [ARG...]",
+		Short: "Run a command on a node (in a namespace node's network and mount namespaces) and print its output",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			out, err := mini.Exec(cmd.Context(), dir, args[0], args[1:]...)
+			_, _ = cmd.OutOrStdout().Write(out)
+			if errors.Is(err, mini.ErrNoExec) {
+				return fmt.Errorf("%s: %w (a VM of the node image has no shell by design: its serial console log is under its node directory)", args[0], err)
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster's state")
 	return cmd
 }
 

@@ -59,7 +59,10 @@ type Options struct {
 	// At most Workers.
 	VMWorkers int
 	// NodeImage is the node image's directory (hack/node-image.sh prints
-	// it; docs/image.md), which qemu nodes boot; needed with any.
+	// it; docs/image.md), which qemu nodes boot; needed with any, and given
+	// when the cluster will get VM nodes later (`mini node add --provider
+	// qemu`): the join policy then accepts the image's signed values for
+	// each role beside the namespace nodes' (acceptVMNodes).
 	NodeImage string
 	// Init initialises the cluster as `gatehouse init` does: it verifies the
 	// node at node against the configuration at config and writes the

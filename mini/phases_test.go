@@ -351,7 +351,7 @@ func TestPreflightProviders(t *testing.T) {
 	}{
 		{"more VM workers than workers", Options{Workers: 2, VMWorkers: 3}, []string{"--vm-workers 3", "--workers (2)"}},
 		{"negative VM workers", Options{Workers: 2, VMWorkers: -1}, []string{"--vm-workers -1"}},
-		{"qemu without a node image", Options{Workers: 1, Provider: ProviderQEMU}, []string{"make image", "hack/node-image.sh", "--node-image", "GATEHOUSE_NODE_IMAGE"}},
+		{"qemu without a node image", Options{Workers: 1, Provider: ProviderQEMU}, []string{"make image", "hack/node-image.sh", "--node-image"}},
 		{"VM workers without a node image", Options{Workers: 1, VMWorkers: 1}, []string{"make image", "hack/node-image.sh"}},
 		{"a node image that is not there", Options{Workers: 1, VMWorkers: 1, NodeImage: filepath.Join(image, "missing")}, []string{"the node image", "missing", "make image"}},
 		{"an unknown provider", Options{Workers: 1, Provider: "docker"}, []string{`unknown node provider "docker"`, "netns", "qemu"}},
@@ -495,5 +495,24 @@ func TestKubeconfigCA(t *testing.T) {
 	}
 	if _, err := kubeconfigCA(empty); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%s names no cluster CA", empty)) {
 		t.Errorf("a kubeconfig without a CA: %v", err)
+	}
+}
+
+// TestBootstrapPhase: mini status shows the phase a netns node's
+// bootstrapper reports under its root; without one, what it may be doing.
+func TestBootstrapPhase(t *testing.T) {
+	dir := t.TempDir()
+	if got := bootstrapPhase(dir); got != "joining, rejoining or waiting to be recovered" {
+		t.Errorf("without a status: %q", got)
+	}
+	file := filepath.Join(dir, "root", "run", "gatehouse", "bootstrapper.json")
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(`{"phase":"rejoining","time":"2026-11-28T12:00:00Z"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := bootstrapPhase(dir); got != "rejoining" {
+		t.Errorf("phase %q, want rejoining", got)
 	}
 }

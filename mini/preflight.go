@@ -65,7 +65,7 @@ func checkProvider(name, nodeImage string) error {
 		return nil
 	case ProviderQEMU:
 		if nodeImage == "" {
-			return errors.New("qemu nodes boot the node image, and none is given: build it with `make image` (hack/node-image.sh builds or finds it and prints its directory) and pass --node-image or set GATEHOUSE_NODE_IMAGE")
+			return errors.New("qemu nodes boot the node image, and none is given: build it with `make image` (hack/node-image.sh builds or finds it and prints its directory) and pass its directory with --node-image")
 		}
 		if _, err := os.Stat(nodeImage); err != nil {
 			return fmt.Errorf("the node image qemu nodes boot: %w (build it with `make image`, or hack/node-image.sh, which prints its directory)", err)

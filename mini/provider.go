@@ -93,8 +93,3 @@ func newProvider(name string, c providerConfig) (Provider, error) {
 	}
 	return nil, fmt.Errorf("unknown node provider %q: the providers are %s and %s", name, ProviderNetNS, ProviderQEMU)
 }
-
-// qemuProvider is where the QEMU provider (qemu*.go) is wired in.
-func qemuProvider(providerConfig) (Provider, error) {
-	return nil, errors.New("the qemu node provider is not part of this build yet (issue 36): use --provider netns")
-}

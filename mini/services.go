@@ -66,11 +66,17 @@ func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.
 	if err != nil {
 		return err
 	}
-	data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
+	tv := clusterconfig.TemplateValues{
 		Name: "mini", KubernetesVersion: opts.KubernetesVersion, ReferenceValues: common, RoleReferenceValues: roles,
 		PCRs: PCRs, EKRoots: string(root), EKIntermediates: string(intermediate), ServiceCIDR: serviceCIDR, PodCIDR: "10.244.0.0/16",
 		ControlPlaneEndpoint: controlPlaneEndpoint, KubeletCertLifetime: opts.KubeletCertLifetime,
-	})
+	}
+	if opts.NodeImage != "" {
+		if err := acceptVMNodes(context.Background(), &tv, opts.NodeImage); err != nil {
+			return err
+		}
+	}
+	data, err := clusterconfig.Generate(tv)
 	if err != nil {
 		return err
 	}

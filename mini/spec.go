@@ -79,9 +79,12 @@ const (
 // measures the kernel command line into PCR 8.
 const rolePCR = 8
 
-// PCRs the local cluster's nodes quote: the boot loader PCR (4, where a
-// node measures its bootstrapper), the role and the node lock.
-var PCRs = []int{4, rolePCR, 15}
+// PCRs the local cluster's nodes quote: the node image's bootstrapper's
+// selection (docs/image.md), which covers the boot loader PCR (4, where a
+// namespace node measures its bootstrapper), the role PCR and the node
+// lock. Namespace and VM nodes quote the same PCRs, as one policy's
+// selection is exact; a namespace node's others stay zero.
+var PCRs = []int{0, 1, 2, 3, 4, 5, 6, 7, rolePCR, 9, 11, 12, 13, 15}
 
 // ReadNodeSpec reads node.json.
 func ReadNodeSpec(path string) (*NodeSpec, error) {

@@ -36,6 +36,19 @@ func TestConfigIsChecked(t *testing.T) {
 		{"guest port twice", func(c *Config) { c.Forwards = []Forward{{Guest: 9000}, {Guest: 9000}} }, "forwarded twice"},
 		{"negative memory", func(c *Config) { c.MemoryMiB = -1 }, "negative size"},
 		{"socket path too long", func(c *Config) { c.Dir = filepath.Join(dir, strings.Repeat("d", 100)) }, "too long for its Unix socket"},
+		{"forwards on a tap", func(c *Config) { c.Tap, c.Forwards = "gh5-1h", []Forward{{Guest: 9000}} }, "a VM on a tap device"},
+		{"tap name too long", func(c *Config) { c.Tap = "a-very-long-tap-name" }, "at most 15 characters"},
+		{"malformed MAC", func(c *Config) { c.MAC = "02:00:00:00:00" }, "MAC address"},
+		{"fw_cfg name outside opt/", func(c *Config) { c.FWCfg = []FWCfgEntry{{Name: "etc/boot-menu-wait", File: image}} }, "a name is opt/"},
+		{"fw_cfg name with a comma", func(c *Config) { c.FWCfg = []FWCfgEntry{{Name: "opt/a,b", File: image}} }, "a name is opt/"},
+		{"fw_cfg entry twice", func(c *Config) {
+			c.FWCfg = []FWCfgEntry{{Name: "opt/gatehouse/network", File: image}, {Name: "opt/gatehouse/network", File: image}}
+		}, "given twice"},
+		{"fw_cfg file missing", func(c *Config) {
+			c.FWCfg = []FWCfgEntry{{Name: "opt/gatehouse/network", File: filepath.Join(dir, "none")}}
+		}, "fw_cfg entry opt/gatehouse/network"},
+		{"drive format unknown", func(c *Config) { c.Drives = []Drive{{File: image, Format: "vmdk"}} }, "raw or qcow2"},
+		{"drive serial with a comma", func(c *Config) { c.Drives = []Drive{{File: image, Serial: "a,b"}} }, "no comma"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -131,5 +144,38 @@ func TestQEMUArgs(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(qemuArgs(cfg, AccelKVM, nil), " "), "-cpu host") {
 		t.Error("under KVM the guest should see the host's CPU")
+	}
+}
+
+func TestQEMUArgsTapFWCfgDrives(t *testing.T) {
+	cfg := Config{Dir: "/vm", StateDisk: "/vm/state.raw", CPUs: 2, MemoryMiB: 1024,
+		Firmware: Firmware{Code: "/fw/CODE.fd", Vars: "/fw/VARS.fd"},
+		Tap:      "gh5-2h", MAC: MACFromName("gh5-worker-1"),
+		FWCfg:  []FWCfgEntry{{Name: "opt/gatehouse/network", File: "/vm/provision/network"}},
+		Drives: []Drive{{File: "/vm/seed.iso", ReadOnly: true, Serial: "cidata"}, {File: "/vm/data.qcow2", Format: "qcow2"}}}
+	joined := strings.Join(qemuArgs(cfg, AccelTCG, nil), " ")
+	for _, want := range []string{
+		"-netdev tap,id=net0,ifname=gh5-2h,script=no,downscript=no",
+		"virtio-net-pci,netdev=net0,romfile=,mac=" + cfg.MAC,
+		"-fw_cfg name=opt/gatehouse/network,file=/vm/provision/network",
+		"-drive if=none,id=drive0,format=raw,file=/vm/seed.iso,readonly=on -device virtio-blk-pci,drive=drive0,serial=cidata",
+		"-drive if=none,id=drive1,format=qcow2,file=/vm/data.qcow2 -device virtio-blk-pci,drive=drive1",
+	} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("QEMU's arguments lack %q:\n%s", want, joined)
+		}
+	}
+	if strings.Contains(joined, "user,id=net0") {
+		t.Errorf("a VM on a tap device has QEMU's user-mode network too:\n%s", joined)
+	}
+}
+
+func TestMACFromName(t *testing.T) {
+	a, b := MACFromName("gh5-worker-1"), MACFromName("gh5-worker-2")
+	if a == b || a != MACFromName("gh5-worker-1") {
+		t.Fatalf("MACFromName: %s and %s; want stable and distinct", a, b)
+	}
+	if !macAddress.MatchString(a) || a[1] != '2' && a[1] != '6' && a[1] != 'a' && a[1] != 'e' {
+		t.Fatalf("MACFromName = %s: want a locally administered unicast address", a)
 	}
 }

@@ -116,7 +116,10 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.Verifier(nil); err != nil {
 		errs = append(errs, fmt.Errorf("attestation: %w", err))
-	} else if ref, err := measurements.Parse(c.Attestation.ReferenceValues, 32); err != nil || len(ref) == 0 {
+	} else if ref, err := measurements.Parse(c.Attestation.ReferenceValues, 32); (err != nil || len(ref) == 0) && !c.Attestation.HasAlternatives() {
+		// Shared values may be empty only where nodes of two kinds share
+		// none (a local cluster's namespace and VM nodes): every role's
+		// sets are non-empty, so every node is still held to one.
 		errs = append(errs, errors.New("attestation.referenceValues is empty: a policy without reference values accepts any software"))
 	}
 	prefixes := map[string]netip.Prefix{}
@@ -192,6 +195,12 @@ type TemplateValues struct {
 	// prove it (docs/joinservice.md, "Roles from evidence"). The control
 	// plane's is required: the first node is one.
 	RoleReferenceValues map[policy.Role]string
+	// RoleAlsoAccepted holds, per role, the JSON of further sets of PCR
+	// values that prove it (roles.<role>.alsoAccepted: a second kind of
+	// node, e.g. the local cluster's VM nodes of the node image).
+	RoleAlsoAccepted map[policy.Role][]string
+	// RequireEventLog, when set, is attestation.requireEventLog.
+	RequireEventLog *bool
 	// PCRs is the quoted selection; it must include 15.
 	PCRs []int
 	// PinnedAKs are PEM public keys of trusted attestation keys; or else
@@ -264,6 +273,17 @@ attestation:
 {{- range $role, $values := .RoleReferenceValues}}
     {{$role}}:
       referenceValues: {{$values}}
+{{- with index $.RoleAlsoAccepted $role}}
+      alsoAccepted:
+{{- range .}}
+      - {{.}}
+{{- end}}
+{{- end}}
+{{- end}}
+{{- with .RequireEventLog}}
+  # Whether a quote must come with the node's TCG event log (docs/attestation.md,
+  # "Event logs"); a log that comes is replayed either way.
+  requireEventLog: {{.}}
 {{- end}}
 {{- if eq .Variant "sev-snp"}}
   # What every node's SEV-SNP report must show. The report binds the vTPM's key,

@@ -131,3 +131,34 @@ func TestKubeletCertificateLifetime(t *testing.T) {
 		}
 	}
 }
+
+// TestGenerateAlsoAccepted: a role's further reference values and
+// requireEventLog reach the policy.
+func TestGenerateAlsoAccepted(t *testing.T) {
+	no := false
+	data, err := clusterconfig.Generate(clusterconfig.TemplateValues{
+		Name: "c", KubernetesVersion: "v1.36.4", ReferenceValues: `{}`, PCRs: []int{4, 8, 11, 15},
+		RoleReferenceValues: map[policy.Role]string{
+			policy.RoleControlPlane: `{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}, "8": {"expected": "` + strings.Repeat("01", 32) + `"}}`,
+			policy.RoleWorker:       `{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}, "8": {"expected": "` + strings.Repeat("02", 32) + `"}}`,
+		},
+		RoleAlsoAccepted: map[policy.Role][]string{
+			policy.RoleWorker: {`{"4": {"expected": "` + strings.Repeat("cd", 32) + `"}, "11": {"expected": "` + strings.Repeat("ef", 32) + `"}}`},
+		},
+		RequireEventLog: &no, EKRoots: string(testkit.NewCA(t, "root").PEM), ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clusterconfig.Parse(data)
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, data)
+	}
+	a := cfg.Attestation
+	if len(a.Roles[policy.RoleWorker].AlsoAccepted) != 1 || len(a.Roles[policy.RoleControlPlane].AlsoAccepted) != 0 {
+		t.Fatalf("alsoAccepted %+v from:\n%s", a.Roles, data)
+	}
+	if a.RequireEventLog == nil || *a.RequireEventLog {
+		t.Fatalf("requireEventLog %v from:\n%s", a.RequireEventLog, data)
+	}
+}

@@ -96,6 +96,17 @@ type GCEPolicy struct {
 	Intermediates string `json:"intermediates,omitempty"`
 }
 
+// HasAlternatives reports whether some role accepts more than one set of
+// reference values (RolePolicy.AlsoAccepted).
+func (p Policy) HasAlternatives() bool {
+	for _, r := range p.Roles {
+		if len(r.AlsoAccepted) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Decode decodes a Policy from YAML (or JSON) strictly: unknown fields
 // are errors.
 func Decode(data []byte) (Policy, error) {

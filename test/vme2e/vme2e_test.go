@@ -1,0 +1,450 @@
+// Package vme2e tests VM nodes in the local cluster end to end: a
+// namespace control plane made by `gatehouse mini up`, and a worker that is
+// a VM of the node image (QEMU, OVMF measuring into its own swtpm, the
+// real bootstrapper inside) which joins through the join service, is
+// verified continuously, reboots for real with its dm-crypt state disk,
+// and is refused and tainted when it boots a changed kernel command line.
+//
+// It needs root, the node image (GATEHOUSE_NODE_IMAGE, from
+// hack/node-image.sh) and about 30 minutes of TCG emulation.
+package vme2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
+	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
+	"github.com/gatehouse-dev/gatehouse/mini"
+)
+
+// Where the test's cluster lives: its own network and directory.
+const (
+	network    = 5
+	clusterDir = "/var/lib/gatehouse-mini-vm"
+)
+
+// joinTimeout bounds a VM's boot to Ready under TCG on a busy machine.
+const joinTimeout = 25 * time.Minute
+
+func TestVMWorker(t *testing.T) {
+	testenv.RequireRoot(t)
+	image, err := testenv.NodeImageDir()
+	if err != nil {
+		t.Skip(err)
+	}
+	bin := buildBinaries(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the VM's console: %s", mini.VMConsoleLog(clusterDir, "worker-1"))
+			if os.Getenv("GATEHOUSE_KEEP_CLUSTER") != "" {
+				return
+			}
+		}
+		if out, err := gatehouse(t, bin, "mini", "down", "--dir", clusterDir); err != nil {
+			t.Errorf("cleanup: mini down: %v\n%s", err, out)
+		}
+	})
+	start := time.Now()
+	out, err := gatehouse(t, bin, "mini", "up", "--dir", clusterDir, "--network", strconv.Itoa(network), "--workers", "0", "--node-image", image.Dir)
+	if err != nil {
+		t.Fatalf("mini up: %v\n%s", err, out)
+	}
+	t.Logf("mini up (one namespace control plane) took %s", time.Since(start).Round(time.Second))
+	client := clientFor(t, filepath.Join(clusterDir, "gatehouse-admin.conf"))
+	ctx := t.Context()
+
+	// The VM worker joins through the join service.
+	start = time.Now()
+	name, err := mini.AddWorker(ctx, clusterDir, mini.WorkerOptions{Provider: mini.ProviderQEMU, NodeImage: image.Dir}, testWriter{t})
+	if err != nil {
+		t.Fatalf("adding a VM worker: %v", err)
+	}
+	waitReady(ctx, t, client, name, start)
+	t.Logf("MEASURED: VM worker %s from QEMU's start to Node Ready: %s", name, time.Since(start).Round(time.Second))
+	logMemory(t, name)
+	first := waitStateOpened(ctx, t, name, 1)
+	if first.opened != 1 {
+		t.Fatalf("the first opening of the state disk counts %d boots", first.opened)
+	}
+	waitKubeletCertificate(ctx, t, client, name)
+	waitAttested(ctx, t, client, name, continuous.ReasonVerified)
+
+	// A real reboot: the reset line; the firmware measures again into a
+	// TPM whose PCRs start from zero; the node rejoins and opens its
+	// state disk, whose record says it was made in the first boot.
+	start = time.Now()
+	if err := mini.RebootNode(ctx, clusterDir, name, false, testWriter{t}); err != nil {
+		t.Fatal(err)
+	}
+	second := waitStateOpened(ctx, t, name, 2)
+	if second.createdInBoot != first.thisBoot || second.thisBoot == first.thisBoot {
+		t.Fatalf("after the reset the state disk says %+v; before it %+v: its state did not survive", second, first)
+	}
+	waitReady(ctx, t, client, name, start)
+	t.Logf("MEASURED: VM worker %s from its reset to Node Ready again: %s", name, time.Since(start).Round(time.Second))
+	logMemory(t, name)
+	waitAttested(ctx, t, client, name, continuous.ReasonVerified)
+	raw, err := os.ReadFile(filepath.Join(clusterDir, "nodes", name, "vm", "state.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, plain := range []string{first.thisBoot, "gatehouse-state.json", "lost+found"} {
+		if bytes.Contains(raw, []byte(plain)) {
+			t.Errorf("the state disk's bytes on the host contain %q: not ciphertext", plain)
+		}
+	}
+
+	// The same VM booted with one character of its kernel command line
+	// changed: the rejoin is refused naming the .cmdline event, and
+	// continuous attestation taints the Node that had been running.
+	tampered := tamperedImage(t, image)
+	if err := mini.RestartVMNode(ctx, clusterDir, name, tampered); err != nil {
+		t.Fatal(err)
+	}
+	waitTainted(ctx, t, client, name)
+	refusal := waitLog(ctx, t, func() string { return joinServiceLog(t) }, regexp.MustCompile(`.*\.cmdline.*`))
+	t.Logf("the join service's refusal: %.600s", refusal)
+}
+
+// record is what the bootstrapper logs when it opened the state disk.
+type record struct {
+	createdInBoot, thisBoot string
+	opened                  int
+}
+
+var stateOpened = regexp.MustCompile(`The state disk is open and holds the node's state.*`)
+
+// waitStateOpened waits for the n-th opening of the state disk on the VM's
+// console and returns its record.
+func waitStateOpened(ctx context.Context, t *testing.T, name string, n int) record {
+	t.Helper()
+	var last record
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, joinTimeout, true, func(context.Context) (bool, error) {
+		data, err := os.ReadFile(mini.VMConsoleLog(clusterDir, name))
+		if err != nil {
+			return false, nil
+		}
+		lines := stateOpened.FindAllString(string(data), -1)
+		if len(lines) < n {
+			return false, nil
+		}
+		last = parseRecord(t, lines[n-1])
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for opening %d of %s's state disk: %v (console: %s)", n, name, err, mini.VMConsoleLog(clusterDir, name))
+	}
+	return last
+}
+
+func parseRecord(t *testing.T, line string) record {
+	t.Helper()
+	field := func(name string) string {
+		m := regexp.MustCompile(`"` + name + `":"?([^",}]*)`).FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("%q lacks %s", line, name)
+		}
+		return m[1]
+	}
+	n, err := strconv.Atoi(field("bootsOpened"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return record{createdInBoot: field("createdInBoot"), thisBoot: field("thisBoot"), opened: n}
+}
+
+// waitReady waits for Node name to be Ready with a heartbeat after since.
+func waitReady(ctx context.Context, t *testing.T, client kubernetes.Interface, name string, since time.Time) {
+	t.Helper()
+	state := "not registered"
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, joinTimeout, true, func(ctx context.Context) (bool, error) {
+		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				state = fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
+				return c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.After(since), nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for Node %s to be Ready: %v (last: %s; console: %s)", name, err, state, mini.VMConsoleLog(clusterDir, name))
+	}
+}
+
+// waitKubeletCertificate waits for an issued certificate of the node's
+// kubelet (its client certificate, approved by the join service).
+func waitKubeletCertificate(ctx context.Context, t *testing.T, client kubernetes.Interface, name string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		csrs, err := client.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range csrs.Items {
+			if (c.Spec.Username == "system:node:"+name || strings.Contains(c.Spec.Username, name)) && len(c.Status.Certificate) > 0 {
+				t.Logf("kubelet certificate of %s issued: CSR %s (%s)", name, c.Name, c.Spec.SignerName)
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no issued kubelet certificate for %s: %v", name, err)
+	}
+}
+
+// waitAttested waits for continuous attestation's verdict on the Node.
+func waitAttested(ctx context.Context, t *testing.T, client kubernetes.Interface, name, reason string) {
+	t.Helper()
+	got := "no condition"
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == continuous.ConditionType {
+				got = fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
+				return c.Reason == reason, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("continuous attestation of %s: want %s, got %s", name, reason, got)
+	}
+	t.Logf("continuous attestation of %s: %s", name, got)
+}
+
+// waitTainted waits for the unattested taint on the Node.
+func waitTainted(ctx context.Context, t *testing.T, client kubernetes.Interface, name string) {
+	t.Helper()
+	got := "no condition"
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, joinTimeout, true, func(ctx context.Context) (bool, error) {
+		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == continuous.ConditionType {
+				got = fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
+			}
+		}
+		return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+			return t.Key == gate.TaintKey && t.Effect == corev1.TaintEffectNoExecute
+		}), nil
+	})
+	if err != nil {
+		t.Fatalf("Node %s was not tainted: %v (its attestation condition: %s)", name, err, got)
+	}
+	t.Logf("Node %s tainted; its attestation condition: %s", name, got)
+}
+
+// waitLog waits for re in what text returns.
+func waitLog(ctx context.Context, t *testing.T, text func() string, re *regexp.Regexp) string {
+	t.Helper()
+	var found string
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 5*time.Minute, true, func(context.Context) (bool, error) {
+		found = re.FindString(text())
+		return found != "", nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %q: %v", re, err)
+	}
+	return found
+}
+
+// joinServiceLog is the join service's log on the namespace control plane.
+func joinServiceLog(t *testing.T) string {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(clusterDir, "nodes", "cp-0", "root", "var", "log", "pods", "*_gatehouse-joinservice-*", "*", "*.log"))
+	var all strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all.Write(data)
+	}
+	return all.String()
+}
+
+// logMemory logs the VM's memory on the host: QEMU's resident set.
+func logMemory(t *testing.T, name string) {
+	t.Helper()
+	qemuPID, tpmPID, err := mini.VMPIDs(clusterDir, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("MEASURED: VM %s memory on the host: QEMU %s (guest memory %d MiB), swtpm %s", name, rss(qemuPID), mini.VMMemoryMiB, rss(tpmPID))
+}
+
+func rss(pid int) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return err.Error()
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			return strings.Join(strings.Fields(strings.TrimPrefix(l, "VmRSS:")), " ")
+		}
+	}
+	return "?"
+}
+
+// tamperedImage is a node image directory whose worker disk's UKI has one
+// character of its kernel command line changed (panic=10 → panic=11);
+// everything else is the image's.
+func tamperedImage(t *testing.T, image testenv.NodeImage) string {
+	t.Helper()
+	work := t.TempDir()
+	dir := filepath.Join(work, "image")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"node-controlplane.raw", "reference-values.signed.json", "signing-key.pub"} {
+		if err := os.Symlink(filepath.Join(image.Dir, f), filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	uki := filepath.Join(work, "uki.efi")
+	runTool(t, "cp", image.WorkerUKI, uki)
+	cmdline := sectionBytes(t, uki, ".cmdline")
+	changed := strings.Replace(string(cmdline), "panic=10", "panic=11", 1)
+	if changed == string(cmdline) {
+		t.Fatalf("the command line %q has no panic=10 to change", cmdline)
+	}
+	section := filepath.Join(work, "cmdline")
+	if err := os.WriteFile(section, []byte(changed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runTool(t, "objcopy", "--update-section", ".cmdline="+section, uki)
+	disk := filepath.Join(dir, "node-worker.raw")
+	runTool(t, "cp", "--sparse=always", image.WorkerDisk, disk)
+	esp := partitionOffset(t, disk, "C12A7328-F81F-11D2-BA4B-00A0C93EC93B")
+	runTool(t, "mcopy", "-o", "-i", disk+"@@"+strconv.FormatInt(esp, 10), uki, "::/EFI/BOOT/BOOTX64.EFI")
+	return dir
+}
+
+func runTool(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.CommandContext(t.Context(), name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// sectionBytes returns the contents of a PE section of file.
+func sectionBytes(t *testing.T, file, name string) []byte {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "section")
+	runTool(t, "objcopy", "-O", "binary", "--only-section="+name, file, out)
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// partitionOffset returns the byte offset of the first partition of disk
+// with the GPT type GUID typ, read with sfdisk.
+func partitionOffset(t *testing.T, disk, typ string) int64 {
+	t.Helper()
+	var table struct {
+		PartitionTable struct {
+			SectorSize int64 `json:"sectorsize"`
+			Partitions []struct {
+				Start int64  `json:"start"`
+				Type  string `json:"type"`
+			} `json:"partitions"`
+		} `json:"partitiontable"`
+	}
+	if err := json.Unmarshal([]byte(runTool(t, "sfdisk", "--json", disk)), &table); err != nil {
+		t.Fatal(err)
+	}
+	sector := table.PartitionTable.SectorSize
+	if sector == 0 {
+		sector = 512
+	}
+	for _, p := range table.PartitionTable.Partitions {
+		if strings.EqualFold(p.Type, typ) {
+			return p.Start * sector
+		}
+	}
+	t.Fatalf("%s has no partition of type %s", disk, typ)
+	return 0
+}
+
+// buildBinaries builds the gatehouse binaries into a directory for the test.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+	cmd.Dir = filepath.Join("..", "..")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the binaries: %v\n%s", err, out)
+	}
+	return dir
+}
+
+func gatehouse(t *testing.T, bin string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(bin, "gatehouse"), args...)
+	kube, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addons, err := testenv.AddonBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), "GATEHOUSE_KUBE_BIN="+kube, testenv.AddonBinDirEnv+"="+addons)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	return out.String(), err
+}
+
+func clientFor(t *testing.T, kubeconfig string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
