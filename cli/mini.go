@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -40,7 +41,8 @@ func newMiniUpCmd() *cobra.Command {
 		Long: "Create a local attested Kubernetes cluster. Every node has its own network and mount\n" +
 			"namespaces, containerd, kubelet, software TPM and LUKS2 state disk, and runs the real\n" +
 			"gatehouse-bootstrapper: the first is initialised with `gatehouse init`, the others\n" +
-			"join through the join service.",
+			"join through the join service. With --provider qemu every node, with --vm-workers N the\n" +
+			"last N workers, is instead a VM of the node image (its own firmware, TPM and dm-crypt state disk).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			self, err := os.Executable()
@@ -85,7 +87,9 @@ func newMiniUpCmd() *cobra.Command {
 	f.StringVar(&opts.KubeBinDir, "kube-bin", "", "directory of the pinned Kubernetes binaries (default $GATEHOUSE_KUBE_BIN)")
 	f.StringVar(&opts.AddonBinDir, "addon-bin", "", "directory of CoreDNS and the registry built by hack/addon-binaries.sh (default $GATEHOUSE_ADDON_BIN)")
 	f.StringVar(&opts.ImageCache, "image-cache", "", "directory keeping the built node images, by the digests of the binaries in them; \"\" builds them every time (default $GATEHOUSE_CACHE/mini-images, or ~/.cache/gatehouse/mini-images)")
-	f.StringVar(&opts.NodeImage, "node-image", "", "the node image's directory (hack/node-image.sh) when the cluster gets VM nodes: the join policy accepts its signed values too")
+	f.StringVar(&opts.Provider, "provider", mini.ProviderNetNS, "what every node is: "+mini.ProviderNetNS+" (namespaces on this machine) or "+mini.ProviderQEMU+" (a VM of the node image)")
+	f.IntVar(&opts.VMWorkers, "vm-workers", 0, "how many of the workers (the last ones) are VMs of the node image, the rest "+mini.ProviderNetNS+" nodes")
+	f.StringVar(&opts.NodeImage, "node-image", "", "directory of the node image VMs boot, as `make image` or hack/node-image.sh prints it; also for VM workers added later, whose signed values the join policy then accepts")
 	f.StringSliceVar(&tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")
 	_ = f.MarkHidden("tamper")
 	return cmd
@@ -215,13 +219,16 @@ func newMiniNodeCmd() *cobra.Command {
 	reboot.Flags().BoolVar(&tamper, "tamper", false, "measure a changed boot manifest from this boot on (to see a refusal)")
 	_ = reboot.Flags().MarkHidden("tamper")
 	cmd.AddCommand(reboot)
-	var addDir string
+	var (
+		addDir  string
+		addOpts mini.WorkerOptions
+	)
 	add := &cobra.Command{
 		Use:   "add",
 		Short: "Add a worker: it boots, proves itself to the join service and joins",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			name, err := mini.AddWorker(cmd.Context(), addDir, mini.WorkerOptions{}, cmd.OutOrStdout())
+			name, err := mini.AddWorker(cmd.Context(), addDir, addOpts, cmd.OutOrStdout())
 			if err != nil {
 				return err
 			}
@@ -230,7 +237,28 @@ func newMiniNodeCmd() *cobra.Command {
 		},
 	}
 	add.Flags().StringVar(&addDir, "dir", mini.DefaultDir, "directory of the cluster's state")
-	cmd.AddCommand(add)
+	add.Flags().StringVar(&addOpts.Provider, "provider", mini.ProviderNetNS, "what the worker is: "+mini.ProviderNetNS+" (namespaces on this machine) or "+mini.ProviderQEMU+" (a VM of the node image)")
+	add.Flags().StringVar(&addOpts.NodeImage, "node-image", "", "directory of the node image a VM boots, when the cluster has none")
+	cmd.AddCommand(add, newMiniNodeExecCmd())
+	return cmd
+}
+
+func newMiniNodeExecCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "exec NAME -- COMMAND [ARG...]",
+		Short: "Run a command on a node (in a namespace node's network and mount namespaces) and print its output",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			out, err := mini.Exec(cmd.Context(), dir, args[0], args[1:]...)
+			_, _ = cmd.OutOrStdout().Write(out)
+			if errors.Is(err, mini.ErrNoExec) {
+				return fmt.Errorf("%s: %w (a VM of the node image has no shell by design: its serial console log is under its node directory)", args[0], err)
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster's state")
 	return cmd
 }
 

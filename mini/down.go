@@ -17,6 +17,11 @@ import (
 // the load balancer, the registry, the bridge and the directory. It goes
 // on past errors and reports them all; a missing cluster is not an error.
 func Down(ctx context.Context, dir string, out io.Writer) error {
+	return down(ctx, dir, out, providerFor)
+}
+
+// down is Down with the providers providerFor returns.
+func down(ctx context.Context, dir string, out io.Writer, providerFor providerLookup) error {
 	rec, err := ReadRecord(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		fmt.Fprintf(out, "No local cluster in %s.\n", dir)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -88,16 +89,12 @@ func startLoadBalancer(ctx context.Context, rec *Record, backends []string) erro
 
 // waitLoadBalancer waits until the load balancer of network nw routes to a
 // ready API server: haproxy takes a server in after two good health checks a second
-// apart, so right after kubeadm init it may still refuse. caFile is the
-// cluster CA.
-func waitLoadBalancer(ctx context.Context, nw Network, caFile string) error {
-	ca, err := os.ReadFile(caFile)
-	if err != nil {
-		return err
-	}
+// apart, so right after kubeadm init it may still refuse. ca is the
+// cluster CA (PEM).
+func waitLoadBalancer(ctx context.Context, nw Network, ca []byte) error {
 	roots := x509.NewCertPool()
 	if !roots.AppendCertsFromPEM(ca) {
-		return fmt.Errorf("%s holds no certificate", caFile)
+		return errors.New("the cluster CA holds no certificate")
 	}
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true, TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},

@@ -1,6 +1,7 @@
 package mini
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -194,4 +195,45 @@ func dirFlag(dir string) string {
 		return ""
 	}
 	return " --dir " + dir
+}
+
+// createNetwork creates the cluster bridge, the host's address on it, the
+// API servers' load balancer when there is more than one control plane,
+// and the init secret files.
+func (u *up) createNetwork(ctx context.Context) (initSecret, error) {
+	nw := u.opts.Network
+	u.p.step("Creating the cluster network (bridge %s, %s)", nw.Bridge(), nw.CIDR())
+	if err := run(ctx, "ip", "link", "add", nw.Bridge(), "type", "bridge"); err != nil {
+		// Another `mini up` on this network took it since the preflight.
+		if nerr := networkFree(nw); nerr != nil {
+			return initSecret{}, nerr
+		}
+		return initSecret{}, err
+	}
+	u.rec.Bridge = nw.Bridge()
+	if err := u.rec.save(); err != nil {
+		return initSecret{}, err
+	}
+	for _, args := range [][]string{
+		// The alias names the cluster, for another mini up's refusal.
+		{"link", "set", "dev", nw.Bridge(), "alias", aliasPrefix + u.opts.Dir},
+		{"addr", "add", nw.HostIP() + "/24", "dev", nw.Bridge()},
+		{"link", "set", nw.Bridge(), "up"},
+	} {
+		if err := run(ctx, "ip", args...); err != nil {
+			return initSecret{}, err
+		}
+	}
+	if u.opts.ControlPlanes > 1 {
+		var backends []string
+		for i := range u.opts.ControlPlanes {
+			backends = append(backends, nw.NodeIP(i))
+		}
+		u.p.step("Starting the API servers' load balancer (haproxy) at %s for %d control planes", nw.loadBalancerEndpoint(), len(backends))
+		if err := startLoadBalancer(ctx, u.rec, backends); err != nil {
+			return initSecret{}, err
+		}
+	}
+	file, hashFile, err := initSecretFiles(u.opts.Dir)
+	return initSecret{file: file, hashFile: hashFile}, err
 }

@@ -5,10 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
 )
+
+// providerLookup returns the provider that made node nr of the cluster
+// rec records: providerFor, or a test's.
+type providerLookup func(rec *Record, nr *NodeRecord) (Provider, error)
 
 // providerFor returns the provider that made node nr of the cluster rec
 // records, as its record names it.
@@ -59,7 +69,7 @@ type clusterNode struct {
 }
 
 // readNode returns node name of the cluster rec records.
-func readNode(rec *Record, name string) (*clusterNode, error) {
+func readNode(rec *Record, name string, providerFor providerLookup) (*clusterNode, error) {
 	i := slices.IndexFunc(rec.Nodes, func(n NodeRecord) bool { return n.Name == name })
 	if i < 0 {
 		var names []string
@@ -93,8 +103,8 @@ func readCluster(dir string) (*Record, error) {
 type WorkerOptions struct {
 	// Provider names the node provider (ProviderNetNS when empty).
 	Provider string
-	// NodeImage is the node image's directory a qemu worker boots; empty:
-	// the one the cluster's record names.
+	// NodeImage is the node image's directory a qemu worker boots when
+	// the cluster's record names none.
 	NodeImage string
 }
 
@@ -103,6 +113,11 @@ type WorkerOptions struct {
 // its name. It returns once the node's machine runs; the join goes on in
 // the node (watch it with Status).
 func AddWorker(ctx context.Context, dir string, opts WorkerOptions, out io.Writer) (string, error) {
+	return addWorker(ctx, dir, opts, out, providerFor)
+}
+
+// addWorker is AddWorker with the providers providerFor returns.
+func addWorker(ctx context.Context, dir string, opts WorkerOptions, out io.Writer, providerFor providerLookup) (string, error) {
 	rec, err := readCluster(dir)
 	if err != nil {
 		return "", err
@@ -110,7 +125,7 @@ func AddWorker(ctx context.Context, dir string, opts WorkerOptions, out io.Write
 	if len(rec.JoinEndpoints) == 0 || rec.CACertHash == "" {
 		return "", errors.New("the cluster's record names no join service: it was not made by this version's mini up, or mini up had not finished")
 	}
-	if opts.NodeImage != "" {
+	if rec.NodeImage == "" {
 		rec.NodeImage = opts.NodeImage
 	}
 	if err := checkProvider(opts.Provider, rec.NodeImage); err != nil {
@@ -162,9 +177,44 @@ func Exec(ctx context.Context, dir, name string, argv ...string) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
-	n, err := readNode(rec, name)
+	n, err := readNode(rec, name, providerFor)
 	if err != nil {
 		return nil, err
 	}
 	return n.provider.Exec(ctx, n.rec, argv...)
+}
+
+// waitListening waits until the bootstrapper of s listens for init (its
+// init port accepts a connection), or fails when the node's machine or
+// its bootstrapper ends first. nr is the node's record, p its provider.
+func waitListening(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), p Provider, nr *NodeRecord, s *NodeSpec) error {
+	addr := net.JoinHostPort(s.IP, strconv.Itoa(initPort))
+	return poll(ctx, 100*time.Millisecond, 3*time.Minute, s.Name+"'s bootstrapper to listen for init", func() (bool, error) {
+		if c, err := dial(ctx, "tcp", addr); err == nil {
+			_ = c.Close()
+			return true, nil
+		}
+		if status, err := os.ReadFile(filepath.Join(s.Dir, bootstrapStatusFile)); err == nil {
+			return false, fmt.Errorf("its bootstrapper ended: %s (logs in %s)", strings.TrimSpace(string(status)), s.logDir())
+		}
+		if !p.Running(nr) {
+			return false, fmt.Errorf("its machine stopped; see %s", strings.Join(p.Logs(nr), ", "))
+		}
+		return false, nil
+	})
+}
+
+// kubeconfigCA returns the cluster CA certificate (PEM) the kubeconfig
+// at path trusts.
+func kubeconfigCA(path string) ([]byte, error) {
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cfg.Clusters {
+		if len(c.CertificateAuthorityData) > 0 {
+			return c.CertificateAuthorityData, nil
+		}
+	}
+	return nil, fmt.Errorf("%s names no cluster CA", path)
 }

@@ -22,11 +22,16 @@ import (
 // node refused). It returns once the machine runs again; the rejoin goes
 // on in the node.
 func RebootNode(ctx context.Context, dir, name string, tamper bool, out io.Writer) error {
+	return rebootNode(ctx, dir, name, tamper, out, providerFor)
+}
+
+// rebootNode is RebootNode with the providers providerFor returns.
+func rebootNode(ctx context.Context, dir, name string, tamper bool, out io.Writer, providerFor providerLookup) error {
 	rec, err := readCluster(dir)
 	if err != nil {
 		return err
 	}
-	n, err := readNode(rec, name)
+	n, err := readNode(rec, name, providerFor)
 	if err != nil {
 		return err
 	}
@@ -48,6 +53,11 @@ func RebootNode(ctx context.Context, dir, name string, tamper bool, out io.Write
 // would: every process stops, disks and directories stay (Start boots
 // them again).
 func Stop(ctx context.Context, dir string, out io.Writer) error {
+	return stop(ctx, dir, out, providerFor)
+}
+
+// stop is Stop with the providers providerFor returns.
+func stop(ctx context.Context, dir string, out io.Writer, providerFor providerLookup) error {
 	rec, err := readCluster(dir)
 	if err != nil {
 		return err
@@ -76,13 +86,18 @@ func Stop(ctx context.Context, dir string, out io.Writer) error {
 // planes wait for `gatehouse recover` (the command is printed), and the
 // workers rejoin by themselves once the join service runs again.
 func Start(ctx context.Context, dir string, out io.Writer) error {
+	return start(ctx, dir, out, providerFor)
+}
+
+// start is Start with the providers providerFor returns.
+func start(ctx context.Context, dir string, out io.Writer, providerFor providerLookup) error {
 	rec, err := readCluster(dir)
 	if err != nil {
 		return err
 	}
 	var nodes []*clusterNode
 	for _, nr := range rec.Nodes {
-		n, err := readNode(rec, nr.Name)
+		n, err := readNode(rec, nr.Name, providerFor)
 		if err != nil {
 			return err
 		}

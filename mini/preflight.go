@@ -19,6 +19,9 @@ func (u *up) preflight() error {
 	if err := u.opts.Network.Valid(); err != nil {
 		return err
 	}
+	if err := u.makeProviders(); err != nil {
+		return err
+	}
 	if running, err := exists(u.opts.Dir); err != nil {
 		return err
 	} else if running {
@@ -33,21 +36,41 @@ func (u *up) preflight() error {
 	return checkBinaries(u.opts)
 }
 
-// checkProvider refuses a node provider that is unknown or lacks what it
-// needs: a qemu node boots the node image in nodeImage.
+// makeProviders makes the providers the options choose, or refuses the
+// choice: more VM workers than workers, an unknown provider, or qemu nodes
+// without a node image.
+func (u *up) makeProviders() error {
+	if n := u.opts.VMWorkers; n < 0 || n > u.opts.Workers {
+		return fmt.Errorf("--vm-workers %d: 0 to --workers (%d) of the workers can be VMs", n, u.opts.Workers)
+	}
+	u.providers = map[string]Provider{}
+	for _, name := range u.opts.providerNames() {
+		if err := checkProvider(name, u.opts.NodeImage); err != nil {
+			return err
+		}
+		p, err := newProvider(name, providerConfig{Network: u.opts.Network, Gatehouse: filepath.Join(u.opts.BinDir, "gatehouse"), NodeImage: u.opts.NodeImage})
+		if err != nil {
+			return err
+		}
+		u.providers[name] = p
+	}
+	return nil
+}
+
+// checkProvider refuses a provider name that is unknown, and qemu without
+// a node image (nodeImage, its directory) to boot.
 func checkProvider(name, nodeImage string) error {
 	switch name {
 	case "", ProviderNetNS:
 		return nil
 	case ProviderQEMU:
 		if nodeImage == "" {
-			return errors.New("qemu nodes boot the node image, and none is given: build it with `make image` (or hack/node-image.sh, which prints its directory) and pass --node-image or set GATEHOUSE_NODE_IMAGE")
+			return errors.New("qemu nodes boot the node image, and none is given: build it with `make image` (hack/node-image.sh builds or finds it and prints its directory) and pass its directory with --node-image")
 		}
 		if _, err := os.Stat(nodeImage); err != nil {
-			return fmt.Errorf("the node image: %w (build it with `make image` or hack/node-image.sh)", err)
+			return fmt.Errorf("the node image qemu nodes boot: %w (build it with `make image`, or hack/node-image.sh, which prints its directory)", err)
 		}
-		_, err := newProvider(name, providerConfig{NodeImage: nodeImage})
-		return err
+		return nil
 	}
 	_, err := newProvider(name, providerConfig{})
 	return err

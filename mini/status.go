@@ -11,10 +11,17 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 )
 
 // Status prints the local cluster's nodes, or that there is none.
 func Status(ctx context.Context, dir string, out io.Writer) error {
+	return status(ctx, dir, out, providerFor)
+}
+
+// status is Status with the providers providerFor returns.
+func status(ctx context.Context, dir string, out io.Writer, providerFor providerLookup) error {
 	rec, err := ReadRecord(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		fmt.Fprintf(out, "No local cluster in %s.\n", dir)
@@ -37,7 +44,7 @@ func Status(ctx context.Context, dir string, out io.Writer) error {
 		case !alive:
 			bootstrap = "off"
 		case bootstrap == "":
-			bootstrap = "running (joining, rejoining or waiting to be recovered)"
+			bootstrap = "running (" + bootstrapPhase(n.Dir) + ")"
 		}
 		fmt.Fprintf(out, "  %-10s %-5s running: %-5t bootstrap: %s\n", n.Name, p.Name(), alive, bootstrap)
 	}
@@ -76,4 +83,14 @@ func Status(ctx context.Context, dir string, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "etcd: %d members (%s)\n", len(members), strings.Join(list, ", "))
 	return nil
+}
+
+// bootstrapPhase is what the bootstrapper of the node in dir reports of
+// its progress (bootstrapstatus), where the host sees the node's root (a
+// netns node's); elsewhere what it may be doing.
+func bootstrapPhase(dir string) string {
+	if st, err := bootstrapstatus.Read(filepath.Join(dir, "root")); err == nil && st.Phase != "" {
+		return string(st.Phase)
+	}
+	return "joining, rejoining or waiting to be recovered"
 }

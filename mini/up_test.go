@@ -9,7 +9,8 @@ import (
 // Up applies it to a copy, so the cluster's reference value stays.
 func TestBootManifestHook(t *testing.T) {
 	reference := bootManifest("v1.36.4", "0123")
-	u := &up{manifest: bytes.Clone(reference), opts: Options{
+	base := nodeBase{images: &nodeImages{manifest: bytes.Clone(reference)}}
+	u := &up{opts: Options{
 		Dir: t.TempDir(),
 		BootManifest: func(node string, m []byte) []byte {
 			if node == "worker-2" {
@@ -27,16 +28,16 @@ func TestBootManifestHook(t *testing.T) {
 		{"worker-2", false},
 	}
 	for i, tt := range tests {
-		spec := u.newSpec(i, tt.node)
+		spec := u.newSpec(base, i, tt.node)
 		if got := bytes.Equal(spec.BootManifest, reference); got != tt.unchanged {
 			t.Errorf("%s measures the reference manifest: %v, want %v", tt.node, got, tt.unchanged)
 		}
 	}
-	if !bytes.Equal(u.manifest, reference) {
+	if !bytes.Equal(base.images.manifest, reference) {
 		t.Fatal("the hook changed the cluster's reference manifest")
 	}
 	u.opts.BootManifest = nil
-	if spec := u.newSpec(3, "worker-3"); !bytes.Equal(spec.BootManifest, reference) {
+	if spec := u.newSpec(base, 3, "worker-3"); !bytes.Equal(spec.BootManifest, reference) {
 		t.Fatal("without a hook a node does not measure the reference manifest")
 	}
 }

@@ -16,7 +16,7 @@ func RestartVMNode(ctx context.Context, dir, name, nodeImage string) error {
 	if err != nil {
 		return err
 	}
-	n, err := readNode(rec, name)
+	n, err := readNode(rec, name, providerFor)
 	if err != nil {
 		return err
 	}

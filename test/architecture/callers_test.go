@@ -337,8 +337,8 @@ var publicAPI = map[string]string{
 	"internal/attestation/tpm.ExpectedPCRs":                      "predicts the PCR values of a measured boot without a TPM: how a node image's reference values are made (docs/attestation.md); the swtpm tests check a real boot against it",
 	"image/qemu.Accel*":                                          "values of qemu.Config.Accel, the runner's documented option (the CLI parses its flag with qemu.ParseAccel); the local cluster's VM nodes (issue 36) set them",
 	"capi/render/cloudinit.RefExpr":                              "the Jinja expression a reference renders to, which the renderer's fuzz checker recomputes independently of the rendering",
-	// TODO(issue 36): the exports below are what test/e2e drives a local
-	// cluster through; they become a provider seam or a *test package then.
+	// What test/e2e and test/vme2e inspect of a local cluster on the host;
+	// nodes are reached through mini.Provider (mini.Exec runs a command).
 	"mini.Record":             "the local cluster's record (mini.json), which test/e2e reads to check that `mini down` left nothing",
 	"mini.ReadRecord":         "the same",
 	"mini.NodeProcesses":      "the rule `mini down` finds a node's processes by (its mount namespace while that is still the node's); test/e2e asserts by the same rule that none is left",
