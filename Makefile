@@ -73,9 +73,9 @@ build-mini: ## Build the binaries the local cluster runs into bin/ (all but the 
 
 .PHONY: unit
 unit: tools ## Run the tests (needs `make setup-test` first)
-	@# The real-boot test (test/realboot) boots the node image built from this checkout (cached by content).
+	@# The real-boot, VM-node and CAPI-boot tests (test/realboot, test/vme2e, test/capiboot) boot the node image built from this checkout (cached by content).
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) \
-		$(if $(filter ./... ./test/realboot/...,$(PKGS)),GATEHOUSE_NODE_IMAGE=$$(hack/node-image.sh)) \
+		$(if $(filter ./... ./test/realboot/... ./test/vme2e/... ./test/capiboot/...,$(PKGS)),GATEHOUSE_NODE_IMAGE=$$(hack/node-image.sh)) \
 		gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
 	@# The CAPI provider's parity test against upstream CABPK's renderers: a module of its own (docs/capi-parity.md).
 	$(if $(filter ./...,$(PKGS)),cd test/capiparity && GATEHOUSE_KUBE_BIN=$$(../../hack/kube-binaries.sh) gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) ./...)
