@@ -220,10 +220,13 @@ func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 	}
 	var network strings.Builder
 	fmt.Fprintf(&network, "address=%s/24\ngateway=%s\n", s.IP, s.Gateway)
-	for i := range MaxControlPlanes + MaxWorkers {
-		if cidr := podCIDR(i); cidr != s.PodCIDR {
-			fmt.Fprintf(&network, "route=%s,%s\n", cidr, s.Network.NodeIP(i))
-		}
+	// Routes to the pod ranges of the nodes made before this one: the
+	// image's provisioning read this entry a byte at a time (each a
+	// firmware transfer from the entry's start) until it was fixed to read
+	// it once, and an entry for every possible node took minutes under
+	// TCG. A node added later is reached through its own routes only.
+	for i := range nodeIndex(s) {
+		fmt.Fprintf(&network, "route=%s,%s\n", podCIDR(i), s.Network.NodeIP(i))
 	}
 	// No crictl in the image; SystemVerification reads a kernel
 	// configuration the image does not ship.
@@ -263,6 +266,15 @@ func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 		}
 	}
 	return entries, nil
+}
+
+// nodeIndex is s's place in its cluster (NodeIP(i) is its address).
+func nodeIndex(s *NodeSpec) int {
+	var i int
+	if _, err := fmt.Sscanf(s.IP, s.Network.prefix()+".%d", &i); err != nil || i < 10 {
+		return MaxControlPlanes + MaxWorkers
+	}
+	return min(i-10, MaxControlPlanes+MaxWorkers)
 }
 
 // vmContainerdDropIn is the VM's containerd drop-in: the cluster's pause
