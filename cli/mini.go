@@ -220,7 +220,7 @@ func newMiniNodeCmd() *cobra.Command {
 		Short: "Add a worker: it boots, proves itself to the join service and joins",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			name, err := mini.AddWorker(cmd.Context(), addDir, cmd.OutOrStdout())
+			name, err := mini.AddWorker(cmd.Context(), addDir, mini.WorkerOptions{}, cmd.OutOrStdout())
 			if err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package mini
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Provider makes and runs the machines a local cluster's nodes are, as
@@ -47,6 +48,16 @@ type Provider interface {
 	// Logs names the files that say what the machine did (agent log,
 	// serial console), for error messages and `mini status`.
 	Logs(nr *NodeRecord) []string
+	// Running reports whether the machine runs (is powered on): what
+	// `mini status` shows, and what Up asks while it waits for a node's
+	// bootstrapper to listen, to fail at once when the machine ended.
+	Running(nr *NodeRecord) bool
+	// StartsBeforeJoinData reports whether the machine may start before
+	// the cluster is initialised: its bootstrapper then waits for the join
+	// endpoints and the CA hash in its node.json (netns). A machine that
+	// reads its provisioning once at boot (a VM's fw_cfg) reports false,
+	// and Up starts it only once it knows them.
+	StartsBeforeJoinData() bool
 }
 
 // ErrNoExec is what Provider.Exec returns for a machine that offers no
@@ -58,3 +69,32 @@ const (
 	ProviderNetNS = "netns"
 	ProviderQEMU  = "qemu"
 )
+
+// providerConfig is what the providers are made from.
+type providerConfig struct {
+	// Network is the cluster's network.
+	Network Network
+	// Gatehouse is the gatehouse binary the agents of netns nodes run.
+	Gatehouse string
+	// NodeImage is the node image's directory (hack/node-image.sh prints
+	// it; docs/image.md), which qemu nodes boot.
+	NodeImage string
+}
+
+// newProvider returns the provider called name ("" is ProviderNetNS, the
+// name records made before providers existed have). An unknown name is
+// an error listing the known ones.
+func newProvider(name string, c providerConfig) (Provider, error) {
+	switch name {
+	case ProviderNetNS, "":
+		return &netnsProvider{gatehouse: c.Gatehouse, network: c.Network}, nil
+	case ProviderQEMU:
+		return qemuProvider(c)
+	}
+	return nil, fmt.Errorf("unknown node provider %q: the providers are %s and %s", name, ProviderNetNS, ProviderQEMU)
+}
+
+// qemuProvider is where the QEMU provider (qemu*.go) is wired in.
+func qemuProvider(providerConfig) (Provider, error) {
+	return nil, errors.New("the qemu node provider is not part of this build yet (issue 36): use --provider netns")
+}

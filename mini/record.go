@@ -29,8 +29,11 @@ type Record struct {
 	// LoadBalancerPID is the API servers' haproxy (more than one control plane).
 	LoadBalancerPID int `json:"loadBalancerPID,omitempty"`
 	// RegistryPID is the local image registry (Network.RegistryAddress).
-	RegistryPID int          `json:"registryPID,omitempty"`
-	Nodes       []NodeRecord `json:"nodes"`
+	RegistryPID int `json:"registryPID,omitempty"`
+	// NodeImage is the node image's directory the cluster's qemu nodes
+	// boot (Options.NodeImage); empty without one.
+	NodeImage string       `json:"nodeImage,omitempty"`
+	Nodes     []NodeRecord `json:"nodes"`
 }
 
 // NodeRecord is what one node owns on the host.

@@ -160,32 +160,6 @@ type up struct {
 	joinersErr     error
 }
 
-// preflight refuses to start over a running cluster or on a machine that
-// lacks what a local cluster needs.
-func (u *up) preflight() error {
-	if n := u.opts.ControlPlanes; n < 1 || n > MaxControlPlanes {
-		return fmt.Errorf("--control-planes %d: a local cluster has 1 to %d control planes (3 tolerate one failure)", n, MaxControlPlanes)
-	}
-	if n := u.opts.Workers; n < 0 || n > MaxWorkers {
-		return fmt.Errorf("--workers %d: a local cluster has 0 to %d workers", n, MaxWorkers)
-	}
-	if err := u.opts.Network.Valid(); err != nil {
-		return err
-	}
-	if running, err := exists(u.opts.Dir); err != nil {
-		return err
-	} else if running {
-		return fmt.Errorf("a local cluster already runs from %s; run `gatehouse mini down%s` first", u.opts.Dir, dirFlag(u.opts.Dir))
-	}
-	if err := networkFree(u.opts.Network); err != nil {
-		return err
-	}
-	if err := CheckPrerequisites(); err != nil {
-		return fmt.Errorf("this machine lacks what a local cluster needs:\n%w", err)
-	}
-	return checkBinaries(u.opts)
-}
-
 // createRecord makes the cluster directory and its record, which
 // `gatehouse mini down` reads to remove what each phase makes.
 func (u *up) createRecord() error {
@@ -383,7 +357,7 @@ func (u *up) startNodes(ctx context.Context) error {
 	u.cp = u.newSpec(0, "cp-0")
 	u.cp.ControlPlane, u.cp.Init = true, true
 	u.p.step("Starting node %s (%s): network and mount namespaces, containerd, TPM, state disk", u.cp.Name, u.cp.IP)
-	if err := startNode(ctx, u.opts.BinDir, u.rec, u.cp); err != nil {
+	if err := u.startNode(ctx, u.cp); err != nil {
 		return err
 	}
 	u.cpAgent = u.rec.node(u.cp.Name).AgentPID
@@ -411,12 +385,21 @@ func (u *up) startJoiners(ctx context.Context) error {
 			what = "control plane, kubeadm join --control-plane"
 		}
 		u.p.step("Starting node %s (%s; %s): it boots now and joins once the cluster is initialised", n.Name, n.IP, what)
-		if err := startNode(ctx, u.opts.BinDir, u.rec, n); err != nil {
+		if err := u.startNode(ctx, n); err != nil {
 			return err
 		}
 		u.joiners = append(u.joiners, n)
 	}
 	return nil
+}
+
+// startNode makes node s's machine and starts it.
+func (u *up) startNode(ctx context.Context, s *NodeSpec) error {
+	p := &netnsProvider{gatehouse: filepath.Join(u.opts.BinDir, "gatehouse"), network: u.opts.Network}
+	if err := createNode(ctx, u.rec, p, s); err != nil {
+		return err
+	}
+	return bootNode(ctx, u.rec, p, s)
 }
 
 // waitJoiners waits until startJoiners is done, and returns its error.
@@ -607,33 +590,6 @@ func (p *progress) detail(format string, args ...any) {
 	fmt.Fprintf(p.out, "[%5.1fs]   %s\n", time.Since(p.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
-func checkBinaries(opts Options) error {
-	if opts.KubeBinDir == "" {
-		return errors.New("the pinned Kubernetes binaries are not found: pass --kube-bin or set GATEHOUSE_KUBE_BIN=$(hack/kube-binaries.sh) (make mini-up does)")
-	}
-	var errs []error
-	for _, b := range []string{"gatehouse", "gatehouse-bootstrapper", "gatehouse-joinservice", "gatehouse-keyservice", "gatehouse-pause"} {
-		if _, err := os.Stat(filepath.Join(opts.BinDir, b)); err != nil {
-			errs = append(errs, fmt.Errorf("%s missing in %s: run `make build`", b, opts.BinDir))
-		}
-	}
-	for _, b := range []string{"kube", "kubeadm", "kube-proxy", "etcd"} {
-		if _, err := os.Stat(filepath.Join(opts.KubeBinDir, b)); err != nil {
-			errs = append(errs, fmt.Errorf("%s missing in %s: run hack/kube-binaries.sh (make setup does)", b, opts.KubeBinDir))
-		}
-	}
-	if opts.AddonBinDir == "" {
-		errs = append(errs, errors.New("CoreDNS and the registry are not found: pass --addon-bin or set GATEHOUSE_ADDON_BIN=$(hack/addon-binaries.sh) (make mini-up does)"))
-	} else {
-		for _, b := range []string{"coredns", "registry"} {
-			if _, err := os.Stat(filepath.Join(opts.AddonBinDir, b)); err != nil {
-				errs = append(errs, fmt.Errorf("%s missing in %s: run hack/addon-binaries.sh (make setup does)", b, opts.AddonBinDir))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // imageSpecs are the specifications of every image kubeadm init needs,
 // its add-ons (kube-proxy, with Debian's iptables; CoreDNS) included, and
 // of the project's services; pause is the pause image's reference.
@@ -733,113 +689,4 @@ func initSecretFiles(dir string) (secretFile, hashFile string, err error) {
 		return "", "", err
 	}
 	return secretFile, hashFile, os.WriteFile(hashFile, hash, 0o600)
-}
-
-// startNode creates the node's network namespace, state disk and cgroup
-// root, and starts its agent (binDir's gatehouse) inside the namespaces.
-func startNode(ctx context.Context, binDir string, rec *Record, s *NodeSpec) error {
-	nr := rec.node(s.Name)
-	nr.Dir = s.Dir
-	if err := os.MkdirAll(s.logDir(), 0o750); err != nil {
-		return err
-	}
-	if err := run(ctx, "ip", "netns", "add", s.NetNS); err != nil {
-		return err
-	}
-	nr.NetNS = s.NetNS
-	veth := s.Network.hostVeth(s.Name)
-	if err := run(ctx, "ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", s.NetNS); err != nil {
-		return err
-	}
-	nr.HostVeth = veth
-	if err := rec.save(); err != nil {
-		return err
-	}
-	for _, args := range [][]string{
-		{"link", "set", veth, "master", s.Network.Bridge()},
-		{"link", "set", veth, "up"},
-		{"-n", s.NetNS, "addr", "add", s.IP + "/24", "dev", "eth0"},
-		{"-n", s.NetNS, "link", "set", "eth0", "up"},
-		{"-n", s.NetNS, "link", "set", "lo", "up"},
-		{"-n", s.NetNS, "route", "add", "default", "via", s.Gateway},
-	} {
-		if err := run(ctx, "ip", args...); err != nil {
-			return err
-		}
-	}
-	img := filepath.Join(s.Dir, "state-disk.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		return err
-	}
-	if err := os.Truncate(img, 64<<20); err != nil {
-		return err
-	}
-	out, err := exec.CommandContext(ctx, "losetup", "--find", "--show", img).Output()
-	if err != nil {
-		return fmt.Errorf("attaching the state disk: %w", err)
-	}
-	s.StateDisk = strings.TrimSpace(string(out))
-	nr.LoopDevice = s.StateDisk
-	if err := createCgroup(s.CgroupRoot); err != nil {
-		return err
-	}
-	nr.CgroupRoot = s.CgroupRoot
-	if err := rec.save(); err != nil {
-		return err
-	}
-	if err := s.write(); err != nil {
-		return err
-	}
-	seedContainerd(s)
-	return startAgent(ctx, filepath.Join(binDir, "gatehouse"), rec, s)
-}
-
-// seedContainerd gives a node's containerd, on its first boot, a copy of
-// the cluster's containerd seed and records that its images are there;
-// without a seed, or when it cannot be linked, the node imports them.
-func seedContainerd(s *NodeSpec) {
-	root := filepath.Join(s.rootDir(), "var/lib/containerd")
-	if s.ImagesSeed == "" || s.ImagesDigest == "" {
-		return
-	}
-	if _, err := os.Stat(root); err == nil {
-		return // not a first boot
-	}
-	if err := linkSeed(s.ImagesSeed, root); err != nil {
-		return
-	}
-	_ = os.WriteFile(filepath.Join(s.Dir, imagesImportedFile), []byte(s.ImagesDigest+"\n"), 0o644) //nolint:gosec // a digest
-}
-
-// startAgent starts the node agent of s in its network namespace and a new
-// private mount namespace, and records it.
-func startAgent(ctx context.Context, gatehouse string, rec *Record, s *NodeSpec) error {
-	nr := rec.node(s.Name)
-	logFile, err := os.OpenFile(filepath.Join(s.logDir(), "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) //nolint:gosec // no secrets
-	if err != nil {
-		return err
-	}
-	defer logFile.Close()
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+s.NetNS, "--",
-		"unshare", "--mount", "--propagation", "private", "--",
-		gatehouse, "mini", "node-agent", "--spec", filepath.Join(s.Dir, "node.json"))
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting the agent of %s: %w", s.Name, err)
-	}
-	nr.AgentPID = cmd.Process.Pid
-	go func() { _ = cmd.Wait() }()
-	// The agent's mount namespace is unshare's once it has exec'd the agent.
-	host, _ := mountNS(os.Getpid())
-	err = poll(ctx, 50*time.Millisecond, 10*time.Second, "the agent of "+s.Name+" to enter its mount namespace", func() (bool, error) {
-		ns, err := mountNS(cmd.Process.Pid)
-		if err != nil || ns == host {
-			return false, nil
-		}
-		nr.AgentMountNS = ns
-		return true, nil
-	})
-	// The record names the agent either way, for `gatehouse mini down`.
-	return errors.Join(err, rec.save())
 }

@@ -74,7 +74,9 @@ func New(opts Options) *Installer {
 // installed and nothing of the failed one. A binary whose URL and digest
 // an earlier component of the list had (one multi-call binary installed
 // under several names) is copied from that one, which was checked, and
-// not fetched again.
+// not fetched again. A binary whose install path already
+// holds the pinned digest (the node image's baked binaries, a link to one
+// multi-call binary, on a read-only root) is left as it is.
 func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component) error {
 	for _, c := range list {
 		if err := components.Validate(c); err != nil {
@@ -85,6 +87,13 @@ func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component)
 	for _, c := range list {
 		key := c.GetUrl() + "\x00" + c.GetHash()
 		var err error
+		if !c.GetExtract() && holds(c.GetInstallPath(), c.GetHash()) {
+			// The node image bakes the pinned binaries into its read-only
+			// root (docs/image.md): nothing to fetch, nowhere to write.
+			installed[key] = c.GetInstallPath()
+			i.opts.Log.Info("Component already installed", "path", c.GetInstallPath(), "hash", c.GetHash())
+			continue
+		}
 		if from, ok := installed[key]; ok && !c.GetExtract() {
 			err = copyInstalled(from, c.GetInstallPath())
 		} else {
@@ -99,6 +108,25 @@ func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component)
 		i.opts.Log.Info("Installed component", "url", c.GetUrl(), "path", c.GetInstallPath(), "extract", c.GetExtract())
 	}
 	return nil
+}
+
+// holds reports whether the file at path (its target, if a link) has the
+// pinned digest hash ("sha256:<hex>"); false when it cannot be read.
+func holds(path, hash string) bool {
+	want, err := components.ParseHash(hash)
+	if err != nil {
+		return false
+	}
+	f, err := os.Open(path) //nolint:gosec // an install path the join ticket pins
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return false
+	}
+	return string(h.Sum(nil)) == string(want)
 }
 
 // copyInstalled installs a copy of the binary installed at from as dest,

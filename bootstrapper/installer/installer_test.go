@@ -289,3 +289,48 @@ func TestInstallSameBinaryOnce(t *testing.T) {
 	}
 	assertOnly(t, dir, "kubeadm", "kubectl", "kubelet")
 }
+
+// TestInstallKeepsBakedBinaries: binaries already at their install paths
+// with the pinned digest (the node image's, links to one multi-call binary
+// in a read-only directory) are neither fetched nor written; one that
+// differs is replaced.
+func TestInstallKeepsBakedBinaries(t *testing.T) {
+	content := bytes.Repeat([]byte("kube "), 1000)
+	url, hits := serve(t, content, 0, nil)
+	dir := filepath.Join(t.TempDir(), "bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kube"), content, 0o755); err != nil { //nolint:gosec // a program
+		t.Fatal(err)
+	}
+	var list []*componentsv1.Component
+	for _, name := range []string{"kubelet", "kubeadm"} {
+		if err := os.Symlink("kube", filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+		list = append(list, &componentsv1.Component{Url: url, Hash: hashOf(content), InstallPath: filepath.Join(dir, name)})
+	}
+	if err := newInstaller().Install(t.Context(), list); err != nil {
+		t.Fatal(err)
+	}
+	if hits.Load() != 0 {
+		t.Fatalf("%d requests for binaries already installed, want 0", hits.Load())
+	}
+	for _, c := range list {
+		if fi, err := os.Lstat(c.GetInstallPath()); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			t.Fatalf("%s was replaced (%v)", c.GetInstallPath(), err)
+		}
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, "kubectl"), []byte("old"), 0o755); err != nil { //nolint:gosec // a program
+		t.Fatal(err)
+	}
+	other := &componentsv1.Component{Url: url, Hash: hashOf(content), InstallPath: filepath.Join(dir, "kubectl")}
+	if err := newInstaller().Install(t.Context(), []*componentsv1.Component{other}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(other.GetInstallPath()); err != nil || !bytes.Equal(got, content) || hits.Load() != 1 {
+		t.Fatalf("a binary with another digest was not replaced (%v, %d requests)", err, hits.Load())
+	}
+}

@@ -46,11 +46,11 @@ func TestAttestedNodeRegistrationReachesTheMachine(t *testing.T) {
 			t.Fatalf("%s: no data: conditions %+v", format, cfg.Status.Conditions)
 		}
 		files, _ := e.dataFiles(t, cfg)
-		env := string(files[render.BootstrapperEnvPath])
+		env := string(files[render.BootstrapperEnvPathFor(format)])
 		for _, want := range []string{" --node-taints dedicated=gpu:NoSchedule", " --kubelet-arg node-labels=tier=web,node.kubernetes.io/pool=a",
 			" --kubelet-arg max-pods=58"} {
 			if !strings.Contains(env, want) {
-				t.Errorf("%s: %s lacks %q:\n%s", format, render.BootstrapperEnvPath, want, env)
+				t.Errorf("%s: %s lacks %q:\n%s", format, render.BootstrapperEnvPathFor(format), want, env)
 			}
 		}
 	}

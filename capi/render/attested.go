@@ -20,7 +20,7 @@ import (
 )
 
 // Attested mode: the data only configures gatehouse-bootstrapper through
-// BootstrapperEnvPath, a systemd EnvironmentFile whose
+// BootstrapperEnvPathFor(format), a systemd EnvironmentFile whose
 // GATEHOUSE_BOOTSTRAPPER_ARGS the image's unit expands, split at
 // whitespace, into the bootstrapper's flags (config/systemd). Every value
 // is validated before it is written, and what reaches the file is drawn
@@ -198,7 +198,7 @@ func bootstrapperEnv(in Input) (string, error) {
 		if !envSafe.MatchString(a) {
 			// Unreachable after the checks above; kept so that a new flag
 			// cannot bring an unchecked value.
-			return "", fmt.Errorf("attested mode: bootstrapper argument %q is not safe in %s", a, BootstrapperEnvPath)
+			return "", fmt.Errorf("attested mode: bootstrapper argument %q is not safe in its environment file", a)
 		}
 	}
 	return "GATEHOUSE_BOOTSTRAPPER_ARGS=\"" + strings.Join(args, " ") + "\"\n", nil

@@ -30,14 +30,15 @@ var envLine = regexp.MustCompile(`^GATEHOUSE_BOOTSTRAPPER_ARGS="([^"\\$\n]*)"$`)
 // splits it into.
 func bootstrapperArgsOf(t *testing.T, format bootstrapv1.Format, data []byte) []string {
 	t.Helper()
-	env := string(rendertest.Files(t, format, data)[BootstrapperEnvPath])
+	path := BootstrapperEnvPathFor(format)
+	env := string(rendertest.Files(t, format, data)[path])
 	lines := strings.Split(strings.TrimSuffix(env, "\n"), "\n")
 	if len(lines) != 1 {
-		t.Fatalf("%s holds %d lines:\n%s", BootstrapperEnvPath, len(lines), env)
+		t.Fatalf("%s holds %d lines:\n%s", path, len(lines), env)
 	}
 	m := envLine.FindStringSubmatch(lines[0])
 	if m == nil {
-		t.Fatalf("%s is not one plain assignment: %q", BootstrapperEnvPath, lines[0])
+		t.Fatalf("%s is not one plain assignment: %q", path, lines[0])
 	}
 	return strings.Fields(m[1])
 }

@@ -473,7 +473,7 @@ func expectedCloudConfig(in Input) any {
 		files = append(files, map[string]any{"path": KubeadmConfigPath, "content": string(in.KubeadmConfig), "owner": "root:root", "permissions": "0640"})
 	} else {
 		env, _ := bootstrapperEnv(in)
-		files = append(files, map[string]any{"path": BootstrapperEnvPath, "content": env, "permissions": "0644"})
+		files = append(files, map[string]any{"path": BootstrapperEnvPathFor(bootstrapv1.FormatCloudConfig), "content": env, "permissions": "0644"})
 	}
 	doc["write_files"] = files
 	var boot [][]string

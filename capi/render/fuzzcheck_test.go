@@ -60,7 +60,7 @@ func checkIgnition(t *testing.T, in Input, data []byte) {
 		want[f.Path] = append(want[f.Path], b...)
 	}
 	if attested {
-		paths = append(paths, BootstrapperEnvPath)
+		paths = append(paths, IgnitionBootstrapperEnvPath)
 	} else {
 		paths = append(paths, installScriptPath, IgnitionKubeadmConfigPath)
 		want[IgnitionKubeadmConfigPath] = in.KubeadmConfig
@@ -319,7 +319,7 @@ func checkAttested(t *testing.T, in Input, format bootstrapv1.Format, data []byt
 	t.Helper()
 	var env string
 	if format == bootstrapv1.FormatIgnition {
-		env = string(rendertest.Files(t, format, data)[BootstrapperEnvPath])
+		env = string(rendertest.Files(t, format, data)[IgnitionBootstrapperEnvPath])
 	} else {
 		var cfg struct {
 			WriteFiles []struct{ Path, Content string } `json:"write_files"`
@@ -335,7 +335,7 @@ func checkAttested(t *testing.T, in Input, format bootstrapv1.Format, data []byt
 	}
 	m := envAssignment.FindStringSubmatch(env)
 	if m == nil {
-		t.Fatalf("%s is not one plain assignment: %q", BootstrapperEnvPath, env)
+		t.Fatalf("%s is not one plain assignment: %q", BootstrapperEnvPathFor(format), env)
 	}
 	want := []string{"--success-file", sentinelPath}
 	if in.Role == RoleJoin {

@@ -54,7 +54,7 @@ func (c *choices) raw(max int) string {
 // hostile value elsewhere reaches the output.
 var plausible = []string{
 	"", "ops", "root", "root:root", "ops:wheel", "0644", "0600", "0755", "0440", "/etc/motd", "/etc/kubernetes/pki/ca.crt", "/etc/hosts",
-	KubeadmConfigPath, IgnitionKubeadmConfigPath, installScriptPath, BootstrapperEnvPath, sudoersPath, chronyConfPath, commandsScriptPath,
+	KubeadmConfigPath, IgnitionKubeadmConfigPath, installScriptPath, BootstrapperEnvPath, IgnitionBootstrapperEnvPath, sudoersPath, chronyConfPath, commandsScriptPath,
 	"/dev/vdb", "/dev/nvme0n1", "/dev/disk/by-id/virtio-data", "sdb", "LABEL=etcd", "UUID=0a1b-2c3d", "etcd", "ext4", "xfs", "swap",
 	"none", "auto", "any", "1", "2", "gpt", "mbr", "/var/lib/etcd", "/mnt/data", "defaults,nofail", "sw", "time.example.com",
 	"10.0.0.1:9090", "[2001:db8::1]:9090", "join.example.com:443", "echo hello", "swapoff -a", "ssh-ed25519 AAAA ops",

@@ -45,12 +45,31 @@ const (
 	// sentinelPath is CABPK's bootstrap success sentinel
 	// (Cluster API bootstrap provider contract).
 	sentinelPath = "/run/cluster-api/bootstrap-success.complete"
-	// BootstrapperEnvPath configures gatehouse-bootstrapper (attested mode).
-	BootstrapperEnvPath = "/etc/gatehouse/bootstrapper.env"
+	// BootstrapperEnvPath configures gatehouse-bootstrapper in attested
+	// cloud-config data. The node image's unit reads it (docs/image.md):
+	// that image's root, /etc included, is read-only (dm-verity), and
+	// /etc/gatehouse is the state disk's once it is bound; /run is a
+	// tmpfs that cloud-init writes at boot, before cloud-config.service
+	// ends, which the unit is ordered after.
+	BootstrapperEnvPath = "/run/gatehouse/bootstrapper-userdata.env"
+	// IgnitionBootstrapperEnvPath configures it in attested Ignition data:
+	// Ignition writes from the initramfs, so nothing under /run survives
+	// (IgnitionKubeadmConfigPath), and Flatcar's /etc is writable. The
+	// unit of config/systemd reads it.
+	IgnitionBootstrapperEnvPath = "/etc/gatehouse/bootstrapper.env"
 	// bootstrapperUnit is gatehouse-bootstrapper's systemd unit, part of
 	// the machine image (config/systemd).
 	bootstrapperUnit = "gatehouse-bootstrapper.service"
 )
+
+// BootstrapperEnvPathFor is where attested data of format writes
+// gatehouse-bootstrapper's environment file.
+func BootstrapperEnvPathFor(format bootstrapv1.Format) string {
+	if format == bootstrapv1.FormatIgnition {
+		return IgnitionBootstrapperEnvPath
+	}
+	return BootstrapperEnvPath
+}
 
 // KubeadmConfigPathFor is where data of format writes the kubeadm
 // configuration.
@@ -261,7 +280,7 @@ func plan(in Input) (*steps, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.files = append(s.files, File{Path: BootstrapperEnvPath, Content: env, Permissions: "0644"})
+		s.files = append(s.files, File{Path: BootstrapperEnvPathFor(s.format), Content: env, Permissions: "0644"})
 		s.onlyStartsBootstrapper = len(s.commands) == 0 && len(spec.PostKubeadmCommands) == 0
 		s.commands = append(s.commands, []string{"systemctl", "enable", "--now", bootstrapperUnit})
 	} else {

@@ -23,6 +23,7 @@ func TestProvisionScript(t *testing.T) {
 		wantEnv string // bootstrapper.env
 		wantErr string // in the script's standard error, exit status 1
 		files   map[string]string
+		network bool // `provision network`: the static address, no bootstrapper.env
 	}{
 		{
 			name:    "nothing provisioned: the node waits for gatehouse init",
@@ -65,6 +66,53 @@ func TestProvisionScript(t *testing.T) {
 			wantEnv: "GATEHOUSE_BOOTSTRAPPER_ARGS= --init-secret-hash-file=RUN/init-secret.bcrypt\n",
 			files:   map[string]string{"RUN/init-secret.bcrypt": "$2a$10$abc", "RUN/containerd.d/50-provisioned.toml": "version = 2\n"},
 		},
+		{
+			name:    "a static address, its gateway and DNS server",
+			network: true,
+			entries: map[string]string{"network": "address=10.88.5.12/24\ngateway=10.88.5.1\n# a comment\ndns=10.88.5.1"},
+			files: map[string]string{"NETWORKD/10-gatehouse-provisioned.network": "# From fw_cfg opt/gatehouse/network (gatehouse-provision-network.service).\n" +
+				"[Match]\nName=en* eth*\n[Network]\nAddress=10.88.5.12/24\nGateway=10.88.5.1\nDNS=10.88.5.1\n"},
+		},
+		{
+			name:    "no network entry: DHCP's address",
+			network: true,
+		},
+		{
+			name:    "an address without its prefix is refused",
+			network: true,
+			entries: map[string]string{"network": "address=10.88.5.12\n"},
+			wantErr: "network: address=10.88.5.12 is not <IPv4>/<prefix>",
+		},
+		{
+			name:    "an octet above 255 is refused",
+			network: true,
+			entries: map[string]string{"network": "address=10.88.5.256/24\n"},
+			wantErr: "is not <IPv4>/<prefix>",
+		},
+		{
+			name:    "a gateway given twice is refused",
+			network: true,
+			entries: map[string]string{"network": "address=10.88.5.12/24\ngateway=10.88.5.1\ngateway=10.88.5.2\n"},
+			wantErr: "network: gateway is given twice",
+		},
+		{
+			name:    "an unknown key is refused",
+			network: true,
+			entries: map[string]string{"network": "address=10.88.5.12/24\nroute=0.0.0.0/0\n"},
+			wantErr: "network: a line is not address=, gateway= or dns=",
+		},
+		{
+			name:    "a shell word in a value is refused",
+			network: true,
+			entries: map[string]string{"network": "address=10.88.5.12/24;reboot\n"},
+			wantErr: "is not <IPv4>/<prefix>",
+		},
+		{
+			name:    "no address is refused",
+			network: true,
+			entries: map[string]string{"network": "gateway=10.88.5.1\n"},
+			wantErr: "network: no address=<IPv4>/<prefix>",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,9 +129,14 @@ func TestProvisionScript(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			cmd := exec.CommandContext(t.Context(), "sh", "-c", string(script))
+			networkd := filepath.Join(dir, "networkd")
+			args := []string{"-c", string(script), "provision"}
+			if tt.network {
+				args = append(args, "network")
+			}
+			cmd := exec.CommandContext(t.Context(), "sh", args...)
 			cmd.Env = append(os.Environ(), "GATEHOUSE_PROVISION_FWCFG="+fwcfg, "GATEHOUSE_PROVISION_RUN="+runDir,
-				"GATEHOUSE_PROVISION_HOSTNAME=no")
+				"GATEHOUSE_PROVISION_HOSTNAME=no", "GATEHOUSE_PROVISION_NETWORKD="+networkd)
 			out, err := cmd.CombinedOutput()
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(string(out), tt.wantErr) {
@@ -92,10 +145,30 @@ func TestProvisionScript(t *testing.T) {
 				if _, err := os.Stat(filepath.Join(runDir, "bootstrapper.env")); err == nil {
 					t.Error("a refused provisioning wrote bootstrapper.env")
 				}
+				if _, err := os.Stat(networkd); err == nil {
+					t.Error("a refused provisioning wrote a network file")
+				}
 				return
 			}
 			if err != nil {
 				t.Fatalf("%v: %s", err, out)
+			}
+			if tt.network {
+				if _, err := os.Stat(filepath.Join(runDir, "bootstrapper.env")); err == nil {
+					t.Error("provision network wrote bootstrapper.env")
+				}
+				if len(tt.files) == 0 {
+					if _, err := os.Stat(networkd); err == nil {
+						t.Error("without a network entry, provision network wrote a network file")
+					}
+				}
+				for name, want := range tt.files {
+					got, err := os.ReadFile(strings.ReplaceAll(name, "NETWORKD", networkd))
+					if err != nil || string(got) != want {
+						t.Errorf("%s: %q (%v), want %q", name, got, err, want)
+					}
+				}
+				return
 			}
 			env, err := os.ReadFile(filepath.Join(runDir, "bootstrapper.env"))
 			if err != nil {

@@ -99,7 +99,9 @@ func imageDirs() []string {
 	return append([]string{"/etc/cni/net.d", "/opt/cni/bin", "/var", "/tmp"}, stateDirs()...)
 }
 
-// enabledUnits are started at boot; disabledUnits are Debian's defaults a
+// enabledUnits are started at boot (cloud-init's four stages only when its
+// generator, ds-identify, finds a seed disk: etc/cloud/cloud.cfg.d's
+// 90-gatehouse.cfg); disabledUnits are Debian's defaults a
 // node does without (apt's timers: the root is read-only; the getty on
 // tty1: a node has no console login); maskedUnits never run:
 // systemd-firstboot would ask for a locale on the console at every boot
@@ -108,7 +110,8 @@ func imageDirs() []string {
 // the bootstrapper's quote, and without an entry in the firmware's event
 // log: PCR 11 holds the UKI's sections and nothing else (docs/image.md).
 func enabledUnits() []string {
-	return []string{"systemd-networkd.service", "systemd-resolved.service", "gatehouse-provision.service", "gatehouse-bootstrapper.service"}
+	return []string{"systemd-networkd.service", "systemd-resolved.service", "gatehouse-provision-network.service", "gatehouse-provision.service", "gatehouse-bootstrapper.service",
+		"cloud-init-local.service", "cloud-init.service", "cloud-config.service", "cloud-final.service"}
 }
 
 func disabledUnits() []string {

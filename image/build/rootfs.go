@@ -26,13 +26,14 @@ const suite = "bookworm"
 // preflight checks and the kubelet run (iproute2, iptables, conntrack,
 // ethtool, socat, mount, util-linux, kmod), what the bootstrapper runs for
 // the state disk (cryptsetup, e2fsprogs, blkid), the container runtime
-// with Debian's CNI plugins, and systemd-stub for the UKI.
+// with Debian's CNI plugins, systemd-stub for the UKI, and cloud-init for
+// user data on a local seed disk (NoCloud, ConfigDrive; docs/capi.md).
 func packages() []string {
 	return []string{
 		"linux-image-amd64", "systemd", "systemd-sysv", "systemd-resolved", "udev", "initramfs-tools", "zstd",
 		"cryptsetup-bin", "e2fsprogs", "util-linux", "mount", "kmod", "iproute2", "iptables", "conntrack",
 		"ethtool", "socat", "ca-certificates", "containerd", "runc", "containernetworking-plugins",
-		"systemd-boot-efi",
+		"systemd-boot-efi", "cloud-init",
 	}
 }
 

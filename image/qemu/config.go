@@ -1,12 +1,15 @@
 package qemu
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
@@ -58,9 +61,57 @@ type Config struct {
 	// Profile) and boots \EFI\BOOT\BOOTX64.EFI from the image's EFI system
 	// partition.
 	Firmware Firmware
+	// Tap, when set, connects the VM's network card to this existing tap
+	// device (its creator put it on a bridge: the VM is a machine on that
+	// bridge's network) instead of QEMU's user-mode network; Forwards
+	// must then be empty. The guest gets no address by DHCP there: give
+	// it one through provisioning (FWCfg, docs/image.md "Provisioning").
+	Tap string
+	// MAC is the network card's MAC address (aa:bb:cc:dd:ee:ff, a locally
+	// administered unicast one); empty means QEMU's default. VMs on one
+	// bridge need different ones (MACFromName derives one from a name).
+	MAC string
+	// FWCfg are files the guest reads through QEMU's fw_cfg device
+	// (/sys/firmware/qemu_fw_cfg/by_name/NAME/raw): how the node image is
+	// provisioned (docs/image.md, "Provisioning": names
+	// opt/gatehouse/...). Names start with "opt/".
+	FWCfg []FWCfgEntry
+	// Drives are more disks after the image and the state disk, in order
+	// (a NoCloud seed for cloud-init, a data disk).
+	Drives []Drive
+	// Detach makes QEMU and swtpm outlive the caller: they run in a
+	// session of their own, are not killed when the caller's process or
+	// Start's context ends, and another process reaches the VM through
+	// its directory (ResetDir, PowerOffDir) and ends it by its PIDs
+	// (VM.PIDs). Release lets a detached VM go without stopping it.
+	Detach bool
 	// Log receives progress ("OVMF starting", "kernel booting", …) and the
 	// lifecycle; nil discards it.
 	Log *slog.Logger
+}
+
+// FWCfgEntry is one fw_cfg file: the guest reads File's content as Name.
+type FWCfgEntry struct {
+	// Name is the entry's name, "opt/..." (QEMU reserves the others), at
+	// most 55 bytes.
+	Name string
+	// File is the file on this machine whose content the guest reads.
+	File string
+}
+
+// Drive is a disk of the VM besides the image and the state disk: a
+// virtio disk.
+type Drive struct {
+	// File is the disk's file on this machine.
+	File string
+	// Format is QEMU's format name of File: "raw" (the default) or
+	// "qcow2".
+	Format string
+	// ReadOnly makes the disk read-only for the guest.
+	ReadOnly bool
+	// Serial is the disk's virtio serial number (the guest's
+	// /dev/disk/by-id/virtio-<Serial>); empty means none.
+	Serial string
 }
 
 // Forward is one forwarded TCP port: 127.0.0.1:Host on this machine
@@ -148,7 +199,15 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("no TPM manufacturer CA (Config.TPMCA): the VM's TPM needs an endorsement key certificate")
 	}
 	var err error
-	for _, p := range []*string{&cfg.Image, &cfg.Dir, &cfg.StateDisk, &cfg.TPMCA.Dir} {
+	paths := []*string{&cfg.Image, &cfg.Dir, &cfg.StateDisk, &cfg.TPMCA.Dir}
+	cfg.FWCfg, cfg.Drives = slices.Clone(cfg.FWCfg), slices.Clone(cfg.Drives)
+	for i := range cfg.FWCfg {
+		paths = append(paths, &cfg.FWCfg[i].File)
+	}
+	for i := range cfg.Drives {
+		paths = append(paths, &cfg.Drives[i].File)
+	}
+	for _, p := range paths {
 		if *p == "" {
 			continue
 		}
@@ -194,6 +253,9 @@ func (cfg Config) withDefaults() (Config, error) {
 		}
 		seen[f.Guest] = true
 	}
+	if err := cfg.checkDevices(); err != nil {
+		return cfg, err
+	}
 	for _, s := range []string{tpmCtrlSocket, qmpSocket} {
 		if p := filepath.Join(cfg.Dir, s); len(p) > maxSocketPath {
 			return cfg, fmt.Errorf("the VM directory's path is too long for its Unix socket %s (%d bytes, at most %d): choose a shorter directory", p, len(p), maxSocketPath)
@@ -232,4 +294,80 @@ func lookPrograms() (map[string]string, error) {
 		return nil, fmt.Errorf("not found: %s", strings.Join(missing, ", "))
 	}
 	return paths, nil
+}
+
+// fwCfgName is what a fw_cfg entry may be called here: under opt/, of
+// characters a QEMU option and a sysfs path take as they are.
+var fwCfgName = regexp.MustCompile(`^opt/[A-Za-z0-9._/-]{1,51}$`)
+
+// macAddress is a MAC address in QEMU's notation.
+var macAddress = regexp.MustCompile(`^[0-9a-f]{2}(:[0-9a-f]{2}){5}$`)
+
+// checkDevices checks the network card, the fw_cfg entries and the
+// drives; a comma in a path would end QEMU's option early.
+func (cfg Config) checkDevices() error {
+	if cfg.Tap != "" {
+		if len(cfg.Forwards) > 0 {
+			return errors.New("forwards need QEMU's user-mode network: a VM on a tap device (Config.Tap) has none")
+		}
+		if len(cfg.Tap) > 15 || strings.ContainsAny(cfg.Tap, ",/ ") {
+			return fmt.Errorf("tap device name %q: at most 15 characters, no comma, slash or space", cfg.Tap)
+		}
+	}
+	if cfg.MAC != "" && !macAddress.MatchString(cfg.MAC) {
+		return fmt.Errorf("MAC address %q: want six lower-case hex pairs separated by colons", cfg.MAC)
+	}
+	seen := map[string]bool{}
+	for _, e := range cfg.FWCfg {
+		if !fwCfgName.MatchString(e.Name) || strings.Contains(e.Name, "..") {
+			return fmt.Errorf("fw_cfg entry %q: a name is opt/ and up to 51 letters, digits, '.', '_', '-' or '/'", e.Name)
+		}
+		if seen[e.Name] {
+			return fmt.Errorf("fw_cfg entry %s is given twice", e.Name)
+		}
+		seen[e.Name] = true
+		if info, err := os.Stat(e.File); err != nil {
+			return fmt.Errorf("fw_cfg entry %s: %w", e.Name, err)
+		} else if !info.Mode().IsRegular() {
+			return fmt.Errorf("fw_cfg entry %s: %s is not a regular file", e.Name, e.File)
+		}
+	}
+	for _, d := range cfg.Drives {
+		if d.Format != "" && d.Format != "raw" && d.Format != "qcow2" {
+			return fmt.Errorf("drive %s: format %q (raw or qcow2)", d.File, d.Format)
+		}
+		if strings.ContainsAny(d.Serial, ", ") || len(d.Serial) > 20 {
+			return fmt.Errorf("drive %s: serial %q: at most 20 characters, no comma or space", d.File, d.Serial)
+		}
+		if _, err := os.Stat(d.File); err != nil {
+			return fmt.Errorf("drive: %w", err)
+		}
+	}
+	for _, p := range append([]string{cfg.Image, cfg.Dir, cfg.StateDisk}, cfg.paths()...) {
+		if strings.Contains(p, ",") {
+			return fmt.Errorf("path %q has a comma, which QEMU's options cannot take here", p)
+		}
+	}
+	return nil
+}
+
+// paths are the files of the fw_cfg entries and drives.
+func (cfg Config) paths() []string {
+	var out []string
+	for _, e := range cfg.FWCfg {
+		out = append(out, e.File)
+	}
+	for _, d := range cfg.Drives {
+		out = append(out, d.File)
+	}
+	return out
+}
+
+// MACFromName derives a stable, locally administered unicast MAC address
+// from name (a node's name with its cluster), for Config.MAC: the same
+// name gives the same address on every start, as a real card keeps its.
+func MACFromName(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	sum[0] = sum[0]&0xfc | 0x02 // locally administered, unicast
+	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", sum[0], sum[1], sum[2], sum[3], sum[4], sum[5])
 }

@@ -20,7 +20,9 @@ type process struct {
 }
 
 // startProcess starts bin with args, its output appended to logPath.
-func startProcess(name, logPath, bin string, args ...string) (*process, error) {
+// A detached process runs in a session of its own and outlives the
+// caller; otherwise it dies with the caller.
+func startProcess(name, logPath string, detach bool, bin string, args ...string) (*process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("creating the log of %s: %w", name, err)
@@ -28,6 +30,11 @@ func startProcess(name, logPath, bin string, args ...string) (*process, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if detach {
+		// The session's leader leads its process group too: kill's -pid
+		// reaches it.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	}
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)

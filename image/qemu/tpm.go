@@ -21,8 +21,8 @@ import (
 // control channel and sends CMD_INIT when the machine starts and at every
 // reset, and the firmware sends TPM2_Startup, so PCRs start from their
 // reset values on every boot. It returns once swtpm accepts
-// connections.
-func startTPM(ctx context.Context, bin, dir string, ca swtpm.LocalCA, log *slog.Logger) (*process, error) {
+// connections. A detached swtpm outlives the caller (Config.Detach).
+func startTPM(ctx context.Context, bin, dir string, ca swtpm.LocalCA, detach bool, log *slog.Logger) (*process, error) {
 	stateDir := filepath.Join(dir, tpmDir)
 	if _, err := os.Stat(filepath.Join(stateDir, swtpm.StateFile)); errors.Is(err, os.ErrNotExist) {
 		log.Info("Manufacturing the VM's TPM (endorsement keys and their certificates from the local CA)", "ca", ca.Dir)
@@ -39,7 +39,7 @@ func startTPM(ctx context.Context, bin, dir string, ca swtpm.LocalCA, log *slog.
 	// Not --daemon: the runner keeps swtpm as its child, so that it dies
 	// with the runner. No --flags startup-clear: QEMU initialises the TPM
 	// and the firmware starts it up.
-	p, err := startProcess("swtpm", filepath.Join(stateDir, "swtpm.log"), bin, "socket", "--tpm2",
+	p, err := startProcess("swtpm", filepath.Join(stateDir, "swtpm.log"), detach, bin, "socket", "--tpm2",
 		"--tpmstate", "dir="+stateDir,
 		"--ctrl", "type=unixio,path="+ctrl,
 		"--log", "level=1")

@@ -44,9 +44,11 @@ type VM struct {
 
 	hostReset chan struct{} // receives QEMU's RESET event for a reset Reset asked for
 
-	stopOnce sync.Once
-	stopErr  error
-	ended    chan struct{} // closed once QEMU and swtpm ended and the console was read
+	stopOnce    sync.Once
+	stopErr     error
+	ended       chan struct{} // closed once QEMU and swtpm ended and the console was read
+	releaseOnce sync.Once
+	released    chan struct{} // closed by Release
 }
 
 // ErrExited is returned (wrapped, with QEMU's last words) by calls that
@@ -86,17 +88,22 @@ func Start(ctx context.Context, cfg Config) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
-	tpm, err := startTPM(ctx, bins[swtpmBin], cfg.Dir, cfg.TPMCA, log)
+	tpm, err := startTPM(ctx, bins[swtpmBin], cfg.Dir, cfg.TPMCA, cfg.Detach, log)
 	if err != nil {
 		return nil, err
 	}
 	v := &VM{cfg: cfg, accel: accel, ports: ports, tpm: tpm, log: log, stages: bootStages(),
-		hostReset: make(chan struct{}, 1), ended: make(chan struct{})}
+		hostReset: make(chan struct{}, 1), ended: make(chan struct{}), released: make(chan struct{})}
 	if err := v.startQEMU(ctx, bins[qemuSystem]); err != nil {
 		tpm.kill()
 		return nil, err
 	}
-	go v.watch(ctx)
+	watchCtx := ctx
+	if cfg.Detach {
+		// Start's context bounded the start; the VM lives on.
+		watchCtx = context.WithoutCancel(ctx)
+	}
+	go v.watch(watchCtx)
 	return v, nil
 }
 
@@ -152,7 +159,7 @@ func (v *VM) startQEMU(ctx context.Context, bin string) error {
 		}
 	}
 	start := time.Now()
-	p, err := startProcess("QEMU", filepath.Join(cfg.Dir, qemuLogFile), bin, qemuArgs(cfg, v.accel, v.ports)...)
+	p, err := startProcess("QEMU", filepath.Join(cfg.Dir, qemuLogFile), cfg.Detach, bin, qemuArgs(cfg, v.accel, v.ports)...)
 	if err != nil {
 		return err
 	}
@@ -182,8 +189,15 @@ func qemuArgs(cfg Config, accel Accel, ports []Forward) []string {
 	for _, f := range ports {
 		netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.Host, f.Guest)
 	}
+	if cfg.Tap != "" {
+		netdev = "tap,id=net0,ifname=" + cfg.Tap + ",script=no,downscript=no"
+	}
+	nic := "virtio-net-pci,netdev=net0,romfile="
+	if cfg.MAC != "" {
+		nic += ",mac=" + cfg.MAC
+	}
 	dir := cfg.Dir
-	return []string{
+	args := []string{
 		"-name", "gatehouse-node",
 		"-machine", "q35,accel=" + string(accel),
 		"-cpu", cpu,
@@ -208,10 +222,29 @@ func qemuArgs(cfg Config, accel Accel, ports []Forward) []string {
 		// User-mode network with the forwards; no option ROM, so the
 		// firmware does not try to boot from the network.
 		"-netdev", netdev,
-		"-device", "virtio-net-pci,netdev=net0,romfile=",
+		"-device", nic,
 		"-device", "virtio-rng-pci",
 		"-qmp", "unix:" + filepath.Join(dir, qmpSocket) + ",server=on,wait=off",
 	}
+	for i, d := range cfg.Drives {
+		format := d.Format
+		if format == "" {
+			format = "raw"
+		}
+		drive := fmt.Sprintf("if=none,id=drive%d,format=%s,file=%s", i, format, d.File)
+		if d.ReadOnly {
+			drive += ",readonly=on"
+		}
+		dev := fmt.Sprintf("virtio-blk-pci,drive=drive%d", i)
+		if d.Serial != "" {
+			dev += ",serial=" + d.Serial
+		}
+		args = append(args, "-drive", drive, "-device", dev)
+	}
+	for _, e := range cfg.FWCfg {
+		args = append(args, "-fw_cfg", "name="+e.Name+",file="+e.File)
+	}
+	return args
 }
 
 // firmwareEstimate says how long the firmware's start takes under the
@@ -296,6 +329,10 @@ func (v *VM) watch(ctx context.Context) {
 			running = false
 		case <-v.qemu.done:
 			running = false
+		case <-v.released:
+			v.qmp.close()
+			v.console.end()
+			return
 		}
 	}
 	<-v.qemu.done

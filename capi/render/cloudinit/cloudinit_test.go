@@ -65,7 +65,7 @@ func kubeadmNode() *Config {
 func TestRenderPassesCloudInitSchema(t *testing.T) {
 	for name, c := range map[string]*Config{
 		"kubeadm node":   kubeadmNode(),
-		"files only":     {WriteFiles: []File{{Path: "/etc/gatehouse/bootstrapper.env", Content: "GATEHOUSE_BOOTSTRAPPER_ARGS=\"--x\"\n"}}},
+		"files only":     {WriteFiles: []File{{Path: "/run/gatehouse/bootstrapper-userdata.env", Content: "GATEHOUSE_BOOTSTRAPPER_ARGS=\"--x\"\n"}}},
 		"tricky strings": {WriteFiles: []File{{Path: "/etc/x", Content: "key: value\n- not a list\n'quotes' \"and\" #hash\n"}}, RunCmd: []Command{{"echo", "a: b", "#c"}}},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -42,6 +42,15 @@ type RolePolicy struct {
 	// ReferenceValues are the role's expected PCR values (package
 	// measurements' format), checked besides the policy's common ones.
 	ReferenceValues json.RawMessage `json:"referenceValues"`
+	// AlsoAccepted are other sets of the role's expected PCR values
+	// (same format), each accepted instead of ReferenceValues: the
+	// values of a second node image (a local cluster's VM nodes beside
+	// its namespace nodes) or of the next software version during a roll.
+	// Evidence gets the role when it satisfies ReferenceValues or any of
+	// these; each set is checked as ReferenceValues is (its PCRs
+	// selected, the control-plane role's sets exclusive with every other
+	// role's).
+	AlsoAccepted []json.RawMessage `json:"alsoAccepted,omitempty"`
 }
 
 // Appraisal is a compiled Policy: it verifies evidence (as an
@@ -50,7 +59,7 @@ type RolePolicy struct {
 // concurrent use.
 type Appraisal struct {
 	common attestation.Verifier
-	roles  map[Role]measurements.M
+	roles  map[Role][]measurements.M // each role's accepted sets, ReferenceValues first
 	// ID names this policy version: "sha256:" and the hex SHA-256 of the
 	// policy's canonical JSON. Results it accepts carry it as
 	// attestation.Result.AppraisalPolicy, so a relying party can tell
@@ -86,7 +95,7 @@ func (p Policy) Appraisal(now func() time.Time, lockPCR []byte) (*Appraisal, err
 		lockPCR = make([]byte, 32)
 	}
 	ref[keys.NodeLockPCR] = measurements.Measurement{Expected: lockPCR}
-	requireEventLog := p.requiresEventLog(append(slices.Collect(maps.Values(roles)), ref)...)
+	requireEventLog := p.requiresEventLog(append(slices.Concat(slices.Collect(maps.Values(roles))...), ref)...)
 	v, err := p.commonVerifier(variant, ref, now, requireEventLog)
 	if err != nil {
 		return nil, err
@@ -103,12 +112,16 @@ func (p Policy) Appraisal(now func() time.Time, lockPCR []byte) (*Appraisal, err
 	a := &Appraisal{common: v, roles: roles, ID: "sha256:" + hex.EncodeToString(sum[:])}
 	var roleSummary []string
 	for _, r := range knownRoles {
-		if m, ok := roles[r]; ok {
+		var prints []string
+		for _, m := range roles[r] {
 			j, err := m.Marshal()
 			if err != nil {
 				return nil, err
 			}
-			roleSummary = append(roleSummary, string(r)+"="+Fingerprint(j))
+			prints = append(prints, Fingerprint(j))
+		}
+		if len(prints) > 0 {
+			roleSummary = append(roleSummary, string(r)+"="+strings.Join(prints, "|"))
 		}
 	}
 	a.Summary = fmt.Sprintf("variant=%s pcrs=%v referenceValues=%s roles=[%s] keys=%s requireEventLog=%t", variant, p.PCRs, Fingerprint(refJSON), strings.Join(roleSummary, " "), p.keyTrust(), requireEventLog)
@@ -142,11 +155,11 @@ func parseReferenceValues(field string, raw json.RawMessage, pcrs []int, mayBeEm
 
 // parseRoles checks the roles: known names, reference values each, and a
 // control-plane role that no other role's evidence can satisfy.
-func parseRoles(in map[Role]RolePolicy, pcrs []int) (map[Role]measurements.M, error) {
+func parseRoles(in map[Role]RolePolicy, pcrs []int) (map[Role][]measurements.M, error) {
 	if len(in) == 0 {
 		return nil, fmt.Errorf("roles is empty: set the reference values of roles.%s and/or roles.%s (docs/joinservice.md, \"Roles from evidence\")", RoleControlPlane, RoleWorker)
 	}
-	roles := make(map[Role]measurements.M, len(in))
+	roles := make(map[Role][]measurements.M, len(in))
 	for _, name := range slices.Sorted(maps.Keys(in)) {
 		if !slices.Contains(knownRoles, name) {
 			return nil, fmt.Errorf("roles.%s: unknown role; known roles are %s, %s", name, RoleControlPlane, RoleWorker)
@@ -155,16 +168,59 @@ func parseRoles(in map[Role]RolePolicy, pcrs []int) (map[Role]measurements.M, er
 		if err != nil {
 			return nil, err
 		}
-		roles[name] = ref
+		roles[name] = []measurements.M{ref}
+		for i, raw := range in[name].AlsoAccepted {
+			ref, err := parseReferenceValues(fmt.Sprintf("roles.%s.alsoAccepted[%d]", name, i), raw, pcrs, false)
+			if err != nil {
+				return nil, err
+			}
+			roles[name] = append(roles[name], ref)
+		}
 	}
-	if cp, ok := roles[RoleControlPlane]; ok {
-		for name, other := range roles {
-			if name != RoleControlPlane && !exclusive(cp, other) {
-				return nil, fmt.Errorf("roles.%s and roles.%s must expect different values for at least one PCR that neither marks warnOnly; otherwise a %s's evidence can satisfy the control-plane role", RoleControlPlane, name, name)
+	for name, others := range roles {
+		if name == RoleControlPlane {
+			continue
+		}
+		for i, cp := range roles[RoleControlPlane] {
+			for j, other := range others {
+				if !exclusive(cp, other) {
+					return nil, fmt.Errorf("%s and %s must expect different values for at least one PCR that neither marks warnOnly; otherwise a %s's evidence can satisfy the control-plane role",
+						roleField(RoleControlPlane, i), roleField(name, j), name)
+				}
 			}
 		}
 	}
 	return roles, nil
+}
+
+// roleField names set i of role's accepted reference values in the
+// policy file: its referenceValues (0) or alsoAccepted[i-1].
+func roleField(role Role, i int) string {
+	if i == 0 {
+		return "roles." + string(role) + ".referenceValues"
+	}
+	return fmt.Sprintf("roles.%s.alsoAccepted[%d]", role, i-1)
+}
+
+// satisfies compares measured with each of role's accepted sets and
+// returns the warnings of the first it satisfies, or, when none is
+// satisfied, each set's mismatch (with the events behind it, from the
+// result's TCG event log) as one error.
+func (a *Appraisal) satisfies(role Role, result *attestation.Result) ([]measurements.Mismatch, error) {
+	sets := a.roles[role]
+	var misses []string
+	for i, ref := range sets {
+		warnings, err := ref.Compare(result.Measurements)
+		if err == nil {
+			return warnings, nil
+		}
+		what := err.Error() + explain(ref, result)
+		if len(sets) > 1 {
+			what = roleField(role, i) + ": " + what
+		}
+		misses = append(misses, what)
+	}
+	return nil, errors.New(strings.Join(misses, "; "))
 }
 
 // exclusive reports whether no measurements can satisfy both a and b: they
@@ -195,13 +251,12 @@ func (a *Appraisal) Verify(ctx context.Context, evidence, nonce []byte) (*attest
 	var misses []string
 	satisfied := false
 	for _, r := range knownRoles {
-		ref, ok := a.roles[r]
-		if !ok {
+		if _, ok := a.roles[r]; !ok {
 			continue
 		}
-		warnings, err := ref.Compare(result.Measurements)
+		warnings, err := a.satisfies(r, result)
 		if err != nil {
-			misses = append(misses, fmt.Sprintf("role %s: %v%s", r, err, explain(ref, result)))
+			misses = append(misses, fmt.Sprintf("role %s: %v", r, err))
 			continue
 		}
 		satisfied = true
@@ -221,9 +276,10 @@ func (a *Appraisal) Verify(ctx context.Context, evidence, nonce []byte) (*attest
 // appraisal (or an earlier version) verified.
 func (a *Appraisal) Roles(measured map[uint32][]byte) []Role {
 	var out []Role
+	result := &attestation.Result{Measurements: measured}
 	for _, r := range knownRoles {
-		if ref, ok := a.roles[r]; ok {
-			if _, err := ref.Compare(measured); err == nil {
+		if _, ok := a.roles[r]; ok {
+			if _, err := a.satisfies(r, result); err == nil {
 				out = append(out, r)
 			}
 		}
@@ -258,9 +314,8 @@ func (v *roleVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*att
 		return nil, err
 	}
 	if !slices.Contains(v.a.Roles(result.Measurements), v.role) {
-		ref := v.a.roles[v.role]
-		_, cmpErr := ref.Compare(result.Measurements)
-		return nil, fmt.Errorf("%w: %w: role %s: %w%s", attestation.ErrMeasurement, errRoleNotAttested, v.role, cmpErr, explain(ref, result))
+		_, cmpErr := v.a.satisfies(v.role, result)
+		return nil, fmt.Errorf("%w: %w: role %s: %w", attestation.ErrMeasurement, errRoleNotAttested, v.role, cmpErr)
 	}
 	return result, nil
 }

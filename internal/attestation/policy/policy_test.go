@@ -5,7 +5,9 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -223,5 +225,105 @@ func TestRequireEventLogDefault(t *testing.T) {
 	decoded, err := policy.Decode([]byte("variant: tpm\nrequireEventLog: false\n"))
 	if err != nil || decoded.RequireEventLog == nil || *decoded.RequireEventLog {
 		t.Fatalf("decoding requireEventLog: false: %+v, %v", decoded.RequireEventLog, err)
+	}
+}
+
+// TestAlsoAccepted: a role is granted by its referenceValues or by any of
+// its alsoAccepted sets, each checked as referenceValues is; a
+// control-plane set that a worker's set could satisfy is refused naming
+// both fields.
+func TestAlsoAccepted(t *testing.T) {
+	v := func(b byte) string { return strings.Repeat(string("0123456789abcdef"[b>>4])+string("0123456789abcdef"[b&15]), 32) }
+	set := func(pcrs ...string) []byte {
+		var parts []string
+		for i := 0; i < len(pcrs); i += 2 {
+			parts = append(parts, `"`+pcrs[i]+`": {"expected": "`+pcrs[i+1]+`"}`)
+		}
+		return []byte("{" + strings.Join(parts, ", ") + "}")
+	}
+	digest := func(b byte) []byte {
+		d := make([]byte, 32)
+		for i := range d {
+			d[i] = b
+		}
+		return d
+	}
+	base := func() policy.Policy {
+		return policy.Policy{
+			Variant: "tpm", PCRs: []int{4, 11, 15}, PinnedAKs: []string{akPEM(t)},
+			Roles: map[policy.Role]policy.RolePolicy{
+				policy.RoleControlPlane: {ReferenceValues: set("4", v(0xa1)), AlsoAccepted: []json.RawMessage{set("4", v(0xb1), "11", v(0xc1))}},
+				policy.RoleWorker:       {ReferenceValues: set("4", v(0xa2)), AlsoAccepted: []json.RawMessage{set("4", v(0xb2), "11", v(0xc2))}},
+			},
+		}
+	}
+	p := base()
+	a, err := p.Appraisal(time.Now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name     string
+		measured map[uint32][]byte
+		want     []policy.Role
+	}{
+		{"control plane, referenceValues", map[uint32][]byte{4: digest(0xa1), 11: digest(0)}, []policy.Role{policy.RoleControlPlane}},
+		{"control plane, alsoAccepted", map[uint32][]byte{4: digest(0xb1), 11: digest(0xc1)}, []policy.Role{policy.RoleControlPlane}},
+		{"worker, alsoAccepted", map[uint32][]byte{4: digest(0xb2), 11: digest(0xc2)}, []policy.Role{policy.RoleWorker}},
+		{"half of one set, half of another", map[uint32][]byte{4: digest(0xb1), 11: digest(0xc2)}, nil},
+		{"the other role's PCR 11 with this role's PCR 4", map[uint32][]byte{4: digest(0xb2), 11: digest(0xc1)}, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := a.Roles(tt.measured); !slices.Equal(got, tt.want) {
+				t.Fatalf("roles %v, want %v", got, tt.want)
+			}
+		})
+	}
+	if !strings.Contains(a.Summary, "|") {
+		t.Errorf("summary %q does not fingerprint both sets of a role", a.Summary)
+	}
+
+	for _, tt := range []struct {
+		name    string
+		edit    func(map[policy.Role]policy.RolePolicy)
+		wantErr string
+	}{
+		{"a control-plane set a worker satisfies", func(r map[policy.Role]policy.RolePolicy) {
+			cp := r[policy.RoleControlPlane]
+			cp.AlsoAccepted = append(cp.AlsoAccepted, set("4", v(0xb2), "11", v(0xc2)))
+			r[policy.RoleControlPlane] = cp
+		}, "roles.controlPlane.alsoAccepted[1] and roles.worker.alsoAccepted[0] must expect different values"},
+		{"a worker set the control plane's referenceValues satisfy", func(r map[policy.Role]policy.RolePolicy) {
+			w := r[policy.RoleWorker]
+			w.AlsoAccepted = append(w.AlsoAccepted, set("4", v(0xa1)))
+			r[policy.RoleWorker] = w
+		}, "roles.controlPlane.referenceValues and roles.worker.alsoAccepted[1] must expect different values"},
+		{"an empty set", func(r map[policy.Role]policy.RolePolicy) {
+			w := r[policy.RoleWorker]
+			w.AlsoAccepted = append(w.AlsoAccepted, []byte(`{}`))
+			r[policy.RoleWorker] = w
+		}, "roles.worker.alsoAccepted[1] is empty"},
+		{"a PCR the policy does not select", func(r map[policy.Role]policy.RolePolicy) {
+			w := r[policy.RoleWorker]
+			w.AlsoAccepted[0] = set("9", v(1))
+			r[policy.RoleWorker] = w
+		}, "roles.worker.alsoAccepted[0] sets PCR 9, which pcrs does not select"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := base()
+			tt.edit(p.Roles)
+			if _, err := p.Appraisal(time.Now, nil); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("got %v, want an error saying %q", err, tt.wantErr)
+			}
+		})
+	}
+
+	withEvents := []byte(`{"4": {"expected": "` + v(0xb2) + `", "events": [{"type": "EV_IPL", "description": ".cmdline", "digest": "` + v(0xcd) + `"}]}}`)
+	p = base()
+	w := p.Roles[policy.RoleWorker]
+	w.AlsoAccepted = []json.RawMessage{withEvents}
+	p.Roles[policy.RoleWorker] = w
+	if a, err := p.Appraisal(time.Now, nil); err != nil || !strings.HasSuffix(a.Summary, "requireEventLog=true") {
+		t.Fatalf("an alsoAccepted set with events: %v, summary %v", err, a)
 	}
 }
