@@ -59,12 +59,14 @@ type InitServerConfig struct {
 	InitSecretHash []byte
 	// AdminName is the admin kubeconfig's user; "" is DefaultAdminName.
 	AdminName string
-	// ImageRepository, SkipPhases and KubeProxy go into kubeadm's init
-	// configuration (e.g. locally built images, skipped add-ons, and the
-	// kube-proxy settings of nodes in network namespaces).
+	// ImageRepository, SkipPhases, KubeProxy and ControlPlaneEnv go into
+	// kubeadm's init configuration (e.g. locally built images, skipped
+	// add-ons, the kube-proxy settings of nodes in network namespaces, and
+	// the Go memory settings of a local cluster's control planes).
 	ImageRepository string
 	SkipPhases      []string
 	KubeProxy       kubeadm.KubeProxyOptions
+	ControlPlaneEnv []kubeadm.ComponentEnv
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 	// SecretAttempts bound guessing the init secret; zero is
@@ -337,6 +339,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		ImageRepository:      s.cfg.ImageRepository,
 		SkipPhases:           s.cfg.SkipPhases,
 		KubeProxy:            s.cfg.KubeProxy,
+		ControlPlaneEnv:      s.cfg.ControlPlaneEnv,
 	}
 	if _, err := params.Render(); err != nil {
 		return nil, err

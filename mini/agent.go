@@ -423,8 +423,9 @@ func superviseKubelet(ctx context.Context, spec *NodeSpec, procs *processes, log
 			"--kubeconfig=/etc/kubernetes/kubelet.conf", "--config=" + kubeletConfig,
 		}
 		args = append(args, flags...)
-		log.Info("Starting the kubelet")
-		p := procs.start(ctx, "kubelet", "/usr/local/bin/kubelet", args...)
+		bin := kubeletBinary(installedKubelet, spec.hostKubelet())
+		log.Info("Starting the kubelet", "binary", bin)
+		p := procs.start(ctx, "kubelet", bin, args...)
 		<-p.done
 		if ctx.Err() == nil {
 			log.Warn("The kubelet exited; restarting it", "error", fmt.Sprint(p.err))
@@ -485,6 +486,7 @@ func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 		"--ignore-preflight-errors", "SystemVerification,Swap,FileExisting-crictl,FileContent--proc-sys-net-bridge-bridge-nf-call-iptables,FileContent--proc-sys-net-ipv4-ip_forward,NumCPU,Mem,Port-10250",
 		"--kubelet-service", "none",
 	}
+	args = append(args, controlPlaneEnvArgs()...)
 	if len(spec.JoinEndpoints) > 0 {
 		// A local cluster's nodes ask again soon: the join service starts
 		// while they wait (the default backoff grows to a minute).

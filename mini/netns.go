@@ -215,6 +215,7 @@ func (p *netnsProvider) startAgent(ctx context.Context, s *NodeSpec, nr *NodeRec
 		"unshare", "--mount", "--propagation", "private", "--",
 		p.gatehouse, "mini", "node-agent", "--spec", filepath.Join(s.Dir, "node.json"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = append(os.Environ(), nodeGOGC)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting the agent of %s: %w", s.Name, err)

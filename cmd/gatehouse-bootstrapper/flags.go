@@ -53,10 +53,12 @@ type options struct {
 	joinBackoff  bootstrapper.Backoff
 	// root is the file system root components are installed into.
 	root, kubeadmPath string
-	// imageRepository, skipPhases and kubeProxy shape kubeadm init.
+	// imageRepository, skipPhases, kubeProxy and controlPlaneEnv shape
+	// kubeadm init.
 	imageRepository string
 	skipPhases      []string
 	kubeProxy       kubeadm.KubeProxyOptions
+	controlPlaneEnv []kubeadm.ComponentEnv
 	successFile     string
 	metricsListen   string
 }
@@ -123,6 +125,11 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 		o.node.Taints, err = kubeadm.ParseTaints(v)
 		return err
 	})
+	fs.Func("control-plane-env", "a Go memory setting of a control-plane component's static Pod on kubeadm init, component:NAME=value: component kube-apiserver, kube-controller-manager, kube-scheduler or etcd, NAME GOGC or GOMEMLIMIT (e.g. kube-apiserver:GOGC=50); repeatable; none by default", func(v string) error {
+		e, err := kubeadm.ParseComponentEnv(v)
+		o.controlPlaneEnv = append(o.controlPlaneEnv, e)
+		return err
+	})
 	fs.Func("kubelet-arg", "a kubelet argument name=value (without --), e.g. node-labels=tier=web; repeatable; node labels follow NodeRestriction's rules; none by default", func(v string) error {
 		arg, err := kubeadm.ParseKubeletArg(v)
 		o.node.KubeletExtraArgs = append(o.node.KubeletExtraArgs, arg)
@@ -134,6 +141,9 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 
 	if err := kubeadm.CheckRegistration(o.node.Taints, o.node.KubeletExtraArgs); err != nil {
 		return nil, fmt.Errorf("--node-taints and --kubelet-arg: %w", err)
+	}
+	if err := kubeadm.CheckComponentEnv(o.controlPlaneEnv); err != nil {
+		return nil, fmt.Errorf("--control-plane-env: %w", err)
 	}
 	if *advertise == "" || o.stateDisk == "" {
 		return nil, errors.New("--advertise-address and --state-disk are required")

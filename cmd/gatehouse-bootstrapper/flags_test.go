@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"slices"
 	"strings"
 	"testing"
 
@@ -9,6 +10,8 @@ import (
 	// bootstrapper's own imports do: they register test flags there.
 	_ "github.com/google/go-sev-guest/client"
 	_ "github.com/google/go-tdx-guest/client"
+
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
 // required are the flags every bootstrapper start needs.
@@ -32,7 +35,8 @@ func TestLibraryTestFlagsAreRefused(t *testing.T) {
 
 func TestParseFlags(t *testing.T) {
 	o, err := parseFlags("gatehouse-bootstrapper", append([]string{"--pcrs", "4,15", "--kube-proxy-conntrack-max-per-core", "0",
-		"--join-endpoints", "10.0.0.1:9090,10.0.0.2:9090", "--skip-phases", "addon/coredns, ,"}, required...), "Node-1")
+		"--join-endpoints", "10.0.0.1:9090,10.0.0.2:9090", "--skip-phases", "addon/coredns, ,",
+		"--control-plane-env", "kube-apiserver:GOGC=50", "--control-plane-env", "etcd:GOMEMLIMIT=200MiB"}, required...), "Node-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,6 +58,9 @@ func TestParseFlags(t *testing.T) {
 	if o.kubeProxy.ConntrackMaxPerCore == nil || *o.kubeProxy.ConntrackMaxPerCore != 0 || o.endpoints == nil || len(o.skipPhases) != 1 {
 		t.Errorf("kube-proxy %+v, endpoints %v, skip phases %q", o.kubeProxy, o.endpoints, o.skipPhases)
 	}
+	if want := []kubeadm.ComponentEnv{{Component: "kube-apiserver", Name: "GOGC", Value: "50"}, {Component: "etcd", Name: "GOMEMLIMIT", Value: "200MiB"}}; !slices.Equal(o.controlPlaneEnv, want) {
+		t.Errorf("control-plane env %+v, want %+v", o.controlPlaneEnv, want)
+	}
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -62,6 +69,8 @@ func TestParseFlags(t *testing.T) {
 		{append([]string{"--pcrs", "4"}, required...), "--pcrs must include the node lock PCR 15"},
 		{append([]string{"--join-backoff", "2m", "--join-backoff-max", "1m"}, required...), "--join-backoff 2m0s and --join-backoff-max 1m0s"},
 		{append([]string{"--kubelet-service", "upstart"}, required...), `--kubelet-service "upstart"`},
+		{append([]string{"--control-plane-env", "kube-apiserver:GODEBUG=x509sha1=1"}, required...), "only GOGC and GOMEMLIMIT"},
+		{append([]string{"--control-plane-env", "etcd:GOGC=50", "--control-plane-env", "etcd:GOGC=60"}, required...), "GOGC of etcd is set twice"},
 	} {
 		if _, err := parseFlags("gatehouse-bootstrapper", tt.args, "node-1"); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%q) = %v, want an error containing %q", tt.args, err, tt.want)

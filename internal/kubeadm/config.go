@@ -237,6 +237,9 @@ type InitParams struct {
 	// KubeProxy configures the kube-proxy kubeadm's addon/kube-proxy
 	// phase deploys on every node.
 	KubeProxy KubeProxyOptions
+	// ControlPlaneEnv are the Go runtime's memory settings of the
+	// control-plane components (ComponentEnv); nil keeps Go's defaults.
+	ControlPlaneEnv []ComponentEnv
 	// KubeletCertLifetime is the lifetime of the certificates the
 	// controller manager signs (cluster-signing-duration), kubelets' client
 	// and serving certificates among them; 0 is DefaultKubeletCertLifetime.
@@ -307,7 +310,7 @@ const initTokenTTL = 15 * time.Minute
 
 func (p InitParams) validate() error {
 	var errs []error
-	errs = append(errs, p.Node.validate(), p.Kubelet.validate(), CheckKubeletCertLifetime(p.kubeletCertLifetime()))
+	errs = append(errs, p.Node.validate(), p.Kubelet.validate(), CheckKubeletCertLifetime(p.kubeletCertLifetime()), CheckComponentEnv(p.ControlPlaneEnv))
 	if msgs := validation.IsDNS1123Label(p.ClusterName); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("cluster name %q: %v", p.ClusterName, msgs))
 	}
@@ -396,6 +399,7 @@ func (p InitParams) Render() ([]byte, error) {
 		)},
 		Scheduler: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs()},
 	}
+	setComponentEnv(cluster, p.ControlPlaneEnv)
 	docs := []any{init, cluster, p.Kubelet.kubeletConfiguration()}
 	if proxy := p.KubeProxy.kubeProxyConfiguration(); proxy != nil {
 		docs = append(docs, proxy)

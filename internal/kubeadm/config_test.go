@@ -50,6 +50,7 @@ func miniInit(addr string) kubeadm.InitParams {
 	p.Kubelet = kubeadm.KubeletOptions{CgroupDriver: "cgroupfs", CgroupRoot: "/cp-0", AllowCgroupV1: true, AllowSwap: true, SharedDisk: true, ServingCert: true}
 	p.ImageRepository = "docker.io/local"
 	p.KubeProxy = kubeadm.KubeProxyOptions{MasqueradeAll: true, ConntrackMaxPerCore: ptr.To(int32(0))}
+	p.ControlPlaneEnv = []kubeadm.ComponentEnv{{Component: "kube-apiserver", Name: "GOGC", Value: "50"}, {Component: "etcd", Name: "GOGC", Value: "50"}}
 	return p
 }
 
@@ -146,6 +147,8 @@ func TestInitDryRun(t *testing.T) {
 		"imageGCHighThresholdPercent: 100", "memory.available: 100Mi", "--cluster-signing-duration=24h0m0s",
 		// The add-ons, with the kube-proxy settings of a node in a network namespace.
 		"image: docker.io/local/kube-proxy:v1.36.4", "image: docker.io/local/coredns:v1.14.2", "masqueradeAll: true", "maxPerCore: 0",
+		// The Go memory settings of a local cluster's control plane, in the static Pods.
+		"name: GOGC",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("kubeadm init --dry-run output lacks %q", want)
