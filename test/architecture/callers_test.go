@@ -313,6 +313,7 @@ var publicAPI = map[string]string{
 	"capi/controller.Reason*":                                    "KubeadmConfig condition reasons users and tools read (docs/capi.md)",
 	"capi/render.*Path":                                          "files the bootstrap data writes on a Machine: the documented format (docs/capi.md) the controller's tests assert",
 	"capi/render.KubeadmConfigPathFor":                           "the same, for a Machine's kubeadm configuration",
+	"capi/render.BootstrapperEnvPathFor":                         "the same, for the bootstrapper's environment file, which the node image's unit reads (docs/capi.md, docs/image.md)",
 	"internal/atls.Reason*":                                      "refusal reasons in audit records and metric labels operators alert on (docs/continuous-attestation.md)",
 	"internal/connlimit.Reason*":                                 "refusal reasons in metric labels operators alert on (docs/joinservice.md)",
 	"joinservice/continuous.Reason*":                             "reasons of the gatehouse.dev/Attested Node condition and of audit records (docs/continuous-attestation.md)",
