@@ -35,14 +35,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 )
 
-// masterSecret is the master secret file: 32 random bytes and a 32-byte
-// salt (docs/keys.md, "Key hierarchy"). Keep it safe: it derives every key of the
-// cluster.
-type masterSecret struct {
-	Key  []byte `json:"key"`
-	Salt []byte `json:"salt"`
-}
-
 type initOptions struct {
 	config, node, initSecretFile, masterSecretFile, stateFile, kubeconfig, componentsFile, arch string
 	// failureLog is where a failed init's node logs go.
@@ -152,29 +144,16 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	return nil
 }
 
-// readMasterSecret reads the master secret file init wrote.
-func readMasterSecret(path string) (*masterSecret, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading the master secret: %w", err)
-	}
-	var secret masterSecret
-	if err := json.Unmarshal(data, &secret); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return &secret, nil
-}
-
 // prepareSecrets creates the master secret file and the state file, or
 // reuses both when the state file records an unfinished init on the same
 // node. An existing master secret file is never overwritten.
-func prepareSecrets(o initOptions, version string) (*masterSecret, *clusterconfig.State, error) {
+func prepareSecrets(o initOptions, version string) (*clusterconfig.MasterSecret, *clusterconfig.State, error) {
 	state, err := clusterconfig.ReadState(o.stateFile)
 	switch {
 	case err == nil && state.Phase == "initialised":
 		return nil, nil, fmt.Errorf("%s says cluster %s is already initialised; use another --state-file for a new cluster", o.stateFile, state.ClusterID)
 	case err == nil && state.Node == o.node:
-		secret, err := readMasterSecret(o.masterSecretFile)
+		secret, err := clusterconfig.ReadMasterSecret(o.masterSecretFile)
 		if err != nil {
 			return nil, nil, fmt.Errorf("resuming the init recorded in %s: %w", o.stateFile, err)
 		}
@@ -184,7 +163,7 @@ func prepareSecrets(o initOptions, version string) (*masterSecret, *clusterconfi
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, nil, err
 	}
-	secret := &masterSecret{Key: make([]byte, 32), Salt: make([]byte, 32)}
+	secret := &clusterconfig.MasterSecret{Key: make([]byte, 32), Salt: make([]byte, 32)}
 	salt := make([]byte, 32)
 	for _, b := range [][]byte{secret.Key, secret.Salt, salt} {
 		if _, err := rand.Read(b); err != nil {

@@ -61,7 +61,7 @@ func runRecover(ctx context.Context, out io.Writer, o recoverOptions) error {
 	if err != nil {
 		return err
 	}
-	secret, err := readMasterSecret(o.masterSecretFile)
+	secret, err := clusterconfig.ReadMasterSecret(o.masterSecretFile)
 	if err != nil {
 		return err
 	}

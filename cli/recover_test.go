@@ -20,6 +20,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/nodelock"
 	"github.com/gatehouse-dev/gatehouse/bootstrapper/statedisk"
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
+	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -48,7 +49,7 @@ func TestRecover(t *testing.T) {
 
 	// The cluster: its master secret, and the node's disk keyed as init or
 	// a join left it.
-	secret := masterSecret{Key: bytes.Repeat([]byte{1}, 32), Salt: bytes.Repeat([]byte{2}, 32)}
+	secret := clusterconfig.MasterSecret{Key: bytes.Repeat([]byte{1}, 32), Salt: bytes.Repeat([]byte{2}, 32)}
 	data, _ := json.Marshal(secret)
 	if err := os.WriteFile("master.json", data, 0o600); err != nil {
 		t.Fatal(err)

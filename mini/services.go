@@ -121,7 +121,6 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 	if err != nil {
 		return nil, err
 	}
-	root := cp.rootDir()
 	s.cp, s.apiServer, s.dir, s.caHash, s.version, s.kubeconfig = cp, apiServer, opts.Dir, caHash, opts.KubernetesVersion, kubeconfig
 	apiHost, apiPort, err := net.SplitHostPort(apiServer)
 	if err != nil {
@@ -131,10 +130,14 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 	if err := writeInternalPKI(pkiDir); err != nil {
 		return nil, err
 	}
-	kmsURI, err := os.ReadFile(filepath.Join(root, kms.URIFile))
+	// The key service's URI is the one init gave the first control plane,
+	// made from the master secret init wrote beside the cluster (a VM
+	// node's files are not on the host).
+	secret, err := clusterconfig.ReadMasterSecret(filepath.Join(opts.Dir, clusterconfig.DefaultMasterSecretFile))
 	if err != nil {
 		return nil, err
 	}
+	kmsURI := []byte(kms.ClusterKMSURIString(secret.Key, secret.Salt))
 	read := func(name string) []byte {
 		data, rerr := os.ReadFile(filepath.Join(pkiDir, name))
 		if rerr != nil && err == nil {

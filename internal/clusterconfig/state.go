@@ -51,3 +51,25 @@ func WriteState(path string, s *State) error {
 	}
 	return atomicfile.Write(path, append(data, '\n'), 0o600)
 }
+
+// MasterSecret is the master secret file `gatehouse init` writes
+// (DefaultMasterSecretFile, mode 0600): the cluster's master secret and
+// salt, 32 bytes each, from which every key is derived (docs/keys.md).
+// Its bytes are secret; errors reading it never quote them.
+type MasterSecret struct {
+	Key  []byte `json:"key"`
+	Salt []byte `json:"salt"`
+}
+
+// ReadMasterSecret reads the master secret file at path.
+func ReadMasterSecret(path string) (*MasterSecret, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the master secret: %w", err)
+	}
+	var secret MasterSecret
+	if err := json.Unmarshal(data, &secret); err != nil {
+		return nil, fmt.Errorf("%s: not a master secret file (JSON with key and salt)", path)
+	}
+	return &secret, nil
+}
