@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -232,5 +234,29 @@ func TestRenderRejectsBadInput(t *testing.T) {
 	_, _, err := p.Render()
 	if err == nil || !strings.Contains(err.Error(), "bootstrap token") || strings.Contains(err.Error(), secret) {
 		t.Errorf("bad token: %v (must name the field, not the token)", err)
+	}
+}
+
+// TestJoinPatchSetsTheCgroupRoot: the kubelet patch of a join always names
+// the node's cgroup root, the root cgroup ("") included, so the cluster's
+// kubelet configuration (the init node's, which may have a root of its own)
+// never gives a joining node another node's.
+func TestJoinPatchSetsTheCgroupRoot(t *testing.T) {
+	for _, root := range []string{"/w1", ""} {
+		p := joinParams(t, "10.0.0.11", false)
+		p.Kubelet = kubeadm.KubeletOptions{CgroupRoot: root}
+		_, patches, err := p.Render()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, patch := range patches {
+			var fields map[string]any
+			if err := yaml.Unmarshal(patch, &fields); err != nil {
+				t.Fatal(err)
+			}
+			if got, ok := fields["cgroupRoot"]; !ok || got != root {
+				t.Errorf("cgroup root %q: the patch sets cgroupRoot %v (present: %t):\n%s", root, got, ok, patch)
+			}
+		}
 	}
 }
