@@ -124,7 +124,7 @@ func TestQEMUArgs(t *testing.T) {
 	args := qemuArgs(cfg, AccelTCG, []Forward{{Host: 40000, Guest: 9000}, {Host: 40001, Guest: 9001}})
 	joined := strings.Join(args, " ")
 	for _, want := range []string{
-		"-machine q35,accel=tcg",
+		"-machine q35 -accel tcg,tb-size=256",
 		"if=pflash,format=raw,unit=0,readonly=on,file=/fw/CODE.fd",
 		"if=pflash,format=raw,unit=1,file=/vm/OVMF_VARS.fd",
 		"format=qcow2,file=/vm/image.qcow2",

@@ -531,6 +531,17 @@ func (p JoinParams) Render() (config []byte, patches map[string][]byte, err erro
 	if err != nil {
 		return nil, nil, fmt.Errorf("encoding the kubelet patch: %w", err)
 	}
+	// The cluster's kubelet configuration is the init node's: its cgroup
+	// root (a local cluster's namespace node has one of its own) must not
+	// reach a node that has none, which an omitted field would let through.
+	var fields map[string]any
+	if err := yaml.Unmarshal(patch, &fields); err != nil {
+		return nil, nil, fmt.Errorf("encoding the kubelet patch: %w", err)
+	}
+	fields["cgroupRoot"] = p.Kubelet.CgroupRoot
+	if patch, err = yaml.Marshal(fields); err != nil {
+		return nil, nil, fmt.Errorf("encoding the kubelet patch: %w", err)
+	}
 	return config, map[string][]byte{kubeletPatchFile: patch}, nil
 }
 

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -235,5 +236,29 @@ func TestRenderRejectsBadInput(t *testing.T) {
 	_, _, err := p.Render()
 	if err == nil || !strings.Contains(err.Error(), "bootstrap token") || strings.Contains(err.Error(), secret) {
 		t.Errorf("bad token: %v (must name the field, not the token)", err)
+	}
+}
+
+// TestJoinPatchSetsTheCgroupRoot: the kubelet patch of a join always names
+// the node's cgroup root, the root cgroup ("") included, so the cluster's
+// kubelet configuration (the init node's, which may have a root of its own)
+// never gives a joining node another node's.
+func TestJoinPatchSetsTheCgroupRoot(t *testing.T) {
+	for _, root := range []string{"/w1", ""} {
+		p := joinParams(t, "10.0.0.11", false)
+		p.Kubelet = kubeadm.KubeletOptions{CgroupRoot: root}
+		_, patches, err := p.Render()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, patch := range patches {
+			var fields map[string]any
+			if err := yaml.Unmarshal(patch, &fields); err != nil {
+				t.Fatal(err)
+			}
+			if got, ok := fields["cgroupRoot"]; !ok || got != root {
+				t.Errorf("cgroup root %q: the patch sets cgroupRoot %v (present: %t):\n%s", root, got, ok, patch)
+			}
+		}
 	}
 }
