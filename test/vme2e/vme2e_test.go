@@ -1,12 +1,5 @@
-// Package vme2e tests VM nodes in the local cluster end to end: a
-// namespace control plane made by `gatehouse mini up`, and a worker that is
-// a VM of the node image (QEMU, OVMF measuring into its own swtpm, the
-// real bootstrapper inside) which joins through the join service, is
-// verified continuously, reboots for real with its dm-crypt state disk,
-// and is refused and tainted when it boots a changed kernel command line.
-//
-// It needs root, the node image (GATEHOUSE_NODE_IMAGE, from
-// hack/node-image.sh) and about 30 minutes of TCG emulation.
+//go:build vmnodes
+
 package vme2e
 
 import (
