@@ -1,3 +1,5 @@
+//go:build vmnodes
+
 package capiboot
 
 import (

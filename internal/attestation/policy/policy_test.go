@@ -233,7 +233,9 @@ func TestRequireEventLogDefault(t *testing.T) {
 // control-plane set that a worker's set could satisfy is refused naming
 // both fields.
 func TestAlsoAccepted(t *testing.T) {
-	v := func(b byte) string { return strings.Repeat(string("0123456789abcdef"[b>>4])+string("0123456789abcdef"[b&15]), 32) }
+	v := func(b byte) string {
+		return strings.Repeat(string("0123456789abcdef"[b>>4])+string("0123456789abcdef"[b&15]), 32)
+	}
 	set := func(pcrs ...string) []byte {
 		var parts []string
 		for i := 0; i < len(pcrs); i += 2 {
