@@ -512,7 +512,7 @@ func TestBootstrapPhase(t *testing.T) {
 	if err := os.WriteFile(file, []byte(`{"phase":"rejoining","time":"2026-11-28T12:00:00Z"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got := bootstrapPhase(dir); got != "rejoining" {
-		t.Errorf("phase %q, want rejoining", got)
+	if got := bootstrapPhase(dir); got != "rejoining through a join service, or waiting to be recovered" {
+		t.Errorf("phase %q, want rejoining (or waiting to be recovered)", got)
 	}
 }

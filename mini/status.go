@@ -90,6 +90,11 @@ func status(ctx context.Context, dir string, out io.Writer, providerFor provider
 // netns node's); elsewhere what it may be doing.
 func bootstrapPhase(dir string) string {
 	if st, err := bootstrapstatus.Read(filepath.Join(dir, "root")); err == nil && st.Phase != "" {
+		if st.Phase == bootstrapstatus.PhaseRejoining {
+			// With every control plane down no join service answers: a
+			// rebooted control plane then waits for gatehouse recover.
+			return "rejoining through a join service, or waiting to be recovered"
+		}
 		return string(st.Phase)
 	}
 	return "joining, rejoining or waiting to be recovered"
