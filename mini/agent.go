@@ -348,14 +348,11 @@ const serviceCIDR = "10.96.0.0/12"
 // paths, the local pause image, Debian's CNI plugins, the local registry
 // (plain HTTP on the cluster bridge), and restrict_oom_score_adj, without
 // which runc fails when root lacks CAP_SYS_RESOURCE
-// (../shared/notes/real-kubelet.md). Plugins a node does not use are off:
-// the snapshotters other than overlayfs, the v1 runtime (the CRI runs
-// runc.v2), the restart monitor and /opt plugins (about 1 MiB per node,
-// docs/benchmarks.md).
+// (../shared/notes/real-kubelet.md).
 const containerdConfig = `version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.native", "io.containerd.runtime.v1.linux", "io.containerd.internal.v1.restart", "io.containerd.internal.v1.opt"]
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
 
 [grpc]
   address = "/run/containerd/containerd.sock"
