@@ -46,8 +46,8 @@ func testModules() []string { return []string{"virtio_pci", "virtio_blk", "virti
 // testInit is the initrd's /init: it prints the markers, the disks'
 // serial numbers, the SHA-256 PCRs and the firmware's event log (base64),
 // brings up the network QEMU's user mode expects (10.0.2.15/24),
-// reboots when a connection comes to testRebootPort, and answers on
-// testGuestPort.
+// reboots when a connection comes to testRebootPort, answers on
+// testGuestPort, and prints the ready marker once both ports listen.
 // It loads the modules listed in /lib/modules/order, in that order.
 func testInit() string {
 	return `#!/bin/busybox sh
@@ -69,8 +69,14 @@ ip link set lo up
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
 nc -l -p ` + fmt.Sprint(testRebootPort) + ` -e reboot -f &
+(while true; do nc -l -p ` + fmt.Sprint(testGuestPort) + ` -e echo ` + testGreeting + `; done) &
+# Ready only once both ports listen: the host connects right after the
+# marker, and user-mode networking drops a connection the guest refused.
+for p in ` + fmt.Sprintf("%04X %04X", testRebootPort, testGuestPort) + `; do
+  until cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | grep -qE ":$p [0-9A-F]+:0000 0A "; do sleep 1; done
+done
 echo ` + markerReady + `
-while true; do nc -l -p ` + fmt.Sprint(testGuestPort) + ` -e echo ` + testGreeting + `; done
+wait
 `
 }
 
@@ -80,7 +86,7 @@ const (
 	testOSRelease = "ID=gatehouse-test\nNAME=\"Gatehouse test\"\n"
 	// testDiskRecipe changes when the recipe below does, so that the
 	// cache does not serve a disk built by an older one.
-	testDiskRecipe = "tiny-uki-v4"
+	testDiskRecipe = "tiny-uki-v5"
 )
 
 // testDisk is the built boot: the disk and the UKI's parts.
