@@ -219,15 +219,40 @@ func newMiniNodeCmd() *cobra.Command {
 	reboot.Flags().BoolVar(&tamper, "tamper", false, "measure a changed boot manifest from this boot on (to see a refusal)")
 	_ = reboot.Flags().MarkHidden("tamper")
 	cmd.AddCommand(reboot)
+	var stopDir string
+	stop := &cobra.Command{
+		Use:   "stop NAME",
+		Short: "Power a node off, as a power cut would: its processes stop, its disks stay",
+		Long: "Power a node off: every process of it stops, its disks and TPM stay. The cluster goes on\n" +
+			"without it; `gatehouse mini node reboot NAME` boots it again, and it rejoins attested.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return mini.StopNode(cmd.Context(), stopDir, args[0], cmd.OutOrStdout())
+		},
+	}
+	stop.Flags().StringVar(&stopDir, "dir", mini.DefaultDir, "directory of the cluster's state")
+	cmd.AddCommand(stop)
 	var (
-		addDir  string
-		addOpts mini.WorkerOptions
+		addDir      string
+		addOpts     mini.WorkerOptions
+		addUserData string
 	)
 	add := &cobra.Command{
 		Use:   "add",
 		Short: "Add a worker: it boots, proves itself to the join service and joins",
-		Args:  cobra.NoArgs,
+		Long: "Add a worker: it boots, proves itself to the join service and joins.\n\n" +
+			"With --user-data, a VM worker (--provider qemu) boots the given cloud-config on a NoCloud\n" +
+			"seed disk, as an infrastructure provider hands a machine its bootstrap data (a Cluster API\n" +
+			"KubeadmConfig's data Secret, docs/capi.md): it joins where and as the data says.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if addUserData != "" {
+				data, err := os.ReadFile(addUserData)
+				if err != nil {
+					return fmt.Errorf("reading the user data: %w", err)
+				}
+				addOpts.UserData = data
+			}
 			name, err := mini.AddWorker(cmd.Context(), addDir, addOpts, cmd.OutOrStdout())
 			if err != nil {
 				return err
@@ -239,6 +264,7 @@ func newMiniNodeCmd() *cobra.Command {
 	add.Flags().StringVar(&addDir, "dir", mini.DefaultDir, "directory of the cluster's state")
 	add.Flags().StringVar(&addOpts.Provider, "provider", mini.ProviderNetNS, "what the worker is: "+mini.ProviderNetNS+" (namespaces on this machine) or "+mini.ProviderQEMU+" (a VM of the node image)")
 	add.Flags().StringVar(&addOpts.NodeImage, "node-image", "", "directory of the node image a VM boots, when the cluster has none")
+	add.Flags().StringVar(&addUserData, "user-data", "", "cloud-config file a VM worker boots with (a Cluster API bootstrap data Secret's value)")
 	cmd.AddCommand(add, newMiniNodeExecCmd())
 	return cmd
 }

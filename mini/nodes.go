@@ -106,6 +106,14 @@ type WorkerOptions struct {
 	// NodeImage is the node image's directory a qemu worker boots when
 	// the cluster's record names none.
 	NodeImage string
+	// UserData, when not empty, is cloud-config user data (a Cluster API
+	// bootstrap data Secret's value, docs/capi.md) the worker gets as an
+	// infrastructure provider hands it over: on a NoCloud seed disk, read
+	// by cloud-init in the node image. The worker then joins where and as
+	// the data says; mini provisions only what the platform gives a
+	// machine (its address, routes, registry mirror, CNI network). Only
+	// qemu workers boot user data.
+	UserData []byte
 }
 
 // AddWorker starts another worker in the local cluster in dir, which joins
@@ -130,6 +138,9 @@ func addWorker(ctx context.Context, dir string, opts WorkerOptions, out io.Write
 	}
 	if err := checkProvider(opts.Provider, rec.NodeImage); err != nil {
 		return "", err
+	}
+	if len(opts.UserData) > 0 && opts.Provider != ProviderQEMU {
+		return "", fmt.Errorf("user data boots in a VM of the node image: add the worker with provider %s", ProviderQEMU)
 	}
 	p, err := providerFor(rec, &NodeRecord{Name: "the new worker", Provider: opts.Provider})
 	if err != nil {
@@ -162,9 +173,23 @@ func addWorker(ctx context.Context, dir string, opts WorkerOptions, out io.Write
 	w.place(dir, i, name)
 	w.ControlPlane, w.Init = false, false
 	w.JoinEndpoints, w.CACertHash = rec.JoinEndpoints, rec.CACertHash
-	fmt.Fprintf(out, "Starting node %s (%s; worker, %s): it joins through the join service\n", name, w.IP, p.Name())
+	how := "it joins through the join service"
+	if len(opts.UserData) > 0 {
+		// Where to join and whom to trust come from the user data only.
+		w.JoinEndpoints, w.CACertHash = nil, ""
+		w.SeedDisk = filepath.Join(vmDir(w.Dir), "seed.img")
+		how = "it joins as its user data says"
+	}
+	fmt.Fprintf(out, "Starting node %s (%s; worker, %s): %s\n", name, w.IP, p.Name(), how)
 	if err := createNode(ctx, rec, p, &w); err != nil {
 		return name, err
+	}
+	if w.SeedDisk != "" {
+		// The instance ID stays the node's through reboots: cloud-init
+		// runs its per-instance modules once.
+		if err := writeNoCloudSeed(ctx, w.SeedDisk, opts.UserData, "mini-"+name, name); err != nil {
+			return name, err
+		}
 	}
 	return name, bootNode(ctx, rec, p, &w)
 }

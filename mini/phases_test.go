@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -230,8 +231,24 @@ func TestDayTwoDispatch(t *testing.T) {
 			t.Errorf("reboot of an unknown node: %v", err)
 		}
 	})
+	t.Run("stop one node", func(t *testing.T) {
+		out.Reset()
+		if err := stop(ctx, dir, "worker-1", &out, fs.lookup); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := newEvents(), []string{"netns stop worker-1"}; !slices.Equal(got, want) {
+			t.Errorf("stop of worker-1: %v, want %v", got, want)
+		}
+		mustContain(t, out.String(), "worker-1 is off", "mini node reboot worker-1")
+		if err := stop(ctx, dir, "worker-9", &out, fs.lookup); err == nil || !strings.Contains(err.Error(), `no node "worker-9"`) {
+			t.Errorf("stop of an unknown node: %v", err)
+		}
+		if got := newEvents(); len(got) > 0 {
+			t.Errorf("a refused stop did %v", got)
+		}
+	})
 	t.Run("stop and start", func(t *testing.T) {
-		if err := stop(ctx, dir, &out, fs.lookup); err != nil {
+		if err := stop(ctx, dir, "", &out, fs.lookup); err != nil {
 			t.Fatal(err)
 		}
 		if got, want := newEvents(), []string{"qemu stop worker-2", "netns stop worker-1", "netns stop cp-0"}; !slices.Equal(got, want) {
@@ -297,12 +314,44 @@ func TestDayTwoDispatch(t *testing.T) {
 			t.Errorf("node add: %v, want %v", got, want)
 		}
 	})
+	t.Run("node add with user data", func(t *testing.T) {
+		if _, err := exec.LookPath("mkfs.vfat"); err != nil {
+			t.Fatalf("mkfs.vfat (make setup-test installs dosfstools): %v", err)
+		}
+		_, err := addWorker(ctx, dir, WorkerOptions{UserData: []byte("#cloud-config\n")}, &out, fs.lookup)
+		if err == nil || !strings.Contains(err.Error(), "add the worker with provider qemu") {
+			t.Errorf("user data for a netns worker: %v", err)
+		}
+		if got := newEvents(); len(got) > 0 {
+			t.Errorf("a refused node add did %v", got)
+		}
+		data := []byte("#cloud-config\nwrite_files: []\n")
+		name, err := addWorker(ctx, dir, WorkerOptions{Provider: ProviderQEMU, UserData: data}, &out, fs.lookup)
+		if err != nil || name != "worker-5" {
+			t.Fatalf("node add with user data: %s, %v", name, err)
+		}
+		if got, want := newEvents(), []string{"qemu create worker-5", "qemu start worker-5"}; !slices.Equal(got, want) {
+			t.Errorf("node add with user data: %v, want %v", got, want)
+		}
+		spec, err := ReadNodeSpec(filepath.Join(dir, "nodes", "worker-5", "node.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Where to join and whom to trust are the data's alone.
+		if len(spec.JoinEndpoints) > 0 || spec.CACertHash != "" || spec.SeedDisk == "" {
+			t.Errorf("the user-data worker's spec: join endpoints %v, CA hash %q, seed %q", spec.JoinEndpoints, spec.CACertHash, spec.SeedDisk)
+		}
+		got, err := exec.CommandContext(ctx, "mtype", "-i", spec.SeedDisk, "::user-data").Output()
+		if err != nil || !bytes.Equal(got, data) {
+			t.Errorf("the seed's user-data: %q, %v; want %q", got, err, data)
+		}
+	})
 	t.Run("down", func(t *testing.T) {
 		if err := down(ctx, dir, &out, fs.lookup); err != nil {
 			t.Fatal(err)
 		}
 		got := newEvents()
-		want := []string{"netns delete worker-4", "qemu delete worker-3", "qemu delete worker-2", "netns delete worker-1", "netns delete cp-0"}
+		want := []string{"qemu delete worker-5", "netns delete worker-4", "qemu delete worker-3", "qemu delete worker-2", "netns delete worker-1", "netns delete cp-0"}
 		if !slices.Equal(got, want) {
 			t.Errorf("down: %v, want %v", got, want)
 		}

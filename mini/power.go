@@ -53,18 +53,37 @@ func rebootNode(ctx context.Context, dir, name string, tamper bool, out io.Write
 // would: every process stops, disks and directories stay (Start boots
 // them again).
 func Stop(ctx context.Context, dir string, out io.Writer) error {
-	return stop(ctx, dir, out, providerFor)
+	return stop(ctx, dir, "", out, providerFor)
 }
 
-// stop is Stop with the providers providerFor returns.
-func stop(ctx context.Context, dir string, out io.Writer, providerFor providerLookup) error {
+// StopNode powers off node name of the local cluster in dir, as Stop
+// does every node; the cluster goes on without it. RebootNode boots it
+// again.
+func StopNode(ctx context.Context, dir, name string, out io.Writer) error {
+	if name == "" {
+		return errors.New("no node named to stop")
+	}
+	return stop(ctx, dir, name, out, providerFor)
+}
+
+// stop is Stop with the providers providerFor returns, of node only when
+// it is not empty.
+func stop(ctx context.Context, dir, node string, out io.Writer, providerFor providerLookup) error {
 	rec, err := readCluster(dir)
 	if err != nil {
 		return err
 	}
+	if node != "" {
+		if _, err := readNode(rec, node, providerFor); err != nil {
+			return err
+		}
+	}
 	var errs []error
 	for i := len(rec.Nodes) - 1; i >= 0; i-- {
 		nr := &rec.Nodes[i]
+		if node != "" && nr.Name != node {
+			continue
+		}
 		fmt.Fprintf(out, "Stopping %s\n", nr.Name)
 		p, err := providerFor(rec, nr)
 		if err != nil {
@@ -76,6 +95,10 @@ func stop(ctx context.Context, dir string, out io.Writer, providerFor providerLo
 	errs = append(errs, rec.save())
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	if node != "" {
+		fmt.Fprintf(out, "%s is off. `gatehouse mini node reboot %s --dir %s` boots it again.\n", node, node, dir)
+		return nil
 	}
 	fmt.Fprintf(out, "Every node is off. `gatehouse mini start --dir %s` boots them again.\n", dir)
 	return nil
@@ -112,7 +135,7 @@ func start(ctx context.Context, dir string, out io.Writer, providerFor providerL
 		if err := bootNode(ctx, rec, n.provider, n.spec); err != nil {
 			return err
 		}
-		if n.spec.ControlPlane || len(n.spec.JoinEndpoints) == 0 {
+		if n.spec.ControlPlane {
 			controlPlanes = append(controlPlanes, fmt.Sprintf("--endpoint %s:%d", n.spec.IP, initPort))
 		}
 	}

@@ -175,8 +175,13 @@ func (p *qemuNodes) Start(ctx context.Context, s *NodeSpec, nr *NodeRecord) erro
 	if err != nil {
 		return err
 	}
+	var drives []qemu.Drive
+	if s.SeedDisk != "" {
+		drives = append(drives, qemu.Drive{File: s.SeedDisk, ReadOnly: true})
+	}
 	vm, err := qemu.Start(ctx, qemu.Config{
 		Image:     qemuImageDisk(p.image, s.ControlPlane),
+		Drives:    drives,
 		Dir:       vmDir(s.Dir),
 		MemoryMiB: VMMemoryMiB,
 		Accel:     p.accel,
@@ -199,7 +204,8 @@ func (p *qemuNodes) Start(ctx context.Context, s *NodeSpec, nr *NodeRecord) erro
 
 // provisionVM writes the fw_cfg entries of s (docs/image.md,
 // "Provisioning"): its address on the bridge with routes to the other
-// nodes' pod ranges, where to join and whom to trust (a joining node), the
+// nodes' pod ranges, where to join and whom to trust (a joining node
+// without user data, whose data says so itself), the
 // init secret's hash (the first control plane), its Kubernetes name, a
 // containerd drop-in that pulls docker.io's images (the cluster's
 // docker.io/local/...) from the cluster's registry and uses its pause
@@ -228,10 +234,7 @@ func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 	for i := range nodeIndex(s) {
 		fmt.Fprintf(&network, "route=%s,%s\n", podCIDR(i), s.Network.NodeIP(i))
 	}
-	// No crictl in the image; SystemVerification reads a kernel
-	// configuration the image does not ship.
-	args := []string{"--node-name=" + s.Name, "--image-repository=" + ImageRepository,
-		"--ignore-preflight-errors=FileExisting-crictl,SystemVerification"}
+	args := []string{"--node-name=" + s.Name, "--image-repository=" + ImageRepository}
 	files := []struct {
 		name string
 		data []byte

@@ -63,6 +63,9 @@ type NodeSpec struct {
 	// TPMCA is the directory of the local TPM manufacturer's CA
 	// (swtpm.LocalCA) that issues the node TPM's EK certificate.
 	TPMCA string `json:"tpmCA"`
+	// SeedDisk is a VM node's NoCloud seed disk holding its user data
+	// (WorkerOptions.UserData); empty for a node mini provisions.
+	SeedDisk string `json:"seedDisk,omitempty"`
 }
 
 // ImageRepository is where the local images are named (never pulled).

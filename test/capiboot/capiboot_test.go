@@ -5,7 +5,6 @@ package capiboot
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -20,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -35,8 +35,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/capi/controller/controllertest"
 	"github.com/gatehouse-dev/gatehouse/capi/render"
 	"github.com/gatehouse-dev/gatehouse/charts"
-	"github.com/gatehouse-dev/gatehouse/image/qemu"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/mini"
 )
@@ -81,13 +79,22 @@ func TestCAPIDataBoots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no network for the test's cluster: %v", err)
 	}
+	var vms []string
 	t.Cleanup(func() {
+		if t.Failed() {
+			for _, name := range vms {
+				t.Logf("console of %s:\n%s", name, consoleTail(dir, name))
+			}
+		}
 		if out, err := gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
 			t.Errorf("cleanup: mini down: %v\n%s", err, out)
 		}
 	})
 	start := time.Now()
-	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)), "--control-planes", "1", "--workers", "0")
+	// With the node image, the cluster's policy also accepts the image's
+	// signed reference values (mini up --node-image).
+	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)),
+		"--control-planes", "1", "--workers", "0", "--node-image", image.Dir)
 	if err != nil {
 		t.Fatalf("mini up: %v\n%s", err, out)
 	}
@@ -102,7 +109,6 @@ func TestCAPIDataBoots(t *testing.T) {
 	}
 	kube := kubernetes.NewForConfigOrDie(cfg)
 	env := managementCluster(t, cfg)
-	acceptImage(ctx, t, kube, image)
 
 	ns := env.Namespace(t)
 	testenv.StartProcess(t, "gatehouse-capi-bootstrap", filepath.Join(bin, "gatehouse-capi-bootstrap"),
@@ -118,32 +124,28 @@ func TestCAPIDataBoots(t *testing.T) {
 		t.Fatalf("the data does not pin the cluster's CA %s (from kube-public/cluster-info):\n%s", rec.CACertHash, data)
 	}
 
-	work := t.TempDir()
-	tpmCA := swtpm.LocalCA{Dir: filepath.Join(dir, "tpm-ca")}
 	audit := func() string { return joinServiceLog(t, dir) }
-	// The VM reaches the cluster through QEMU's user-mode network: its
-	// connections leave from this machine's address on the bridge.
-	source := network.HostIP()
-	allowedBefore := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`)
-	seed := filepath.Join(work, "seed-worker-0.img")
-	if err := noCloudSeed(ctx, seed, data, string(machine.UID), machine.Name); err != nil {
-		t.Fatal(err)
-	}
+	// The local cluster is the infrastructure provider: the VM gets its
+	// address, routes and registry mirror as a cloud's machine gets them
+	// from DHCP and its metadata, and the data on a NoCloud seed disk.
 	booted := time.Now()
-	vm := boot(t, image.WorkerDisk, filepath.Join(work, "worker-0"), seed, tpmCA)
-	node := waitForNode(ctx, t, kube, providerIDPrefix+machine.Name)
-	t.Logf("VM boot to Node %s Ready: %s", node.Name, time.Since(booted).Round(time.Second))
-	if _, err := vm.WaitForLine(ctx, joined); err != nil {
-		t.Errorf("no %q on the console: %v", joined, err)
+	name, err := mini.AddWorker(ctx, dir, mini.WorkerOptions{Provider: mini.ProviderQEMU, UserData: data}, testWriter{t})
+	vms = append(vms, name)
+	if err != nil {
+		t.Fatalf("booting the Machine's data: %v", err)
 	}
-	if got := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`); got != allowedBefore+1 {
-		t.Errorf("the join service allowed %d join tickets for the VM, want 1", got-allowedBefore)
+	source := nodeIP(t, dir, name)
+	node := waitForNode(ctx, t, kube, providerIDPrefix+machine.Name)
+	t.Logf("MEASURED: VM %s boot of the CAPI data to Node %s Ready: %s", name, node.Name, time.Since(booted).Round(time.Second))
+	waitConsole(ctx, t, dir, name, joined)
+	if got := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`); got != 1 {
+		t.Errorf("the join service allowed %d join tickets for the VM at %s, want 1", got, source)
 	}
 	assertNoBootstrapTokens(ctx, t, kube)
 	infrastructureProvider(ctx, t, env, machine, node)
 
 	t.Run("a wrong CA pin is refused", func(t *testing.T) {
-		if err := vm.Stop(ctx); err != nil {
+		if err := mini.StopNode(ctx, dir, name, testWriter{t}); err != nil {
 			t.Fatal(err)
 		}
 		// Another Cluster with its own CA (the <cluster>-ca Secret), joining
@@ -154,34 +156,55 @@ func TestCAPIDataBoots(t *testing.T) {
 		if bytes.Contains(data, []byte(rec.CACertHash)) {
 			t.Fatalf("the wrong Cluster's data pins the real CA:\n%s", data)
 		}
-		before := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`)
-		seed := filepath.Join(work, "seed-worker-wrong.img")
-		if err := noCloudSeed(ctx, seed, data, string(m.UID), m.Name); err != nil {
+		booted := time.Now()
+		vm, err := mini.AddWorker(ctx, dir, mini.WorkerOptions{Provider: mini.ProviderQEMU, UserData: data}, testWriter{t})
+		vms = append(vms, vm)
+		if err != nil {
 			t.Fatal(err)
 		}
-		booted := time.Now()
-		vm := boot(t, image.WorkerDisk, filepath.Join(work, "worker-wrong"), seed, tpmCA)
-		waitCtx, cancel := context.WithTimeout(ctx, readyTimeout)
-		defer cancel()
-		line, err := vm.WaitForLine(waitCtx, refused)
-		if err != nil {
-			t.Fatalf("the VM with a wrong CA pin did not refuse the join service: %v", err)
-		}
-		t.Logf("VM boot to its refusal: %s: %s", time.Since(booted).Round(time.Second), line.Text)
-		if got := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`); got != before {
-			t.Errorf("the join service issued %d join tickets to the refusing VM", got-before)
+		line := waitConsole(ctx, t, dir, vm, refused)
+		t.Logf("VM boot to its refusal: %s: %s", time.Since(booted).Round(time.Second), line)
+		if got := auditCount(audit(), nodeIP(t, dir, vm), `"method":"IssueJoinTicket"`); got != 0 {
+			t.Errorf("the refusing VM asked the join service for %d join tickets: it trusted a CA it does not pin", got)
 		}
 		nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, n := range nodes.Items {
-			if n.Spec.ProviderID == providerIDPrefix+m.Name {
-				t.Errorf("Node %s registered with the refusing VM's providerID", n.Name)
+			if n.Spec.ProviderID == providerIDPrefix+m.Name || n.Name == vm {
+				t.Errorf("Node %s registered for the refusing VM (providerID %s)", n.Name, n.Spec.ProviderID)
 			}
 		}
 	})
 	t.Logf("the test took %s", time.Since(began).Round(time.Second))
+}
+
+// nodeIP is the address of node name of the local cluster in dir: the
+// source of its connections to the join service.
+func nodeIP(t *testing.T, dir, name string) string {
+	t.Helper()
+	spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", name, "node.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec.IP
+}
+
+// waitConsole waits for re on VM name's serial console and returns the
+// line.
+func waitConsole(ctx context.Context, t *testing.T, dir, name string, re *regexp.Regexp) string {
+	t.Helper()
+	var line string
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, readyTimeout, true, func(context.Context) (bool, error) {
+		data, _ := os.ReadFile(mini.VMConsoleLog(dir, name))
+		line = re.FindString(string(data))
+		return line != "", nil
+	})
+	if err != nil {
+		t.Fatalf("no %q on %s's console: %v", re, name, err)
+	}
+	return line
 }
 
 // managementCluster makes the local cluster a Cluster API management
@@ -247,15 +270,6 @@ func workloadCluster(t *testing.T, env *controllertest.Env, ns, name, server str
 	return c
 }
 
-// cniConfig is a bridge network for the VM's pods: a Node is Ready only
-// once its container runtime has a CNI configuration. The user data
-// carries it, as a cluster without a CNI add-on would.
-const cniConfig = `{"cniVersion": "1.0.0", "name": "capiboot", "plugins": [
-  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.200.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
-  {"type": "portmap", "capabilities": {"portMappings": true}}]}
-`
-
 // attestedData creates a worker Machine of cluster with an attested
 // KubeadmConfig joining through rec's join services, waits for its data
 // Secret, checks that the data holds no secret, and returns the Machine
@@ -269,7 +283,6 @@ func attestedData(t *testing.T, env *controllertest.Env, cluster *clusterv1.Clus
 		JoinConfiguration: cabpkv1.JoinConfiguration{NodeRegistration: cabpkv1.NodeRegistrationOptions{
 			KubeletExtraArgs: []cabpkv1.Arg{{Name: "provider-id", Value: ptr.To(providerIDPrefix + name)}},
 		}},
-		Files: []cabpkv1.File{{Path: "/etc/cni/net.d/10-capiboot.conflist", Content: cniConfig, Permissions: "0644"}},
 	}
 	machine, _, err := env.Machine(ctx, cluster, name, false, spec)
 	if err != nil {
@@ -316,30 +329,6 @@ func attestedData(t *testing.T, env *controllertest.Env, cluster *clusterv1.Clus
 	return machine, data
 }
 
-// boot starts a worker VM of the node image in dir with the seed disk,
-// stopped when the test ends.
-func boot(t *testing.T, disk, dir, seed string, ca swtpm.LocalCA) *qemu.VM {
-	t.Helper()
-	vm, err := qemu.Start(t.Context(), qemu.Config{
-		// 1 GiB: platform qemu-ovmf's PCR 0 was measured so (docs/image.md).
-		Image: disk, Dir: dir, StateDiskSize: 1 << 30, TPMCA: ca, MemoryMiB: 1024,
-		Drives: []qemu.Drive{{File: seed, ReadOnly: true}},
-		Log:    slog.New(slog.NewTextHandler(testWriter{t}, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("console of %s:\n%s", dir, consoleTail(vm))
-		}
-		if err := vm.Stop(context.Background()); err != nil {
-			t.Errorf("stopping the VM: %v", err)
-		}
-	})
-	return vm
-}
-
 // waitForNode waits for the Node whose spec.providerID is providerID to be
 // Ready, and returns it.
 func waitForNode(ctx context.Context, t *testing.T, kube kubernetes.Interface, providerID string) *corev1.Node {
@@ -365,10 +354,10 @@ func waitForNode(ctx context.Context, t *testing.T, kube kubernetes.Interface, p
 	}
 }
 
-// consoleTail is the end of the VM's console log (its boot, the journal's
-// lines, the bootstrapper's log).
-func consoleTail(vm *qemu.VM) string {
-	data, err := os.ReadFile(vm.ConsoleLog())
+// consoleTail is the end of VM name's console log (its boot, the
+// journal's lines, the bootstrapper's log).
+func consoleTail(dir, name string) string {
+	data, err := os.ReadFile(mini.VMConsoleLog(dir, name))
 	if err != nil {
 		return err.Error()
 	}

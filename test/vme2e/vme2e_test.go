@@ -5,7 +5,9 @@ package vme2e
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"os/exec"
@@ -200,8 +202,15 @@ func waitKubeletCertificate(ctx context.Context, t *testing.T, client kubernetes
 			return false, nil
 		}
 		for _, c := range csrs.Items {
-			if (c.Spec.Username == "system:node:"+name || strings.Contains(c.Spec.Username, name)) && len(c.Status.Certificate) > 0 {
-				t.Logf("kubelet certificate of %s issued: CSR %s (%s)", name, c.Name, c.Spec.SignerName)
+			// Requested with the join ticket's bootstrap token: the CSR's
+			// subject names the node.
+			block, _ := pem.Decode(c.Spec.Request)
+			if block == nil || len(c.Status.Certificate) == 0 {
+				continue
+			}
+			req, err := x509.ParseCertificateRequest(block.Bytes)
+			if err == nil && req.Subject.CommonName == "system:node:"+name {
+				t.Logf("kubelet certificate of %s issued: CSR %s (%s, requested by %s)", name, c.Name, c.Spec.SignerName, c.Spec.Username)
 				return true, nil
 			}
 		}
