@@ -27,9 +27,11 @@ type bootDisk interface {
 }
 
 // stateVolume puts the node's state on its state disk, opened with key
-// (needs device-mapper; *statedisk.Volume).
+// (needs device-mapper; *statedisk.Volume), and writes what the node
+// wrote there through to the disk (Sync).
 type stateVolume interface {
 	Unlock(ctx context.Context, key []byte) error
+	Sync() error
 }
 
 // KubeletService (re)starts the kubelet of a bootstrapped node.

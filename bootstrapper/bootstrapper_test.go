@@ -236,6 +236,9 @@ func TestRunRejoin(t *testing.T) {
 		t.Fatal(err)
 	}
 	vol.unlockedWith(t, ticket.GetStateDiskKey())
+	if vol.syncs != 1 {
+		t.Errorf("the state disk was synced %d times before the rejoin counted as done, want once", vol.syncs)
+	}
 	id, err := keys.DeriveClusterID(ticket.GetMeasurementSecret(), ticket.GetMeasurementSalt())
 	if err != nil {
 		t.Fatal(err)

@@ -264,6 +264,9 @@ type recordingVolume struct {
 	mu   sync.Mutex
 	keys [][]byte
 	fail error
+	// syncs counts Sync calls; syncFail is what they return.
+	syncs    int
+	syncFail error
 }
 
 func (v *recordingVolume) Unlock(_ context.Context, key []byte) error {
@@ -271,6 +274,13 @@ func (v *recordingVolume) Unlock(_ context.Context, key []byte) error {
 	defer v.mu.Unlock()
 	v.keys = append(v.keys, bytes.Clone(key))
 	return v.fail
+}
+
+func (v *recordingVolume) Sync() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.syncs++
+	return v.syncFail
 }
 
 // unlockedWith fails t unless the state was unlocked exactly once, with key.

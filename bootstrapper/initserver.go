@@ -366,6 +366,9 @@ func kubeletCertLifetime(seconds uint32) time.Duration {
 func (s *InitServer) run(j *initJob, p *initPlan) {
 	log := slog.New(slog.NewTextHandler(&j.logs, nil)).With("component", "init")
 	result, err := s.execute(s.lifetime, j, p, log)
+	if err == nil {
+		err = s.cfg.Machine.syncState()
+	}
 	now := s.cfg.Now()
 	if err != nil {
 		s.cfg.Machine.Log.Error("Init failed", "error", err.Error())

@@ -152,6 +152,9 @@ func (c *JoinClient) Join(ctx context.Context) error {
 	if err := c.setUp(ctx, ticket, kubeletKey); err != nil {
 		return c.cfg.Machine.markFailed(err, c.cfg.Now())
 	}
+	if err := machine.syncState(); err != nil {
+		return machine.markFailed(err, c.cfg.Now())
+	}
 	machine.recordStatus(bootstrapstatus.PhaseDone, nil, c.cfg.Now())
 	machine.Log.Info("Joined the cluster", "controlPlane", c.cfg.ControlPlane)
 	return nil

@@ -467,3 +467,39 @@ func TestJoinLogsRefusedEvidence(t *testing.T) {
 		t.Fatalf("locked %v; logs:\n%s", n.lock.Locked(), n.logs)
 	}
 }
+
+// TestJoinSyncsStateBeforeDone: a join counts as done only once the state
+// kubeadm wrote is on the state disk; a state disk that cannot be synced
+// fails the join with the disk marked for reset (a power cut would lose
+// what kubeadm wrote, leaving a node that cannot rejoin).
+func TestJoinSyncsStateBeforeDone(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		fail      error
+		wantPhase bootstrapstatus.Phase
+	}{
+		{"synced", nil, bootstrapstatus.PhaseDone},
+		{"sync fails", errors.New("syncfs: input/output error"), bootstrapstatus.PhaseFailed},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			vol := &recordingVolume{syncFail: tt.fail}
+			f := newJoinFixture(t, false, func(f *joinFixture) { f.n.machine.State = vol })
+			err := f.client.Join(t.Context())
+			if tt.fail == nil && err != nil {
+				t.Fatal(err)
+			}
+			if tt.fail != nil && (err == nil || !strings.Contains(err.Error(), "writing the node's state through to its state disk")) {
+				t.Fatalf("join error %v, want one naming the state disk's sync", err)
+			}
+			if vol.syncs != 1 {
+				t.Errorf("the state disk was synced %d times, want once", vol.syncs)
+			}
+			if st, _ := bootstrapstatus.Read(f.n.machine.Root); st.Phase != tt.wantPhase {
+				t.Errorf("status %+v, want phase %s", st, tt.wantPhase)
+			}
+			if st, _ := f.n.disk.State(t.Context()); (st == statedisk.ResetRequested) != (tt.fail != nil) {
+				t.Errorf("disk state %s after the join (sync error %v)", st, tt.fail)
+			}
+		})
+	}
+}

@@ -168,6 +168,9 @@ func (s *recoveryServer) unlock(ctx context.Context, key []byte) error {
 	if err := cfg.Kubelet.Restart(ctx); err != nil {
 		return fail(fmt.Errorf("restarting the kubelet: %w", err))
 	}
+	if err := cfg.Machine.syncState(); err != nil {
+		return fail(err)
+	}
 	cfg.Machine.recordStatus(bootstrapstatus.PhaseDone, nil, cfg.Now())
 	return nil
 }

@@ -75,6 +75,9 @@ func (r *rejoin) run(ctx context.Context) error {
 	if err := cfg.Kubelet.Restart(ctx); err != nil {
 		return machine.markFailed(err, cfg.Now())
 	}
+	if err := machine.syncState(); err != nil {
+		return machine.markFailed(err, cfg.Now())
+	}
 	machine.recordStatus(bootstrapstatus.PhaseDone, nil, cfg.Now())
 	machine.Log.Info("Rejoined: the state disk is unlocked and the kubelet runs")
 	return nil

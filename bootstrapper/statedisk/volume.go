@@ -87,6 +87,21 @@ func (v *Volume) Unlock(ctx context.Context, key []byte) error {
 	return nil
 }
 
+// Sync writes what was written to the state disk's file system through to
+// the disk (syncfs(2) on MountPoint): a bootstrap calls it before it
+// counts as done.
+func (v *Volume) Sync() error {
+	fd, err := unix.Open(v.MountPoint, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening the state disk's mount point %s: %w", v.MountPoint, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("syncing the state disk's file system: %w", err)
+	}
+	return nil
+}
+
 // mount mounts dev at MountPoint unless something is mounted there.
 func (v *Volume) mount(dev string) error {
 	if err := os.MkdirAll(v.MountPoint, 0o700); err != nil {
