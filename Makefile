@@ -18,6 +18,10 @@ help: ## List the targets
 setup: ## Install what the local cluster needs: its Debian packages, the pinned Kubernetes binaries, CoreDNS and the registry
 	hack/setup.sh
 
+.PHONY: setup-vm
+setup-vm: ## `setup`, and what VM nodes need: QEMU, OVMF and the tools that build the node image
+	hack/setup.sh --vm
+
 .PHONY: setup-test
 setup-test: ## `setup`, and what only the tests need: their Debian packages, the pinned Go tools, MinIO, upstream CABPK and clusterctl
 	hack/setup.sh --test
@@ -99,12 +103,17 @@ test: setup-test check-generate lint unit fuzz ## Set up the machine for the tes
 mini-up: setup build-mini ## Set up what the local cluster needs and start one (1 control plane + 2 workers)
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) bin/gatehouse mini up
 
+.PHONY: mini-up-vm
+mini-up-vm: setup-vm build-mini ## Like mini-up, with a worker that is a VM of the node image (built first: make image)
+	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) \
+		bin/gatehouse mini up --workers 2 --vm-workers 1 --node-image $$(hack/node-image.sh)
+
 .PHONY: mini-down
 mini-down: build-mini ## Remove the local cluster and everything it made
 	bin/gatehouse mini down
 
 .PHONY: image
-image: setup-test ## Build the node image (docs/image.md) from this checkout and print its directory
+image: setup-vm ## Build the node image (docs/image.md) from this checkout and print its directory
 	hack/node-image.sh
 
 .PHONY: clean

@@ -5,10 +5,14 @@
 #                         Debian packages it and the build use, the pinned
 #                         Kubernetes binaries and the cluster's add-ons
 #                         (CoreDNS, registry)
-#   hack/setup.sh --test  that, and what only the tests need (make test): the
-#                         tests' Debian packages, the pinned Go tools (MinIO
-#                         among them) and the pinned upstream Cluster API
-#                         programs (hack/capi-tools.sh)
+#   hack/setup.sh --vm    that, and what VM nodes need (make mini-up-vm):
+#                         QEMU, OVMF, and the Debian tools that build the
+#                         node image they boot (make image) and their
+#                         NoCloud seed disks
+#   hack/setup.sh --test  all of that, and what only the tests need (make
+#                         test): the tests' Debian packages, the pinned Go
+#                         tools (MinIO among them) and the pinned upstream
+#                         Cluster API programs (hack/capi-tools.sh)
 #
 # Idempotent and fast when everything is already there. Every step longer
 # than a few seconds says what it does while it runs.
@@ -18,12 +22,13 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib/progress.sh
 source "$here/lib/progress.sh"
 
-test=false
+test=false vm=false
 case "${1:-}" in
 "") ;;
---test) test=true ;;
+--vm) vm=true ;;
+--test) test=true vm=true ;;
 *)
-	echo "usage: $0 [--test]" >&2
+	echo "usage: $0 [--vm|--test]" >&2
 	exit 2
 	;;
 esac
@@ -32,19 +37,20 @@ esac
 # cgo (PKCS#11 in the key service), and what mini.CheckPrerequisites names.
 PACKAGES=(ca-certificates git make gcc libc6-dev util-linux mount iproute2 iptables
 	swtpm swtpm-tools cryptsetup-bin containerd runc containernetworking-plugins haproxy)
-# Debian packages only the tests use: OpenSSL's headers for the TPM
-# simulator's cgo, SoftHSM2 for PKCS#11, cloud-init for `cloud-init schema`;
-# QEMU, OVMF and the systemd stub, objcopy, sfdisk and mtools for the VM
-# boots of image/qemu (`gatehouse image run` needs the first three);
+# Debian packages VM nodes use (mini's qemu provider, `gatehouse image run`,
+# the VM tests): QEMU, OVMF and the systemd stub, objcopy, sfdisk and mtools;
 # debootstrap, squashfs-tools, dosfstools and zstd for `gatehouse image
-# build`, whose image the real-boot test boots (make image needs them too).
-TEST_PACKAGES=(libssl-dev softhsm2 cloud-init
-	qemu-system-x86 qemu-utils ovmf systemd-boot-efi binutils fdisk mtools
+# build` (make image); dosfstools and mtools make a VM's NoCloud seed disk.
+VM_PACKAGES=(qemu-system-x86 qemu-utils ovmf systemd-boot-efi binutils fdisk mtools
 	debootstrap squashfs-tools dosfstools zstd)
+# Debian packages only the tests use: OpenSSL's headers for the TPM
+# simulator's cgo, SoftHSM2 for PKCS#11, cloud-init for `cloud-init schema`.
+TEST_PACKAGES=(libssl-dev softhsm2 cloud-init)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 wanted=("${PACKAGES[@]}")
+if $vm; then wanted+=("${VM_PACKAGES[@]}"); fi
 if $test; then wanted+=("${TEST_PACKAGES[@]}"); fi
 missing=()
 for p in "${wanted[@]}"; do

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -40,6 +39,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/mini"
+	"github.com/gatehouse-dev/gatehouse/test/clustertest"
 )
 
 // readyTimeout bounds one VM's boot to a Ready Node (or to its refusal)
@@ -76,7 +76,7 @@ func TestCAPIDataBoots(t *testing.T) {
 	}
 	began := time.Now()
 	ctx := t.Context()
-	bin := buildBinaries(t)
+	bin := clustertest.Binaries(t)
 	dir := filepath.Join(t.TempDir(), "mini")
 	network, err := mini.FreeNetwork(6)
 	if err != nil {
@@ -89,14 +89,14 @@ func TestCAPIDataBoots(t *testing.T) {
 				t.Logf("console of %s:\n%s", name, consoleTail(dir, name))
 			}
 		}
-		if out, err := gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
+		if out, err := clustertest.Gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
 			t.Errorf("cleanup: mini down: %v\n%s", err, out)
 		}
 	})
 	start := time.Now()
 	// With the node image, the cluster's policy also accepts the image's
 	// signed reference values (mini up --node-image).
-	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)),
+	out, err := clustertest.Gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)),
 		"--control-planes", "1", "--workers", "0", "--node-image", image.Dir)
 	if err != nil {
 		t.Fatalf("mini up: %v\n%s", err, out)
@@ -132,7 +132,7 @@ func TestCAPIDataBoots(t *testing.T) {
 	// address, routes and registry mirror as a cloud's machine gets them
 	// from DHCP and its metadata, and the data on a NoCloud seed disk.
 	booted := time.Now()
-	name, err := mini.AddWorker(ctx, dir, mini.WorkerOptions{Provider: mini.ProviderQEMU, UserData: data}, testWriter{t})
+	name, err := mini.AddWorker(ctx, dir, mini.WorkerOptions{Provider: mini.ProviderQEMU, UserData: data}, clustertest.Writer{T: t})
 	vms = append(vms, name)
 	if err != nil {
 		t.Fatalf("booting the Machine's data: %v", err)
@@ -148,7 +148,7 @@ func TestCAPIDataBoots(t *testing.T) {
 	infrastructureProvider(ctx, t, env, machine, node)
 
 	t.Run("a wrong CA pin is refused", func(t *testing.T) {
-		if err := mini.StopNode(ctx, dir, name, testWriter{t}); err != nil {
+		if err := mini.StopNode(ctx, dir, name, clustertest.Writer{T: t}); err != nil {
 			t.Fatal(err)
 		}
 		// Another Cluster with its own CA (the <cluster>-ca Secret), joining
@@ -160,7 +160,7 @@ func TestCAPIDataBoots(t *testing.T) {
 			t.Fatalf("the wrong Cluster's data pins the real CA:\n%s", data)
 		}
 		booted := time.Now()
-		vm, err := mini.AddWorker(ctx, dir, mini.WorkerOptions{Provider: mini.ProviderQEMU, UserData: data}, testWriter{t})
+		vm, err := mini.AddWorker(ctx, dir, mini.WorkerOptions{Provider: mini.ProviderQEMU, UserData: data}, clustertest.Writer{T: t})
 		vms = append(vms, vm)
 		if err != nil {
 			t.Fatal(err)
@@ -474,35 +474,6 @@ func infrastructureProvider(ctx context.Context, t *testing.T, env *controllerte
 	t.Logf("Machine %s: providerID %s, addresses %v (Node %s)", m.Name, m.Spec.ProviderID, m.Status.Addresses, node.Name)
 }
 
-// buildBinaries builds the gatehouse binaries into a directory for the test.
-func buildBinaries(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", dir+"/", "./cmd/...")
-	cmd.Dir = filepath.Join("..", "..")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the binaries: %v\n%s", err, out)
-	}
-	return dir
-}
-
-// gatehouse runs the CLI with the Kubernetes binaries of the tests.
-func gatehouse(t *testing.T, bin string, args ...string) (string, error) {
-	t.Helper()
-	kubeBin, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addons, err := testenv.AddonBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(bin, "gatehouse"), args...)
-	cmd.Env = append(os.Environ(), "GATEHOUSE_KUBE_BIN="+kubeBin, testenv.AddonBinDirEnv+"="+addons)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
-
 // joinServiceLog is the join service's log on the local cluster's control
 // plane (its audit records among it).
 func joinServiceLog(t *testing.T, dir string) string {
@@ -536,11 +507,4 @@ func auditCount(audit, source string, fields ...string) int {
 		}
 	}
 	return n
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }

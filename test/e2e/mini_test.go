@@ -27,42 +27,9 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/mini"
+	"github.com/gatehouse-dev/gatehouse/test/clustertest"
 )
 
-// buildBinaries builds the gatehouse binaries into a directory for the test.
-func buildBinaries(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
-	cmd.Dir = filepath.Join("..", "..")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the binaries: %v\n%s", err, out)
-	}
-	return dir
-}
-
-func gatehouse(t *testing.T, bin string, args ...string) (string, error) {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(bin, "gatehouse"), args...)
-	addons, err := testenv.AddonBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Env = append(os.Environ(), "GATEHOUSE_KUBE_BIN="+kubeBin(t), testenv.AddonBinDirEnv+"="+addons)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
-	return out.String(), err
-}
-
-func kubeBin(t *testing.T) string {
-	t.Helper()
-	dir, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 // TestMiniCluster brings up three control planes (behind haproxy), two
 // workers and a tampered third worker; checks the HA control plane (etcd
@@ -76,7 +43,7 @@ func TestMiniCluster(t *testing.T) {
 	if err := mini.CheckPrerequisites(); err != nil {
 		t.Fatalf("this machine cannot run a local cluster (make setup installs what is missing):\n%v", err)
 	}
-	bin := buildBinaries(t)
+	bin := clustertest.Binaries(t)
 	// A directory and a network of its own: a cluster the user started
 	// with `make mini-up` (network 0, /var/lib/gatehouse-mini) runs on.
 	dir := filepath.Join(t.TempDir(), "mini")
@@ -85,12 +52,12 @@ func TestMiniCluster(t *testing.T) {
 		t.Fatalf("no network for the test's cluster (`gatehouse mini down --dir <dir>` removes a cluster that holds one): %v", err)
 	}
 	t.Cleanup(func() {
-		if out, err := gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
+		if out, err := clustertest.Gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
 			t.Errorf("cleanup: mini down: %v\n%s", err, out)
 		}
 	})
 	start := time.Now()
-	out, err := gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)), "--control-planes", "3", "--workers", "3", "--tamper", "worker-3",
+	out, err := clustertest.Gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)), "--control-planes", "3", "--workers", "3", "--tamper", "worker-3",
 		"--kubelet-cert-lifetime", kubeletCertLifetime.String())
 	if err != nil {
 		t.Fatalf("mini up: %v\n%s\n%s", err, out, nodeLogs(dir))
@@ -101,7 +68,7 @@ func TestMiniCluster(t *testing.T) {
 			t.Errorf("mini up output lacks %q", want)
 		}
 	}
-	if out, err := gatehouse(t, bin, "mini", "up", "--dir", dir); err == nil || !strings.Contains(out, "already runs") {
+	if out, err := clustertest.Gatehouse(t, bin, "mini", "up", "--dir", dir); err == nil || !strings.Contains(out, "already runs") {
 		t.Errorf("a second mini up: %v\n%s", err, out)
 	}
 
@@ -162,11 +129,11 @@ func TestMiniCluster(t *testing.T) {
 		if err != nil {
 			t.Fatalf("kube-proxy is not ready on the 5 nodes, or CoreDNS is not available: %v", err)
 		}
-		image := echoImage(t, bin, dir)
+		image := clustertest.EchoImage(t, bin, dir)
 		// Pulled from the registry on worker-2, asked by name from worker-1:
 		// the registry, DNS, a Service and pod traffic between nodes.
-		deployEcho(ctx, t, client, image, "worker-2")
-		askEcho(ctx, t, client, image, "worker-1")
+		clustertest.DeployEcho(ctx, t, client, image, "worker-2")
+		clustertest.AskEcho(ctx, t, client, image, "worker-1")
 		echo = image
 	})
 	keepsServing := func(t *testing.T) {
@@ -174,7 +141,7 @@ func TestMiniCluster(t *testing.T) {
 		if echo == "" {
 			t.Fatal("the echo workload is not deployed: see the services step")
 		}
-		askEcho(ctx, t, client, echo, "worker-1")
+		clustertest.AskEcho(ctx, t, client, echo, "worker-1")
 	}
 
 	t.Run("worker-measured machine asking for the control-plane role refused", func(t *testing.T) {
@@ -221,11 +188,11 @@ func TestMiniCluster(t *testing.T) {
 		// worker-1 belongs to the cluster: its evidence endpoint answers
 		// only the join service and administrators.
 		admin := filepath.Join(dir, "gatehouse-admin.conf")
-		if out, err := gatehouse(t, bin, "verify", "--config", config, "--state-file", state, "--node", ip("worker-1")+":9001"); err == nil ||
+		if out, err := clustertest.Gatehouse(t, bin, "verify", "--config", config, "--state-file", state, "--node", ip("worker-1")+":9001"); err == nil ||
 			!strings.Contains(out, "refused this anonymous caller") {
 			t.Fatalf("anonymous verify of a worker in the cluster: %v\n%s", err, out)
 		}
-		out, err := gatehouse(t, bin, "verify", "--config", config, "--state-file", state, "--kubeconfig", admin,
+		out, err := clustertest.Gatehouse(t, bin, "verify", "--config", config, "--state-file", state, "--kubeconfig", admin,
 			"--node", ip("worker-1")+":9001", "--output", "json")
 		if err != nil {
 			t.Fatalf("verify worker-1: %v\n%s", err, out)
@@ -237,7 +204,7 @@ func TestMiniCluster(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &report); err != nil || report.ClusterID == "" || report.Measurements["15"] == "" {
 			t.Fatalf("verify report %v: %s", err, out)
 		}
-		out, err = gatehouse(t, bin, "verify", "--config", config, "--node", ip("worker-3")+":9001")
+		out, err = clustertest.Gatehouse(t, bin, "verify", "--config", config, "--node", ip("worker-3")+":9001")
 		if err == nil || !strings.Contains(out, "does not verify") || !strings.Contains(out, "index 4") {
 			t.Fatalf("verify of the tampered worker: %v\n%s", err, out)
 		}
@@ -258,7 +225,7 @@ func TestMiniCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		kubeconfig := filepath.Join(dir, "gatehouse-admin.conf")
-		out, err := gatehouse(t, bin, "upgrade", "apply", "--kubeconfig", kubeconfig, "--charts-dir", chartsDir, "--backup-dir", t.TempDir())
+		out, err := clustertest.Gatehouse(t, bin, "upgrade", "apply", "--kubeconfig", kubeconfig, "--charts-dir", chartsDir, "--backup-dir", t.TempDir())
 		if err != nil || !strings.Contains(out, "Backed up every CRD") || !strings.Contains(out, "gatehouse-joinservice: upgraded 0.1.0 → 0.2.0") {
 			t.Fatalf("upgrade apply on the local cluster: %v\n%s", err, out)
 		}
@@ -275,7 +242,7 @@ func TestMiniCluster(t *testing.T) {
 		rejoin := []string{`"method":"IssueRejoinTicket"`, `"verdict":"allowed"`}
 		rejoinsBefore := auditCount(joinServiceLog(t, dir), ip("worker-1"), rejoin...)
 		rebooted := time.Now()
-		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "worker-1"); err != nil {
+		if out, err := clustertest.Gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "worker-1"); err != nil {
 			t.Fatalf("mini node reboot: %v\n%s", err, out)
 		}
 		// The node rejoins through the join service after the reboot (its
@@ -312,7 +279,7 @@ func TestMiniCluster(t *testing.T) {
 		rebooted := time.Now()
 		// The API servers keep answering through the load balancer.
 		stop := watchAPI(ctx, t, dir)
-		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "cp-1"); err != nil {
+		if out, err := clustertest.Gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "cp-1"); err != nil {
 			t.Fatalf("mini node reboot cp-1: %v\n%s", err, out)
 		}
 		waitRejoined(ctx, t, dir, client, "cp-1", rebooted)
@@ -324,7 +291,7 @@ func TestMiniCluster(t *testing.T) {
 	})
 
 	t.Run("control plane killed while serving a join", func(t *testing.T) {
-		out, err := gatehouse(t, bin, "mini", "node", "add", "--dir", dir)
+		out, err := clustertest.Gatehouse(t, bin, "mini", "node", "add", "--dir", dir)
 		if err != nil || !strings.Contains(out, "worker-4 is joining") {
 			t.Fatalf("mini node add: %v\n%s", err, out)
 		}
@@ -344,7 +311,7 @@ func TestMiniCluster(t *testing.T) {
 			t.Fatal("worker-4 registered before cp-0 could be stopped: the fault would miss the join")
 		}
 		killed := time.Now()
-		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "cp-0"); err != nil {
+		if out, err := clustertest.Gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "cp-0"); err != nil {
 			t.Fatalf("mini node reboot cp-0: %v\n%s", err, out)
 		}
 		var node *corev1.Node
@@ -387,7 +354,7 @@ func TestMiniCluster(t *testing.T) {
 		refusalsBefore, allowedBefore := auditCount(audit, w4, refusal...), auditCount(audit, w4, `"verdict":"allowed"`)
 		agentLog := filepath.Join(dir, "nodes", "worker-4", "logs", "agent.log")
 		logBefore, _ := os.ReadFile(agentLog)
-		if out, err := gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "--tamper", "worker-4"); err != nil {
+		if out, err := clustertest.Gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "--tamper", "worker-4"); err != nil {
 			t.Fatalf("mini node reboot --tamper: %v\n%s", err, out)
 		}
 		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
@@ -430,20 +397,20 @@ func TestMiniCluster(t *testing.T) {
 			t.Fatal("the echo workload is not deployed: see the services step")
 		}
 		data := ptr.To("/srv/e2e")
-		runPod(ctx, t, client, echo, "worker-1", []string{"write", "/data/before-the-outage", "written before the outage"}, data)
+		clustertest.RunPod(ctx, t, client, echo, "worker-1", []string{"write", "/data/before-the-outage", "written before the outage"}, data)
 		if _, err := client.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Name: "before-the-outage"}, Data: map[string]string{"written": "before"},
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if out, err := gatehouse(t, bin, "mini", "stop", "--dir", dir); err != nil {
+		if out, err := clustertest.Gatehouse(t, bin, "mini", "stop", "--dir", dir); err != nil {
 			t.Fatalf("mini stop: %v\n%s", err, out)
 		}
-		if out, err := gatehouse(t, bin, "mini", "status", "--dir", dir); err != nil || strings.Count(out, "bootstrap: off") != 7 {
+		if out, err := clustertest.Gatehouse(t, bin, "mini", "status", "--dir", dir); err != nil || strings.Count(out, "bootstrap: off") != 7 {
 			t.Fatalf("mini status of a stopped cluster (want its 7 nodes off): %v\n%s", err, out)
 		}
 		started := time.Now()
-		out, err := gatehouse(t, bin, "mini", "start", "--dir", dir)
+		out, err := clustertest.Gatehouse(t, bin, "mini", "start", "--dir", dir)
 		if err != nil || !strings.Contains(out, "gatehouse recover") {
 			t.Fatalf("mini start: %v\n%s", err, out)
 		}
@@ -453,12 +420,12 @@ func TestMiniCluster(t *testing.T) {
 		if _, err := short.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
 			t.Fatal("the API server answers before recover")
 		}
-		if out, err := gatehouse(t, bin, "mini", "status", "--dir", dir); err != nil || !strings.Contains(out, "waiting to be recovered") ||
+		if out, err := clustertest.Gatehouse(t, bin, "mini", "status", "--dir", dir); err != nil || !strings.Contains(out, "waiting to be recovered") ||
 			!strings.Contains(out, "The API server does not answer") {
 			t.Fatalf("mini status before recover: %v\n%s", err, out)
 		}
 		config := filepath.Join(dir, "gatehouse-config.yaml")
-		out, err = gatehouse(t, bin, "recover", "--config", config, "--master-secret-file", filepath.Join(dir, "gatehouse-master-secret.json"),
+		out, err = clustertest.Gatehouse(t, bin, "recover", "--config", config, "--master-secret-file", filepath.Join(dir, "gatehouse-master-secret.json"),
 			"--endpoint", ip("cp-0")+":9000", "--endpoint", ip("cp-1")+":9000", "--endpoint", ip("cp-2")+":9000")
 		if err != nil || !strings.Contains(out, "Recovered 3 control plane") {
 			t.Fatalf("recover: %v\n%s\n%s", err, out, nodeLogs(dir))
@@ -493,7 +460,7 @@ func TestMiniCluster(t *testing.T) {
 				t.Logf("%s's kubelet client certificate expired during the outage and was renewed", n)
 			}
 		}
-		if got := runPod(ctx, t, client, echo, "worker-1", []string{"cat", "/data/before-the-outage"}, data); got != "written before the outage\n" {
+		if got := clustertest.RunPod(ctx, t, client, echo, "worker-1", []string{"cat", "/data/before-the-outage"}, data); got != "written before the outage\n" {
 			t.Fatalf("the hostPath file after the outage holds %q", got)
 		}
 		keepsServing(t)
@@ -503,7 +470,7 @@ func TestMiniCluster(t *testing.T) {
 	if rec, err = mini.ReadRecord(dir); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
+	if out, err := clustertest.Gatehouse(t, bin, "mini", "down", "--dir", dir); err != nil {
 		t.Fatalf("mini down: %v\n%s", err, out)
 	}
 	assertNothingLeft(t, rec)

@@ -1,14 +1,13 @@
 package realboot
 
 import (
-	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/test/clustertest"
 )
 
 // TestChangedCommandLineRefused: the control-plane disk with one character
@@ -19,22 +18,8 @@ func TestChangedCommandLineRefused(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	work := t.TempDir()
-	uki := filepath.Join(work, "uki.efi")
-	copyFile(t, r.image.ControlPlaneUKI, uki)
-	cmdline := sectionBytes(t, uki, ".cmdline")
-	changed := strings.Replace(string(cmdline), "panic=10", "panic=11", 1)
-	if changed == string(cmdline) {
-		t.Fatalf("the command line %q has no panic=10 to change", cmdline)
-	}
-	section := filepath.Join(work, "cmdline")
-	if err := os.WriteFile(section, []byte(changed), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	runTool(t, "objcopy", "--update-section", ".cmdline="+section, uki)
 	disk := filepath.Join(work, "node.raw")
-	copyFile(t, r.image.ControlPlaneDisk, disk)
-	esp := partitionOffset(t, disk, "C12A7328-F81F-11D2-BA4B-00A0C93EC93B")
-	runTool(t, "mcopy", "-o", "-i", disk+"@@"+strconv.FormatInt(esp, 10), uki, "::/EFI/BOOT/BOOTX64.EFI")
+	clustertest.ChangedCommandLine(t, r.image.ControlPlaneUKI, r.image.ControlPlaneDisk, disk)
 
 	vm := r.boot(t, disk, filepath.Join(work, "vm"))
 	waitFor(t, vm, listening)
@@ -58,8 +43,8 @@ func TestFlippedRootByteDoesNotBoot(t *testing.T) {
 	r := newRig(t)
 	work := t.TempDir()
 	disk := filepath.Join(work, "node.raw")
-	copyFile(t, r.image.ControlPlaneDisk, disk)
-	offset := partitionOffset(t, disk, "4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709")
+	clustertest.RunTool(t, "cp", "--sparse=always", r.image.ControlPlaneDisk, disk)
+	offset := clustertest.PartitionOffset(t, disk, clustertest.PartitionRoot)
 	f, err := os.OpenFile(disk, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -81,59 +66,4 @@ func TestFlippedRootByteDoesNotBoot(t *testing.T) {
 		t.Fatalf("the bootstrapper ran from a root with a flipped byte: %s", line.Text)
 	}
 	t.Logf("refused at boot: %s", line.Text)
-}
-
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	runTool(t, "cp", "--sparse=always", from, to)
-}
-
-func runTool(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.CommandContext(t.Context(), name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// sectionBytes returns the contents of a PE section of file.
-func sectionBytes(t *testing.T, file, name string) []byte {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "section")
-	runTool(t, "objcopy", "-O", "binary", "--only-section="+name, file, out)
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
-}
-
-// partitionOffset returns the byte offset of the first partition of disk
-// with the GPT type GUID typ, read with sfdisk.
-func partitionOffset(t *testing.T, disk, typ string) int64 {
-	t.Helper()
-	var table struct {
-		PartitionTable struct {
-			SectorSize int64 `json:"sectorsize"`
-			Partitions []struct {
-				Start int64  `json:"start"`
-				Type  string `json:"type"`
-			} `json:"partitions"`
-		} `json:"partitiontable"`
-	}
-	if err := json.Unmarshal([]byte(runTool(t, "sfdisk", "--json", disk)), &table); err != nil {
-		t.Fatal(err)
-	}
-	sector := table.PartitionTable.SectorSize
-	if sector == 0 {
-		sector = 512
-	}
-	for _, p := range table.PartitionTable.Partitions {
-		if strings.EqualFold(p.Type, typ) {
-			return p.Start * sector
-		}
-	}
-	t.Fatalf("%s has no partition of type %s", disk, typ)
-	return 0
 }

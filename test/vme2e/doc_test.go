@@ -2,11 +2,14 @@
 // namespace control plane made by `gatehouse mini up`, and a worker that is
 // a VM of the node image (QEMU, OVMF measuring into its own swtpm, the
 // real bootstrapper inside) which joins through the join service, is
-// verified continuously, reboots for real with its dm-crypt state disk,
-// and is refused and tainted when it boots a changed kernel command line.
+// verified continuously, serves a workload, reboots for real with its
+// dm-crypt state disk, and is refused and tainted when it boots a changed
+// kernel command line.
 //
-// It needs root, the node image (GATEHOUSE_NODE_IMAGE, from
-// hack/node-image.sh) and 30 to 90 minutes of TCG emulation. Its tests are built
-// with the vmnodes tag (`make test-vm`): they are not yet part of `make test`,
-// whose budget they do not fit under emulation (issue 36, docs/benchmarks.md).
+// It needs root and the node image (GATEHOUSE_NODE_IMAGE, from
+// hack/node-image.sh). Its tests are built with the vmnodes tag so that
+// `go test ./...` leaves them out: `make test` runs them in a step of
+// their own after the other tests (`make test-vm`), where the VMs boot
+// under TCG emulation on an otherwise idle machine (about 8 min here;
+// docs/benchmarks.md, "VM nodes").
 package vme2e

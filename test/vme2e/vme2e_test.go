@@ -6,11 +6,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -29,6 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/mini"
+	"github.com/gatehouse-dev/gatehouse/test/clustertest"
 )
 
 // Where the test's cluster lives: its own network and directory.
@@ -49,7 +48,7 @@ func TestVMWorker(t *testing.T) {
 		// make test-vm sets the image: a run without one is a broken set-up, not a pass.
 		t.Fatal(err)
 	}
-	bin := buildBinaries(t)
+	bin := clustertest.Binaries(t)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("the VM's console: %s", mini.VMConsoleLog(clusterDir, "worker-1"))
@@ -57,12 +56,12 @@ func TestVMWorker(t *testing.T) {
 				return
 			}
 		}
-		if out, err := gatehouse(t, bin, "mini", "down", "--dir", clusterDir); err != nil {
+		if out, err := clustertest.Gatehouse(t, bin, "mini", "down", "--dir", clusterDir); err != nil {
 			t.Errorf("cleanup: mini down: %v\n%s", err, out)
 		}
 	})
 	start := time.Now()
-	out, err := gatehouse(t, bin, "mini", "up", "--dir", clusterDir, "--network", strconv.Itoa(network), "--workers", "0", "--node-image", image.Dir)
+	out, err := clustertest.Gatehouse(t, bin, "mini", "up", "--dir", clusterDir, "--network", strconv.Itoa(network), "--workers", "0", "--node-image", image.Dir)
 	if err != nil {
 		t.Fatalf("mini up: %v\n%s", err, out)
 	}
@@ -72,7 +71,7 @@ func TestVMWorker(t *testing.T) {
 
 	// The VM worker joins through the join service.
 	start = time.Now()
-	name, err := mini.AddWorker(ctx, clusterDir, mini.WorkerOptions{Provider: mini.ProviderQEMU, NodeImage: image.Dir}, testWriter{t})
+	name, err := mini.AddWorker(ctx, clusterDir, mini.WorkerOptions{Provider: mini.ProviderQEMU, NodeImage: image.Dir}, clustertest.Writer{T: t})
 	if err != nil {
 		t.Fatalf("adding a VM worker: %v", err)
 	}
@@ -86,11 +85,18 @@ func TestVMWorker(t *testing.T) {
 	waitKubeletCertificate(ctx, t, client, name)
 	waitAttested(ctx, t, client, name, continuous.ReasonVerified)
 
+	// The VM serves a workload: an image from the cluster's registry runs
+	// on it behind a Service, which a pod on the namespace control plane
+	// reaches by its DNS name across the two kinds of node.
+	echo := clustertest.EchoImage(t, bin, clusterDir)
+	clustertest.DeployEcho(ctx, t, client, echo, name)
+	clustertest.AskEcho(ctx, t, client, echo, "cp-0")
+
 	// A real reboot: the reset line; the firmware measures again into a
 	// TPM whose PCRs start from zero; the node rejoins and opens its
 	// state disk, whose record says it was made in the first boot.
 	start = time.Now()
-	if err := mini.RebootNode(ctx, clusterDir, name, false, testWriter{t}); err != nil {
+	if err := mini.RebootNode(ctx, clusterDir, name, false, clustertest.Writer{T: t}); err != nil {
 		t.Fatal(err)
 	}
 	second := waitStateOpened(ctx, t, name, 2)
@@ -101,6 +107,9 @@ func TestVMWorker(t *testing.T) {
 	t.Logf("MEASURED: VM worker %s from its reset to Node Ready again: %s", name, time.Since(start).Round(time.Second))
 	logMemory(t, name)
 	waitAttested(ctx, t, client, name, continuous.ReasonVerified)
+	// Its pod runs again after the reboot and serves.
+	clustertest.WaitAvailable(ctx, t, client, "default", "echo")
+	clustertest.AskEcho(ctx, t, client, echo, "cp-0")
 	raw, err := os.ReadFile(filepath.Join(clusterDir, "nodes", name, "vm", "state.raw"))
 	if err != nil {
 		t.Fatal(err)
@@ -321,12 +330,11 @@ func rss(pid int) string {
 }
 
 // tamperedImage is a node image directory whose worker disk's UKI has one
-// character of its kernel command line changed (panic=10 → panic=11);
+// character of its kernel command line changed (clustertest.ChangedCommandLine);
 // everything else is the image's.
 func tamperedImage(t *testing.T, image testenv.NodeImage) string {
 	t.Helper()
-	work := t.TempDir()
-	dir := filepath.Join(work, "image")
+	dir := filepath.Join(t.TempDir(), "image")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -335,103 +343,8 @@ func tamperedImage(t *testing.T, image testenv.NodeImage) string {
 			t.Fatal(err)
 		}
 	}
-	uki := filepath.Join(work, "uki.efi")
-	runTool(t, "cp", image.WorkerUKI, uki)
-	cmdline := sectionBytes(t, uki, ".cmdline")
-	changed := strings.Replace(string(cmdline), "panic=10", "panic=11", 1)
-	if changed == string(cmdline) {
-		t.Fatalf("the command line %q has no panic=10 to change", cmdline)
-	}
-	section := filepath.Join(work, "cmdline")
-	if err := os.WriteFile(section, []byte(changed), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	runTool(t, "objcopy", "--update-section", ".cmdline="+section, uki)
-	disk := filepath.Join(dir, "node-worker.raw")
-	runTool(t, "cp", "--sparse=always", image.WorkerDisk, disk)
-	esp := partitionOffset(t, disk, "C12A7328-F81F-11D2-BA4B-00A0C93EC93B")
-	runTool(t, "mcopy", "-o", "-i", disk+"@@"+strconv.FormatInt(esp, 10), uki, "::/EFI/BOOT/BOOTX64.EFI")
+	clustertest.ChangedCommandLine(t, image.WorkerUKI, image.WorkerDisk, filepath.Join(dir, "node-worker.raw"))
 	return dir
-}
-
-func runTool(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.CommandContext(t.Context(), name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// sectionBytes returns the contents of a PE section of file.
-func sectionBytes(t *testing.T, file, name string) []byte {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "section")
-	runTool(t, "objcopy", "-O", "binary", "--only-section="+name, file, out)
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
-}
-
-// partitionOffset returns the byte offset of the first partition of disk
-// with the GPT type GUID typ, read with sfdisk.
-func partitionOffset(t *testing.T, disk, typ string) int64 {
-	t.Helper()
-	var table struct {
-		PartitionTable struct {
-			SectorSize int64 `json:"sectorsize"`
-			Partitions []struct {
-				Start int64  `json:"start"`
-				Type  string `json:"type"`
-			} `json:"partitions"`
-		} `json:"partitiontable"`
-	}
-	if err := json.Unmarshal([]byte(runTool(t, "sfdisk", "--json", disk)), &table); err != nil {
-		t.Fatal(err)
-	}
-	sector := table.PartitionTable.SectorSize
-	if sector == 0 {
-		sector = 512
-	}
-	for _, p := range table.PartitionTable.Partitions {
-		if strings.EqualFold(p.Type, typ) {
-			return p.Start * sector
-		}
-	}
-	t.Fatalf("%s has no partition of type %s", disk, typ)
-	return 0
-}
-
-// buildBinaries builds the gatehouse binaries into a directory for the test.
-func buildBinaries(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
-	cmd.Dir = filepath.Join("..", "..")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the binaries: %v\n%s", err, out)
-	}
-	return dir
-}
-
-func gatehouse(t *testing.T, bin string, args ...string) (string, error) {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(bin, "gatehouse"), args...)
-	kube, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addons, err := testenv.AddonBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Env = append(os.Environ(), "GATEHOUSE_KUBE_BIN="+kube, testenv.AddonBinDirEnv+"="+addons)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
-	return out.String(), err
 }
 
 func clientFor(t *testing.T, kubeconfig string) kubernetes.Interface {
@@ -445,11 +358,4 @@ func clientFor(t *testing.T, kubeconfig string) kubernetes.Interface {
 		t.Fatal(err)
 	}
 	return client
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }

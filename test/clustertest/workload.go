@@ -1,4 +1,4 @@
-package e2e
+package clustertest
 
 import (
 	"context"
@@ -17,17 +17,18 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/gatehouse-dev/gatehouse/mini"
 	"github.com/gatehouse-dev/gatehouse/mini/images"
 )
 
-// echoImage builds test/e2e/testdata/echo into an image archive, as a
+// EchoImage builds test/e2e/testdata/echo into an image archive, as a
 // user's `docker save` would give, loads it into the cluster's registry
 // with `gatehouse mini load`, and returns the reference pods pull.
-func echoImage(t *testing.T, bin, dir string) string {
+func EchoImage(t *testing.T, bin, dir string) string {
 	t.Helper()
 	work := t.TempDir()
 	cmd := exec.Command("go", "build", "-o", filepath.Join(work, "echo"), "./test/e2e/testdata/echo")
-	cmd.Dir = filepath.Join("..", "..")
+	cmd.Dir = repoRoot(t)
 	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building the echo workload: %v\n%s", err, out)
@@ -40,17 +41,21 @@ func echoImage(t *testing.T, bin, dir string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := gatehouse(t, bin, "mini", "load", "--dir", dir, archive)
-	want := clusterNetwork(t, dir).RegistryAddress() + "/e2e/echo:1"
+	out, err := Gatehouse(t, bin, "mini", "load", "--dir", dir, archive)
+	rec, rerr := mini.ReadRecord(dir)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	want := rec.Network.RegistryAddress() + "/e2e/echo:1"
 	if err != nil || !strings.Contains(out, "Loaded "+want) {
 		t.Fatalf("mini load: %v\n%s", err, out)
 	}
 	return want
 }
 
-// deployEcho runs the echo server from image as Deployment echo on node,
+// DeployEcho runs the echo server from image as Deployment echo on node,
 // behind Service echo (port 80), and waits until it is available.
-func deployEcho(ctx context.Context, t *testing.T, client kubernetes.Interface, image, node string) {
+func DeployEcho(ctx context.Context, t *testing.T, client kubernetes.Interface, image, node string) {
 	t.Helper()
 	labels := map[string]string{"app": "echo"}
 	dep := &appsv1.Deployment{
@@ -81,29 +86,42 @@ func deployEcho(ctx context.Context, t *testing.T, client kubernetes.Interface, 
 	if _, err := client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	WaitAvailable(ctx, t, client, "default", "echo")
+}
+
+// WaitAvailable waits (3 min at most) until every replica of Deployment
+// ns/name is available.
+func WaitAvailable(ctx context.Context, t *testing.T, client kubernetes.Interface, ns, name string) {
+	t.Helper()
+	var last string
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		d, err := client.AppsV1().Deployments("default").Get(ctx, "echo", metav1.GetOptions{})
-		return err == nil && d.Status.AvailableReplicas == 1, nil
+		d, err := client.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		last = fmt.Sprintf("%d of %d replicas available", d.Status.AvailableReplicas, ptr.Deref(d.Spec.Replicas, 1))
+		return d.Status.AvailableReplicas == ptr.Deref(d.Spec.Replicas, 1) && d.Status.UpdatedReplicas == d.Status.AvailableReplicas, nil
 	})
 	if err != nil {
-		t.Fatalf("the echo Deployment (image %s from the local registry) is not available on %s: %v", image, node, err)
+		t.Fatalf("Deployment %s/%s is not available: %v (%s)", ns, name, err, last)
 	}
 }
 
-// askEcho runs a pod on node that asks the echo Service by its DNS name,
+// AskEcho runs a pod on node that asks the echo Service by its DNS name,
 // and checks the answer came from the echo Deployment's pod.
-func askEcho(ctx context.Context, t *testing.T, client kubernetes.Interface, image, node string) {
+func AskEcho(ctx context.Context, t *testing.T, client kubernetes.Interface, image, node string) {
 	t.Helper()
-	logs := runPod(ctx, t, client, image, node, []string{"get", "http://echo.default.svc.cluster.local/"}, nil)
+	logs := RunPod(ctx, t, client, image, node, []string{"get", "http://echo.default.svc.cluster.local/"}, nil)
 	if !strings.Contains(logs, "hello from echo-") {
 		t.Fatalf("a pod on %s asking http://echo.default.svc.cluster.local/ got:\n%s", node, logs)
 	}
 }
 
-// runPod runs image with args on node to completion (restartPolicy Never),
+// RunPod runs image with args on node to completion (restartPolicy Never),
 // with the node's directory hostDir mounted at /data when set, and returns
 // its log. It fails the test when the pod fails.
-func runPod(ctx context.Context, t *testing.T, client kubernetes.Interface, image, node string, args []string, hostDir *string) string {
+func RunPod(ctx context.Context, t *testing.T, client kubernetes.Interface, image, node string, args []string, hostDir *string) string {
 	t.Helper()
 	name := fmt.Sprintf("%s-%s-%d", args[0], node, time.Now().UnixNano()%1_000_000)
 	pod := &corev1.Pod{

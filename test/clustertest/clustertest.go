@@ -1,0 +1,70 @@
+// Package clustertest holds what the tests of local clusters share
+// (test/e2e, test/vme2e, test/capiboot): the binaries built from this
+// checkout, the CLI run with the pinned Kubernetes binaries, and a
+// workload (an echo server behind a Service) to see a node serve.
+package clustertest
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+)
+
+// repoRoot is the checkout this file is part of.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("no caller information to find the checkout by")
+	}
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Binaries builds every binary of cmd/ into a directory of the test and
+// returns it.
+func Binaries(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+	cmd.Dir = repoRoot(t)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the binaries: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// Gatehouse runs the gatehouse CLI in bin with args, with the tests'
+// pinned Kubernetes binaries and add-ons (testenv), and returns its
+// combined output.
+func Gatehouse(t *testing.T, bin string, args ...string) (string, error) {
+	t.Helper()
+	kubeBin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addons, err := testenv.AddonBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(bin, "gatehouse"), args...)
+	cmd.Env = append(os.Environ(), "GATEHOUSE_KUBE_BIN="+kubeBin, testenv.AddonBinDirEnv+"="+addons)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	return out.String(), err
+}
+
+// Writer writes each Write as a line of T's log: progress of what a test
+// runs.
+type Writer struct{ T *testing.T }
+
+func (w Writer) Write(p []byte) (int, error) {
+	w.T.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
