@@ -30,7 +30,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/test/clustertest"
 )
 
-
 // TestMiniCluster brings up three control planes (behind haproxy), two
 // workers and a tampered third worker; checks the HA control plane (etcd
 // members, API servers, services on every control plane), a workload on a
