@@ -203,7 +203,7 @@ func (p *qemuNodes) Start(ctx context.Context, s *NodeSpec, nr *NodeRecord) erro
 }
 
 // provisionVM writes the fw_cfg entries of s (docs/image.md,
-// "Provisioning"): its address on the bridge with routes to the other
+// "Provisioning"): its address and host name on the bridge with routes to the other
 // nodes' pod ranges, where to join and whom to trust (a joining node
 // without user data, whose data says so itself), the
 // init secret's hash (the first control plane), its Kubernetes name, a
@@ -225,7 +225,9 @@ func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 		return nil
 	}
 	var network strings.Builder
-	fmt.Fprintf(&network, "address=%s/24\ngateway=%s\n", s.IP, s.Gateway)
+	// The host name, as DHCP gives one: the node's Kubernetes name also
+	// when its user data (cloud-init) names none.
+	fmt.Fprintf(&network, "address=%s/24\ngateway=%s\nhostname=%s\n", s.IP, s.Gateway, s.Name)
 	// Routes to the pod ranges of the nodes made before this one: the
 	// image's provisioning read this entry a byte at a time (each a
 	// firmware transfer from the entry's start) until it was fixed to read

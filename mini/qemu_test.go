@@ -44,7 +44,7 @@ func TestProvisionVM(t *testing.T) {
 		got[strings.TrimPrefix(e.Name, "opt/gatehouse/")] = string(data)
 	}
 	for entry, want := range map[string][]string{
-		"network":           {"address=10.88.5.11/24\n", "gateway=10.88.5.1\n", "route=10.244.0.0/24,10.88.5.10\n"},
+		"network":           {"address=10.88.5.11/24\n", "gateway=10.88.5.1\n", "hostname=worker-1\n", "route=10.244.0.0/24,10.88.5.10\n"},
 		"join-endpoints":    {"10.88.5.10:9090\n"},
 		"cluster-ca-hash":   {worker.CACertHash},
 		"bootstrapper-args": {"--node-name=worker-1\n"},

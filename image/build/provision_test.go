@@ -82,6 +82,22 @@ func TestProvisionScript(t *testing.T) {
 				"[Route]\nDestination=10.244.0.0/24\nGateway=10.88.5.10\n[Route]\nDestination=10.244.1.0/24\nGateway=10.88.5.11\n"},
 		},
 		{
+			name:    "a host name",
+			network: true,
+			entries: map[string]string{"network": "address=10.88.5.12/24\nhostname=worker-1\n"},
+			files: map[string]string{
+				"NETWORKD/10-gatehouse-provisioned.network": "# From fw_cfg opt/gatehouse/network (gatehouse-provision-network.service).\n" +
+					"[Match]\nName=en* eth*\n[Network]\nAddress=10.88.5.12/24\n",
+				"RUN/hostname": "worker-1\n",
+			},
+		},
+		{
+			name:    "a host name that is no RFC 1123 label",
+			network: true,
+			entries: map[string]string{"network": "address=10.88.5.12/24\nhostname=Worker_1\n"},
+			wantErr: "network: hostname=Worker_1 is not an RFC 1123 label",
+		},
+		{
 			name:    "no network entry: DHCP's address",
 			network: true,
 		},
@@ -113,7 +129,7 @@ func TestProvisionScript(t *testing.T) {
 			name:    "an unknown key is refused",
 			network: true,
 			entries: map[string]string{"network": "address=10.88.5.12/24\nmtu=9000\n"},
-			wantErr: "network: a line is not address=, gateway=, dns= or route=",
+			wantErr: "network: a line is not address=, gateway=, dns=, hostname= or route=",
 		},
 		{
 			name:    "a shell word in a value is refused",
@@ -177,7 +193,7 @@ func TestProvisionScript(t *testing.T) {
 					}
 				}
 				for name, want := range tt.files {
-					got, err := os.ReadFile(strings.ReplaceAll(name, "NETWORKD", networkd))
+					got, err := os.ReadFile(strings.ReplaceAll(strings.ReplaceAll(name, "NETWORKD", networkd), "RUN", runDir))
 					if err != nil || string(got) != want {
 						t.Errorf("%s: %q (%v), want %q", name, got, err, want)
 					}

@@ -139,6 +139,9 @@ func TestCAPIDataBoots(t *testing.T) {
 	}
 	source := nodeIP(t, dir, name)
 	node := waitForNode(ctx, t, kube, providerIDPrefix+machine.Name)
+	if node.Name != name {
+		t.Errorf("the Node is named %s, want the host name the platform gave the machine, %s", node.Name, name)
+	}
 	t.Logf("MEASURED: VM %s boot of the CAPI data to Node %s Ready: %s", name, node.Name, time.Since(booted).Round(time.Second))
 	waitConsole(ctx, t, dir, name, joined)
 	if got := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`); got != 1 {
