@@ -137,7 +137,7 @@ func TestCAPIDataBoots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("booting the Machine's data: %v", err)
 	}
-	source := nodeIP(t, dir, name)
+	source := clustertest.NodeIP(t, dir, name)
 	node := waitForNode(ctx, t, kube, providerIDPrefix+machine.Name)
 	if node.Name != name {
 		t.Errorf("the Node is named %s, want the host name the platform gave the machine, %s", node.Name, name)
@@ -170,7 +170,7 @@ func TestCAPIDataBoots(t *testing.T) {
 		}
 		line := waitConsole(ctx, t, dir, vm, refused)
 		t.Logf("VM boot to its refusal: %s: %s", time.Since(booted).Round(time.Second), line)
-		if got := auditCount(audit(), nodeIP(t, dir, vm), `"method":"IssueJoinTicket"`); got != 0 {
+		if got := auditCount(audit(), clustertest.NodeIP(t, dir, vm), `"method":"IssueJoinTicket"`); got != 0 {
 			t.Errorf("the refusing VM asked the join service for %d join tickets: it trusted a CA it does not pin", got)
 		}
 		nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
@@ -184,17 +184,6 @@ func TestCAPIDataBoots(t *testing.T) {
 		}
 	})
 	t.Logf("the test took %s", time.Since(began).Round(time.Second))
-}
-
-// nodeIP is the address of node name of the local cluster in dir: the
-// source of its connections to the join service.
-func nodeIP(t *testing.T, dir, name string) string {
-	t.Helper()
-	spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", name, "node.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return spec.IP
 }
 
 // waitConsole waits for re on VM name's serial console and returns the

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/mini"
 )
 
 // repoRoot is the checkout this file is part of.
@@ -58,6 +59,17 @@ func Gatehouse(t *testing.T, bin string, args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Run()
 	return out.String(), err
+}
+
+// NodeIP is the address of node name of the local cluster in dir (its
+// node.json): the source of its connections to the join service.
+func NodeIP(t *testing.T, dir, name string) string {
+	t.Helper()
+	spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", name, "node.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec.IP
 }
 
 // Writer writes each Write as a line of T's log: progress of what a test

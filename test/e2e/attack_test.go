@@ -36,6 +36,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/joinservice"
 	"github.com/gatehouse-dev/gatehouse/mini"
+	"github.com/gatehouse-dev/gatehouse/test/clustertest"
 )
 
 // workerAsksForControlPlane boots a fresh machine that measures exactly
@@ -76,7 +77,7 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(nodeIP(t, dir, "cp-0")+":9090", grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(clustertest.NodeIP(t, dir, "cp-0")+":9090", grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,17 +23,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
 	"github.com/gatehouse-dev/gatehouse/mini"
+	"github.com/gatehouse-dev/gatehouse/test/clustertest"
 )
-
-// nodeIP is the address of node name of the local cluster in dir.
-func nodeIP(t *testing.T, dir, name string) string {
-	t.Helper()
-	spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", name, "node.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return spec.IP
-}
 
 // assertHA waits until the cluster's control planes are exactly cps: as
 // many healthy etcd members (none a learner) named after them, each one's
@@ -63,7 +54,7 @@ func assertHA(ctx context.Context, t *testing.T, dir string, client kubernetes.I
 			return false, nil
 		}
 		for _, cp := range cps {
-			if err := readyz(ctx, apiClient, "https://"+nodeIP(t, dir, cp)+":6443"); err != nil {
+			if err := readyz(ctx, apiClient, "https://"+clustertest.NodeIP(t, dir, cp)+":6443"); err != nil {
 				state = fmt.Sprintf("the API server of %s: %v", cp, err)
 				return false, nil
 			}

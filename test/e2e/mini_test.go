@@ -73,7 +73,7 @@ func TestMiniCluster(t *testing.T) {
 
 	client := clientFor(t, filepath.Join(dir, "gatehouse-admin.conf"))
 	ctx := t.Context()
-	ip := func(node string) string { return nodeIP(t, dir, node) }
+	ip := func(node string) string { return clustertest.NodeIP(t, dir, node) }
 	t.Run("HA control plane", func(t *testing.T) {
 		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
 		// Continuous attestation (every 10 s in the local cluster) finds
