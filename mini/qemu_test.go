@@ -47,7 +47,7 @@ func TestProvisionVM(t *testing.T) {
 		"network":           {"address=10.88.5.11/24\n", "gateway=10.88.5.1\n", "hostname=worker-1\n", "route=10.244.0.0/24,10.88.5.10\n"},
 		"join-endpoints":    {"10.88.5.10:9090\n"},
 		"cluster-ca-hash":   {worker.CACertHash},
-		"bootstrapper-args": {"--node-name=worker-1\n"},
+		"bootstrapper-args": {"--node-name=worker-1\n", "--ignore-preflight-errors=Mem\n"},
 		"containerd.toml":   {`sandbox_image = "docker.io/local/pause:3.10"`, `mirrors."docker.io"]`, `endpoint = ["http://10.88.5.1:5000"]`},
 		"cni.conflist":      {`"subnet": "10.244.1.0/24"`},
 	} {

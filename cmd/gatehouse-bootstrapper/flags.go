@@ -102,7 +102,11 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	skipPhases := fs.String("skip-phases", "", "comma-separated kubeadm init phases to skip")
 	fs.BoolVar(&o.kubeProxy.MasqueradeAll, "kube-proxy-masquerade-all", false, "kube-proxy SNATs all Service traffic (nodes whose pod bridge bypasses iptables)")
 	proxyConntrack := fs.Int("kube-proxy-conntrack-max-per-core", -1, "kube-proxy's conntrack.maxPerCore; 0 leaves nf_conntrack_max alone (nodes in network namespaces); -1 is kube-proxy's default")
-	ignorePreflight := fs.String("ignore-preflight-errors", "", "comma-separated kubeadm preflight checks to ignore")
+	var ignorePreflight []string
+	fs.Func("ignore-preflight-errors", "comma-separated kubeadm preflight checks to ignore; repeatable, the lists add up (an image's own and a deployment's)", func(v string) error {
+		ignorePreflight = append(ignorePreflight, splitList(v)...)
+		return nil
+	})
 	kubeletService := fs.String("kubelet-service", "systemd", "how the kubelet is restarted: systemd, or none when something else supervises it")
 	fs.StringVar(&o.successFile, "success-file", "", "file written once the node is bootstrapped (Cluster API: /run/cluster-api/bootstrap-success.complete)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "HTTP address of /metrics (init refusals, refused connections); empty: none")
@@ -174,7 +178,7 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 		return nil, fmt.Errorf("--kubelet-service %q: use systemd or none", *kubeletService)
 	}
 	o.node.Name, o.node.AdvertiseAddress, o.node.CRISocket = *nodeName, *advertise, *criSocket
-	o.node.ImagePullPolicy, o.node.IgnorePreflightErrors = corev1.PullPolicy(*pullPolicy), splitList(*ignorePreflight)
+	o.node.ImagePullPolicy, o.node.IgnorePreflightErrors = corev1.PullPolicy(*pullPolicy), ignorePreflight
 	o.skipPhases = splitList(*skipPhases)
 	if *proxyConntrack >= 0 { // < 0 keeps kube-proxy's default
 		o.kubeProxy.ConntrackMaxPerCore = ptr.To(int32(min(*proxyConntrack, math.MaxInt32)))

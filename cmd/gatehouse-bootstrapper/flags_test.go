@@ -36,7 +36,9 @@ func TestLibraryTestFlagsAreRefused(t *testing.T) {
 func TestParseFlags(t *testing.T) {
 	o, err := parseFlags("gatehouse-bootstrapper", append([]string{"--pcrs", "4,15", "--kube-proxy-conntrack-max-per-core", "0",
 		"--join-endpoints", "10.0.0.1:9090,10.0.0.2:9090", "--skip-phases", "addon/coredns, ,",
-		"--control-plane-env", "kube-apiserver:GOGC=50", "--control-plane-env", "etcd:GOMEMLIMIT=200MiB"}, required...), "Node-1")
+		"--control-plane-env", "kube-apiserver:GOGC=50", "--control-plane-env", "etcd:GOMEMLIMIT=200MiB",
+		// The node image's unit names its own checks, a deployment adds more.
+		"--ignore-preflight-errors=FileExisting-crictl,SystemVerification", "--ignore-preflight-errors", "Mem"}, required...), "Node-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,6 +59,9 @@ func TestParseFlags(t *testing.T) {
 	}
 	if o.kubeProxy.ConntrackMaxPerCore == nil || *o.kubeProxy.ConntrackMaxPerCore != 0 || o.endpoints == nil || len(o.skipPhases) != 1 {
 		t.Errorf("kube-proxy %+v, endpoints %v, skip phases %q", o.kubeProxy, o.endpoints, o.skipPhases)
+	}
+	if want := []string{"FileExisting-crictl", "SystemVerification", "Mem"}; !slices.Equal(o.node.IgnorePreflightErrors, want) {
+		t.Errorf("ignored preflight errors %q, want %q", o.node.IgnorePreflightErrors, want)
 	}
 	if want := []kubeadm.ComponentEnv{{Component: "kube-apiserver", Name: "GOGC", Value: "50"}, {Component: "etcd", Name: "GOMEMLIMIT", Value: "200MiB"}}; !slices.Equal(o.controlPlaneEnv, want) {
 		t.Errorf("control-plane env %+v, want %+v", o.controlPlaneEnv, want)
