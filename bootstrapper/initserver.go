@@ -67,6 +67,9 @@ type InitServerConfig struct {
 	SkipPhases      []string
 	KubeProxy       kubeadm.KubeProxyOptions
 	ControlPlaneEnv []kubeadm.ComponentEnv
+	// ControlPlaneWait is kubeadm init's wait for the control plane
+	// (kubeadm.InitParams.ControlPlaneWait); 0 is kubeadm's.
+	ControlPlaneWait time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 	// SecretAttempts bound guessing the init secret; zero is
@@ -340,6 +343,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		SkipPhases:           s.cfg.SkipPhases,
 		KubeProxy:            s.cfg.KubeProxy,
 		ControlPlaneEnv:      s.cfg.ControlPlaneEnv,
+		ControlPlaneWait:     s.cfg.ControlPlaneWait,
 	}
 	if _, err := params.Render(); err != nil {
 		return nil, err

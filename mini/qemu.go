@@ -239,6 +239,11 @@ func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 	// A VM has 1 GiB (the qemu-ovmf platform's PCR 0 was measured so),
 	// below what kubeadm's preflight wants of a control plane (1700 MB).
 	args := []string{"--node-name=" + s.Name, "--image-repository=" + ImageRepository, "--ignore-preflight-errors=Mem"}
+	if s.ControlPlane {
+		// Under TCG emulation the API server takes minutes to start,
+		// beyond kubeadm's default wait (4 min).
+		args = append(args, "--control-plane-wait=20m")
+	}
 	files := []struct {
 		name string
 		data []byte

@@ -78,6 +78,13 @@ func TestProvisionVM(t *testing.T) {
 	if !slices.Contains(names, "init-secret.bcrypt") || slices.Contains(names, "join-endpoints") {
 		t.Errorf("the first control plane's entries: %v; want the init secret's hash and no join endpoints", names)
 	}
+	args, err := os.ReadFile(filepath.Join(vmDir(cp.Dir), "provision", "bootstrapper-args"))
+	if err != nil || !strings.Contains(string(args), "--control-plane-wait=20m\n") {
+		t.Errorf("the control plane's bootstrapper-args %q (%v) give kubeadm no longer wait for its API server", args, err)
+	}
+	if strings.Contains(got["bootstrapper-args"], "control-plane-wait") {
+		t.Errorf("a worker's bootstrapper-args set a control-plane wait: %q", got["bootstrapper-args"])
+	}
 }
 
 // TestAcceptVMNodes: with the node image's signed values, the cluster

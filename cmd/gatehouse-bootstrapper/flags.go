@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
@@ -59,8 +60,10 @@ type options struct {
 	skipPhases      []string
 	kubeProxy       kubeadm.KubeProxyOptions
 	controlPlaneEnv []kubeadm.ComponentEnv
-	successFile     string
-	metricsListen   string
+	// controlPlaneWait is kubeadm init's wait for the control plane.
+	controlPlaneWait time.Duration
+	successFile      string
+	metricsListen    string
 }
 
 // parseFlags parses and checks the flags in args of the bootstrapper
@@ -129,6 +132,7 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 		o.node.Taints, err = kubeadm.ParseTaints(v)
 		return err
 	})
+	fs.DurationVar(&o.controlPlaneWait, "control-plane-wait", 0, "how long kubeadm init waits for the control plane to be healthy and for each API call (kubeadm's timeouts controlPlaneComponentHealthCheck and kubernetesAPICall); 0: kubeadm's defaults (4m and 1m); at most 1h; for machines that start the API server slowly (a VM under emulation)")
 	fs.Func("control-plane-env", "a Go memory setting of a control-plane component's static Pod on kubeadm init, component:NAME=value: component kube-apiserver, kube-controller-manager, kube-scheduler or etcd, NAME GOGC or GOMEMLIMIT (e.g. kube-apiserver:GOGC=50); repeatable; none by default", func(v string) error {
 		e, err := kubeadm.ParseComponentEnv(v)
 		o.controlPlaneEnv = append(o.controlPlaneEnv, e)
@@ -145,6 +149,9 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 
 	if err := kubeadm.CheckRegistration(o.node.Taints, o.node.KubeletExtraArgs); err != nil {
 		return nil, fmt.Errorf("--node-taints and --kubelet-arg: %w", err)
+	}
+	if err := kubeadm.CheckControlPlaneWait(o.controlPlaneWait); err != nil {
+		return nil, fmt.Errorf("--control-plane-wait: %w", err)
 	}
 	if err := kubeadm.CheckComponentEnv(o.controlPlaneEnv); err != nil {
 		return nil, fmt.Errorf("--control-plane-env: %w", err)

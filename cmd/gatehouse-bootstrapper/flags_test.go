@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	// Imported for their side effect on the global flag set, as the
 	// bootstrapper's own imports do: they register test flags there.
@@ -38,7 +39,8 @@ func TestParseFlags(t *testing.T) {
 		"--join-endpoints", "10.0.0.1:9090,10.0.0.2:9090", "--skip-phases", "addon/coredns, ,",
 		"--control-plane-env", "kube-apiserver:GOGC=50", "--control-plane-env", "etcd:GOMEMLIMIT=200MiB",
 		// The node image's unit names its own checks, a deployment adds more.
-		"--ignore-preflight-errors=FileExisting-crictl,SystemVerification", "--ignore-preflight-errors", "Mem"}, required...), "Node-1")
+		"--ignore-preflight-errors=FileExisting-crictl,SystemVerification", "--ignore-preflight-errors", "Mem",
+		"--control-plane-wait", "15m"}, required...), "Node-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +62,9 @@ func TestParseFlags(t *testing.T) {
 	if o.kubeProxy.ConntrackMaxPerCore == nil || *o.kubeProxy.ConntrackMaxPerCore != 0 || o.endpoints == nil || len(o.skipPhases) != 1 {
 		t.Errorf("kube-proxy %+v, endpoints %v, skip phases %q", o.kubeProxy, o.endpoints, o.skipPhases)
 	}
+	if o.controlPlaneWait != 15*time.Minute {
+		t.Errorf("control-plane wait %s, want 15m", o.controlPlaneWait)
+	}
 	if want := []string{"FileExisting-crictl", "SystemVerification", "Mem"}; !slices.Equal(o.node.IgnorePreflightErrors, want) {
 		t.Errorf("ignored preflight errors %q, want %q", o.node.IgnorePreflightErrors, want)
 	}
@@ -76,6 +81,8 @@ func TestParseFlags(t *testing.T) {
 		{append([]string{"--kubelet-service", "upstart"}, required...), `--kubelet-service "upstart"`},
 		{append([]string{"--control-plane-env", "kube-apiserver:GODEBUG=x509sha1=1"}, required...), "only GOGC and GOMEMLIMIT"},
 		{append([]string{"--control-plane-env", "etcd:GOGC=50", "--control-plane-env", "etcd:GOGC=60"}, required...), "GOGC of etcd is set twice"},
+		{append([]string{"--control-plane-wait", "2h"}, required...), "--control-plane-wait: control-plane wait 2h0m0s is not between 0"},
+		{append([]string{"--control-plane-wait", "-1m"}, required...), "--control-plane-wait: control-plane wait -1m0s"},
 	} {
 		if _, err := parseFlags("gatehouse-bootstrapper", tt.args, "node-1"); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%q) = %v, want an error containing %q", tt.args, err, tt.want)

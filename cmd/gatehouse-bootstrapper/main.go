@@ -172,7 +172,7 @@ func newInitServer(o *options, machine *bootstrapper.Machine, lock *nodelock.Loc
 		SecretAttempts:  o.secretAttempts,
 		Registerer:      reg,
 		ImageRepository: o.imageRepository, SkipPhases: o.skipPhases,
-		KubeProxy: o.kubeProxy, ControlPlaneEnv: o.controlPlaneEnv,
+		KubeProxy: o.kubeProxy, ControlPlaneEnv: o.controlPlaneEnv, ControlPlaneWait: o.controlPlaneWait,
 	})
 }
 

@@ -244,12 +244,33 @@ type InitParams struct {
 	// controller manager signs (cluster-signing-duration), kubelets' client
 	// and serving certificates among them; 0 is DefaultKubeletCertLifetime.
 	KubeletCertLifetime time.Duration
+	// ControlPlaneWait, when not zero, is how long kubeadm init waits for
+	// the control plane's components to be healthy and for each of its
+	// API calls to succeed (InitConfiguration timeouts
+	// controlPlaneComponentHealthCheck and kubernetesAPICall, kubeadm
+	// v1beta4); 0 keeps kubeadm's defaults (4 min and 1 min). A machine
+	// that starts the API server slowly (a VM under emulation) needs more.
+	// At most MaxControlPlaneWait.
+	ControlPlaneWait time.Duration
 	// InitToken is the bootstrap token "<id>.<secret>" kubeadm init
 	// creates (it always creates one; its bootstrap-token phase also sets up
 	// the RBAC and cluster-info that joins need). It expires after
 	// initTokenTTL; delete it after init, since nodes join with tokens the
 	// join service issues per attested node. Secret.
 	InitToken string
+}
+
+// MaxControlPlaneWait bounds InitParams.ControlPlaneWait: a control plane
+// not healthy after it is broken, not slow.
+const MaxControlPlaneWait = time.Hour
+
+// CheckControlPlaneWait checks a ControlPlaneWait: 0 (kubeadm's defaults)
+// up to MaxControlPlaneWait.
+func CheckControlPlaneWait(d time.Duration) error {
+	if d < 0 || d > MaxControlPlaneWait {
+		return fmt.Errorf("control-plane wait %s is not between 0 (kubeadm's defaults) and %s", d, MaxControlPlaneWait)
+	}
+	return nil
 }
 
 // KubeProxyOptions are the settings of kube-proxy's configuration
@@ -310,7 +331,8 @@ const initTokenTTL = 15 * time.Minute
 
 func (p InitParams) validate() error {
 	var errs []error
-	errs = append(errs, p.Node.validate(), p.Kubelet.validate(), CheckKubeletCertLifetime(p.kubeletCertLifetime()), CheckComponentEnv(p.ControlPlaneEnv))
+	errs = append(errs, p.Node.validate(), p.Kubelet.validate(), CheckKubeletCertLifetime(p.kubeletCertLifetime()), CheckComponentEnv(p.ControlPlaneEnv),
+		CheckControlPlaneWait(p.ControlPlaneWait))
 	if msgs := validation.IsDNS1123Label(p.ClusterName); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("cluster name %q: %v", p.ClusterName, msgs))
 	}
@@ -363,6 +385,10 @@ func (p InitParams) Render() ([]byte, error) {
 		NodeRegistration: p.Node.registration(),
 		LocalAPIEndpoint: kubeadmv1beta4.APIEndpoint{AdvertiseAddress: p.Node.AdvertiseAddress, BindPort: port},
 		SkipPhases:       p.SkipPhases,
+	}
+	if p.ControlPlaneWait > 0 {
+		wait := &metav1.Duration{Duration: p.ControlPlaneWait}
+		init.Timeouts = &kubeadmv1beta4.Timeouts{ControlPlaneComponentHealthCheck: wait, KubernetesAPICall: wait}
 	}
 	token, err := kubeadmv1beta4.NewBootstrapTokenString(p.InitToken)
 	if err != nil {

@@ -107,6 +107,7 @@ func TestConfigsPassKubeadmValidate(t *testing.T) {
 	files := map[string]string{
 		"init":               writeInit(t, initParams(addr)),
 		"init local cluster": writeInit(t, miniInit(addr)),
+		"init, slow machine": writeInit(t, slowInit(addr)),
 		"join worker":        writeJoin(t, joinParams(t, addr, false)),
 		"join control plane": writeJoin(t, joinParams(t, addr, true)),
 	}
@@ -223,6 +224,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 		{"cgroup driver", func(p *kubeadm.InitParams) { p.Kubelet.CgroupDriver = "none" }, "cgroup driver"},
 		{"init token", func(p *kubeadm.InitParams) { p.InitToken = "" }, "init bootstrap token"},
 		{"kubelet certificate lifetime", func(p *kubeadm.InitParams) { p.KubeletCertLifetime = time.Minute }, "kubelet certificate lifetime 1m0s"},
+		{"control-plane wait", func(p *kubeadm.InitParams) { p.ControlPlaneWait = 2 * time.Hour }, "control-plane wait 2h0m0s is not between 0"},
 	} {
 		p := initParams(addr)
 		tc.mutate(&p)
@@ -236,6 +238,33 @@ func TestRenderRejectsBadInput(t *testing.T) {
 	_, _, err := p.Render()
 	if err == nil || !strings.Contains(err.Error(), "bootstrap token") || strings.Contains(err.Error(), secret) {
 		t.Errorf("bad token: %v (must name the field, not the token)", err)
+	}
+}
+
+// slowInit is initParams for a machine that starts the API server slowly.
+func slowInit(addr string) kubeadm.InitParams {
+	p := initParams(addr)
+	p.ControlPlaneWait = 15 * time.Minute
+	return p
+}
+
+// TestControlPlaneWait: a control-plane wait reaches kubeadm's init
+// timeouts (kubeadm config validate accepts them: TestConfigsPassKubeadmValidate);
+// none keeps kubeadm's defaults.
+func TestControlPlaneWait(t *testing.T) {
+	out, err := slowInit("192.0.2.10").Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "timeouts:\n  controlPlaneComponentHealthCheck: 15m0s\n  kubernetesAPICall: 15m0s\n"; !strings.Contains(string(out), want) {
+		t.Errorf("the init configuration lacks %q:\n%s", want, out)
+	}
+	out, err = initParams("192.0.2.10").Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "timeouts:") {
+		t.Errorf("without a wait the init configuration sets timeouts:\n%s", out)
 	}
 }
 
