@@ -334,3 +334,48 @@ func TestInstallKeepsBakedBinaries(t *testing.T) {
 		t.Fatalf("a binary with another digest was not replaced (%v, %d requests)", err, hits.Load())
 	}
 }
+
+// TestHoldsOnceHashesEachFileOnce: the names of one multi-call binary are
+// links to one file, which is hashed once per Install (the second name's
+// check does not read the file again: here its bytes changed in between
+// and it still counts as confirmed); a file with other bytes, or a digest
+// not confirmed, is hashed.
+func TestHoldsOnceHashesEachFileOnce(t *testing.T) {
+	dir := t.TempDir()
+	content := []byte("kube multi-call binary")
+	real := filepath.Join(dir, "kube")
+	if err := os.WriteFile(real, content, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"kubelet", "kubeadm"} {
+		if err := os.Symlink("kube", filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := filepath.Join(dir, "other")
+	if err := os.WriteFile(other, []byte("other"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]bool{}
+	if !holdsOnce(held, filepath.Join(dir, "kubelet"), hashOf(content)) {
+		t.Fatal("the first name of the binary does not hold its digest")
+	}
+	if err := os.WriteFile(real, []byte("changed"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if !holdsOnce(held, filepath.Join(dir, "kubeadm"), hashOf(content)) {
+		t.Error("the second name of the same file was hashed again")
+	}
+	if holdsOnce(held, other, hashOf(content)) {
+		t.Error("another file holds the digest by the cache")
+	}
+	if holdsOnce(held, filepath.Join(dir, "kubelet"), hashOf([]byte("never"))) {
+		t.Error("a digest never confirmed counts as held")
+	}
+	if !holdsOnce(held, filepath.Join(dir, "kubelet"), hashOf([]byte("changed"))) {
+		t.Error("the file's new bytes, hashed for another digest, do not hold it")
+	}
+	if holdsOnce(held, filepath.Join(dir, "missing"), hashOf(content)) {
+		t.Error("a missing file holds a digest")
+	}
+}
