@@ -84,7 +84,7 @@ func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component)
 		}
 	}
 	installed := map[string]string{} // URL and digest of a binary → where it was installed
-	held := map[string]bool{}         // real file and digest that holds confirmed in this call
+	held := map[string]bool{}        // real file and digest that holds confirmed in this call
 	for _, c := range list {
 		key := c.GetUrl() + "\x00" + c.GetHash()
 		var err error
