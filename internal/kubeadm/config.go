@@ -250,7 +250,7 @@ type InitParams struct {
 	// controlPlaneComponentHealthCheck and kubernetesAPICall, kubeadm
 	// v1beta4); 0 keeps kubeadm's defaults (4 min and 1 min). A machine
 	// that starts the API server slowly (a VM under emulation) needs more.
-	// At most MaxControlPlaneWait.
+	// At most maxControlPlaneWait.
 	ControlPlaneWait time.Duration
 	// InitToken is the bootstrap token "<id>.<secret>" kubeadm init
 	// creates (it always creates one; its bootstrap-token phase also sets up
@@ -260,15 +260,15 @@ type InitParams struct {
 	InitToken string
 }
 
-// MaxControlPlaneWait bounds InitParams.ControlPlaneWait: a control plane
+// maxControlPlaneWait bounds InitParams.ControlPlaneWait: a control plane
 // not healthy after it is broken, not slow.
-const MaxControlPlaneWait = time.Hour
+const maxControlPlaneWait = time.Hour
 
 // CheckControlPlaneWait checks a ControlPlaneWait: 0 (kubeadm's defaults)
-// up to MaxControlPlaneWait.
+// up to maxControlPlaneWait.
 func CheckControlPlaneWait(d time.Duration) error {
-	if d < 0 || d > MaxControlPlaneWait {
-		return fmt.Errorf("control-plane wait %s is not between 0 (kubeadm's defaults) and %s", d, MaxControlPlaneWait)
+	if d < 0 || d > maxControlPlaneWait {
+		return fmt.Errorf("control-plane wait %s is not between 0 (kubeadm's defaults) and %s", d, maxControlPlaneWait)
 	}
 	return nil
 }
