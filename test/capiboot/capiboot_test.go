@@ -36,7 +36,6 @@ import (
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
 	"github.com/gatehouse-dev/gatehouse/capi/controller/controllertest"
 	"github.com/gatehouse-dev/gatehouse/capi/render"
-	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/mini"
 	"github.com/gatehouse-dev/gatehouse/test/clustertest"
@@ -127,7 +126,7 @@ func TestCAPIDataBoots(t *testing.T) {
 		t.Fatalf("the data does not pin the cluster's CA %s (from kube-public/cluster-info):\n%s", rec.CACertHash, data)
 	}
 
-	audit := func() string { return joinServiceLog(t, dir) }
+	audit := func() string { return clustertest.JoinServiceLog(t, dir, "cp-*") }
 	// The local cluster is the infrastructure provider: the VM gets its
 	// address, routes and registry mirror as a cloud's machine gets them
 	// from DHCP and its metadata, and the data on a NoCloud seed disk.
@@ -144,7 +143,7 @@ func TestCAPIDataBoots(t *testing.T) {
 	}
 	t.Logf("MEASURED: VM %s boot of the CAPI data to Node %s Ready: %s", name, node.Name, time.Since(booted).Round(time.Second))
 	waitConsole(ctx, t, dir, name, joined)
-	if got := auditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`); got != 1 {
+	if got := clustertest.AuditCount(audit(), source, `"method":"IssueJoinTicket"`, `"verdict":"allowed"`); got != 1 {
 		t.Errorf("the join service allowed %d join tickets for the VM at %s, want 1", got, source)
 	}
 	assertTokenFromJoinService(ctx, t, kube, audit(), source, node.Name)
@@ -170,7 +169,7 @@ func TestCAPIDataBoots(t *testing.T) {
 		}
 		line := waitConsole(ctx, t, dir, vm, refused)
 		t.Logf("VM boot to its refusal: %s: %s", time.Since(booted).Round(time.Second), line)
-		if got := auditCount(audit(), clustertest.NodeIP(t, dir, vm), `"method":"IssueJoinTicket"`); got != 0 {
+		if got := clustertest.AuditCount(audit(), clustertest.NodeIP(t, dir, vm), `"method":"IssueJoinTicket"`); got != 0 {
 			t.Errorf("the refusing VM asked the join service for %d join tickets: it trusted a CA it does not pin", got)
 		}
 		nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
@@ -464,39 +463,4 @@ func infrastructureProvider(ctx context.Context, t *testing.T, env *controllerte
 		}
 	}
 	t.Logf("Machine %s: providerID %s, addresses %v (Node %s)", m.Name, m.Spec.ProviderID, m.Status.Addresses, node.Name)
-}
-
-// joinServiceLog is the join service's log on the local cluster's control
-// plane (its audit records among it).
-func joinServiceLog(t *testing.T, dir string) string {
-	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "cp-*", "root", "var", "log", "pods", charts.Namespace+"_gatehouse-joinservice-*", "*", "*.log"))
-	var all strings.Builder
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		all.Write(data)
-	}
-	return all.String()
-}
-
-// auditCount counts the join service's audit lines from source holding
-// every one of fields.
-func auditCount(audit, source string, fields ...string) int {
-	n := 0
-	for line := range strings.SplitSeq(audit, "\n") {
-		if !strings.Contains(line, `"source":"`+source+`"`) {
-			continue
-		}
-		all := true
-		for _, f := range fields {
-			all = all && strings.Contains(line, f)
-		}
-		if all {
-			n++
-		}
-	}
-	return n
 }

@@ -112,7 +112,7 @@ func workerAsksForControlPlane(ctx context.Context, t *testing.T, dir string, cl
 	if err == nil && ptr.Deref(lease.Spec.HolderIdentity, "") == "impostor-cp" {
 		t.Error("the refused machine holds the control-plane join Lease")
 	}
-	if log := joinServiceLog(t, dir); !strings.Contains(log, `"reason":"role_not_attested"`) {
+	if log := clustertest.JoinServiceLog(t, dir, "cp-*"); !strings.Contains(log, `"reason":"role_not_attested"`) {
 		t.Errorf("the join service did not audit role_not_attested:\n%s", log)
 	}
 }

@@ -160,7 +160,7 @@ func TestMiniCluster(t *testing.T) {
 				t.Errorf("the tampered worker got bootstrap token %s", s.Name)
 			}
 		}
-		audit := joinServiceLog(t, dir)
+		audit := clustertest.JoinServiceLog(t, dir, "cp-*")
 		refused, allowed := false, false
 		for _, line := range strings.Split(audit, "\n") {
 			if !strings.Contains(line, `"source":"`+ip("worker-3")+`"`) {
@@ -239,7 +239,7 @@ func TestMiniCluster(t *testing.T) {
 
 	t.Run("reboot and rejoin", func(t *testing.T) {
 		rejoin := []string{`"method":"IssueRejoinTicket"`, `"verdict":"allowed"`}
-		rejoinsBefore := auditCount(joinServiceLog(t, dir), ip("worker-1"), rejoin...)
+		rejoinsBefore := clustertest.AuditCount(clustertest.JoinServiceLog(t, dir, "cp-*"), ip("worker-1"), rejoin...)
 		rebooted := time.Now()
 		if out, err := clustertest.Gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "worker-1"); err != nil {
 			t.Fatalf("mini node reboot: %v\n%s", err, out)
@@ -268,7 +268,7 @@ func TestMiniCluster(t *testing.T) {
 		if err != nil {
 			t.Fatalf("worker-1 is not Ready with its workload after the reboot: %v\n%s", err, nodeLogs(dir))
 		}
-		if audit := joinServiceLog(t, dir); auditCount(audit, ip("worker-1"), rejoin...) <= rejoinsBefore {
+		if audit := clustertest.JoinServiceLog(t, dir, "cp-*"); clustertest.AuditCount(audit, ip("worker-1"), rejoin...) <= rejoinsBefore {
 			t.Fatalf("the join service did not issue worker-1 a rejoin ticket after its reboot:\n%s", audit)
 		}
 		keepsServing(t)
@@ -328,7 +328,7 @@ func TestMiniCluster(t *testing.T) {
 		}
 		for _, cp := range []string{"cp-0", "cp-1", "cp-2"} {
 			t.Logf("%s's join service issued %d join ticket(s) to worker-4", cp,
-				auditCount(joinServiceLogOf(t, dir, cp), ip("worker-4"), `"method":"IssueJoinTicket"`, `"verdict":"allowed"`))
+				clustertest.AuditCount(clustertest.JoinServiceLog(t, dir, cp), ip("worker-4"), `"method":"IssueJoinTicket"`, `"verdict":"allowed"`))
 		}
 		waitRejoined(ctx, t, dir, client, "cp-0", killed)
 		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
@@ -348,22 +348,22 @@ func TestMiniCluster(t *testing.T) {
 
 	t.Run("rebooted node measuring otherwise stays out", func(t *testing.T) {
 		refusal := []string{`"verdict":"refused"`, `"reason":"measurement_mismatch"`}
-		audit := joinServiceLog(t, dir)
+		audit := clustertest.JoinServiceLog(t, dir, "cp-*")
 		w4 := ip("worker-4")
-		refusalsBefore, allowedBefore := auditCount(audit, w4, refusal...), auditCount(audit, w4, `"verdict":"allowed"`)
+		refusalsBefore, allowedBefore := clustertest.AuditCount(audit, w4, refusal...), clustertest.AuditCount(audit, w4, `"verdict":"allowed"`)
 		agentLog := filepath.Join(dir, "nodes", "worker-4", "logs", "agent.log")
 		logBefore, _ := os.ReadFile(agentLog)
 		if out, err := clustertest.Gatehouse(t, bin, "mini", "node", "reboot", "--dir", dir, "--tamper", "worker-4"); err != nil {
 			t.Fatalf("mini node reboot --tamper: %v\n%s", err, out)
 		}
 		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
-			audit = joinServiceLog(t, dir)
-			return auditCount(audit, w4, refusal...) > refusalsBefore, nil
+			audit = clustertest.JoinServiceLog(t, dir, "cp-*")
+			return clustertest.AuditCount(audit, w4, refusal...) > refusalsBefore, nil
 		})
 		if err != nil {
 			t.Fatalf("the join service did not refuse the tampered reboot of worker-4: %v\n%s", err, audit)
 		}
-		if auditCount(audit, w4, `"verdict":"allowed"`) > allowedBefore {
+		if clustertest.AuditCount(audit, w4, `"verdict":"allowed"`) > allowedBefore {
 			t.Fatalf("the join service allowed worker-4 after a tampered reboot:\n%s", audit)
 		}
 		if _, err := os.Stat(filepath.Join(dir, "nodes", "worker-4", "bootstrap.status")); err == nil {
@@ -511,48 +511,6 @@ func clientFor(t *testing.T, kubeconfig string, timeout ...time.Duration) kubern
 		t.Fatal(err)
 	}
 	return client
-}
-
-// auditCount counts the lines of the join service's audit log from source
-// that hold every one of fields. The log spans the service's pods (files
-// in no time order), so tests compare counts, not offsets.
-func auditCount(audit, source string, fields ...string) int {
-	n := 0
-	for _, line := range strings.Split(audit, "\n") {
-		if !strings.Contains(line, `"source":"`+source+`"`) {
-			continue
-		}
-		all := true
-		for _, f := range fields {
-			all = all && strings.Contains(line, f)
-		}
-		if all {
-			n++
-		}
-	}
-	return n
-}
-
-// joinServiceLog is the join services' log, of every control plane.
-func joinServiceLog(t *testing.T, dir string) string {
-	t.Helper()
-	return joinServiceLogOf(t, dir, "cp-*")
-}
-
-// joinServiceLogOf is the log of the join service on the nodes matching
-// the glob pattern node.
-func joinServiceLogOf(t *testing.T, dir, node string) string {
-	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(dir, "nodes", node, "root", "var", "log", "pods", charts.Namespace+"_gatehouse-joinservice-*", "*", "*.log"))
-	var all strings.Builder
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		all.Write(data)
-	}
-	return all.String()
 }
 
 func nodeLogs(dir string) string {

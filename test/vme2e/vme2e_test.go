@@ -128,7 +128,7 @@ func TestVMWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitTainted(ctx, t, client, name)
-	refusal := waitLog(ctx, t, func() string { return joinServiceLog(t) }, regexp.MustCompile(`.*\.cmdline.*`))
+	refusal := waitLog(ctx, t, func() string { return clustertest.JoinServiceLog(t, clusterDir, "cp-0") }, regexp.MustCompile(`.*\.cmdline.*`))
 	t.Logf("the join service's refusal: %.600s", refusal)
 }
 
@@ -289,21 +289,6 @@ func waitLog(ctx context.Context, t *testing.T, text func() string, re *regexp.R
 		t.Fatalf("waiting for %q: %v", re, err)
 	}
 	return found
-}
-
-// joinServiceLog is the join service's log on the namespace control plane.
-func joinServiceLog(t *testing.T) string {
-	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(clusterDir, "nodes", "cp-0", "root", "var", "log", "pods", "*_gatehouse-joinservice-*", "*", "*.log"))
-	var all strings.Builder
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		all.Write(data)
-	}
-	return all.String()
 }
 
 // logMemory logs the VM's memory on the host: QEMU's resident set.
