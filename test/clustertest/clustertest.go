@@ -12,6 +12,10 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/mini"
@@ -59,6 +63,24 @@ func Gatehouse(t *testing.T, bin string, args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Run()
 	return out.String(), err
+}
+
+// Client returns a client of the cluster kubeconfig names; timeout, when
+// given, bounds each request.
+func Client(t *testing.T, kubeconfig string, timeout ...time.Duration) kubernetes.Interface {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(timeout) > 0 {
+		cfg.Timeout = timeout[0]
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
 }
 
 // NodeIP is the address of node name of the local cluster in dir (its

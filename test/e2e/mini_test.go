@@ -19,8 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
 	"github.com/gatehouse-dev/gatehouse/charts"
@@ -71,7 +69,7 @@ func TestMiniCluster(t *testing.T) {
 		t.Errorf("a second mini up: %v\n%s", err, out)
 	}
 
-	client := clientFor(t, filepath.Join(dir, "gatehouse-admin.conf"))
+	client := clustertest.Client(t, filepath.Join(dir, "gatehouse-admin.conf"))
 	ctx := t.Context()
 	ip := func(node string) string { return clustertest.NodeIP(t, dir, node) }
 	t.Run("HA control plane", func(t *testing.T) {
@@ -415,7 +413,7 @@ func TestMiniCluster(t *testing.T) {
 		}
 		// Nothing can unlock the control plane but recover: no API server
 		// answers (a short request timeout, so the poll is not one long wait).
-		short := clientFor(t, filepath.Join(dir, "gatehouse-admin.conf"), 2*time.Second)
+		short := clustertest.Client(t, filepath.Join(dir, "gatehouse-admin.conf"), 2*time.Second)
 		if _, err := short.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
 			t.Fatal("the API server answers before recover")
 		}
@@ -493,24 +491,6 @@ func readySince(node *corev1.Node, t time.Time) bool {
 		}
 	}
 	return false
-}
-
-// clientFor returns a client of the cluster kubeconfig names; timeout, when
-// given, bounds each request.
-func clientFor(t *testing.T, kubeconfig string, timeout ...time.Duration) kubernetes.Interface {
-	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(timeout) > 0 {
-		cfg.Timeout = timeout[0]
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return client
 }
 
 func nodeLogs(dir string) string {

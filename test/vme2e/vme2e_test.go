@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/joinservice/continuous"
@@ -66,7 +65,7 @@ func TestVMWorker(t *testing.T) {
 		t.Fatalf("mini up: %v\n%s", err, out)
 	}
 	t.Logf("mini up (one namespace control plane) took %s", time.Since(start).Round(time.Second))
-	client := clientFor(t, filepath.Join(clusterDir, "gatehouse-admin.conf"))
+	client := clustertest.Client(t, filepath.Join(clusterDir, "gatehouse-admin.conf"))
 	ctx := t.Context()
 
 	// The VM worker joins through the join service.
@@ -330,17 +329,4 @@ func tamperedImage(t *testing.T, image testenv.NodeImage) string {
 	}
 	clustertest.ChangedCommandLine(t, image.WorkerUKI, image.WorkerDisk, filepath.Join(dir, "node-worker.raw"))
 	return dir
-}
-
-func clientFor(t *testing.T, kubeconfig string) kubernetes.Interface {
-	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return client
 }
