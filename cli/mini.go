@@ -63,11 +63,17 @@ func newMiniUpCmd() *cobra.Command {
 			}
 			opts.KubernetesVersion = versions.Default().Version
 			opts.Out = cmd.OutOrStdout()
+			// A VM control plane's API server takes minutes to answer
+			// under TCG emulation (kubeadm waits up to 20, docs/quickstart.md).
+			initTimeout := 10 * time.Minute
+			if opts.Provider == mini.ProviderQEMU {
+				initTimeout = 30 * time.Minute
+			}
 			opts.Init = func(ctx context.Context, dir, config, node, secretFile string, components []*componentsv1.Component, out io.Writer) error {
 				return runInit(ctx, out, initOptions{
 					config: config, node: node, initSecretFile: secretFile,
 					masterSecretFile: filepath.Join(dir, clusterconfig.DefaultMasterSecretFile), stateFile: filepath.Join(dir, clusterconfig.DefaultStateFile),
-					kubeconfig: filepath.Join(dir, clusterconfig.DefaultKubeconfig), components: components, arch: "amd64", timeout: 10 * time.Minute,
+					kubeconfig: filepath.Join(dir, clusterconfig.DefaultKubeconfig), components: components, arch: "amd64", timeout: initTimeout,
 					failureLog: filepath.Join(dir, "init-failure.log"),
 				})
 			}

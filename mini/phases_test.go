@@ -270,6 +270,9 @@ func TestDayTwoDispatch(t *testing.T) {
 		if strings.Contains(out.String(), "10.88.3.11:9000") {
 			t.Errorf("start names a worker to recover:\n%s", out.String())
 		}
+		if strings.Contains(out.String(), "--timeout") {
+			t.Errorf("start gives recover a VM's timeout for a namespace control plane:\n%s", out.String())
+		}
 		err := start(ctx, dir, &out, fs.lookup)
 		if err == nil || !strings.Contains(err.Error(), "node cp-0 runs: stop the cluster first") {
 			t.Errorf("start of a running cluster: %v", err)

@@ -104,6 +104,11 @@ func stop(ctx context.Context, dir, node string, out io.Writer, providerFor prov
 	return nil
 }
 
+// vmRecoverTimeout is how long gatehouse recover waits for a VM control
+// plane to answer (docs/benchmarks.md, "VM nodes": the boot to the
+// bootstrapper takes 1.5-2 min under TCG on an idle machine).
+const vmRecoverTimeout = "--timeout 15m"
+
 // Start boots every node of the local cluster in dir after Stop. With
 // every control plane down, no join service can unlock them: the control
 // planes wait for `gatehouse recover` (the command is printed), and the
@@ -130,6 +135,7 @@ func start(ctx context.Context, dir string, out io.Writer, providerFor providerL
 		nodes = append(nodes, n)
 	}
 	var controlPlanes []string
+	vmControlPlane := false
 	for _, n := range nodes {
 		fmt.Fprintf(out, "Booting %s\n", n.rec.Name)
 		if err := bootNode(ctx, rec, n.provider, n.spec); err != nil {
@@ -137,7 +143,13 @@ func start(ctx context.Context, dir string, out io.Writer, providerFor providerL
 		}
 		if n.spec.ControlPlane {
 			controlPlanes = append(controlPlanes, fmt.Sprintf("--endpoint %s:%d", n.spec.IP, initPort))
+			vmControlPlane = vmControlPlane || n.provider.Name() == ProviderQEMU
 		}
+	}
+	if vmControlPlane {
+		// Firmware, kernel and containerd take minutes under TCG before
+		// the bootstrapper answers; recover waits 2 by default.
+		controlPlanes = append(controlPlanes, vmRecoverTimeout)
 	}
 	fmt.Fprintf(out, "Every node booted. The control planes wait to be recovered (docs/recovery.md):\n"+
 		"  gatehouse recover --config %s --master-secret-file %s %s\n",

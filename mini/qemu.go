@@ -236,9 +236,7 @@ func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 	for i := range nodeIndex(s) {
 		fmt.Fprintf(&network, "route=%s,%s\n", podCIDR(i), s.Network.NodeIP(i))
 	}
-	// A VM has 1 GiB (the qemu-ovmf platform's PCR 0 was measured so),
-	// below what kubeadm's preflight wants of a control plane (1700 MB).
-	args := []string{"--node-name=" + s.Name, "--image-repository=" + ImageRepository, "--ignore-preflight-errors=Mem"}
+	args := []string{"--node-name=" + s.Name, "--image-repository=" + ImageRepository}
 	if s.ControlPlane {
 		// Under TCG emulation the API server takes minutes to start,
 		// beyond kubeadm's default wait (4 min).
@@ -292,10 +290,25 @@ func nodeIndex(s *NodeSpec) int {
 // vmContainerdDropIn is the VM's containerd drop-in: the cluster's pause
 // image as the sandbox image, and docker.io (where the cluster names its
 // images, ImageRepository) mirrored by the cluster's registry over plain
-// HTTP on the bridge.
+// HTTP on the bridge. containerd 1.6 (the image's) replaces a plugin's
+// whole table with an imported file's, so the drop-in repeats the rest of
+// the image's CRI settings (image/build/recipe/rootfs/etc/containerd/
+// config.toml; TestVMContainerdDropIn checks containerd's merged
+// configuration): without them the runc runtime fell back to the cgroupfs
+// driver beside the kubelet's systemd driver, and the kubelet killed and
+// re-created the control plane's static pods over and over.
 const vmContainerdDropIn = `version = 2
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "%[1]s"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    SystemdCgroup = true
   [plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]
     endpoint = ["http://%[2]s"]
   [plugins."io.containerd.grpc.v1.cri".registry.mirrors."%[2]s"]

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -47,7 +49,7 @@ func TestProvisionVM(t *testing.T) {
 		"network":           {"address=10.88.5.11/24\n", "gateway=10.88.5.1\n", "hostname=worker-1\n", "route=10.244.0.0/24,10.88.5.10\n"},
 		"join-endpoints":    {"10.88.5.10:9090\n"},
 		"cluster-ca-hash":   {worker.CACertHash},
-		"bootstrapper-args": {"--node-name=worker-1\n", "--ignore-preflight-errors=Mem\n"},
+		"bootstrapper-args": {"--node-name=worker-1\n", "--image-repository=" + ImageRepository + "\n"},
 		"containerd.toml":   {`sandbox_image = "docker.io/local/pause:3.10"`, `mirrors."docker.io"]`, `endpoint = ["http://10.88.5.1:5000"]`},
 		"cni.conflist":      {`"subnet": "10.244.1.0/24"`},
 	} {
@@ -209,5 +211,86 @@ func TestQEMUProviderBasics(t *testing.T) {
 	}
 	if vmProcessAlive(os.Getpid(), nr.Dir) {
 		t.Error("this test's process is taken for the VM's")
+	}
+}
+
+// TestVMContainerdDropIn: containerd (the image's 1.6, as Debian ships it
+// to this host too) merges a VM's drop-in into the image's configuration
+// so that only the sandbox image and the registry mirrors change; the
+// image's other CRI settings, the systemd cgroup driver the kubelet uses
+// among them, stay. containerd 1.6 replaces a plugin's table with an
+// imported file's: a drop-in with only its own keys left runc on cgroupfs.
+func TestVMContainerdDropIn(t *testing.T) {
+	containerd, err := exec.LookPath("containerd")
+	if err != nil {
+		t.Fatalf("containerd (make setup-test installs it): %v", err)
+	}
+	base, err := os.ReadFile("../image/build/recipe/rootfs/etc/containerd/config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const imageImports = `imports = ["/run/gatehouse/containerd.d/*.toml"]`
+	if !bytes.Contains(base, []byte(imageImports)) {
+		t.Fatalf("the image's containerd configuration no longer has %s", imageImports)
+	}
+	dir := t.TempDir()
+	// dump is containerd's merged configuration with the drop-ins in
+	// dropIns instead of the image's directory, without its imports line.
+	dump := func(dropIns string) []string {
+		config := filepath.Join(dir, filepath.Base(dropIns)+".toml")
+		data := bytes.Replace(base, []byte(imageImports), fmt.Appendf(nil, "imports = [%q]", filepath.Join(dropIns, "*.toml")), 1)
+		if err := os.WriteFile(config, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.CommandContext(t.Context(), containerd, "--config", config, "config", "dump").Output()
+		if err != nil {
+			t.Fatalf("containerd config dump: %v", err)
+		}
+		var lines []string
+		for _, l := range strings.Split(string(out), "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "imports =") {
+				lines = append(lines, l)
+			}
+		}
+		return lines
+	}
+	dropIns := filepath.Join(dir, "dropins")
+	if err := os.MkdirAll(dropIns, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const pause, registry = "docker.io/local/pause:3.10.2", "10.88.7.1:5000"
+	if err := os.WriteFile(filepath.Join(dropIns, "50-provisioned.toml"), fmt.Appendf(nil, vmContainerdDropIn, pause, registry), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	alone, merged := dump(filepath.Join(dir, "none")), dump(dropIns)
+	var lost, added []string
+	for _, l := range alone {
+		if !slices.Contains(merged, l) {
+			lost = append(lost, l)
+		}
+	}
+	for _, l := range merged {
+		if !slices.Contains(alone, l) {
+			added = append(added, l)
+		}
+	}
+	wantLost := []string{`sandbox_image = "registry.k8s.io/pause:3.10.2"`}
+	wantAdded := []string{
+		`sandbox_image = "` + pause + `"`,
+		`[plugins."io.containerd.grpc.v1.cri".registry.mirrors."` + registry + `"]`,
+		`endpoint = ["http://` + registry + `"]`,
+		`[plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]`,
+		`endpoint = ["http://` + registry + `"]`,
+	}
+	if !slices.Equal(lost, wantLost) {
+		t.Errorf("with the drop-in containerd lost the image's settings %q, want only %q", lost, wantLost)
+	}
+	slices.Sort(added)
+	slices.Sort(wantAdded)
+	if !slices.Equal(added, wantAdded) {
+		t.Errorf("the drop-in added %q, want %q", added, wantAdded)
+	}
+	if !slices.Contains(merged, "SystemdCgroup = true") {
+		t.Error("runc does not use the systemd cgroup driver, the kubelet's")
 	}
 }

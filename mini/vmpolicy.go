@@ -23,10 +23,12 @@ const (
 )
 
 // VMMemoryMiB is a VM node's memory. The node image's signed values
-// predict PCR 0 for platform qemu-ovmf, which was measured with 1 GiB:
+// predict PCR 0 for platform qemu-ovmf, which was measured with 2 GiB:
 // OVMF measures a firmware volume whose digest depends on the memory size
-// (docs/image.md), so a VM of another size is refused.
-const VMMemoryMiB = 1024
+// (docs/image.md), so a VM of another size is refused. 2 GiB, not 1: a
+// control plane's etcd, API server, controller manager, scheduler,
+// kubelet and containerd stalled a 1 GiB guest for minutes at a time.
+const VMMemoryMiB = 2048
 
 // imageValues reads the node image's signed reference values in
 // imageDir and checks their signature with the image's verify key beside

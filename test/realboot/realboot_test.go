@@ -29,6 +29,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/mini"
 )
 
 // bootTimeout bounds one boot to the bootstrapper's first words under TCG
@@ -117,9 +118,9 @@ func (r *rig) try(t *testing.T, args ...string) (string, error) {
 func (r *rig) boot(t *testing.T, disk, dir string) *qemu.VM {
 	t.Helper()
 	vm, err := qemu.Start(t.Context(), qemu.Config{
-		// 1 GiB: OVMF measures a firmware volume whose digest depends on the
+		// OVMF measures a firmware volume whose digest depends on the
 		// memory size into PCR 0, and platform qemu-ovmf was measured so.
-		Image: disk, Dir: dir, StateDiskSize: 1 << 30, TPMCA: r.ca, MemoryMiB: 1024,
+		Image: disk, Dir: dir, StateDiskSize: 1 << 30, TPMCA: r.ca, MemoryMiB: mini.VMMemoryMiB,
 		Forwards: []qemu.Forward{{Guest: initPort}},
 		Log:      slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	})

@@ -74,10 +74,10 @@ func TestVMWorker(t *testing.T) {
 	if err != nil {
 		t.Fatalf("adding a VM worker: %v", err)
 	}
-	waitReady(ctx, t, client, name, start)
+	waitReady(ctx, t, client, clusterDir, name, start)
 	t.Logf("MEASURED: VM worker %s from QEMU's start to Node Ready: %s", name, time.Since(start).Round(time.Second))
-	logMemory(t, name)
-	first := waitStateOpened(ctx, t, name, 1)
+	logMemory(t, clusterDir, name)
+	first := waitStateOpened(ctx, t, clusterDir, name, 1)
 	if first.opened != 1 {
 		t.Fatalf("the first opening of the state disk counts %d boots", first.opened)
 	}
@@ -98,13 +98,13 @@ func TestVMWorker(t *testing.T) {
 	if err := mini.RebootNode(ctx, clusterDir, name, false, clustertest.Writer{T: t}); err != nil {
 		t.Fatal(err)
 	}
-	second := waitStateOpened(ctx, t, name, 2)
+	second := waitStateOpened(ctx, t, clusterDir, name, 2)
 	if second.createdInBoot != first.thisBoot || second.thisBoot == first.thisBoot {
 		t.Fatalf("after the reset the state disk says %+v; before it %+v: its state did not survive", second, first)
 	}
-	waitReady(ctx, t, client, name, start)
+	waitReady(ctx, t, client, clusterDir, name, start)
 	t.Logf("MEASURED: VM worker %s from its reset to Node Ready again: %s", name, time.Since(start).Round(time.Second))
-	logMemory(t, name)
+	logMemory(t, clusterDir, name)
 	waitAttested(ctx, t, client, name, continuous.ReasonVerified)
 	// Its pod runs again after the reboot and serves.
 	clustertest.WaitAvailable(ctx, t, client, "default", "echo")
@@ -141,11 +141,11 @@ var stateOpened = regexp.MustCompile(`The state disk is open and holds the node'
 
 // waitStateOpened waits for the n-th opening of the state disk on the VM's
 // console and returns its record.
-func waitStateOpened(ctx context.Context, t *testing.T, name string, n int) record {
+func waitStateOpened(ctx context.Context, t *testing.T, dir, name string, n int) record {
 	t.Helper()
 	var last record
 	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, joinTimeout, true, func(context.Context) (bool, error) {
-		data, err := os.ReadFile(mini.VMConsoleLog(clusterDir, name))
+		data, err := os.ReadFile(mini.VMConsoleLog(dir, name))
 		if err != nil {
 			return false, nil
 		}
@@ -157,7 +157,7 @@ func waitStateOpened(ctx context.Context, t *testing.T, name string, n int) reco
 		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("waiting for opening %d of %s's state disk: %v (console: %s)", n, name, err, mini.VMConsoleLog(clusterDir, name))
+		t.Fatalf("waiting for opening %d of %s's state disk: %v (console: %s)", n, name, err, mini.VMConsoleLog(dir, name))
 	}
 	return last
 }
@@ -178,8 +178,9 @@ func parseRecord(t *testing.T, line string) record {
 	return record{createdInBoot: field("createdInBoot"), thisBoot: field("thisBoot"), opened: n}
 }
 
-// waitReady waits for Node name to be Ready with a heartbeat after since.
-func waitReady(ctx context.Context, t *testing.T, client kubernetes.Interface, name string, since time.Time) {
+// waitReady waits for Node name of the cluster in dir to be Ready with a
+// heartbeat after since.
+func waitReady(ctx context.Context, t *testing.T, client kubernetes.Interface, dir, name string, since time.Time) {
 	t.Helper()
 	state := "not registered"
 	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, joinTimeout, true, func(ctx context.Context) (bool, error) {
@@ -196,7 +197,7 @@ func waitReady(ctx context.Context, t *testing.T, client kubernetes.Interface, n
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("waiting for Node %s to be Ready: %v (last: %s; console: %s)", name, err, state, mini.VMConsoleLog(clusterDir, name))
+		t.Fatalf("waiting for Node %s to be Ready: %v (last: %s; console: %s)", name, err, state, mini.VMConsoleLog(dir, name))
 	}
 }
 
@@ -290,10 +291,11 @@ func waitLog(ctx context.Context, t *testing.T, text func() string, re *regexp.R
 	return found
 }
 
-// logMemory logs the VM's memory on the host: QEMU's resident set.
-func logMemory(t *testing.T, name string) {
+// logMemory logs the memory of VM name of the cluster in dir on the host:
+// QEMU's resident set.
+func logMemory(t *testing.T, dir, name string) {
 	t.Helper()
-	qemuPID, tpmPID, err := mini.VMPIDs(clusterDir, name)
+	qemuPID, tpmPID, err := mini.VMPIDs(dir, name)
 	if err != nil {
 		t.Fatal(err)
 	}
