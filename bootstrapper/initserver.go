@@ -70,6 +70,10 @@ type InitServerConfig struct {
 	// ControlPlaneWait is kubeadm init's wait for the control plane
 	// (kubeadm.InitParams.ControlPlaneWait); 0 is kubeadm's.
 	ControlPlaneWait time.Duration
+	// LeaderElectionLease is the controller manager's and scheduler's
+	// leader-election lease (kubeadm.InitParams.LeaderElectionLease); 0
+	// is their default.
+	LeaderElectionLease time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 	// SecretAttempts bound guessing the init secret; zero is
@@ -344,6 +348,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		KubeProxy:            s.cfg.KubeProxy,
 		ControlPlaneEnv:      s.cfg.ControlPlaneEnv,
 		ControlPlaneWait:     s.cfg.ControlPlaneWait,
+		LeaderElectionLease:  s.cfg.LeaderElectionLease,
 	}
 	if _, err := params.Render(); err != nil {
 		return nil, err

@@ -226,8 +226,12 @@ func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 	}
 	var network strings.Builder
 	// The host name, as DHCP gives one: the node's Kubernetes name also
-	// when its user data (cloud-init) names none.
-	fmt.Fprintf(&network, "address=%s/24\ngateway=%s\nhostname=%s\n", s.IP, s.Gateway, s.Name)
+	// when its user data (cloud-init) names none. A name server, as DHCP
+	// gives one: the host's bridge address. Nothing answers there (the
+	// cluster has no route out), but without one the VM's resolver is
+	// its own loopback, and CoreDNS on a VM forwards to it: to itself,
+	// which its loop plugin detects and exits on.
+	fmt.Fprintf(&network, "address=%s/24\ngateway=%s\ndns=%s\nhostname=%s\n", s.IP, s.Gateway, s.Gateway, s.Name)
 	// Routes to the pod ranges of the nodes made before this one: the
 	// image's provisioning read this entry a byte at a time (each a
 	// firmware transfer from the entry's start) until it was fixed to read
@@ -239,8 +243,10 @@ func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 	args := []string{"--node-name=" + s.Name, "--image-repository=" + ImageRepository}
 	if s.ControlPlane {
 		// Under TCG emulation the API server takes minutes to start,
-		// beyond kubeadm's default wait (4 min).
-		args = append(args, "--control-plane-wait=20m")
+		// beyond kubeadm's default wait (4 min), and answers a lease
+		// renewal in more than the controller manager's and scheduler's
+		// 10 s deadline, on which they exit.
+		args = append(args, "--control-plane-wait=20m", "--leader-election-lease=60s")
 	}
 	files := []struct {
 		name string

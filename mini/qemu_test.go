@@ -46,7 +46,7 @@ func TestProvisionVM(t *testing.T) {
 		got[strings.TrimPrefix(e.Name, "opt/gatehouse/")] = string(data)
 	}
 	for entry, want := range map[string][]string{
-		"network":           {"address=10.88.5.11/24\n", "gateway=10.88.5.1\n", "hostname=worker-1\n", "route=10.244.0.0/24,10.88.5.10\n"},
+		"network":           {"address=10.88.5.11/24\n", "gateway=10.88.5.1\n", "dns=10.88.5.1\n", "hostname=worker-1\n", "route=10.244.0.0/24,10.88.5.10\n"},
 		"join-endpoints":    {"10.88.5.10:9090\n"},
 		"cluster-ca-hash":   {worker.CACertHash},
 		"bootstrapper-args": {"--node-name=worker-1\n", "--image-repository=" + ImageRepository + "\n"},
@@ -81,7 +81,7 @@ func TestProvisionVM(t *testing.T) {
 		t.Errorf("the first control plane's entries: %v; want the init secret's hash and no join endpoints", names)
 	}
 	args, err := os.ReadFile(filepath.Join(vmDir(cp.Dir), "provision", "bootstrapper-args"))
-	if err != nil || !strings.Contains(string(args), "--control-plane-wait=20m\n") {
+	if err != nil || !strings.Contains(string(args), "--control-plane-wait=20m\n--leader-election-lease=60s\n") {
 		t.Errorf("the control plane's bootstrapper-args %q (%v) give kubeadm no longer wait for its API server", args, err)
 	}
 	if strings.Contains(got["bootstrapper-args"], "control-plane-wait") {

@@ -111,7 +111,7 @@ type services struct {
 
 // deployServices installs the key service and the join service from the
 // embedded Helm charts with the locally built images (imported into every
-// node, never pulled), their TLS Secrets, and a join config trusting the
+// namespace node, pulled from the cluster's registry by VMs), their TLS Secrets, and a join config trusting the
 // local TPM manufacturer's CA. One of each runs on every control plane's
 // host network (DaemonSets): the join service reaches the key service of
 // its own node on 127.0.0.1, and the API servers at apiServer (the
@@ -167,17 +167,23 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 	if err != nil {
 		return nil, err
 	}
+	// A namespace node has the images imported, never pulled; a VM control
+	// plane pulls them from the cluster's registry (pushImages).
+	pullPolicy := "Never"
+	if opts.Provider == ProviderQEMU {
+		pullPolicy = "IfNotPresent"
+	}
 	releases := []struct {
 		name   string
 		values map[string]any
 	}{
 		{"gatehouse-keyservice", map[string]any{
-			"image": map[string]any{"pullPolicy": "Never"},
+			"image": map[string]any{"pullPolicy": pullPolicy},
 			"kind":  "DaemonSet", "hostNetwork": true, "listenHost": "127.0.0.1",
 			"service": map[string]any{"port": 9100}, "metricsPort": 9101,
 		}},
 		{"gatehouse-joinservice", map[string]any{
-			"image":                 map[string]any{"pullPolicy": "Never"},
+			"image":                 map[string]any{"pullPolicy": pullPolicy},
 			"keyService":            map[string]any{"endpoint": "127.0.0.1:9100"},
 			"kubernetesServiceHost": apiHost, "kubernetesServicePort": apiPort,
 			"port":      joinPort,

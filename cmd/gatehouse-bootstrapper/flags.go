@@ -62,6 +62,9 @@ type options struct {
 	controlPlaneEnv []kubeadm.ComponentEnv
 	// controlPlaneWait is kubeadm init's wait for the control plane.
 	controlPlaneWait time.Duration
+	// leaderElectionLease is the controller manager's and scheduler's
+	// leader-election lease on kubeadm init.
+	leaderElectionLease time.Duration
 	successFile      string
 	metricsListen    string
 }
@@ -133,6 +136,7 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 		return err
 	})
 	fs.DurationVar(&o.controlPlaneWait, "control-plane-wait", 0, "how long kubeadm init waits for the control plane to be healthy and for each API call (kubeadm's timeouts controlPlaneComponentHealthCheck and kubernetesAPICall); 0: kubeadm's defaults (4m and 1m); at most 1h; for machines that start the API server slowly (a VM under emulation)")
+	fs.DurationVar(&o.leaderElectionLease, "leader-election-lease", 0, "the controller manager's and scheduler's leader-election lease on kubeadm init (renew deadline 2/3 and retry period 2/15 of it); 0: their defaults (15s); 15s to 5m; for control planes whose API server answers slowly (a VM under emulation), where a late renewal makes the leader exit")
 	fs.Func("control-plane-env", "a Go memory setting of a control-plane component's static Pod on kubeadm init, component:NAME=value: component kube-apiserver, kube-controller-manager, kube-scheduler or etcd, NAME GOGC or GOMEMLIMIT (e.g. kube-apiserver:GOGC=50); repeatable; none by default", func(v string) error {
 		e, err := kubeadm.ParseComponentEnv(v)
 		o.controlPlaneEnv = append(o.controlPlaneEnv, e)
@@ -152,6 +156,9 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	}
 	if err := kubeadm.CheckControlPlaneWait(o.controlPlaneWait); err != nil {
 		return nil, fmt.Errorf("--control-plane-wait: %w", err)
+	}
+	if err := kubeadm.CheckLeaderElectionLease(o.leaderElectionLease); err != nil {
+		return nil, fmt.Errorf("--leader-election-lease: %w", err)
 	}
 	if err := kubeadm.CheckComponentEnv(o.controlPlaneEnv); err != nil {
 		return nil, fmt.Errorf("--control-plane-env: %w", err)

@@ -40,7 +40,7 @@ func TestParseFlags(t *testing.T) {
 		"--control-plane-env", "kube-apiserver:GOGC=50", "--control-plane-env", "etcd:GOMEMLIMIT=200MiB",
 		// The node image's unit names its own checks, a deployment adds more.
 		"--ignore-preflight-errors=FileExisting-crictl,SystemVerification", "--ignore-preflight-errors", "Mem",
-		"--control-plane-wait", "15m"}, required...), "Node-1")
+		"--control-plane-wait", "15m", "--leader-election-lease", "1m"}, required...), "Node-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,8 +62,8 @@ func TestParseFlags(t *testing.T) {
 	if o.kubeProxy.ConntrackMaxPerCore == nil || *o.kubeProxy.ConntrackMaxPerCore != 0 || o.endpoints == nil || len(o.skipPhases) != 1 {
 		t.Errorf("kube-proxy %+v, endpoints %v, skip phases %q", o.kubeProxy, o.endpoints, o.skipPhases)
 	}
-	if o.controlPlaneWait != 15*time.Minute {
-		t.Errorf("control-plane wait %s, want 15m", o.controlPlaneWait)
+	if o.controlPlaneWait != 15*time.Minute || o.leaderElectionLease != time.Minute {
+		t.Errorf("control-plane wait %s, leader-election lease %s; want 15m and 1m", o.controlPlaneWait, o.leaderElectionLease)
 	}
 	if want := []string{"FileExisting-crictl", "SystemVerification", "Mem"}; !slices.Equal(o.node.IgnorePreflightErrors, want) {
 		t.Errorf("ignored preflight errors %q, want %q", o.node.IgnorePreflightErrors, want)
@@ -83,6 +83,7 @@ func TestParseFlags(t *testing.T) {
 		{append([]string{"--control-plane-env", "etcd:GOGC=50", "--control-plane-env", "etcd:GOGC=60"}, required...), "GOGC of etcd is set twice"},
 		{append([]string{"--control-plane-wait", "2h"}, required...), "--control-plane-wait: control-plane wait 2h0m0s is not between 0"},
 		{append([]string{"--control-plane-wait", "-1m"}, required...), "--control-plane-wait: control-plane wait -1m0s"},
+		{append([]string{"--leader-election-lease", "10m"}, required...), "--leader-election-lease: leader-election lease 10m0s is neither 0"},
 	} {
 		if _, err := parseFlags("gatehouse-bootstrapper", tt.args, "node-1"); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%q) = %v, want an error containing %q", tt.args, err, tt.want)

@@ -173,6 +173,7 @@ func newInitServer(o *options, machine *bootstrapper.Machine, lock *nodelock.Loc
 		Registerer:      reg,
 		ImageRepository: o.imageRepository, SkipPhases: o.skipPhases,
 		KubeProxy: o.kubeProxy, ControlPlaneEnv: o.controlPlaneEnv, ControlPlaneWait: o.controlPlaneWait,
+		LeaderElectionLease: o.leaderElectionLease,
 	})
 }
 

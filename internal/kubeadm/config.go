@@ -252,6 +252,15 @@ type InitParams struct {
 	// that starts the API server slowly (a VM under emulation) needs more.
 	// At most maxControlPlaneWait.
 	ControlPlaneWait time.Duration
+	// LeaderElectionLease, when not zero, is the leader-election lease of
+	// the controller manager and the scheduler (--leader-elect-lease-duration),
+	// with the renew deadline at 2/3 and the retry period at 2/15 of it
+	// (their defaults, 15 s, 10 s and 2 s, in proportion). A leader whose
+	// renewal misses the deadline exits, so a control plane whose API
+	// server answers slowly (a VM under emulation) restarts them over and
+	// over with the defaults. Between minLeaderElectionLease and
+	// maxLeaderElectionLease.
+	LeaderElectionLease time.Duration
 	// InitToken is the bootstrap token "<id>.<secret>" kubeadm init
 	// creates (it always creates one; its bootstrap-token phase also sets up
 	// the RBAC and cluster-info that joins need). It expires after
@@ -271,6 +280,36 @@ func CheckControlPlaneWait(d time.Duration) error {
 		return fmt.Errorf("control-plane wait %s is not between 0 (kubeadm's defaults) and %s", d, maxControlPlaneWait)
 	}
 	return nil
+}
+
+// Bounds of InitParams.LeaderElectionLease: the components' default and
+// a failover slower than any emulated machine needs.
+const (
+	minLeaderElectionLease = 15 * time.Second
+	maxLeaderElectionLease = 5 * time.Minute
+)
+
+// CheckLeaderElectionLease checks a LeaderElectionLease: 0 (the
+// components' defaults) or within the bounds above.
+func CheckLeaderElectionLease(d time.Duration) error {
+	if d != 0 && (d < minLeaderElectionLease || d > maxLeaderElectionLease) {
+		return fmt.Errorf("leader-election lease %s is neither 0 (the components' defaults) nor between %s and %s", d, minLeaderElectionLease, maxLeaderElectionLease)
+	}
+	return nil
+}
+
+// leaderElectionArgs are the leader-election flags of p.LeaderElectionLease,
+// none when it is zero.
+func (p InitParams) leaderElectionArgs() []kubeadmv1beta4.Arg {
+	d := p.LeaderElectionLease
+	if d == 0 {
+		return nil
+	}
+	return []kubeadmv1beta4.Arg{
+		{Name: "leader-elect-lease-duration", Value: d.String()},
+		{Name: "leader-elect-renew-deadline", Value: (d * 2 / 3).String()},
+		{Name: "leader-elect-retry-period", Value: (d * 2 / 15).String()},
+	}
 }
 
 // KubeProxyOptions are the settings of kube-proxy's configuration
@@ -332,7 +371,7 @@ const initTokenTTL = 15 * time.Minute
 func (p InitParams) validate() error {
 	var errs []error
 	errs = append(errs, p.Node.validate(), p.Kubelet.validate(), CheckKubeletCertLifetime(p.kubeletCertLifetime()), CheckComponentEnv(p.ControlPlaneEnv),
-		CheckControlPlaneWait(p.ControlPlaneWait))
+		CheckControlPlaneWait(p.ControlPlaneWait), CheckLeaderElectionLease(p.LeaderElectionLease))
 	if msgs := validation.IsDNS1123Label(p.ClusterName); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("cluster name %q: %v", p.ClusterName, msgs))
 	}
@@ -418,12 +457,12 @@ func (p InitParams) Render() ([]byte, error) {
 			CertSANs:              p.CertSANs,
 			ControlPlaneComponent: p.apiServer(),
 		},
-		ControllerManager: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs(
-			kubeadmv1beta4.Arg{Name: "terminated-pod-gc-threshold", Value: "1000"},
-			kubeadmv1beta4.Arg{Name: "cluster-signing-duration", Value: p.kubeletCertLifetime().String()},
-			kubeadmv1beta4.Arg{Name: "controllers", Value: controllerManagerControllers},
-		)},
-		Scheduler: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs()},
+		ControllerManager: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs(append([]kubeadmv1beta4.Arg{
+			{Name: "terminated-pod-gc-threshold", Value: "1000"},
+			{Name: "cluster-signing-duration", Value: p.kubeletCertLifetime().String()},
+			{Name: "controllers", Value: controllerManagerControllers},
+		}, p.leaderElectionArgs()...)...)},
+		Scheduler: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs(p.leaderElectionArgs()...)},
 	}
 	setComponentEnv(cluster, p.ControlPlaneEnv)
 	docs := []any{init, cluster, p.Kubelet.kubeletConfiguration()}

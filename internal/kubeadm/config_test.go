@@ -225,6 +225,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 		{"init token", func(p *kubeadm.InitParams) { p.InitToken = "" }, "init bootstrap token"},
 		{"kubelet certificate lifetime", func(p *kubeadm.InitParams) { p.KubeletCertLifetime = time.Minute }, "kubelet certificate lifetime 1m0s"},
 		{"control-plane wait", func(p *kubeadm.InitParams) { p.ControlPlaneWait = 2 * time.Hour }, "control-plane wait 2h0m0s is not between 0"},
+		{"leader-election lease", func(p *kubeadm.InitParams) { p.LeaderElectionLease = 5 * time.Second }, "leader-election lease 5s is neither 0"},
 	} {
 		p := initParams(addr)
 		tc.mutate(&p)
@@ -245,6 +246,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 func slowInit(addr string) kubeadm.InitParams {
 	p := initParams(addr)
 	p.ControlPlaneWait = 15 * time.Minute
+	p.LeaderElectionLease = time.Minute
 	return p
 }
 
@@ -265,6 +267,24 @@ func TestControlPlaneWait(t *testing.T) {
 	}
 	if strings.Contains(string(out), "timeouts:") {
 		t.Errorf("without a wait the init configuration sets timeouts:\n%s", out)
+	}
+	if strings.Contains(string(out), "leader-elect") {
+		t.Errorf("without a lease the init configuration sets leader election:\n%s", out)
+	}
+}
+
+// TestLeaderElectionLease: a lease reaches the controller manager's and
+// the scheduler's flags, with the renew deadline and retry period in the
+// defaults' proportion (kubeadm config validate accepts them:
+// TestConfigsPassKubeadmValidate).
+func TestLeaderElectionLease(t *testing.T) {
+	out, err := slowInit("192.0.2.10").Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := "- name: leader-elect-lease-duration\n    value: 1m0s\n  - name: leader-elect-renew-deadline\n    value: 40s\n  - name: leader-elect-retry-period\n    value: 8s\n"
+	if n := strings.Count(string(out), args); n != 2 {
+		t.Errorf("the leader-election flags appear %d times, want 2 (controller manager, scheduler):\n%s", n, out)
 	}
 }
 
