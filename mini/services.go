@@ -107,6 +107,23 @@ type services struct {
 	dir        string
 	caHash     string
 	version    string
+	// vms: some nodes are VMs, which boot, pull images and start pods in
+	// minutes under TCG emulation (docs/benchmarks.md, "VM nodes").
+	vms bool
+}
+
+// vmWait bounds the waits for nodes and add-ons in a cluster with VM
+// nodes: a VM control plane's kube-proxy and CoreDNS ran 7 min after its
+// kubeadm init under TCG on an idle machine.
+const vmWait = 20 * time.Minute
+
+// wait is how long to wait for what takes d in a cluster of namespace
+// nodes.
+func (s *services) wait(d time.Duration) time.Duration {
+	if s.vms {
+		return max(d, vmWait)
+	}
+	return d
 }
 
 // deployServices installs the key service and the join service from the
@@ -122,6 +139,7 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 		return nil, err
 	}
 	s.cp, s.apiServer, s.dir, s.caHash, s.version, s.kubeconfig = cp, apiServer, opts.Dir, caHash, opts.KubernetesVersion, kubeconfig
+	s.vms = opts.Provider == ProviderQEMU || opts.VMWorkers > 0
 	apiHost, apiPort, err := net.SplitHostPort(apiServer)
 	if err != nil {
 		return nil, err
@@ -265,7 +283,7 @@ func (s *services) waitReady(ctx context.Context, workers []*NodeSpec, p *progre
 	}
 	reported := map[string]bool{}
 	ready := 0
-	err := poll(ctx, 250*time.Millisecond, 5*time.Minute, "every node to be Ready", func() (bool, error) {
+	err := poll(ctx, 250*time.Millisecond, s.wait(5*time.Minute), "every node to be Ready", func() (bool, error) {
 		nodes, err := s.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil //nolint:nilerr // the API server may be restarting: keep polling
@@ -292,7 +310,7 @@ func (s *services) waitReady(ctx context.Context, workers []*NodeSpec, p *progre
 // available: then Services and cluster DNS work.
 func (s *services) waitAddons(ctx context.Context, nodes int) error {
 	state := ""
-	err := poll(ctx, 250*time.Millisecond, 3*time.Minute, "kube-proxy and CoreDNS", func() (bool, error) {
+	err := poll(ctx, 250*time.Millisecond, s.wait(3*time.Minute), "kube-proxy and CoreDNS", func() (bool, error) {
 		proxy, err := s.client.AppsV1().DaemonSets("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
 		if err != nil {
 			state = err.Error()

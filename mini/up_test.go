@@ -3,6 +3,7 @@ package mini
 import (
 	"bytes"
 	"testing"
+	"time"
 )
 
 // TestBootManifestHook: the caller's hook decides what each node measures;
@@ -39,5 +40,23 @@ func TestBootManifestHook(t *testing.T) {
 	u.opts.BootManifest = nil
 	if spec := u.newSpec(base, 3, "worker-3"); !bytes.Equal(spec.BootManifest, reference) {
 		t.Fatal("without a hook a node does not measure the reference manifest")
+	}
+}
+
+// TestServicesWaitLongerForVMs: a cluster with VM nodes waits for nodes
+// and add-ons as long as TCG emulation needs; one of namespace nodes as
+// long as before.
+func TestServicesWaitLongerForVMs(t *testing.T) {
+	for _, tt := range []struct {
+		vms        bool
+		base, want time.Duration
+	}{
+		{false, 3 * time.Minute, 3 * time.Minute},
+		{true, 3 * time.Minute, vmWait},
+		{true, time.Hour, time.Hour},
+	} {
+		if got := (&services{vms: tt.vms}).wait(tt.base); got != tt.want {
+			t.Errorf("vms %t: wait(%s) = %s, want %s", tt.vms, tt.base, got, tt.want)
+		}
 	}
 }

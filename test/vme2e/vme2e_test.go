@@ -139,8 +139,9 @@ type record struct {
 
 var stateOpened = regexp.MustCompile(`The state disk is open and holds the node's state.*`)
 
-// waitStateOpened waits for the n-th opening of the state disk on the VM's
-// console and returns its record.
+// waitStateOpened waits for the opening of the state disk that counts n
+// boots on the VM's console and returns its record. (A reset keeps the
+// console of earlier boots, a power cut and a new QEMU does not.)
 func waitStateOpened(ctx context.Context, t *testing.T, dir, name string, n int) record {
 	t.Helper()
 	var last record
@@ -149,15 +150,15 @@ func waitStateOpened(ctx context.Context, t *testing.T, dir, name string, n int)
 		if err != nil {
 			return false, nil
 		}
-		lines := stateOpened.FindAllString(string(data), -1)
-		if len(lines) < n {
-			return false, nil
+		for _, line := range stateOpened.FindAllString(string(data), -1) {
+			if last = parseRecord(t, line); last.opened == n {
+				return true, nil
+			}
 		}
-		last = parseRecord(t, lines[n-1])
-		return true, nil
+		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("waiting for opening %d of %s's state disk: %v (console: %s)", n, name, err, mini.VMConsoleLog(dir, name))
+		t.Fatalf("waiting for %s's state disk to be opened in boot %d: %v (last: %+v; console: %s)", name, n, err, last, mini.VMConsoleLog(dir, name))
 	}
 	return last
 }
