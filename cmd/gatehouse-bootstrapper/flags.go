@@ -65,8 +65,8 @@ type options struct {
 	// leaderElectionLease is the controller manager's and scheduler's
 	// leader-election lease on kubeadm init.
 	leaderElectionLease time.Duration
-	successFile      string
-	metricsListen    string
+	successFile         string
+	metricsListen       string
 }
 
 // parseFlags parses and checks the flags in args of the bootstrapper
