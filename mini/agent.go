@@ -348,7 +348,7 @@ const serviceCIDR = "10.96.0.0/12"
 // paths, the local pause image, Debian's CNI plugins, the local registry
 // (plain HTTP on the cluster bridge), and restrict_oom_score_adj, without
 // which runc fails when root lacks CAP_SYS_RESOURCE
-// (../shared/notes/real-kubelet.md).
+// (docs/development.md, "Real kubelets in namespaces").
 const containerdConfig = `version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"

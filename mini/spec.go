@@ -3,7 +3,8 @@
 // and address, a private mount namespace, its own containerd, kubelet,
 // cgroup root, software TPM and LUKS2 state disk, and runs the real
 // gatehouse-bootstrapper, which runs the real kubeadm. docs/quickstart.md
-// shows what a user sees; ../shared/notes/real-kubelet.md is the recipe.
+// shows what a user sees; docs/development.md ("Real kubelets in
+// namespaces") the recipe.
 package mini
 
 import (
