@@ -96,7 +96,7 @@ test-vm: tools ## VM nodes in the local cluster and the CAPI data booted (test/v
 		gotestsum --format testname -- $(TEST_FLAGS) -tags vmnodes -timeout 60m -p 1 ./test/vme2e/... ./test/capiboot/...
 
 .PHONY: test-vm-controlplane
-test-vm-controlplane: tools ## A VM control plane: mini up --provider qemu, mini stop/start and gatehouse recover (test/vme2e, tag vmcontrolplane; TODO min under TCG, not in `make test`)
+test-vm-controlplane: tools ## A VM control plane: mini up --provider qemu, mini stop/start and gatehouse recover (test/vme2e, tag vmcontrolplane; about 16 min under TCG, not in `make test`)
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) GATEHOUSE_NODE_IMAGE=$$(hack/node-image.sh) \
 		gotestsum --format testname -- $(TEST_FLAGS) -tags vmnodes,vmcontrolplane -timeout 60m -run TestVMControlPlane ./test/vme2e/...
 

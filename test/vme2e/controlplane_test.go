@@ -36,7 +36,7 @@ const (
 // disk's key; the node opens the same dm-crypt disk and the cluster's
 // state (a ConfigMap in etcd on that disk) survives.
 //
-// It takes about TODO under TCG, beyond what CI's budget leaves after
+// It takes about 16 min under TCG, beyond what CI's budget leaves after
 // the other VM tests: `make test-vm-controlplane` runs it (tag
 // vmcontrolplane), `make test` does not (docs/development.md).
 func TestVMControlPlane(t *testing.T) {
