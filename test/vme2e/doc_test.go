@@ -11,5 +11,7 @@
 // `go test ./...` leaves them out: `make test` runs them in a step of
 // their own after the other tests (`make test-vm`), where the VMs boot
 // under TCG emulation on an otherwise idle machine (about 8 min here;
-// docs/benchmarks.md, "VM nodes").
+// docs/benchmarks.md, "VM nodes"). TestVMControlPlane, a cluster whose
+// control plane is a VM through a power cut and gatehouse recover, also
+// needs the vmcontrolplane tag: `make test-vm-controlplane` (16 min).
 package vme2e
