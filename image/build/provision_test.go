@@ -51,6 +51,18 @@ func TestProvisionScript(t *testing.T) {
 			wantEnv: "GATEHOUSE_BOOTSTRAPPER_ARGS= --image-repository=10.0.2.2:5000/k8s --ignore-preflight-errors=FileExisting-crictl --kubelet-arg=node-labels=tier=web\n",
 		},
 		{
+			// The timing flags a slow (emulated) control plane needs; the
+			// bootstrapper bounds their values (cmd/gatehouse-bootstrapper).
+			name:    "the control plane's timing flags",
+			entries: map[string]string{"bootstrapper-args": "--control-plane-wait=20m\n--leader-election-lease=60s\n"},
+			wantEnv: "GATEHOUSE_BOOTSTRAPPER_ARGS= --control-plane-wait=20m --leader-election-lease=60s\n",
+		},
+		{
+			name:    "a leader-election flag of the components' own is refused",
+			entries: map[string]string{"bootstrapper-args": "--leader-elect=false"},
+			wantErr: "bootstrapper-args: --leader-elect=false is not allowed",
+		},
+		{
 			name:    "a flag outside the list is refused",
 			entries: map[string]string{"bootstrapper-args": "--log-level=debug --insecure-state-on-root-fs"},
 			wantErr: "bootstrapper-args: --insecure-state-on-root-fs is not allowed",
