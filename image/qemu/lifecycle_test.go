@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
+	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 )
 
 // TestNothingIsLeftRunning starts VMs on a blank disk (the firmware finds
@@ -148,7 +148,7 @@ func TestVMDiesWithItsProcess(t *testing.T) {
 	ticker := time.NewTicker(50 * time.Millisecond)
 	defer ticker.Stop()
 	for _, pid := range pids {
-		for alive(pid) {
+		for testenv.ProcessAlive(pid) {
 			select {
 			case <-ctx.Done():
 				t.Fatalf("process %d of the VM outlived the process that started it", pid)
@@ -173,15 +173,4 @@ func helperStartVM(t *testing.T, dir string) {
 	pids := vm.pids()
 	fmt.Printf("STARTED %d %d\n", pids[0], pids[1])
 	<-vm.Done()
-}
-
-// alive reports whether a process exists and is no zombie.
-func alive(pid int) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// pid (comm) state ...: the state follows the last ')'.
-	i := bytes.LastIndexByte(stat, ')')
-	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
 }

@@ -7,9 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -137,7 +135,7 @@ func waitGone(t *testing.T, name string, pid int) {
 	ticker := time.NewTicker(20 * time.Millisecond)
 	defer ticker.Stop()
 	for {
-		if !alive(pid) {
+		if !ProcessAlive(pid) {
 			return
 		}
 		select {
@@ -146,24 +144,6 @@ func waitGone(t *testing.T, name string, pid int) {
 		case <-ticker.C:
 		}
 	}
-}
-
-// alive reports whether pid exists and is not a zombie.
-func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); err != nil {
-		return false
-	}
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// Field 3 of /proc/<pid>/stat is the state; the command in field 2 is in parentheses.
-	for i := len(stat) - 1; i >= 0; i-- {
-		if stat[i] == ')' {
-			return i+2 < len(stat) && stat[i+2] != 'Z'
-		}
-	}
-	return true
 }
 
 func TestStartServesTheAPI(t *testing.T) {

@@ -35,6 +35,20 @@ func ProcessCPU(pid int) (time.Duration, error) {
 	return time.Duration(ticks) * time.Second / userHZ, nil
 }
 
+// ProcessAlive reports whether process pid exists and is no zombie (a
+// dead process its parent has not reaped yet: /proc/<pid>/stat's state,
+// field 3, is Z; proc(5)).
+func ProcessAlive(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name, which may hold
+	// spaces and parentheses itself.
+	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z"
+}
+
 // ProcessesCPU sums ProcessCPU over the named processes (as Env.PIDs
 // returns them), failing the test when one cannot be read.
 func ProcessesCPU(t testing.TB, pids map[string]int) time.Duration {

@@ -3,8 +3,6 @@
 package vme2e
 
 import (
-	"bytes"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -91,8 +89,8 @@ func TestVMControlPlane(t *testing.T) {
 		t.Fatalf("mini stop: %v\n%s", err, out)
 	}
 	for _, pid := range []int{qemuPID, tpmPID} {
-		if state := processState(pid); state != "" && state != "Z" {
-			t.Errorf("process %d of the VM is still running after mini stop (state %s)", pid, state)
+		if testenv.ProcessAlive(pid) {
+			t.Errorf("process %d of the VM is still running after mini stop", pid)
 		}
 	}
 	start = time.Now()
@@ -118,22 +116,6 @@ func TestVMControlPlane(t *testing.T) {
 		t.Fatalf("the ConfigMap made before the power cut: %v, %v", got, err)
 	}
 	waitAttested(ctx, t, client, name, continuous.ReasonVerified)
-}
-
-// processState is the state letter of process pid (proc(5), /proc/pid/stat:
-// "Z" for a dead process its parent has not reaped yet), "" when there is
-// none.
-func processState(pid int) string {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return ""
-	}
-	// pid (comm) state ...: comm may hold spaces and parentheses.
-	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-	if len(fields) == 0 {
-		return "?"
-	}
-	return fields[0]
 }
 
 // recoverCommand returns the arguments of the gatehouse recover command
