@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +57,50 @@ type SystemdKubelet struct{}
 func (SystemdKubelet) Restart(ctx context.Context) error {
 	_, err := runCommand(ctx, "systemctl", "restart", "kubelet.service")
 	return err
+}
+
+// PIDFileKubelet restarts a kubelet whose supervisor (the local
+// cluster's node agent) writes its process ID to Path and starts it
+// again when it exits.
+type PIDFileKubelet struct {
+	Path string
+}
+
+// Restart stops the kubelet in Path with SIGTERM and returns once the
+// supervisor wrote another process ID there, or ctx ended.
+func (k PIDFileKubelet) Restart(ctx context.Context) error {
+	old, err := readPID(k.Path)
+	if err != nil {
+		return fmt.Errorf("the kubelet's process ID: %w", err)
+	}
+	if err := syscall.Kill(old, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("stopping the kubelet (process %d): %w", old, err)
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if pid, err := readPID(k.Path); err == nil && pid != old {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the kubelet's supervisor to start it again (%s still names process %d): %w", k.Path, old, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// readPID reads a process ID file.
+func readPID(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("%s holds no process ID", path)
+	}
+	return pid, nil
 }
 
 // Config holds what Run needs.

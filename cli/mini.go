@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -35,6 +36,7 @@ func newMiniCmd() *cobra.Command {
 func newMiniUpCmd() *cobra.Command {
 	opts := mini.Options{}
 	var tampered []string
+	var kubernetesVersion string
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Create a local cluster: one control plane and --workers workers",
@@ -61,7 +63,11 @@ func newMiniUpCmd() *cobra.Command {
 			if !cmd.Flags().Changed("image-cache") {
 				opts.ImageCache = defaultImageCache()
 			}
-			opts.KubernetesVersion = versions.Default().Version
+			release, err := versions.Resolve(kubernetesVersion)
+			if err != nil {
+				return fmt.Errorf("--kubernetes-version: %w", err)
+			}
+			opts.KubernetesVersion = release.Version
 			opts.Out = cmd.OutOrStdout()
 			// A VM control plane's API server takes minutes to answer
 			// under TCG emulation (kubeadm waits up to 20, docs/quickstart.md).
@@ -91,6 +97,8 @@ func newMiniUpCmd() *cobra.Command {
 	f.DurationVar(&opts.KubeletCertLifetime, "kubelet-cert-lifetime", kubeadm.DefaultKubeletCertLifetime, "lifetime of kubelet certificates; kubelets renew at 70-90 % of it, approved after fresh evidence")
 	f.StringVar(&opts.BinDir, "bin", "", "directory of the gatehouse binaries (default: this binary's)")
 	f.StringVar(&opts.KubeBinDir, "kube-bin", "", "directory of the pinned Kubernetes binaries (default $GATEHOUSE_KUBE_BIN)")
+	f.StringVar(&kubernetesVersion, "kubernetes-version", versions.Default().Version, "the cluster's Kubernetes version (1.MINOR picks its patch release; supported: "+strings.Join(versions.Supported(), ", ")+"); --kube-bin must hold that build (hack/kube-binaries.sh MINOR)")
+	f.StringSliceVar(&opts.UpgradeKubeBinDirs, "upgrade-kube-bin", nil, "directory of a later Kubernetes build (the next minor version's, hack/kube-binaries.sh) the cluster may be upgraded to with `gatehouse upgrade apply --kubernetes`: the nodes carry its images too")
 	f.StringVar(&opts.AddonBinDir, "addon-bin", "", "directory of CoreDNS and the registry built by hack/addon-binaries.sh (default $GATEHOUSE_ADDON_BIN)")
 	f.StringVar(&opts.ImageCache, "image-cache", "", "directory keeping the built node images, by the digests of the binaries in them; \"\" builds them every time (default $GATEHOUSE_CACHE/mini-images, or ~/.cache/gatehouse/mini-images)")
 	f.StringVar(&opts.Provider, "provider", mini.ProviderNetNS, "what every node is: "+mini.ProviderNetNS+" (namespaces on this machine) or "+mini.ProviderQEMU+" (a VM of the node image)")

@@ -1,44 +1,72 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
+	"github.com/gatehouse-dev/gatehouse/internal/components"
+	"github.com/gatehouse-dev/gatehouse/internal/versions"
 	"github.com/gatehouse-dev/gatehouse/upgrade"
+	"github.com/gatehouse-dev/gatehouse/upgrade/kuberoll"
 )
+
+// joinServiceRelease is the Helm release holding the join configuration.
+const joinServiceRelease = "gatehouse-joinservice"
 
 func newUpgradeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "upgrade",
-		Short: "Upgrade the cluster's Gatehouse services",
+		Short: "Upgrade the cluster's Kubernetes version and Gatehouse services",
 	}
 	cmd.AddCommand(newUpgradeApplyCmd())
 	return cmd
 }
 
+// kubeRollFlags are upgrade apply's Kubernetes flags.
+type kubeRollFlags struct {
+	version, kubeBin string
+	roll             kuberoll.Options
+}
+
 func newUpgradeApplyCmd() *cobra.Command {
 	opts := upgrade.Options{}
 	var chartsDir string
+	var k kubeRollFlags
 	cmd := &cobra.Command{
 		Use:   "apply",
-		Short: "Upgrade the join and key service releases to this CLI's charts",
-		Long: "Back up every CRD and custom resource under gatehouse-upgrade/<timestamp>-<random>/backups,\n" +
-			"then upgrade each Gatehouse Helm release to the chart built into this CLI, one at a\n" +
-			"time and atomically: a release that fails is rolled back. The cluster's own values\n" +
-			"are applied over the new chart's defaults. A chart may advance one minor version at\n" +
-			"a time. --dry-run prints what would change and changes nothing. Running it again\n" +
-			"after an interruption is safe.",
+		Short: "Upgrade Kubernetes (--kubernetes) and the join and key service releases to this CLI's charts",
+		Long: "With --kubernetes VERSION, first move the cluster to that Kubernetes release in kubeadm's\n" +
+			"order, one node at a time: control planes (the first runs kubeadm upgrade apply, the\n" +
+			"others kubeadm upgrade node, etcd's quorum checked before each), then workers, each\n" +
+			"cordoned, drained (PodDisruptionBudgets respected), moved by its own upgrade agent and\n" +
+			"uncordoned once Ready at the new version. A minor version picks its patch release;\n" +
+			"skipping a minor version and downgrades are refused before anything changes. Once the\n" +
+			"first control plane moved, the join configuration names the new release and the\n" +
+			"Gatehouse releases are upgraded, so nodes that join from then on get it. A node that\n" +
+			"fails stops the roll; running the command again resumes where it stopped.\n\n" +
+			"The Gatehouse releases: back up every CRD and custom resource under\n" +
+			"gatehouse-upgrade/<timestamp>-<random>/backups, then upgrade each Gatehouse Helm release to\n" +
+			"the chart built into this CLI, one at a time and atomically: a release that fails is\n" +
+			"rolled back. The cluster's own values are applied over the new chart's defaults. A chart\n" +
+			"may advance one minor version at a time. --dry-run prints the plan and what would change\n" +
+			"and changes nothing. Running it again after an interruption is safe (docs/upgrades.md).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts.Out = cmd.OutOrStdout()
+			out := cmd.OutOrStdout()
+			opts.Out = out
 			opts.Charts = map[string]*chart.Chart{}
 			opts.Order = charts.Names
 			for _, name := range charts.Names {
@@ -59,21 +87,115 @@ func newUpgradeApplyCmd() *cobra.Command {
 				}
 				opts.BackupRoot = wd
 			}
-			results, err := upgrade.Apply(cmd.Context(), opts)
-			fmt.Fprintln(cmd.OutOrStdout(), "\nSummary:")
-			for _, r := range results {
-				fmt.Fprintf(cmd.OutOrStdout(), "  %-24s %s\n", r.Release, r.Outcome)
+			if k.version != "" {
+				return rollKubernetes(cmd.Context(), k, opts)
 			}
-			return err
+			return applyReleases(cmd.Context(), opts)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.Kubeconfig, "kubeconfig", clusterconfig.DefaultKubeconfig, "admin kubeconfig")
+	f.StringVar(&opts.Kubeconfig, "kubeconfig", clusterconfig.DefaultKubeconfig, "admin kubeconfig (kubeadm's admin.conf: its client certificate also opens the nodes' upgrade agents)")
 	f.StringVar(&opts.Namespace, "namespace", charts.Namespace, "namespace of the Gatehouse releases")
 	f.StringVar(&opts.BackupRoot, "backup-dir", "", "where gatehouse-upgrade/<timestamp>-<random>/backups is written (default: the current directory)")
-	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would change; change nothing")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "print the plan and what would change; change nothing")
 	f.DurationVar(&opts.Timeout, "timeout", 5*time.Minute, "time each release may take, waiting included")
 	f.StringVar(&chartsDir, "charts-dir", "", "directory holding gatehouse-joinservice/ and gatehouse-keyservice/ charts to use instead of the built-in ones")
 	f.BoolVar(&opts.Wait, "wait", true, "wait for upgraded resources to be ready (a release that does not become ready is rolled back)")
+	f.StringVar(&k.version, "kubernetes", "", "move the cluster to this Kubernetes release first: 1.MINOR (its patch release from the versions table) or v1.MINOR.PATCH; supported: "+strings.Join(versions.Supported(), ", "))
+	f.StringVar(&k.kubeBin, "kube-bin", "", "with --kubernetes: take kubelet, kubeadm and kubectl from this local build (hack/kube-binaries.sh; file:// URLs the nodes can read, sha256 computed) instead of the official downloads")
+	f.BoolVar(&k.roll.ForceDrain, "force-drain", false, "with --kubernetes: also evict pods no controller manages (kubectl drain --force); without it such a pod stops the roll")
+	f.DurationVar(&k.roll.NodeTimeout, "node-timeout", kuberoll.DefaultNodeTimeout, "with --kubernetes: time one node may take (drain, kubeadm, kubelet, Ready)")
+	f.DurationVar(&k.roll.DrainTimeout, "drain-timeout", kuberoll.DefaultDrainTimeout, "with --kubernetes: time a drain may take (evictions a PodDisruptionBudget refuses are retried until then)")
+	f.DurationVar(&k.roll.KubeletTimeout, "kubelet-timeout", 2*time.Minute, "with --kubernetes: time a restarted kubelet may take to become healthy")
 	return cmd
+}
+
+// applyReleases upgrades the Gatehouse releases and prints the summary.
+func applyReleases(ctx context.Context, opts upgrade.Options) error {
+	results, err := upgrade.Apply(ctx, opts)
+	fmt.Fprintln(opts.Out, "\nSummary:")
+	for _, r := range results {
+		fmt.Fprintf(opts.Out, "  %-24s %s\n", r.Release, r.Outcome)
+	}
+	return err
+}
+
+// rollKubernetes moves the cluster to k.version, switching the join
+// configuration and upgrading the Gatehouse releases once the first
+// control plane moved.
+func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) error {
+	release, err := versions.Resolve(k.version)
+	if err != nil {
+		return fmt.Errorf("--kubernetes: %w", err)
+	}
+	restCfg, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("reading the kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+	agents, err := kuberoll.NewAgentClient(restCfg)
+	if err != nil {
+		return err
+	}
+	// The nodes install kubelet, kubeadm and kubectl; joiners get the
+	// whole list (crictl and the CNI plugins too, where official).
+	nodeComponents := func(arch string) ([]*componentsv1.Component, error) {
+		if k.kubeBin != "" {
+			return release.LocalBuild(arch, k.kubeBin)
+		}
+		list, err := release.Components(arch)
+		if err != nil {
+			return nil, err
+		}
+		var out []*componentsv1.Component
+		for _, c := range list {
+			switch c.Name {
+			case "kubelet", "kubeadm", "kubectl":
+				out = append(out, &componentsv1.Component{Url: c.URL, Hash: c.Hash, InstallPath: c.InstallPath})
+			}
+		}
+		return out, nil
+	}
+	joinComponents := func() ([]*componentsv1.Component, error) {
+		if k.kubeBin != "" {
+			return release.LocalBuild("amd64", k.kubeBin)
+		}
+		return release.Proto("amd64")
+	}
+	list, err := joinComponents()
+	if err != nil {
+		return err
+	}
+	encoded, err := components.MarshalList(list)
+	if err != nil {
+		return err
+	}
+	opts.Values = map[string]map[string]any{joinServiceRelease: {"joinConfig": map[string]any{
+		"kubernetesVersion": release.Version, "kubernetesComponents": encoded,
+	}}}
+	roll := k.roll
+	roll.Client, roll.Agent, roll.Release, roll.Components, roll.DryRun, roll.Out = client, agents, release, nodeComponents, opts.DryRun, opts.Out
+	switched := false
+	roll.SwitchJoinConfig = func(ctx context.Context) error {
+		if switched {
+			return nil
+		}
+		fmt.Fprintf(opts.Out, "The join configuration names %s; upgrading the Gatehouse releases\n", release.Version)
+		if err := applyReleases(ctx, opts); err != nil {
+			return err
+		}
+		switched = true
+		return nil
+	}
+	if err := kuberoll.Run(ctx, roll); err != nil {
+		return err
+	}
+	if opts.DryRun {
+		fmt.Fprintln(opts.Out, "\nThe Gatehouse releases, once the first control plane moved:")
+		return applyReleases(ctx, opts)
+	}
+	return nil
 }

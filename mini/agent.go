@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	upgradeagentv1 "github.com/gatehouse-dev/gatehouse/api/upgradeagent/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
@@ -109,6 +110,11 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	procs.start(ctx, "evidence", filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), "serve-evidence",
 		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--tcg-event-log", "", "--listen", fmt.Sprintf("%s:%d", spec.IP, evidencePort),
 		"--client-ca", nodeClientCA)
+	// The upgrade agent: administrators only, once the node has joined
+	// (docs/upgrades.md).
+	procs.start(ctx, "upgrade-agent", filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), "serve-upgrade",
+		"--listen", fmt.Sprintf("%s:%d", spec.IP, upgradeagentv1.DefaultPort), "--client-ca", nodeClientCA,
+		"--kubelet-service", "pidfile:"+kubeletPIDFile, "--ignore-preflight-errors", ignoredPreflightErrors)
 	// On a first boot kubeadm needs the kubelet while it runs, and the
 	// kubelet starts once kubeadm wrote its configuration. After a reboot
 	// that configuration is there from the start, but a real node's lives
@@ -426,6 +432,11 @@ func superviseKubelet(ctx context.Context, spec *NodeSpec, procs *processes, log
 		bin := kubeletBinary(installedKubelet, spec.hostKubelet())
 		log.Info("Starting the kubelet", "binary", bin)
 		p := procs.start(ctx, "kubelet", bin, args...)
+		if p.cmd != nil && p.cmd.Process != nil {
+			if err := os.WriteFile(kubeletPIDFile, []byte(strconv.Itoa(p.cmd.Process.Pid)+"\n"), 0o644); err != nil { //nolint:gosec // a process ID
+				log.Warn("Writing the kubelet's process ID failed: the upgrade agent cannot restart it", "error", err.Error())
+			}
+		}
 		<-p.done
 		if ctx.Err() == nil {
 			log.Warn("The kubelet exited; restarting it", "error", fmt.Sprint(p.err))
@@ -471,6 +482,16 @@ func kubeadmKubeletFlags(config, flags string) ([]string, bool) {
 }
 
 // runBootstrapper runs the real gatehouse-bootstrapper for the node.
+// ignoredPreflightErrors are kubeadm's checks a namespace node cannot pass
+// (it shares the host's kernel, swap and CPUs), for init, join and
+// upgrade alike.
+const ignoredPreflightErrors = "SystemVerification,Swap,FileExisting-crictl,FileContent--proc-sys-net-bridge-bridge-nf-call-iptables,FileContent--proc-sys-net-ipv4-ip_forward,NumCPU,Mem,Port-10250"
+
+// kubeletPIDFile is where the agent writes the running kubelet's process
+// ID, in the node's private /run/gatehouse: the upgrade agent restarts the
+// kubelet through it (bootstrapper.PIDFileKubelet).
+const kubeletPIDFile = "/run/gatehouse/kubelet.pid"
+
 func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 	args := []string{
 		"--node-name", spec.Name, "--advertise-address", spec.IP,
@@ -483,7 +504,7 @@ func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 		"--cgroup-driver", "cgroupfs", "--cgroup-root", spec.CgroupRoot, "--allow-cgroup-v1", "--allow-swap", "--kubelet-shared-disk",
 		"--image-repository", ImageRepository, "--image-pull-policy", "Never",
 		"--kube-proxy-masquerade-all", "--kube-proxy-conntrack-max-per-core", "0",
-		"--ignore-preflight-errors", "SystemVerification,Swap,FileExisting-crictl,FileContent--proc-sys-net-bridge-bridge-nf-call-iptables,FileContent--proc-sys-net-ipv4-ip_forward,NumCPU,Mem,Port-10250",
+		"--ignore-preflight-errors", ignoredPreflightErrors,
 		"--kubelet-service", "none",
 	}
 	args = append(args, controlPlaneEnvArgs()...)

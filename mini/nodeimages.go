@@ -16,9 +16,12 @@ import (
 )
 
 // bootManifest is what every untampered node measures besides its
-// bootstrapper: the cluster's image archive digest and Kubernetes version.
-func bootManifest(version, imagesDigest string) []byte {
-	return []byte("gatehouse-mini boot manifest\nkubernetes " + version + "\nimages sha256:" + imagesDigest + "\n")
+// bootstrapper: the cluster's image archive digest and the Kubernetes
+// versions whose images it carries (space-separated: the cluster's, then
+// those it may be upgraded to). A Kubernetes upgrade inside these does
+// not change what a node measures (docs/upgrades.md).
+func bootManifest(versions, imagesDigest string) []byte {
+	return []byte("gatehouse-mini boot manifest\nkubernetes " + versions + "\nimages sha256:" + imagesDigest + "\n")
 }
 
 // nodeImages are the container images every node imports, and what an
@@ -53,10 +56,11 @@ func (u *up) prepare(ctx context.Context) (*nodeImages, swtpm.LocalCA, error) {
 // digest.
 func buildImages(ctx context.Context, opts Options, p *progress) (*nodeImages, error) {
 	imgs := &nodeImages{archive: filepath.Join(opts.Dir, "images.tar")}
-	specs, pause, err := imageSpecs(ctx, opts)
+	specs, pause, versions, err := imageSpecs(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
+	carried := strings.Join(versions, " ")
 	imgs.pause = pause
 	if opts.ImageCache == "" {
 		if err := images.WriteArchive(imgs.archive, "amd64", specs); err != nil {
@@ -66,7 +70,7 @@ func buildImages(ctx context.Context, opts Options, p *progress) (*nodeImages, e
 		if err != nil {
 			return nil, err
 		}
-		imgs.manifest = bootManifest(opts.KubernetesVersion, digest)
+		imgs.manifest = bootManifest(carried, digest)
 		return imgs, nil
 	}
 	cached, err := images.Cache{Dir: opts.ImageCache}.Archive("amd64", specs)
@@ -84,7 +88,7 @@ func buildImages(ctx context.Context, opts Options, p *progress) (*nodeImages, e
 		return nil, err
 	}
 	imgs.digest = cached.Digest
-	imgs.manifest = bootManifest(opts.KubernetesVersion, cached.Digest)
+	imgs.manifest = bootManifest(carried, cached.Digest)
 	// The images imported and unpacked once, kept beside the archive, and
 	// the cluster's own copy of that, which its nodes start from.
 	seed := strings.TrimSuffix(cached.Path, ".tar") + ".containerd"
@@ -121,23 +125,81 @@ func linkOrCopy(src, dst string) error {
 	})
 }
 
-// imageSpecs are the specifications of every image kubeadm init needs,
-// its add-ons (kube-proxy, with Debian's iptables; CoreDNS) included, and
-// of the project's services; pause is the pause image's reference.
-func imageSpecs(ctx context.Context, opts Options) (specs []images.Spec, pause string, err error) {
-	out, err := exec.CommandContext(ctx, filepath.Join(opts.KubeBinDir, "kubeadm"), "config", "images", "list",
-		"--kubernetes-version", opts.KubernetesVersion, "--image-repository", ImageRepository).Output()
+// kubeBuild is one Kubernetes build whose images the nodes carry.
+type kubeBuild struct{ version, dir string }
+
+// kubeBuilds are the cluster's Kubernetes build and the builds it may be
+// upgraded to (Options.UpgradeKubeBinDirs), each with the version its
+// kubeadm reports.
+func kubeBuilds(ctx context.Context, opts Options) ([]kubeBuild, error) {
+	builds := []kubeBuild{{opts.KubernetesVersion, opts.KubeBinDir}}
+	for _, dir := range opts.UpgradeKubeBinDirs {
+		v, err := kubeadmVersion(ctx, dir)
+		if err != nil {
+			return nil, err
+		}
+		builds = append(builds, kubeBuild{v, dir})
+	}
+	return builds, nil
+}
+
+// kubeadmVersion is what dir's kubeadm says it is ("v1.36.4").
+func kubeadmVersion(ctx context.Context, dir string) (string, error) {
+	out, err := exec.CommandContext(ctx, filepath.Join(dir, "kubeadm"), "version", "-o", "short").Output()
+	if err != nil {
+		return "", fmt.Errorf("asking %s/kubeadm its version: %w", dir, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// imageSpecs are the specifications of every image kubeadm init and
+// kubeadm upgrade need for each build (their add-ons, kube-proxy with
+// Debian's iptables and CoreDNS, included), and of the project's
+// services; pause is the pause image's reference (the first build's),
+// versions the builds' Kubernetes versions.
+func imageSpecs(ctx context.Context, opts Options) (specs []images.Spec, pause string, versions []string, err error) {
+	builds, err := kubeBuilds(ctx, opts)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	seen := map[string]bool{}
+	for _, b := range builds {
+		versions = append(versions, b.version)
+		bs, p, err := buildImageSpecs(ctx, opts, b)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		if pause == "" {
+			pause = p
+		}
+		for _, s := range bs {
+			if !seen[s.Ref] {
+				seen[s.Ref] = true
+				specs = append(specs, s)
+			}
+		}
+	}
+	for _, svc := range []string{"gatehouse-joinservice", "gatehouse-keyservice"} {
+		specs = append(specs, images.Spec{Ref: ImageRepository + "/" + svc + ":local", Files: map[string]string{svc: filepath.Join(opts.BinDir, svc)}})
+	}
+	return specs, pause, versions, nil
+}
+
+// buildImageSpecs are the images kubeadm lists for one build.
+func buildImageSpecs(ctx context.Context, opts Options, b kubeBuild) (specs []images.Spec, pause string, err error) {
+	out, err := exec.CommandContext(ctx, filepath.Join(b.dir, "kubeadm"), "config", "images", "list",
+		"--kubernetes-version", b.version, "--image-repository", ImageRepository).Output()
 	if err != nil {
 		return nil, "", fmt.Errorf("listing kubeadm's images: %w", err)
 	}
-	kube := filepath.Join(opts.KubeBinDir, "kube")
+	kube := filepath.Join(b.dir, "kube")
 	for _, ref := range strings.Fields(string(out)) {
 		name := strings.TrimPrefix(ref[:strings.LastIndex(ref, ":")], ImageRepository+"/")
 		switch name {
 		case "kube-apiserver", "kube-controller-manager", "kube-scheduler":
 			specs = append(specs, images.Spec{Ref: ref, Files: map[string]string{"kube": kube}, Links: map[string]string{name: "kube"}})
 		case "etcd":
-			specs = append(specs, images.Spec{Ref: ref, Files: map[string]string{"etcd": filepath.Join(opts.KubeBinDir, "etcd")}})
+			specs = append(specs, images.Spec{Ref: ref, Files: map[string]string{"etcd": filepath.Join(b.dir, "etcd")}})
 		case "kube-proxy":
 			// kube-proxy programs the node's iptables (nf_tables backend)
 			// with the iptables commands, which load their extensions at
@@ -159,9 +221,6 @@ func imageSpecs(ctx context.Context, opts Options) (specs []images.Spec, pause s
 	}
 	if pause == "" {
 		return nil, "", fmt.Errorf("kubeadm lists no pause image: %s", out)
-	}
-	for _, svc := range []string{"gatehouse-joinservice", "gatehouse-keyservice"} {
-		specs = append(specs, images.Spec{Ref: ImageRepository + "/" + svc + ":local", Files: map[string]string{svc: filepath.Join(opts.BinDir, svc)}})
 	}
 	return specs, pause, nil
 }

@@ -40,6 +40,11 @@ type Options struct {
 	AddonBinDir string
 	// KubernetesVersion is the version those binaries are.
 	KubernetesVersion string
+	// UpgradeKubeBinDirs hold later Kubernetes builds (the next minor
+	// version's, hack/kube-binaries.sh) the cluster may be upgraded to
+	// with `gatehouse upgrade apply --kubernetes`: the nodes carry their
+	// images too, as a node image carries what its cluster may move to.
+	UpgradeKubeBinDirs []string
 	// ImageCache, when set, is the directory of built image archives,
 	// kept by the digests of everything in them (images.Cache): a
 	// second Up with the same binaries skips the image build.

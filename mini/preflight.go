@@ -1,10 +1,13 @@
 package mini
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/gatehouse-dev/gatehouse/internal/versions"
 )
 
 // preflight refuses to start over a running cluster or on a machine that
@@ -33,7 +36,41 @@ func (u *up) preflight() error {
 	if err := CheckPrerequisites(); err != nil {
 		return fmt.Errorf("this machine lacks what a local cluster needs:\n%w", err)
 	}
-	return checkBinaries(u.opts)
+	if err := checkBinaries(u.opts); err != nil {
+		return err
+	}
+	return checkKubeVersions(u.opts)
+}
+
+// checkKubeVersions refuses a Kubernetes build that is not the cluster's
+// version, and an upgrade build that is not newer, before anything is
+// made.
+func checkKubeVersions(opts Options) error {
+	ctx := context.Background()
+	got, err := kubeadmVersion(ctx, opts.KubeBinDir)
+	if err != nil {
+		return err
+	}
+	if got != opts.KubernetesVersion {
+		return fmt.Errorf("the Kubernetes build in %s is %s, not %s: pass its directory with --kube-bin (hack/kube-binaries.sh MINOR builds it)", opts.KubeBinDir, got, opts.KubernetesVersion)
+	}
+	for _, dir := range opts.UpgradeKubeBinDirs {
+		v, err := kubeadmVersion(ctx, dir)
+		if err != nil {
+			return err
+		}
+		release, err := versions.Resolve(v)
+		if err != nil {
+			return fmt.Errorf("--upgrade-kube-bin %s: %w", dir, err)
+		}
+		if v == opts.KubernetesVersion {
+			return fmt.Errorf("--upgrade-kube-bin %s is the cluster's own version %s: name a later build", dir, v)
+		}
+		if err := versions.CheckUpgrade(opts.KubernetesVersion, release); err != nil {
+			return fmt.Errorf("--upgrade-kube-bin %s: %w", dir, err)
+		}
+	}
+	return nil
 }
 
 // makeProviders makes the providers the options choose, or refuses the

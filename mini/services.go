@@ -8,7 +8,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -21,7 +20,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"helm.sh/helm/v3/pkg/action"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,6 +35,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
+	componentlist "github.com/gatehouse-dev/gatehouse/internal/components"
 	"github.com/gatehouse-dev/gatehouse/internal/helm"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 )
@@ -254,15 +253,7 @@ func (s *services) joinConfigValues(configPath string, components []*componentsv
 	if _, err := hex.DecodeString(state.MeasurementSalt); err != nil {
 		return nil, 0, fmt.Errorf("state file: measurement salt: %w", err)
 	}
-	var list []json.RawMessage
-	for _, c := range components {
-		b, err := protojson.Marshal(c)
-		if err != nil {
-			return nil, 0, err
-		}
-		list = append(list, b)
-	}
-	comps, err := json.Marshal(list)
+	comps, err := componentlist.MarshalList(components)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -271,7 +262,7 @@ func (s *services) joinConfigValues(configPath string, components []*componentsv
 		"measurementSalt":      state.MeasurementSalt,
 		"apiServerEndpoint":    s.apiServer,
 		"kubernetesVersion":    s.version,
-		"kubernetesComponents": string(comps),
+		"kubernetesComponents": comps,
 	}, cfg.KubeletCertLifetime(), nil
 }
 

@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -43,6 +45,12 @@ type Options struct {
 	// Wait waits for the upgraded resources to be ready before a release
 	// counts as upgraded; a failure then rolls it back too.
 	Wait bool
+	// Values are set over a release's own values, by release name: the
+	// Kubernetes upgrade's join configuration (joinConfig.kubernetesVersion
+	// and kubernetesComponents of the join service's release). Nested maps
+	// merge key by key; anything else replaces. A release whose chart and
+	// values already match is unchanged.
+	Values map[string]map[string]any
 	// Out receives progress and the summary.
 	Out io.Writer
 	// Now is the clock; nil is time.Now.
@@ -147,7 +155,7 @@ func planReleases(cfg *action.Configuration, opts Options) ([]planned, error) {
 			if err := checkStep(from, to); err != nil {
 				return nil, fmt.Errorf("release %s: %w", name, err)
 			}
-			if from == to && rel.Info.Status == release.StatusDeployed {
+			if from == to && rel.Info.Status == release.StatusDeployed && !changesValues(rel.Config, opts.Values[name]) {
 				p.result = Result{Release: name, From: from, To: to, Outcome: "unchanged"}
 			}
 		}
@@ -204,7 +212,7 @@ func upgradeOne(ctx context.Context, cfg *action.Configuration, opts Options, p 
 	up.DryRun = opts.DryRun
 	up.Description = "gatehouse upgrade apply"
 	if opts.DryRun {
-		rel, err := up.RunWithContext(ctx, p.name, p.chart, p.current.Config)
+		rel, err := up.RunWithContext(ctx, p.name, p.chart, mergeValues(p.current.Config, opts.Values[p.name]))
 		if err != nil {
 			r.Outcome, r.Err = "would fail", fmt.Errorf("dry run of %s: %w", p.name, err)
 			return r
@@ -214,7 +222,7 @@ func upgradeOne(ctx context.Context, cfg *action.Configuration, opts Options, p 
 		return r
 	}
 	fmt.Fprintf(opts.Out, "%s: upgrading %s → %s (timeout %s)\n", p.name, r.From, r.To, opts.Timeout)
-	if _, err := up.RunWithContext(ctx, p.name, p.chart, p.current.Config); err != nil {
+	if _, err := up.RunWithContext(ctx, p.name, p.chart, mergeValues(p.current.Config, opts.Values[p.name])); err != nil {
 		if rerr := rollback(context.WithoutCancel(ctx), cfg, opts, p.name); rerr != nil {
 			r.Outcome, r.Err = "rolled back", fmt.Errorf("upgrading %s: %w; rolling back failed too: %w", p.name, err, rerr)
 			return r
@@ -235,4 +243,26 @@ func rollback(ctx context.Context, cfg *action.Configuration, opts Options, name
 	rb := action.NewRollback(cfg)
 	rb.Version, rb.Timeout, rb.Wait, rb.MaxHistory = deployed.Version, opts.Timeout, opts.Wait, 10
 	return rb.Run(name)
+}
+
+// changesValues says whether setting over on values changes them.
+func changesValues(values, over map[string]any) bool {
+	return len(over) > 0 && !reflect.DeepEqual(mergeValues(values, over), values)
+}
+
+// mergeValues returns a copy of values with over set on it: nested maps
+// merge key by key, anything else replaces. Neither input changes.
+func mergeValues(values, over map[string]any) map[string]any {
+	out := make(map[string]any, len(values)+len(over))
+	maps.Copy(out, values)
+	for k, v := range over {
+		sub, isMap := v.(map[string]any)
+		have, hadMap := out[k].(map[string]any)
+		if isMap && hadMap {
+			out[k] = mergeValues(have, sub)
+			continue
+		}
+		out[k] = v
+	}
+	return out
 }

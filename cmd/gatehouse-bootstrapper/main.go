@@ -52,6 +52,13 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "serve-upgrade" {
+		if err := serveUpgrade(log, os.Args[2:]); err != nil {
+			log.Error("Serving the upgrade agent failed", slog.String("error", err.Error()))
+			os.Exit(exitError)
+		}
+		return
+	}
 	if err := run(log, level); err != nil {
 		log.Error("Bootstrap failed", slog.String("error", err.Error()))
 		var failed *bootstrapper.FailedError

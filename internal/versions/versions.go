@@ -12,8 +12,14 @@ package versions
 //go:generate go run ../../hack/versionsgen -in kubernetes-components.yaml -out zz_generated.go
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
@@ -101,4 +107,93 @@ func Resolve(v string) (Release, error) {
 		}
 	}
 	return Release{}, fmt.Errorf("kubernetes version %q is not supported: supported are %s (a minor version such as 1.%s picks its patch release)", v, strings.Join(Supported(), ", "), strings.Split(releases[0].Version, ".")[1])
+}
+
+// parse returns a "v1.MINOR.PATCH" version's minor and patch numbers.
+func parse(v string) (minor, patch int, err error) {
+	m := versionRE.FindStringSubmatch(strings.TrimSpace(v))
+	if m == nil || m[2] == "" {
+		return 0, 0, fmt.Errorf("kubernetes version %q is not a release version like v1.36.4", v)
+	}
+	minor, _ = strconv.Atoi(m[1])
+	patch, _ = strconv.Atoi(m[2])
+	return minor, patch, nil
+}
+
+// Newer reports whether release version a ("v1.MINOR.PATCH") is newer
+// than b.
+func Newer(a, b string) (bool, error) {
+	am, ap, err := parse(a)
+	if err != nil {
+		return false, err
+	}
+	bm, bp, err := parse(b)
+	if err != nil {
+		return false, err
+	}
+	return am > bm || (am == bm && ap > bp), nil
+}
+
+// CheckUpgrade says whether a cluster at from ("v1.MINOR.PATCH", which
+// need not be in the table) may move to the supported release to, by
+// Kubernetes' version skew policy as kubeadm applies it
+// (https://kubernetes.io/releases/version-skew-policy/, "Supported
+// component upgrade order"; kubeadm's upgrade guide): a newer patch
+// release of the same minor version, or the next minor version. The
+// errors name what is refused (a downgrade, a skipped minor version) and
+// the version to go to instead. The same version is no error: a roll
+// that stopped part-way is resumed with it.
+func CheckUpgrade(from string, to Release) error {
+	fromMinor, fromPatch, err := parse(from)
+	if err != nil {
+		return fmt.Errorf("the cluster's version: %w", err)
+	}
+	toMinor, toPatch, err := parse(to.Version)
+	if err != nil {
+		return err
+	}
+	switch {
+	case fromMinor > toMinor || (fromMinor == toMinor && fromPatch > toPatch):
+		return fmt.Errorf("%s is older than the cluster's %s: Kubernetes cannot be downgraded (etcd's data and the API's stored versions move forward only); restore a backup to go back", to.Version, from)
+	case toMinor > fromMinor+1:
+		next := fmt.Sprintf("1.%d", fromMinor+1)
+		if r, err := Resolve(next); err == nil {
+			next = r.Version
+		}
+		return fmt.Errorf("%s skips a minor version: the cluster runs %s and Kubernetes upgrades one minor version at a time; upgrade to %s first", to.Version, from, next)
+	}
+	return nil
+}
+
+// LocalBuild returns the release's kubelet, kubeadm and kubectl for arch
+// as a local build provides them: each a file:// URL of the multi-call
+// binary "kube" in dir (hack/kube-binaries.sh builds it: kubelet, kubeadm
+// and kubectl in one file), with that file's real sha256, installed to
+// the versions table's paths. crictl and the CNI plugins have no local
+// build and are left out. For clusters without the official downloads:
+// the local cluster, and air-gapped upgrades (docs/upgrades.md).
+func (r Release) LocalBuild(arch, dir string) ([]*componentsv1.Component, error) {
+	list, err := r.Components(arch)
+	if err != nil {
+		return nil, err
+	}
+	kube := filepath.Join(dir, "kube")
+	f, err := os.Open(kube)
+	if err != nil {
+		return nil, fmt.Errorf("the local Kubernetes build: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return nil, fmt.Errorf("hashing %s: %w", kube, err)
+	}
+	hash := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	var out []*componentsv1.Component
+	for _, c := range list {
+		switch c.Name {
+		case "kubelet", "kubeadm", "kubectl":
+			out = append(out, &componentsv1.Component{Url: "file://" + kube, Hash: hash, InstallPath: c.InstallPath})
+		}
+	}
+	return out, nil
 }

@@ -85,3 +85,32 @@ func TestComponents(t *testing.T) {
 		t.Fatalf("unknown architecture: %v", err)
 	}
 }
+
+func TestCheckUpgrade(t *testing.T) {
+	for _, tc := range []struct {
+		from, to, err string
+	}{
+		{from: "v1.35.8", to: "1.36"},
+		{from: "v1.35.4", to: "v1.35.8"},
+		{from: "v1.35.4", to: "1.36"}, // a patch behind: kubeadm upgrades across it
+		{from: "v1.36.4", to: "1.36"}, // the same: a roll resumed
+		{from: "v1.36.4", to: "1.35", err: "older than the cluster's v1.36.4: Kubernetes cannot be downgraded"},
+		{from: "v1.36.5", to: "1.36", err: "cannot be downgraded"},
+		{from: "v1.34.11", to: "1.36", err: "v1.36.4 skips a minor version: the cluster runs v1.34.11 and Kubernetes upgrades one minor version at a time; upgrade to v1.35.8 first"},
+		{from: "v1.30.1", to: "1.33", err: "upgrade to 1.31 first"},
+		{from: "1.35", to: "1.36", err: "the cluster's version: kubernetes version \"1.35\" is not a release version"},
+		{from: "garbage", to: "1.36", err: "not a release version"},
+	} {
+		to, err := Resolve(tc.to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = CheckUpgrade(tc.from, to)
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("CheckUpgrade(%s, %s) = %v, want nil", tc.from, to.Version, err)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("CheckUpgrade(%s, %s) = %v, want an error containing %q", tc.from, to.Version, err, tc.err)
+		}
+	}
+}
