@@ -27,8 +27,9 @@ setup-test: ## `setup`, and what only the tests need: their Debian packages, the
 	hack/setup.sh --test
 
 .PHONY: kube-binaries
-kube-binaries: ## Build the pinned Kubernetes binaries and etcd into the cache (no-op when cached)
+kube-binaries: ## Build the pinned Kubernetes binaries and etcd into the cache, and the previous minor version's for the upgrade test (no-op when cached)
 	hack/kube-binaries.sh
+	hack/kube-binaries.sh 1.35
 
 .PHONY: tools
 tools: ## Install the pinned Go tools into the cache
@@ -81,7 +82,9 @@ build-mini: ## Build the binaries the local cluster runs into bin/ (all but the 
 .PHONY: unit
 unit: tools ## Run the tests (needs `make setup-test` first)
 	@# The real-boot test (test/realboot) boots the node image built from this checkout (cached by content).
+	@# The end-to-end test starts its cluster at the previous minor version and upgrades it (test/e2e).
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) \
+		$(if $(filter ./... ./test/e2e/...,$(PKGS)),GATEHOUSE_KUBE_BIN_PREVIOUS=$$(hack/kube-binaries.sh 1.35)) \
 		$(if $(filter ./... ./test/realboot/...,$(PKGS)),GATEHOUSE_NODE_IMAGE=$$(hack/node-image.sh)) \
 		gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)
 	@# The CAPI provider's parity test against upstream CABPK's renderers: a module of its own (docs/capi-parity.md).

@@ -78,6 +78,9 @@ log "Kubernetes binaries: $dir"
 dir=$("$here/addon-binaries.sh")
 log "Local cluster add-ons (CoreDNS, registry): $dir"
 if $test; then
+	# The upgrade test's cluster starts at the previous minor version.
+	dir=$("$here/kube-binaries.sh" 1.35)
+	log "Kubernetes binaries of the previous minor version: $dir"
 	dir=$("$here/go-tools.sh")
 	log "Go tools: $dir"
 	dir=$("$here/capi-tools.sh")

@@ -53,3 +53,22 @@ func AddonBinDir() (string, error) {
 	}
 	return dir, nil
 }
+
+// PreviousBinDirEnv names the environment variable pointing at the
+// Kubernetes build of the minor version before the default
+// (hack/kube-binaries.sh 1.35), which the upgrade test starts its cluster
+// at; `make test` sets it.
+const PreviousBinDirEnv = "GATEHOUSE_KUBE_BIN_PREVIOUS"
+
+// PreviousBinDir returns $GATEHOUSE_KUBE_BIN_PREVIOUS, or an error saying
+// how to build it.
+func PreviousBinDir() (string, error) {
+	dir := os.Getenv(PreviousBinDirEnv)
+	if dir == "" {
+		return "", fmt.Errorf("%s is not set: run the tests with `make test`, or export %s=$(hack/kube-binaries.sh 1.35)", PreviousBinDirEnv, PreviousBinDirEnv)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "kubeadm")); err != nil {
+		return "", fmt.Errorf("%s=%s has no kubeadm: %w", PreviousBinDirEnv, dir, err)
+	}
+	return dir, nil
+}

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,8 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
-	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/internal/versions"
 	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/mini"
 	"github.com/gatehouse-dev/gatehouse/test/clustertest"
@@ -53,9 +52,19 @@ func TestMiniCluster(t *testing.T) {
 			t.Errorf("cleanup: mini down: %v\n%s", err, out)
 		}
 	})
+	// The cluster starts at the minor version before the default and is
+	// upgraded to it half-way (the "Kubernetes and service upgrade" step).
+	previous, err := testenv.PreviousBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, err := versions.Resolve(fmt.Sprintf("1.%d", defaultMinor(t)-1))
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	out, err := clustertest.Gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)), "--control-planes", "3", "--workers", "3", "--tamper", "worker-3",
-		"--kubelet-cert-lifetime", kubeletCertLifetime.String())
+		"--kubelet-cert-lifetime", kubeletCertLifetime.String(), "--kubernetes-version", from.Version, "--kube-bin", previous, "--upgrade-kube-bin", defaultKubeBin(t))
 	if err != nil {
 		t.Fatalf("mini up: %v\n%s\n%s", err, out, nodeLogs(dir))
 	}
@@ -207,32 +216,17 @@ func TestMiniCluster(t *testing.T) {
 		}
 	})
 
-	t.Run("upgrade apply", func(t *testing.T) {
-		// A newer join service chart: version 0.2.0, a changed default.
-		chartsDir := t.TempDir()
-		if out, err := exec.Command("cp", "-r", filepath.Join("..", "..", "charts", "gatehouse-joinservice"), filepath.Join("..", "..", "charts", "gatehouse-keyservice"), chartsDir).CombinedOutput(); err != nil {
-			t.Fatalf("copying the charts: %v\n%s", err, out)
+	t.Run("Kubernetes and service upgrade", func(t *testing.T) {
+		if echo == "" {
+			t.Fatal("the echo image is not built: see the services step")
 		}
-		chartFile := filepath.Join(chartsDir, "gatehouse-joinservice", "Chart.yaml")
-		data, err := os.ReadFile(chartFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(chartFile, bytes.Replace(data, []byte("version: 0.1.0"), []byte("version: 0.2.0"), 1), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		kubeconfig := filepath.Join(dir, "gatehouse-admin.conf")
-		out, err := clustertest.Gatehouse(t, bin, "upgrade", "apply", "--kubeconfig", kubeconfig, "--charts-dir", chartsDir, "--backup-dir", t.TempDir())
-		if err != nil || !strings.Contains(out, "Backed up every CRD") || !strings.Contains(out, "gatehouse-joinservice: upgraded 0.1.0 → 0.2.0") {
-			t.Fatalf("upgrade apply on the local cluster: %v\n%s", err, out)
-		}
-		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-			ds, err := client.AppsV1().DaemonSets(charts.Namespace).Get(ctx, "gatehouse-joinservice", metav1.GetOptions{})
-			return err == nil && ds.Status.DesiredNumberScheduled == 3 && ds.Status.UpdatedNumberScheduled == 3 && ds.Status.NumberReady == 3, nil
+		kubernetesUpgrade(ctx, t, bin, dir, echo, from.Version, versions.Default().Version, client, ip)
+		// Every node still proven, etcd with a healthy member on each
+		// control plane.
+		waitAttested(ctx, t, client, map[string]string{
+			"cp-0": "Verified", "cp-1": "Verified", "cp-2": "Verified", "worker-1": "Verified", "worker-2": "Verified",
 		})
-		if err != nil {
-			t.Fatalf("the upgraded join service is not ready: %v", err)
-		}
+		assertHA(ctx, t, dir, client, "cp-0", "cp-1", "cp-2")
 	})
 
 	t.Run("reboot and rejoin", func(t *testing.T) {
@@ -318,6 +312,10 @@ func TestMiniCluster(t *testing.T) {
 		})
 		if err != nil {
 			t.Fatalf("worker-4 did not join with cp-0 down: %v\n%s", err, nodeLogs(dir))
+		}
+		// Joined after the upgrade: at the new version.
+		if got, want := node.Status.NodeInfo.KubeletVersion, versions.Default().Version; got != want {
+			t.Errorf("worker-4 joined after the upgrade with kubelet %s, want %s", got, want)
 		}
 		// The fault hit the join: the Node was registered after cp-0 went
 		// down (creation times have whole seconds).
@@ -556,4 +554,24 @@ func assertNothingLeft(t *testing.T, rec *mini.Record) {
 	if _, err := os.Stat(rec.Dir); !os.IsNotExist(err) {
 		t.Errorf("the cluster directory %s remains", rec.Dir)
 	}
+}
+
+// defaultMinor is the default Kubernetes release's minor version.
+func defaultMinor(t *testing.T) int {
+	t.Helper()
+	var minor, patch int
+	if _, err := fmt.Sscanf(versions.Default().Version, "v1.%d.%d", &minor, &patch); err != nil {
+		t.Fatal(err)
+	}
+	return minor
+}
+
+// defaultKubeBin is the default release's build ($GATEHOUSE_KUBE_BIN).
+func defaultKubeBin(t *testing.T) string {
+	t.Helper()
+	dir, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
