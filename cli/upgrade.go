@@ -178,17 +178,9 @@ func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) 
 	}}}
 	roll := k.roll
 	roll.Client, roll.Agent, roll.Release, roll.Components, roll.DryRun, roll.Out = client, agents, release, nodeComponents, opts.DryRun, opts.Out
-	switched := false
 	roll.SwitchJoinConfig = func(ctx context.Context) error {
-		if switched {
-			return nil
-		}
 		fmt.Fprintf(opts.Out, "The join configuration names %s; upgrading the Gatehouse releases\n", release.Version)
-		if err := applyReleases(ctx, opts); err != nil {
-			return err
-		}
-		switched = true
-		return nil
+		return applyReleases(ctx, opts)
 	}
 	if err := kuberoll.Run(ctx, roll); err != nil {
 		return err

@@ -568,3 +568,39 @@ func TestBootstrapPhase(t *testing.T) {
 		t.Errorf("phase %q, want rejoining (or waiting to be recovered)", got)
 	}
 }
+
+// TestCheckKubeVersions: a Kubernetes build that is not the cluster's
+// version, and an upgrade build that is not the next one, are refused
+// before anything is made, naming what to pass.
+func TestCheckKubeVersions(t *testing.T) {
+	build := func(version string) string {
+		dir := t.TempDir()
+		script := "#!/bin/sh\necho " + version + "\n"
+		if err := os.WriteFile(filepath.Join(dir, "kubeadm"), []byte(script), 0o755); err != nil { //nolint:gosec // an executable stand-in
+			t.Fatal(err)
+		}
+		return dir
+	}
+	v135, v136, v134 := build("v1.35.8"), build("v1.36.4"), build("v1.34.11")
+	tests := []struct {
+		name     string
+		version  string
+		kubeBin  string
+		upgrades []string
+		want     string
+	}{
+		{"the cluster's build", "v1.35.8", v135, []string{v136}, ""},
+		{"a build of another version", "v1.36.4", v135, nil, "is v1.35.8, not v1.36.4: pass its directory with --kube-bin"},
+		{"the same version as an upgrade", "v1.35.8", v135, []string{v135}, "the cluster's own version"},
+		{"an upgrade skipping a minor version", "v1.34.11", v134, []string{v136}, "skips a minor version"},
+		{"an upgrade that is older", "v1.36.4", v136, []string{v135}, "cannot be downgraded"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkKubeVersions(Options{KubernetesVersion: tt.version, KubeBinDir: tt.kubeBin, UpgradeKubeBinDirs: tt.upgrades})
+			if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+				t.Fatalf("checkKubeVersions = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}

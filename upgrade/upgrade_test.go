@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -143,10 +144,30 @@ func TestApply(t *testing.T) {
 		}
 	})
 
+	t.Run("values set over the release's own, with the same chart; the same again is unchanged", func(t *testing.T) {
+		opts.Values = map[string]map[string]any{"demo": {"greeting": "hello"}}
+		defer func() { opts.Values = nil }()
+		results, err := Apply(t.Context(), opts)
+		if err != nil || outcome(results) != "upgraded" {
+			t.Fatalf("Apply with values: %v %+v\n%s", err, results, &out)
+		}
+		if got := color(); got != "hello/green" {
+			t.Fatalf("ConfigMap %s, want the value set and the chart's color", got)
+		}
+		results, err = Apply(t.Context(), opts)
+		if err != nil || outcome(results) != "unchanged" {
+			t.Fatalf("Apply with the same values again: %v %+v", err, results)
+		}
+		opts.Values = map[string]map[string]any{"demo": {"greeting": "hi"}}
+		if _, err := Apply(t.Context(), opts); err != nil || color() != "hi/green" {
+			t.Fatalf("setting the greeting back: %v, %s", err, color())
+		}
+	})
+
 	backups, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*", "backups"))
 	t.Run("backups re-apply with server-side apply", func(t *testing.T) {
-		if len(backups) != 1 {
-			t.Fatalf("backup directories %v, want one", backups)
+		if len(backups) != 3 {
+			t.Fatalf("backup directories %v, want one per changing Apply (three)", backups)
 		}
 		for _, f := range []string{"crds/widgets.example.com.yaml", "resources/widgets.example.com/default/w1.yaml"} {
 			if _, err := os.Stat(filepath.Join(backups[0], f)); err != nil {
@@ -180,7 +201,7 @@ func TestApply(t *testing.T) {
 		if color() != "hi/green" {
 			t.Fatal("the dry run changed the ConfigMap")
 		}
-		if more, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*")); len(more) != 1 {
+		if more, _ := filepath.Glob(filepath.Join(root, "gatehouse-upgrade", "*")); len(more) != 3 {
 			t.Fatalf("the dry run wrote backups: %v", more)
 		}
 	})
@@ -286,5 +307,20 @@ func TestCheckStep(t *testing.T) {
 		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
 			t.Errorf("%s → %s: %v, want %q", tc.from, tc.to, err, tc.err)
 		}
+	}
+}
+
+func TestMergeValues(t *testing.T) {
+	values := map[string]any{"joinConfig": map[string]any{"kubernetesVersion": "v1.35.8", "apiServerEndpoint": "10.0.0.1:6443"}, "replicas": 2}
+	got := mergeValues(values, map[string]any{"joinConfig": map[string]any{"kubernetesVersion": "v1.36.4"}, "image": "x"})
+	want := map[string]any{"joinConfig": map[string]any{"kubernetesVersion": "v1.36.4", "apiServerEndpoint": "10.0.0.1:6443"}, "replicas": 2, "image": "x"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("mergeValues = %v, want %v", got, want)
+	}
+	if values["joinConfig"].(map[string]any)["kubernetesVersion"] != "v1.35.8" {
+		t.Error("mergeValues changed its input")
+	}
+	if changesValues(values, nil) || changesValues(nil, nil) || !changesValues(values, map[string]any{"replicas": 3}) || changesValues(values, map[string]any{"replicas": 2}) {
+		t.Error("changesValues")
 	}
 }

@@ -83,6 +83,27 @@ func (ca *CA) Issue(t testing.TB, cn string, server bool) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
+// IssueClient returns a client-authentication certificate for cn in the
+// groups orgs (subject organizations, as Kubernetes reads them) signed by
+// ca.
+func (ca *CA) IssueClient(t testing.TB, cn string, orgs ...string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn, Organization: orgs},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
 // WritePEM writes c's leaf and key as dir/name.crt and dir/name.key.
 func WritePEM(t testing.TB, dir, name string, c tls.Certificate) (certFile, keyFile string) {
 	t.Helper()

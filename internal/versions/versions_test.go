@@ -1,6 +1,10 @@
 package versions
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -113,4 +117,36 @@ func TestCheckUpgrade(t *testing.T) {
 			t.Errorf("CheckUpgrade(%s, %s) = %v, want an error containing %q", tc.from, to.Version, err, tc.err)
 		}
 	}
+}
+
+// TestLocalBuild: the three binaries a local build provides, each the
+// multi-call binary's file:// URL with its real digest, at the versions
+// table's install paths; a missing build is named.
+func TestLocalBuild(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "kube"), []byte("kube"), 0o755); err != nil { //nolint:gosec // a test binary
+		t.Fatal(err)
+	}
+	list, err := Default().LocalBuild("amd64", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, c := range list {
+		paths = append(paths, c.GetInstallPath())
+		if c.GetUrl() != "file://"+filepath.Join(dir, "kube") || c.GetHash() != sha256Hex("kube") {
+			t.Errorf("component %v", c)
+		}
+	}
+	if !slices.Equal(paths, []string{"/usr/local/bin/kubelet", "/usr/local/bin/kubeadm", "/usr/local/bin/kubectl"}) {
+		t.Errorf("install paths %v", paths)
+	}
+	if _, err := Default().LocalBuild("amd64", filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), "the local Kubernetes build") {
+		t.Errorf("a missing build: %v", err)
+	}
+}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }

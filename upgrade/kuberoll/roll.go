@@ -41,8 +41,8 @@ type Options struct {
 	Components func(arch string) ([]*componentsv1.Component, error)
 	// SwitchJoinConfig makes nodes that join from now on get the release
 	// (the join configuration), and upgrades Gatehouse's services; called
-	// once the cluster configuration is at the release. It must be
-	// idempotent: a resumed roll calls it again.
+	// once per run, as soon as the cluster configuration is at the
+	// release. It must be idempotent: a resumed roll calls it again.
 	SwitchJoinConfig func(ctx context.Context) error
 	// DryRun prints the plan and changes nothing.
 	DryRun bool
@@ -78,12 +78,23 @@ func Run(ctx context.Context, opts Options) error {
 		return nil
 	}
 	r := &roller{opts: opts}
+	switched := false
+	switchJoinConfig := func() error {
+		if switched {
+			return nil
+		}
+		if err := opts.SwitchJoinConfig(ctx); err != nil {
+			return fmt.Errorf("switching the join configuration to %s: %w", plan.To, err)
+		}
+		switched = true
+		return nil
+	}
 	for pass := 0; ; pass++ {
 		if plan.From == plan.To {
 			// The cluster configuration moved (in this run or one that
 			// stopped): joiners must get the release too.
-			if err := opts.SwitchJoinConfig(ctx); err != nil {
-				return fmt.Errorf("switching the join configuration to %s: %w", plan.To, err)
+			if err := switchJoinConfig(); err != nil {
+				return err
 			}
 		}
 		if plan.Pending() == 0 {
@@ -104,8 +115,8 @@ func Run(ctx context.Context, opts Options) error {
 			}
 			if s.Apply {
 				plan.From = plan.To
-				if err := opts.SwitchJoinConfig(ctx); err != nil {
-					return fmt.Errorf("switching the join configuration to %s: %w", plan.To, err)
+				if err := switchJoinConfig(); err != nil {
+					return err
 				}
 			}
 			fmt.Fprintf(opts.Out, "[%d/%d] %s is Ready at %s (%s)\n", i+1, len(plan.Steps), s.Node, plan.To, time.Since(start).Round(time.Second))
