@@ -58,7 +58,7 @@ func staticPod(component, node, version string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: component + "-" + node, Namespace: metav1.NamespaceSystem,
 			Annotations: map[string]string{"kubernetes.io/config.mirror": "x"}},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: component, Image: "registry.k8s.io/" + component + ":" + tag}}},
+		Spec:   corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: component, Image: "registry.k8s.io/" + component + ":" + tag}}},
 		Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
 	}
 }
