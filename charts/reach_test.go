@@ -106,6 +106,7 @@ func TestServiceAccountReach(t *testing.T) {
 				{"watch ConfigMaps in another namespace", authorizationv1.ResourceAttributes{Namespace: "default", Verb: "watch", Resource: "configmaps"}},
 				{"delete a node-name binding", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "delete", Resource: "configmaps", Name: "gatehouse-node-0123"}},
 				{"rewrite kubeadm's configuration", authorizationv1.ResourceAttributes{Namespace: ks, Verb: "update", Resource: "configmaps", Name: "kubeadm-config"}},
+				{"evict Pods (drain a node)", authorizationv1.ResourceAttributes{Namespace: "default", Verb: "create", Resource: "pods", Subresource: "eviction"}},
 				{"rewrite cluster-info", authorizationv1.ResourceAttributes{Namespace: "kube-public", Verb: "update", Resource: "configmaps", Name: "cluster-info"}},
 				{"take another component's Lease", authorizationv1.ResourceAttributes{Namespace: ks, Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: "kube-controller-manager"}},
 				{"take any Lease in its namespace", authorizationv1.ResourceAttributes{Namespace: Namespace, Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Name: "other"}},
