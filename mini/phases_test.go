@@ -576,7 +576,7 @@ func TestCheckKubeVersions(t *testing.T) {
 	build := func(version string) string {
 		dir := t.TempDir()
 		script := "#!/bin/sh\necho " + version + "\n"
-		if err := os.WriteFile(filepath.Join(dir, "kubeadm"), []byte(script), 0o755); err != nil { //nolint:gosec // an executable stand-in
+		if err := os.WriteFile(filepath.Join(dir, "kubeadm"), []byte(script), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		return dir

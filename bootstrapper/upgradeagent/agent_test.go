@@ -280,7 +280,9 @@ func TestOneAtATimeAndCallerGone(t *testing.T) {
 		t.Fatalf("a second request while one runs: %v, want Aborted", err)
 	}
 	cancel() // the caller goes
-	<-first
+	if err := <-first; status.Code(err) != codes.Canceled {
+		t.Errorf("the caller that went away got %v, want Canceled", err)
+	}
 	close(n.block)
 	deadline = time.Now().Add(10 * time.Second)
 	for _, kubeadm, _ := n.changed(); len(kubeadm) == 0; _, kubeadm, _ = n.changed() {

@@ -124,7 +124,7 @@ func TestCheckUpgrade(t *testing.T) {
 // table's install paths; a missing build is named.
 func TestLocalBuild(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "kube"), []byte("kube"), 0o755); err != nil { //nolint:gosec // a test binary
+	if err := os.WriteFile(filepath.Join(dir, "kube"), []byte("kube"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	list, err := Default().LocalBuild("amd64", dir)

@@ -192,7 +192,7 @@ func kubernetesUpgrade(ctx context.Context, t *testing.T, bin, dir, echo, from, 
 		t.Fatal(err)
 	}
 	broken := strings.Replace(string(flags), `KUBELET_KUBEADM_ARGS="`, `KUBELET_KUBEADM_ARGS="--no-such-flag-injected-by-the-test `, 1)
-	if err := os.WriteFile(flagsFile, []byte(broken), 0o644); err != nil { //nolint:gosec // as kubeadm writes it
+	if err := os.WriteFile(flagsFile, []byte(broken), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -211,7 +211,7 @@ func kubernetesUpgrade(ctx context.Context, t *testing.T, bin, dir, echo, from, 
 		t.Fatalf("worker-2 is not left cordoned after its failure (%v)", err)
 	}
 	// The fix, then the same command again: it resumes at worker-2.
-	if err := os.WriteFile(flagsFile, flags, 0o644); err != nil { //nolint:gosec // as kubeadm writes it
+	if err := os.WriteFile(flagsFile, flags, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	resumed := time.Now()

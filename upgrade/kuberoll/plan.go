@@ -11,6 +11,7 @@ package kuberoll
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -105,8 +106,11 @@ func clusterVersion(ctx context.Context, client kubernetes.Interface) (string, e
 	var cfg struct {
 		KubernetesVersion string `json:"kubernetesVersion"`
 	}
-	if err := yaml.Unmarshal([]byte(cm.Data["ClusterConfiguration"]), &cfg); err != nil || cfg.KubernetesVersion == "" {
-		return "", fmt.Errorf("kube-system/kubeadm-config holds no ClusterConfiguration with a kubernetesVersion (%v)", err)
+	if err := yaml.Unmarshal([]byte(cm.Data["ClusterConfiguration"]), &cfg); err != nil {
+		return "", fmt.Errorf("kube-system/kubeadm-config's ClusterConfiguration: %w", err)
+	}
+	if cfg.KubernetesVersion == "" {
+		return "", errors.New("kube-system/kubeadm-config's ClusterConfiguration names no kubernetesVersion")
 	}
 	return cfg.KubernetesVersion, nil
 }
