@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	upgradeagentv1 "github.com/gatehouse-dev/gatehouse/api/upgradeagent/v1"
@@ -359,4 +360,39 @@ func TestDoorAnswersAdministratorsOnly(t *testing.T) {
 	if _, kubeadm, _ := n.changed(); len(kubeadm) != 1 {
 		t.Errorf("the administrator's request ran kubeadm %v", kubeadm)
 	}
+}
+
+// FuzzCheck: any request the network can send is checked without a
+// panic, and one that passes names exactly the three files under the
+// install directory and a supported release.
+func FuzzCheck(f *testing.F) {
+	for _, step := range []upgradeagentv1.Step{upgradeagentv1.Step_STEP_APPLY, upgradeagentv1.Step_STEP_KUBELET} {
+		b, err := proto.Marshal(request(step))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	s, err := New(Options{Installer: &node{}, Kubeadm: &node{}, Kubelet: &node{}, InstallDir: "/usr/local/bin"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req := &upgradeagentv1.UpgradeRequest{}
+		if proto.Unmarshal(data, req) != nil {
+			return
+		}
+		p, err := s.check(req)
+		if err != nil {
+			return
+		}
+		if p.release.Version != req.GetKubernetesVersion() || len(p.kubeadm) != 1 || len(p.other) != 2 {
+			t.Fatalf("accepted %v as %+v", req, p)
+		}
+		for _, c := range append(slices.Clone(p.kubeadm), p.other...) {
+			if dir := filepath.Dir(c.GetInstallPath()); dir != "/usr/local/bin" || c.GetExtract() {
+				t.Fatalf("accepted a component at %s", c.GetInstallPath())
+			}
+		}
+	})
 }
