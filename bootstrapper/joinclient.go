@@ -178,7 +178,7 @@ func (c *JoinClient) setUp(ctx context.Context, t *joinservicev1.IssueJoinTicket
 		Token:             t.GetToken(),
 		CACertHash:        t.GetDiscoveryTokenCaCertHash(),
 		ControlPlane:      c.cfg.ControlPlane,
-		PatchesDir:        machine.path(kubeadmDir + "/patches"),
+		PatchesDir:        machine.path(KubeadmPatchesDir),
 	}
 	config, patches, err := params.Render()
 	if err != nil {
@@ -244,7 +244,7 @@ func (c *JoinClient) writeJoinFiles(t *joinservicev1.IssueJoinTicketResponse, ku
 		}
 	}
 	for name, data := range patches {
-		if err := machine.writeFile(kubeadmDir+"/patches/"+name, data, 0o600); err != nil {
+		if err := machine.writeFile(KubeadmPatchesDir+"/"+name, data, 0o600); err != nil {
 			return err
 		}
 	}

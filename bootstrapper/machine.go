@@ -27,6 +27,11 @@ import (
 const (
 	// kubeadmDir holds the generated kubeadm configuration and patches.
 	kubeadmDir = "/etc/gatehouse/kubeadm"
+	// KubeadmPatchesDir holds the node's own kubeadm patches (its kubelet
+	// configuration over the cluster's), written at join and kept: kubeadm
+	// upgrade needs them again, or the node's kubelet would take the
+	// cluster's settings (the init node's) as its own.
+	KubeadmPatchesDir = kubeadmDir + "/patches"
 )
 
 // stateDisk is the part of the state disk a bootstrap changes.

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -72,6 +73,12 @@ type Options struct {
 	// IgnorePreflightErrors are passed to kubeadm upgrade, as the
 	// bootstrapper passes its own to kubeadm init and join.
 	IgnorePreflightErrors []string
+	// PatchesDir is the node's kubeadm patches directory
+	// (bootstrapper.KubeadmPatchesDir), passed to kubeadm upgrade with
+	// --patches when it exists: kubeadm writes the kubelet's
+	// configuration from the cluster's, and the node's own settings (its
+	// cgroup root, for one) must go over it again, as at join.
+	PatchesDir string
 	// KubeadmTimeout bounds the kubeadm stage (defaultKubeadmTimeout).
 	KubeadmTimeout time.Duration
 	Log            *slog.Logger
@@ -141,6 +148,11 @@ func (s *Server) check(req *upgradeagentv1.UpgradeRequest) (*plan, error) {
 	}
 	if len(p.args) > 0 && len(s.opts.IgnorePreflightErrors) > 0 {
 		p.args = append(p.args, "--ignore-preflight-errors="+strings.Join(s.opts.IgnorePreflightErrors, ","))
+	}
+	if len(p.args) > 0 && s.opts.PatchesDir != "" {
+		if _, err := os.Stat(s.opts.PatchesDir); err == nil {
+			p.args = append(p.args, "--patches="+s.opts.PatchesDir)
+		}
 	}
 	seen := map[string]bool{}
 	for _, c := range req.GetComponents() {

@@ -100,7 +100,8 @@ func newAgent(t *testing.T, n *node, healthy func(context.Context) error) *Serve
 	if healthy == nil {
 		healthy = func(context.Context) error { return nil }
 	}
-	s, err := New(Options{Installer: n, Kubeadm: n, Kubelet: n, InstallDir: "/usr/local/bin", KubeletHealthy: healthy, IgnorePreflightErrors: []string{"Swap", "NumCPU"}})
+	s, err := New(Options{Installer: n, Kubeadm: n, Kubelet: n, InstallDir: "/usr/local/bin", KubeletHealthy: healthy, IgnorePreflightErrors: []string{"Swap", "NumCPU"},
+		PatchesDir: filepath.Join(t.TempDir(), "no-patches")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,6 +188,24 @@ func TestSteps(t *testing.T) {
 				t.Error("no progress streamed")
 			}
 		})
+	}
+}
+
+// TestPatches: the node's own kubeadm patches go to kubeadm upgrade when
+// it has them (a joined node: its kubelet's cgroup root, for one, over
+// the cluster's, which are the first control plane's).
+func TestPatches(t *testing.T) {
+	patches := t.TempDir()
+	n := &node{version: "v1.35.8"}
+	s, err := New(Options{Installer: n, Kubeadm: n, Kubelet: n, InstallDir: "/usr/local/bin", PatchesDir: patches})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := upgrade(t.Context(), serve(t, s), request(upgradeagentv1.Step_STEP_NODE)); err != nil {
+		t.Fatal(err)
+	}
+	if _, kubeadm, _ := n.changed(); len(kubeadm) != 1 || !slices.Equal(kubeadm[0], []string{"upgrade", "node", "--patches=" + patches}) {
+		t.Errorf("kubeadm ran %v, want upgrade node --patches=%s", kubeadm, patches)
 	}
 }
 

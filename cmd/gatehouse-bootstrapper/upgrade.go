@@ -51,6 +51,7 @@ func serveUpgrade(log *slog.Logger, args []string) error {
 	agent, err := upgradeagent.New(upgradeagent.Options{
 		Installer: installer.New(installer.Options{Log: log}), Kubeadm: bootstrapper.ExecKubeadm{Path: *kubeadmPath},
 		Kubelet: kubelet, InstallDir: *installDir, IgnorePreflightErrors: splitList(*ignorePreflight), Log: log,
+		PatchesDir: bootstrapper.KubeadmPatchesDir,
 	})
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/mini"
 	"github.com/gatehouse-dev/gatehouse/test/clustertest"
 )
 
@@ -230,6 +232,15 @@ func kubernetesUpgrade(ctx context.Context, t *testing.T, bin, dir, echo, from, 
 		node, err := client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
 		if err != nil || node.Spec.Unschedulable {
 			t.Errorf("%s is left cordoned (%v)", n, err)
+		}
+	}
+	// kubeadm upgrade wrote each kubelet's configuration from the
+	// cluster's (the first control plane's); the node's own patches went
+	// over it again: every kubelet keeps its own cgroup root.
+	for _, n := range []string{"cp-0", "cp-1", "cp-2", "worker-1", "worker-2"} {
+		config, err := mini.Exec(ctx, dir, n, "cat", "/var/lib/kubelet/config.yaml")
+		if err != nil || !regexp.MustCompile(`(?m)^cgroupRoot: /gh\d+-`+n+`$`).Match(config) {
+			t.Errorf("%s's kubelet configuration after the upgrade lacks its own cgroup root (%v):\n%s", n, err, config)
 		}
 	}
 	cm, err := client.CoreV1().ConfigMaps(charts.Namespace).Get(ctx, "gatehouse-join-config", metav1.GetOptions{})
