@@ -111,7 +111,7 @@ func Run(ctx context.Context, opts Options) error {
 			start := time.Now()
 			fmt.Fprintf(opts.Out, "[%d/%d] %s\n", i+1, len(plan.Steps), s.Node)
 			if err := r.move(ctx, plan, s); err != nil {
-				return fmt.Errorf("%s: %w\nThe roll stopped at %s, which stays cordoned; the nodes before it are at %s. Fix what is named above and run `gatehouse upgrade apply --kubernetes %s` again: it resumes here", s.Node, err, s.Node, plan.To, plan.To)
+				return fmt.Errorf("%s: %w\nThe roll stopped at %s, left as it is (cordoned, if it was drained); the nodes before it are at %s. Fix what is named above and run `gatehouse upgrade apply --kubernetes %s` again: it resumes here", s.Node, err, s.Node, plan.To, plan.To)
 			}
 			if s.Apply {
 				plan.From = plan.To
