@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -102,25 +103,7 @@ func TestMiniCluster(t *testing.T) {
 			}
 		}
 	})
-	t.Run("workload on a worker", func(t *testing.T) {
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: "workload", Namespace: "default"},
-			Spec: corev1.PodSpec{NodeName: "worker-1", Containers: []corev1.Container{{
-				Name: "workload", Image: mini.ImageRepository + "/pause:3.10.2", ImagePullPolicy: corev1.PullNever,
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)},
-			}}},
-		}
-		if _, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-			p, err := client.CoreV1().Pods("default").Get(ctx, "workload", metav1.GetOptions{})
-			return err == nil && p.Status.Phase == corev1.PodRunning, nil
-		})
-		if err != nil {
-			t.Fatalf("the workload pod is not Running on worker-1: %v", err)
-		}
-	})
+	t.Run("workload on a worker", func(t *testing.T) { startWorkload(ctx, t, client) })
 
 	var echo string // the echo workload's image, in the cluster's registry
 	t.Run("services: registry, kube-proxy, CoreDNS", func(t *testing.T) {
@@ -574,4 +557,27 @@ func defaultKubeBin(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// startWorkload runs pod "workload" (no controller) on worker-1 and waits
+// until it runs.
+func startWorkload(ctx context.Context, t *testing.T, client kubernetes.Interface) {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "workload", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: "worker-1", Containers: []corev1.Container{{
+			Name: "workload", Image: mini.ImageRepository + "/pause:3.10.2", ImagePullPolicy: corev1.PullNever,
+			SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)},
+		}}},
+	}
+	if _, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods("default").Get(ctx, "workload", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning, nil
+	})
+	if err != nil {
+		t.Fatalf("the workload pod is not Running on worker-1: %v", err)
+	}
 }

@@ -184,7 +184,9 @@ func kubernetesUpgrade(ctx context.Context, t *testing.T, bin, dir, echo, from, 
 	assertVersions(ctx, t, client, from, "cp-0", "cp-1", "cp-2", "worker-1", "worker-2")
 
 	port := steadyWorkload(ctx, t, client, echo)
-	requests := countRequests([]string{ip("cp-0"), ip("cp-1"), ip("cp-2")}, port)
+	through := []string{ip("cp-0"), ip("cp-1"), ip("cp-2")}
+	waitNodePort(ctx, t, through, port)
+	requests := countRequests(through, port)
 	// worker-2's kubelet will not start after its restart: a flag it does
 	// not know, read only when it starts (kubeadm upgrade leaves the flags
 	// file alone).
@@ -223,9 +225,21 @@ func kubernetesUpgrade(ctx context.Context, t *testing.T, bin, dir, echo, from, 
 	}
 	t.Logf("the resumed run took %s; the whole upgrade %s:\n%s", time.Since(resumed).Round(time.Second), time.Since(start).Round(time.Second), out)
 	total, failures := requests.finish()
-	t.Logf("the client sent %d requests through the control planes' NodePort during the upgrade; %d failed", total, len(failures))
-	if len(failures) > 0 {
-		t.Errorf("requests failed during the upgrade:\n%s", strings.Join(failures, "\n"))
+	t.Logf("MEASURED: the client sent %d requests through the control planes' NodePort during the upgrade; %d failed:\n%s", total, len(failures), strings.Join(failures, "\n"))
+	// The bound (docs/upgrades.md, "What the workload sees"): while a
+	// control plane's API server restarts, the node lifecycle controller
+	// has marked both workers NotReady for about 25 s (their heartbeats
+	// through the load balancer stalled), their pods NotReady with them,
+	// and kube-proxy then refuses the Service at once (no endpoint). At
+	// most 2 % of the requests, and only refusals: never a hang, a reset
+	// mid-answer or a wrong answer.
+	if len(failures)*50 > total {
+		t.Errorf("%d of %d requests failed during the upgrade, more than 2 %%", len(failures), total)
+	}
+	for _, f := range failures {
+		if !strings.Contains(f, "connection refused") {
+			t.Errorf("a request failed otherwise than refused: %s", f)
+		}
 	}
 	assertVersions(ctx, t, client, to, "cp-0", "cp-1", "cp-2", "worker-1", "worker-2")
 	for _, n := range []string{"cp-0", "cp-1", "cp-2", "worker-1", "worker-2"} {
@@ -243,6 +257,8 @@ func kubernetesUpgrade(ctx context.Context, t *testing.T, bin, dir, echo, from, 
 			t.Errorf("%s's kubelet configuration after the upgrade lacks its own cgroup root (%v):\n%s", n, err, config)
 		}
 	}
+	// The bare pod deleted before the roll runs again for the later steps.
+	startWorkload(ctx, t, client)
 	cm, err := client.CoreV1().ConfigMaps(charts.Namespace).Get(ctx, "gatehouse-join-config", metav1.GetOptions{})
 	if err != nil || cm.Data["kubernetesVersion"] != to || !strings.Contains(cm.Data["kubernetesComponents"], kubeBin) {
 		t.Errorf("the join configuration does not name %s and its build (%v): %v", to, err, cm.Data["kubernetesVersion"])
@@ -253,6 +269,30 @@ func kubernetesUpgrade(ctx context.Context, t *testing.T, bin, dir, echo, from, 
 	})
 	if err != nil {
 		t.Fatalf("the upgraded join service is not ready: %v", err)
+	}
+}
+
+// waitNodePort waits until the workload answers through port on every
+// address: the client counts from then on (kube-proxy programs a new
+// Service's NodePort a moment after it is created).
+func waitNodePort(ctx context.Context, t *testing.T, addresses []string, port int32) {
+	t.Helper()
+	client := &http.Client{Timeout: 2 * time.Second}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		for _, a := range addresses {
+			resp, err := client.Get(fmt.Sprintf("http://%s:%d/", a, port))
+			if err != nil {
+				return false, nil
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("the steady workload does not answer through the control planes' NodePort %d: %v", port, err)
 	}
 }
 
