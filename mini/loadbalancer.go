@@ -27,7 +27,13 @@ const apiServerPort = 6443
 // API servers at backends (IPs). A server is taken out after two failed checks a
 // second apart and put back after two good ones, so a stopped control
 // plane stops getting connections within about two seconds; connections
-// refused on the way are retried on another server (redispatch).
+// refused on the way are retried on another server (redispatch). The
+// connections a server held are closed when it is taken out
+// (on-marked-down shutdown-sessions): a kubelet's HTTP/2 connection to an
+// API server that restarts (an upgrade, a reboot) otherwise stalls until
+// its health check gives up, about 45 s, and its node's heartbeats with
+// it, long enough for the node lifecycle controller to mark the node and
+// its pods NotReady (docs/upgrades.md, "What the workload sees").
 func haproxyConfig(nw Network, backends []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `# Written by gatehouse mini up: the API servers' load balancer.
@@ -53,7 +59,7 @@ backend apiservers
     http-check send meth GET uri /healthz
     http-check expect status 200
     balance roundrobin
-    default-server inter 1s fall 2 rise 2
+    default-server inter 1s fall 2 rise 2 on-marked-down shutdown-sessions
 `, nw.loadBalancerEndpoint())
 	for _, ip := range backends {
 		fmt.Fprintf(&b, "    server %s %s check verify none\n", ip, net.JoinHostPort(ip, fmt.Sprint(apiServerPort)))

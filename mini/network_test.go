@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -173,5 +174,29 @@ func TestDownKeepsSharedMountpoints(t *testing.T) {
 				t.Errorf("the cluster directory remains: %v", err)
 			}
 		})
+	}
+}
+
+// TestHaproxyConfig: Debian's haproxy accepts the load balancer's
+// configuration (haproxy -c), every API server is health-checked, and a
+// server taken out has its connections closed, so kubelets reconnect at
+// once instead of stalling on an API server that restarts.
+func TestHaproxyConfig(t *testing.T) {
+	haproxy, err := exec.LookPath("haproxy")
+	if err != nil {
+		t.Fatalf("haproxy is not installed (make setup installs it): %v", err)
+	}
+	config := haproxyConfig(Network(3), []string{"10.88.3.10", "10.88.3.11", "10.88.3.12"})
+	file := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(haproxy, "-c", "-f", file).CombinedOutput(); err != nil {
+		t.Fatalf("haproxy -c: %v\n%s\n%s", err, out, config)
+	}
+	for _, want := range []string{"on-marked-down shutdown-sessions", "server 10.88.3.12 10.88.3.12:6443 check", "http-check send meth GET uri /healthz"} {
+		if !strings.Contains(config, want) {
+			t.Errorf("the configuration lacks %q:\n%s", want, config)
+		}
 	}
 }
