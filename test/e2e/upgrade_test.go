@@ -226,20 +226,12 @@ func kubernetesUpgrade(ctx context.Context, t *testing.T, bin, dir, echo, from, 
 	t.Logf("the resumed run took %s; the whole upgrade %s:\n%s", time.Since(resumed).Round(time.Second), time.Since(start).Round(time.Second), out)
 	total, failures := requests.finish()
 	t.Logf("MEASURED: the client sent %d requests through the control planes' NodePort during the upgrade; %d failed:\n%s", total, len(failures), strings.Join(failures, "\n"))
-	// The bound (docs/upgrades.md, "What the workload sees"): while a
-	// control plane's API server restarts, the node lifecycle controller
-	// has marked both workers NotReady for about 25 s (their heartbeats
-	// through the load balancer stalled), their pods NotReady with them,
-	// and kube-proxy then refuses the Service at once (no endpoint). At
-	// most 2 % of the requests, and only refusals: never a hang, a reset
-	// mid-answer or a wrong answer.
-	if len(failures)*50 > total {
-		t.Errorf("%d of %d requests failed during the upgrade, more than 2 %%", len(failures), total)
-	}
-	for _, f := range failures {
-		if !strings.Contains(f, "connection refused") {
-			t.Errorf("a request failed otherwise than refused: %s", f)
-		}
+	// None may fail (docs/upgrades.md, "What the workload sees"): the
+	// drains wait for the PodDisruptionBudget, and an API server's restart
+	// no longer stalls the workers' heartbeats (the load balancer closes
+	// its connections), which had made their pods NotReady for 25 s.
+	if len(failures) > 0 {
+		t.Errorf("%d of %d requests failed during the upgrade", len(failures), total)
 	}
 	assertVersions(ctx, t, client, to, "cp-0", "cp-1", "cp-2", "worker-1", "worker-2")
 	for _, n := range []string{"cp-0", "cp-1", "cp-2", "worker-1", "worker-2"} {
