@@ -41,6 +41,7 @@ require (
 	k8s.io/cluster-bootstrap v0.36.4
 	k8s.io/klog/v2 v2.140.0
 	k8s.io/kube-proxy v0.36.4
+	k8s.io/kubectl v0.36.4
 	k8s.io/kubelet v0.36.4
 	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2
 	sigs.k8s.io/cluster-api v1.14.2
@@ -189,7 +190,6 @@ require (
 	gotest.tools/v3 v3.5.2 // indirect
 	k8s.io/component-base v0.36.4 // indirect
 	k8s.io/kube-openapi v0.0.0-20260317180543-43fb72c5454a // indirect
-	k8s.io/kubectl v0.36.4 // indirect
 	k8s.io/streaming v0.36.4 // indirect
 	oras.land/oras-go/v2 v2.6.0 // indirect
 	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.34.0 // indirect
