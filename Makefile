@@ -103,6 +103,11 @@ test-vm-controlplane: tools ## A VM control plane: mini up --provider qemu, mini
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) GATEHOUSE_NODE_IMAGE=$$(hack/node-image.sh) \
 		gotestsum --format testname -- $(TEST_FLAGS) -tags vmnodes,vmcontrolplane -timeout 60m -run TestVMControlPlane ./test/vme2e/...
 
+.PHONY: test-vm-long
+test-vm-long: tools ## Every VM test, the long ones too: the VM control plane and the CAPI data pinning another CA (tag vmcontrolplane; about 40 min under TCG, not in `make test`)
+	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) GATEHOUSE_NODE_IMAGE=$$(hack/node-image.sh) \
+		gotestsum --format testname -- $(TEST_FLAGS) -tags vmnodes,vmcontrolplane -timeout 90m -p 1 ./test/vme2e/... ./test/capiboot/...
+
 .PHONY: fuzz
 fuzz: ## Run every go test -fuzz target for FUZZTIME (default 5s) each
 	hack/fuzz.sh

@@ -150,6 +150,9 @@ func TestCAPIDataBoots(t *testing.T) {
 	infrastructureProvider(ctx, t, env, machine, node)
 
 	t.Run("a wrong CA pin is refused", func(t *testing.T) {
+		if !longVMTests {
+			t.Skip("a second VM boot (about 3.5 min under TCG): with the vmcontrolplane tag, `make test-vm-long`")
+		}
 		if err := mini.StopNode(ctx, dir, name, clustertest.Writer{T: t}); err != nil {
 			t.Fatal(err)
 		}
