@@ -429,7 +429,7 @@ func superviseKubelet(ctx context.Context, spec *NodeSpec, procs *processes, log
 			"--kubeconfig=/etc/kubernetes/kubelet.conf", "--config=" + kubeletConfig,
 		}
 		args = append(args, flags...)
-		bin := kubeletBinary(installedKubelet, spec.hostKubelet())
+		bin := kubeletBinary(installedKubelet, spec.hostKubelets()...)
 		log.Info("Starting the kubelet", "binary", bin)
 		p := procs.start(ctx, "kubelet", bin, args...)
 		if p.cmd != nil && p.cmd.Process != nil {

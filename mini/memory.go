@@ -45,7 +45,7 @@ func controlPlaneEnvArgs() []string {
 	return args
 }
 
-// kubeletBinary returns the kubelet the agent runs: hostKubelet, the
+// kubeletBinary returns the kubelet the agent runs: a host kubelet, the
 // host's pinned Kubernetes build, when the kubelet the bootstrapper
 // installed (installed) has the same bytes, else installed. The installed
 // kubelet is a copy of that very build (miniComponents: a file:// URL and
@@ -56,9 +56,15 @@ func controlPlaneEnvArgs() []string {
 // and its page cache can (real nodes have one kubelet each). A kubelet
 // installed from anything else, or one that cannot be compared, runs as
 // installed.
-func kubeletBinary(installed, hostKubelet string) string {
-	if same, err := sameBytes(installed, hostKubelet); err == nil && same {
-		return hostKubelet
+//
+// After `gatehouse upgrade apply --kubernetes` the installed kubelet is
+// the upgrade build's, so each of hostKubelets (the cluster's build, then
+// the upgrade builds') is compared in turn.
+func kubeletBinary(installed string, hostKubelets ...string) string {
+	for _, host := range hostKubelets {
+		if same, err := sameBytes(installed, host); err == nil && same {
+			return host
+		}
 	}
 	return installed
 }
@@ -114,5 +120,12 @@ func isEOF(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-// hostKubelet is the kubelet of the pinned Kubernetes binaries on the host.
-func (s *NodeSpec) hostKubelet() string { return filepath.Join(s.KubeBinDir, "kubelet") }
+// hostKubelets are the kubelets of the Kubernetes builds on the host: the
+// cluster's, then those it may be upgraded to.
+func (s *NodeSpec) hostKubelets() []string {
+	out := []string{filepath.Join(s.KubeBinDir, "kubelet")}
+	for _, dir := range s.UpgradeKubeBinDirs {
+		out = append(out, filepath.Join(dir, "kubelet"))
+	}
+	return out
+}

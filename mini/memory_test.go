@@ -58,3 +58,25 @@ func TestKubeletBinary(t *testing.T) {
 		})
 	}
 }
+
+// TestKubeletBinaryAfterUpgrade: a kubelet the upgrade installed (the
+// upgrade build's bytes) runs from the host's upgrade build, so the nodes
+// keep sharing one copy; one of neither build runs as installed.
+func TestKubeletBinaryAfterUpgrade(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	old, next := write("kubelet-1.35", "v1.35 build"), write("kubelet-1.36", "v1.36 build")
+	if got := kubeletBinary(write("installed", "v1.36 build"), old, next); got != next {
+		t.Errorf("an upgraded kubelet runs from %s, want the host's upgrade build %s", got, next)
+	}
+	installed := write("other", "another build")
+	if got := kubeletBinary(installed, old, next); got != installed {
+		t.Errorf("a kubelet of neither build runs from %s, want %s", got, installed)
+	}
+}

@@ -88,7 +88,7 @@ func (u *up) newSpec(base nodeBase, i int, name string) *NodeSpec {
 		manifest = u.opts.BootManifest(name, bytes.Clone(manifest))
 	}
 	s := &NodeSpec{
-		Network: u.opts.Network, Gateway: u.opts.Network.HostIP(), BinDir: u.opts.BinDir, KubeBinDir: u.opts.KubeBinDir,
+		Network: u.opts.Network, Gateway: u.opts.Network.HostIP(), BinDir: u.opts.BinDir, KubeBinDir: u.opts.KubeBinDir, UpgradeKubeBinDirs: u.opts.UpgradeKubeBinDirs,
 		Images: base.images.archive, PauseImage: base.images.pause, ImagesDigest: base.images.digest, ImagesSeed: base.images.seed,
 		BootManifest: manifest, InitSecretHashFile: base.hashFile, TPMCA: base.tpmCA.Dir,
 	}

@@ -38,6 +38,9 @@ type NodeSpec struct {
 	// BinDir holds the gatehouse binaries, KubeBinDir the pinned Kubernetes ones.
 	BinDir     string `json:"binDir"`
 	KubeBinDir string `json:"kubeBinDir"`
+	// UpgradeKubeBinDirs are the later builds the cluster may be upgraded
+	// to (Options.UpgradeKubeBinDirs): an upgraded kubelet runs from there.
+	UpgradeKubeBinDirs []string `json:"upgradeKubeBinDirs,omitempty"`
 	// Images is the image archive imported into the node's containerd, and
 	// PauseImage the sandbox image among them.
 	Images     string `json:"images"`
