@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -159,11 +160,17 @@ func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) 
 		}
 		return out, nil
 	}
+	// The join configuration holds one architecture's list, as `gatehouse
+	// init --arch` wrote it: the control planes'.
+	arch, err := controlPlaneArch(ctx, client)
+	if err != nil {
+		return err
+	}
 	joinComponents := func() ([]*componentsv1.Component, error) {
 		if k.kubeBin != "" {
-			return release.LocalBuild("amd64", k.kubeBin)
+			return release.LocalBuild(arch, k.kubeBin)
 		}
-		return release.Proto("amd64")
+		return release.Proto(arch)
 	}
 	list, err := joinComponents()
 	if err != nil {
@@ -190,4 +197,20 @@ func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) 
 		return applyReleases(ctx, opts)
 	}
 	return nil
+}
+
+// controlPlaneArch is the CPU architecture of the first control plane (by
+// name) as its kubelet reports it; amd64 when none reports one.
+func controlPlaneArch(ctx context.Context, client kubernetes.Interface) (string, error) {
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "node-role.kubernetes.io/control-plane"})
+	if err != nil {
+		return "", fmt.Errorf("listing the control planes: %w", err)
+	}
+	arch, first := "amd64", ""
+	for _, n := range nodes.Items {
+		if a := n.Status.NodeInfo.Architecture; a != "" && (first == "" || n.Name < first) {
+			arch, first = a, n.Name
+		}
+	}
+	return arch, nil
 }
