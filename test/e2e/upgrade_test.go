@@ -165,7 +165,8 @@ func kubernetesUpgrade(ctx context.Context, t *testing.T, bin, dir, echo, from, 
 	// A newer join service chart: version 0.2.0, upgraded in the same command.
 	chartsDir := newerJoinServiceChart(t)
 	// The bare pod of the earlier step has no controller: drain would
-	// stop at it without --force-drain (checked in the dry run's plan).
+	// stop at it without --force-drain (kuberoll's drain). It runs again
+	// after the roll, for the later steps.
 	if err := client.CoreV1().Pods("default").Delete(ctx, "workload", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
 		t.Fatal(err)
 	}
