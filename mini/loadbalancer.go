@@ -20,7 +20,9 @@ import (
 // the cluster bridge, configured as kubeadm's HA guide does ("Options for software
 // load balancing", docs/quickstart.md "High availability"): TCP passed
 // through to every control plane's API server, each health-checked with
-// GET /healthz over TLS. It is the cluster's controlPlaneEndpoint.
+// GET /readyz over TLS (not /healthz: an API server that starts answers
+// /healthz before it serves, and one that shuts down still answers it). It
+// is the cluster's controlPlaneEndpoint.
 const apiServerPort = 6443
 
 // haproxyConfig is the load balancer's configuration on network nw for the
@@ -56,7 +58,7 @@ frontend apiserver
 backend apiservers
     option httpchk
     http-check connect ssl
-    http-check send meth GET uri /healthz
+    http-check send meth GET uri /readyz
     http-check expect status 200
     balance roundrobin
     default-server inter 1s fall 2 rise 2 on-marked-down shutdown-sessions

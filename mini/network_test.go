@@ -194,7 +194,7 @@ func TestHaproxyConfig(t *testing.T) {
 	if out, err := exec.Command(haproxy, "-c", "-f", file).CombinedOutput(); err != nil {
 		t.Fatalf("haproxy -c: %v\n%s\n%s", err, out, config)
 	}
-	for _, want := range []string{"on-marked-down shutdown-sessions", "server 10.88.3.12 10.88.3.12:6443 check", "http-check send meth GET uri /healthz"} {
+	for _, want := range []string{"on-marked-down shutdown-sessions", "server 10.88.3.12 10.88.3.12:6443 check", "http-check send meth GET uri /readyz"} {
 		if !strings.Contains(config, want) {
 			t.Errorf("the configuration lacks %q:\n%s", want, config)
 		}
