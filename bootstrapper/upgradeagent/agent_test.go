@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -330,7 +331,8 @@ func TestDoorAnswersAdministratorsOnly(t *testing.T) {
 	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	door, err := atls.NewClientCertDoor(caFile, atls.AdministratorOrganizations(), nil)
+	var logs testkit.LogBuffer
+	door, err := atls.NewClientCertDoor(caFile, atls.AdministratorOrganizations(), slog.New(slog.NewJSONHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,9 +366,21 @@ func TestDoorAnswersAdministratorsOnly(t *testing.T) {
 	joinService := ca.IssueClient(t, "gatehouse-joinservice", "gatehouse:verifiers")
 	kubelet := ca.IssueClient(t, "system:node:worker-2", "system:nodes")
 	stranger := other.IssueClient(t, "alice", "kubeadm:cluster-admins")
-	for name, cert := range map[string]*tls.Certificate{"the join service": &joinService, "a node": &kubelet, "another CA's administrator": &stranger, "no certificate": nil} {
-		if err := call(cert); status.Code(err) != codes.Unavailable {
-			t.Errorf("%s: %v, want the handshake refused (Unavailable)", name, err)
+	for _, tc := range []struct {
+		name, reason string
+		cert         *tls.Certificate
+	}{
+		{"the join service", atls.ReasonOrganization, &joinService},
+		{"a node", atls.ReasonOrganization, &kubelet},
+		{"another CA's administrator", atls.ReasonUntrustedCertificate, &stranger},
+		{"no certificate", atls.ReasonAnonymous, nil},
+	} {
+		before := strings.Count(logs.String(), `"reason":"`+tc.reason+`"`)
+		if err := call(tc.cert); status.Code(err) != codes.Unavailable {
+			t.Errorf("%s: %v, want the handshake refused (Unavailable)", tc.name, err)
+		}
+		if strings.Count(logs.String(), `"reason":"`+tc.reason+`"`) <= before {
+			t.Errorf("%s: no refusal logged with reason %s:\n%s", tc.name, tc.reason, logs.String())
 		}
 	}
 	if installed, kubeadm, restarts := n.changed(); len(installed)+len(kubeadm)+restarts != 0 {

@@ -69,7 +69,9 @@ func (d *ClientCertDoor) TLSConfig(serverCert func(*tls.ClientHelloInfo) (*tls.C
 			return &tls.Config{
 				MinVersion:     tls.VersionTLS13,
 				GetCertificate: serverCert,
-				ClientAuth:     tls.RequireAnyClientCert,
+				// Request, and refuse in VerifyConnection, so that an anonymous
+				// caller is refused with its reason logged too.
+				ClientAuth: tls.RequestClientCert,
 				VerifyConnection: func(cs tls.ConnectionState) error {
 					if err := checkClient(cs.PeerCertificates, pool, d.orgs, d.now(), &r); err != nil {
 						d.refused(chi, r.reason, r.subject, err)
