@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -48,7 +50,7 @@ func TestOpenKMS(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			keys, closer, err := OpenKMS(tt.cfg)
+			keys, closer, err := OpenKMS(context.Background(), tt.cfg, discardLog, prometheus.NewRegistry())
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error = %v, want %q", err, tt.wantErr)
@@ -77,7 +79,7 @@ func TestPKCS11KeyServiceLogsNoKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	uriFile := writeFile(t, t.TempDir(), "uri", "kms://pkcs11?module="+uri.Module+"&token="+uri.Token+"&pin-source="+uri.PinSource+"&key-label="+uri.KeyLabel)
-	keys, closer, err := OpenKMS(KMSConfig{URIFile: uriFile, Client: client, Namespace: "kube-system"})
+	keys, closer, err := OpenKMS(context.Background(), KMSConfig{URIFile: uriFile, Client: client, Namespace: "kube-system"}, discardLog, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/grpcopts"
 	"github.com/gatehouse-dev/gatehouse/internal/handshake"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/protostrict"
 )
 
@@ -94,9 +95,12 @@ func (s *Server) getDataKey(ctx context.Context, req *keyservicev1.GetDataKeyReq
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	key, err := s.keys.GetDataKey(ctx, req.GetDataKeyId(), int(req.GetLength()))
+	var unavailable *kms.UnavailableError
 	switch {
 	case err == nil:
 		return key, nil
+	case errors.As(err, &unavailable):
+		return nil, status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.Canceled):
 		return nil, status.Error(codes.Canceled, "request canceled")
 	case errors.Is(err, context.DeadlineExceeded):

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/keyservice"
 )
@@ -55,6 +56,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	flag.StringVar(&kmsCfg.URIFile, "kms-uri-file", "", "file holding a kms:// URI")
 	flag.StringVar(&kmsCfg.MasterSecretFile, "master-secret-file", "", "file holding the master secret")
 	flag.StringVar(&kmsCfg.SaltFile, "salt-file", "", "file holding the master salt")
+	flag.DurationVar(&kmsCfg.CheckInterval, "kms-check-interval", kms.DefaultCheckInterval, "how often an external KMS (aws-kms, vault-transit) unwraps the master secret again; while a check fails no keys are served")
 	flag.StringVar(&kmsCfg.Namespace, "namespace", "gatehouse-system", "namespace of wrapped data key Secrets (pkcs11 KMS)")
 	flag.Parse()
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -69,7 +71,9 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 			return fmt.Errorf("creating Kubernetes client: %w", err)
 		}
 	}
-	keys, closer, err := keyservice.OpenKMS(kmsCfg)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	keys, closer, err := keyservice.OpenKMS(ctx, kmsCfg, log, reg)
 	if err != nil {
 		return fmt.Errorf("opening KMS: %w", err)
 	}
@@ -78,8 +82,6 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := keyservice.NewServer(keys, log, reg)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
@@ -35,12 +36,13 @@ type PKCS11URI struct {
 	KeyLabel string
 }
 
-// ParseURI parses a KMS URI into a *ClusterKMSURI or *PKCS11URI. Errors name
-// the part that is wrong and never echo key material.
+// ParseURI parses a KMS URI into a *ClusterKMSURI, *PKCS11URI, *AWSKMSURI or
+// *VaultTransitURI (docs/keys.md, "KMS URIs"). Errors name the part that is
+// wrong and never echo key material.
 func ParseURI(uri string) (any, error) {
 	u, err := url.Parse(uri)
 	if err != nil {
-		return nil, errors.New("KMS URI does not parse; expect kms://cluster-kms?<parameters> or kms://pkcs11?<parameters>")
+		return nil, errors.New("KMS URI does not parse; expect kms://<backend>?<parameters>, the backend one of " + knownBackends)
 	}
 	if u.Scheme != "kms" {
 		return nil, fmt.Errorf("KMS URI scheme is %q, want kms", u.Scheme)
@@ -57,21 +59,20 @@ func ParseURI(uri string) (any, error) {
 		return parseClusterKMS(q)
 	case "pkcs11":
 		return parsePKCS11(q)
+	case BackendAWSKMS:
+		return parseAWSKMS(q)
+	case BackendVaultTransit:
+		return parseVaultTransit(q)
 	default:
-		return nil, fmt.Errorf("unknown KMS backend %q: known backends are cluster-kms, pkcs11", u.Host)
+		return nil, fmt.Errorf("unknown KMS backend %q: known backends are %s", u.Host, knownBackends)
 	}
 }
 
-func single(q url.Values, name string, allowed ...string) (string, error) {
-	for k := range q {
-		known := k == name
-		for _, a := range allowed {
-			known = known || k == a
-		}
-		if !known {
-			return "", fmt.Errorf("KMS URI has unknown parameter %q", k)
-		}
-	}
+const knownBackends = "cluster-kms, pkcs11, " + BackendAWSKMS + ", " + BackendVaultTransit
+
+// single returns a required parameter's value, refusing a missing, repeated
+// or empty one.
+func single(q url.Values, name string) (string, error) {
 	v := q[name]
 	if len(v) != 1 || v[0] == "" {
 		return "", fmt.Errorf("KMS URI needs exactly one non-empty %q parameter", name)
@@ -79,11 +80,37 @@ func single(q url.Values, name string, allowed ...string) (string, error) {
 	return v[0], nil
 }
 
+// onlyKnown refuses a parameter not in known.
+func onlyKnown(q url.Values, known ...string) error {
+	for k := range q {
+		if !slices.Contains(known, k) {
+			return fmt.Errorf("KMS URI has unknown parameter %q", k)
+		}
+	}
+	return nil
+}
+
+// optional returns an optional parameter's value, refusing a repeated or
+// empty one.
+func optional(q url.Values, name string) (string, error) {
+	v, ok := q[name]
+	if !ok {
+		return "", nil
+	}
+	if len(v) != 1 || v[0] == "" {
+		return "", fmt.Errorf("KMS URI parameter %q is repeated or empty", name)
+	}
+	return v[0], nil
+}
+
 func parseClusterKMS(q url.Values) (*ClusterKMSURI, error) {
 	params := []string{"key", "salt"}
+	if err := onlyKnown(q, params...); err != nil {
+		return nil, err
+	}
 	var decoded [2][]byte
 	for i, name := range params {
-		v, err := single(q, name, params...)
+		v, err := single(q, name)
 		if err != nil {
 			return nil, err
 		}
@@ -102,10 +129,13 @@ func parseClusterKMS(q url.Values) (*ClusterKMSURI, error) {
 
 func parsePKCS11(q url.Values) (*PKCS11URI, error) {
 	params := []string{"module", "token", "pin-source", "key-label"}
+	if err := onlyKnown(q, params...); err != nil {
+		return nil, err
+	}
 	var v [4]string
 	for i, name := range params {
 		var err error
-		if v[i], err = single(q, name, params...); err != nil {
+		if v[i], err = single(q, name); err != nil {
 			return nil, err
 		}
 	}

@@ -1,0 +1,289 @@
+package kms_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
+)
+
+func newSecret(t *testing.T) (secret, salt []byte) {
+	t.Helper()
+	secret, salt = make([]byte, 32), make([]byte, 32)
+	_, _ = rand.Read(secret)
+	_, _ = rand.Read(salt)
+	return secret, salt
+}
+
+// leaks reports whether text holds secret in any form a log or error could.
+func leaks(text string, secret []byte) bool {
+	for _, form := range []string{string(secret), hex.EncodeToString(secret), base64.StdEncoding.EncodeToString(secret),
+		base64.RawStdEncoding.EncodeToString(secret), base64.URLEncoding.EncodeToString(secret), base64.RawURLEncoding.EncodeToString(secret)} {
+		if strings.Contains(text, form) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestAWSKMSWrap wraps and unwraps a master secret with a real AWS KMS API
+// server (local-kms), and shows what does not unwrap.
+func TestAWSKMSWrap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := kmstest.NewLocalKMS(t)
+	keyA, keyB := l.CreateKey(), l.CreateKey()
+	secret, salt := newSecret(t)
+	uri, err := kms.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kmstest.AWSOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaks(uri, secret) {
+		t.Fatal("the wrapped URI carries the master secret")
+	}
+	gotSecret, gotSalt, err := kms.UnwrapURI(ctx, uri, kmstest.AWSOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gotSecret, secret) || !bytes.Equal(gotSalt, salt) {
+		t.Fatal("unwrapped secret or salt differs")
+	}
+	parsed, err := kms.ParseURI(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapped := parsed.(*kms.AWSKMSURI)
+
+	otherSalt := *wrapped
+	otherSalt.Salt = bytes.Repeat([]byte{7}, 32)
+	otherKey := *wrapped
+	otherKey.KeyID = keyB
+	tests := []struct {
+		name, uri, wantErr string
+		before, after      func()
+	}{
+		{name: "paired with another salt", uri: otherSalt.String(), wantErr: "InvalidCiphertextException"},
+		{name: "named with another key", uri: otherKey.String(), wantErr: "decrypting the wrapped master secret"},
+		{
+			name: "key disabled", uri: uri, wantErr: "DisabledException",
+			before: func() { l.SetKeyEnabled(keyA, false) }, after: func() { l.SetKeyEnabled(keyA, true) },
+		},
+		{name: "KMS down", uri: uri, wantErr: "connection refused", before: l.Stop, after: l.Start},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.before != nil {
+				tt.before()
+				defer tt.after()
+			}
+			ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			_, _, err := kms.UnwrapURI(ctx, tt.uri, kmstest.AWSOptions()...)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+			}
+			if leaks(err.Error(), secret) {
+				t.Fatal("the error carries the master secret")
+			}
+		})
+	}
+	// After every refusal the original still unwraps.
+	if _, _, err := kms.UnwrapURI(ctx, uri, kmstest.AWSOptions()...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAWSKMSRewrap moves the wrapped master secret to another key with
+// ReEncrypt; the old key disabled, the new URI still unwraps the same
+// secret.
+func TestAWSKMSRewrap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := kmstest.NewLocalKMS(t)
+	keyA, keyB := l.CreateKey(), l.CreateKey()
+	secret, salt := newSecret(t)
+	uri, err := kms.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kmstest.AWSOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same, err := kms.Rewrap(ctx, uri, "", kmstest.AWSOptions()...)
+	if err != nil {
+		t.Fatalf("re-wrapping under the same key: %v", err)
+	}
+	moved, err := kms.Rewrap(ctx, same, l.URI(keyB).String(), kmstest.AWSOptions()...)
+	if err != nil {
+		t.Fatalf("re-wrapping under another key: %v", err)
+	}
+	if !strings.Contains(moved, "key-id="+keyB) {
+		t.Fatalf("re-wrapped URI %q does not name the new key", moved)
+	}
+	l.SetKeyEnabled(keyA, false)
+	got, _, err := kms.UnwrapURI(ctx, moved, kmstest.AWSOptions()...)
+	if err != nil || !bytes.Equal(got, secret) {
+		t.Fatalf("the re-wrapped secret does not unwrap to the same secret with the old key disabled: %v", err)
+	}
+	if _, err := kms.Rewrap(ctx, uri, l.URI(keyB).String(), kmstest.AWSOptions()...); err == nil || !strings.Contains(err.Error(), "DisabledException") {
+		t.Fatalf("re-wrapping from a disabled key: error = %v, want DisabledException", err)
+	}
+	if _, err := kms.Rewrap(ctx, moved, moved, kmstest.AWSOptions()...); err == nil || !strings.Contains(err.Error(), "without wrapped and salt") {
+		t.Fatalf("re-wrapping to a URI that carries a secret: error = %v", err)
+	}
+}
+
+// TestWrappedKMS serves keys from a master secret wrapped by a real AWS KMS
+// API server: the same keys as ClusterKMS while the KMS answers,
+// *UnavailableError with the reason while it is down or the key is
+// disabled, no gap when the URI is re-wrapped, and a refusal of a URI that
+// unwraps another secret.
+func TestWrappedKMS(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := kmstest.NewLocalKMS(t)
+	keyA, keyB := l.CreateKey(), l.CreateKey()
+	secret, salt := newSecret(t)
+	current, err := kms.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kmstest.AWSOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := kms.NewWrappedKMS(func(ctx context.Context) ([]byte, []byte, error) {
+		return kms.UnwrapURI(ctx, current, kmstest.AWSOptions()...)
+	}, time.Minute, clocktesting.NewFakeClock(time.Now()), nil)
+	want, err := kms.NewClusterKMS(secret, salt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantKey, _ := want.GetDataKey(ctx, keys.MeasurementSecretID, 32)
+
+	serves := func(t *testing.T) {
+		t.Helper()
+		if err := w.Check(ctx); err != nil {
+			t.Fatalf("check: %v", err)
+		}
+		got, err := w.GetDataKey(ctx, keys.MeasurementSecretID, 32)
+		if err != nil || !bytes.Equal(got, wantKey) {
+			t.Fatalf("GetDataKey = %x, %v; want the ClusterKMS key", got, err)
+		}
+	}
+	refuses := func(t *testing.T, reason string) {
+		t.Helper()
+		checkCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := w.Check(checkCtx); err == nil {
+			t.Fatal("check succeeded")
+		}
+		_, err := w.GetDataKey(ctx, keys.MeasurementSecretID, 32)
+		var unavailable *kms.UnavailableError
+		if !errors.As(err, &unavailable) || !strings.Contains(err.Error(), reason) {
+			t.Fatalf("GetDataKey error = %v, want *UnavailableError naming %q", err, reason)
+		}
+		if leaks(err.Error(), secret) {
+			t.Fatal("the error carries the master secret")
+		}
+	}
+
+	if _, err := w.GetDataKey(ctx, keys.MeasurementSecretID, 32); err == nil {
+		t.Fatal("keys served before the secret was unwrapped")
+	}
+	serves(t)
+
+	l.SetKeyEnabled(keyA, false)
+	refuses(t, "DisabledException")
+	l.SetKeyEnabled(keyA, true)
+	serves(t)
+
+	l.Stop()
+	refuses(t, "connection refused")
+	l.Start()
+	serves(t)
+
+	// Re-wrapped under key B, with key A disabled: no check fails.
+	if current, err = kms.Rewrap(ctx, current, l.URI(keyB).String(), kmstest.AWSOptions()...); err != nil {
+		t.Fatal(err)
+	}
+	l.SetKeyEnabled(keyA, false)
+	serves(t)
+
+	// Another cluster's wrapped secret in its place is refused.
+	intruder, _ := newSecret(t)
+	if current, err = kms.WrapNew(ctx, l.URI(keyB).String(), intruder, salt, kmstest.AWSOptions()...); err != nil {
+		t.Fatal(err)
+	}
+	refuses(t, "different master secret")
+}
+
+// TestWrappedKMSRun checks the schedule: every interval while checks
+// succeed, retries from a second, doubling up to the interval, after a
+// failure.
+func TestWrappedKMSRun(t *testing.T) {
+	t.Parallel()
+	secret, salt := newSecret(t)
+	failing := make(chan bool, 1)
+	failing <- false
+	clk := clocktesting.NewFakeClock(time.Now())
+	checks := make(chan error)
+	w := kms.NewWrappedKMS(func(context.Context) ([]byte, []byte, error) {
+		f := <-failing
+		failing <- f
+		if f {
+			return nil, nil, errors.New("kms down")
+		}
+		return bytes.Clone(secret), salt, nil
+	}, time.Minute, clk, func(err error) { checks <- err })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+
+	next := func(t *testing.T, after time.Duration, wantErr bool) {
+		t.Helper()
+		// Wait for Run's timer, then move the clock to it.
+		deadline := time.Now().Add(10 * time.Second)
+		for !clk.HasWaiters() {
+			if time.Now().After(deadline) {
+				t.Fatal("Run set no timer")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		clk.Step(after - time.Nanosecond)
+		select {
+		case err := <-checks:
+			t.Fatalf("checked %v early (err %v)", after, err)
+		default:
+		}
+		clk.Step(time.Nanosecond)
+		if err := <-checks; (err != nil) != wantErr {
+			t.Fatalf("check after %v: err = %v, want error %v", after, err, wantErr)
+		}
+	}
+	if err := <-checks; err != nil {
+		t.Fatalf("first check: %v", err)
+	}
+	next(t, time.Minute, false)
+	<-failing
+	failing <- true
+	next(t, time.Minute, true)
+	for _, d := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
+		next(t, d, true)
+	}
+	<-failing
+	failing <- false
+	next(t, 8*time.Second, false)
+	next(t, time.Minute, false)
+	if ok, _, _ := w.Status(); !ok {
+		t.Fatal("not available after a successful check")
+	}
+}
