@@ -309,6 +309,9 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kms_uri: %w", err)
 	}
+	if err := checkKeyServiceURI(req.GetKeyServiceKmsUri(), uri.Salt); err != nil {
+		return nil, fmt.Errorf("key_service_kms_uri: %w", err)
+	}
 	if len(req.GetMeasurementSalt()) != keys.MeasurementSaltSize {
 		return nil, fmt.Errorf("measurement_salt has %d bytes, want %d", len(req.GetMeasurementSalt()), keys.MeasurementSaltSize)
 	}
@@ -573,8 +576,33 @@ func (s *InitServer) writeInitFiles(machine *Machine, p *initPlan, configPath st
 	if err := machine.writeFile(configPath, config, 0o600); err != nil {
 		return err
 	}
-	// The key service on this control plane derives keys from it.
-	return machine.writeFile(kms.URIFile, []byte(p.req.GetKmsUri()), 0o600)
+	// The key service on this control plane derives keys from it; a
+	// wrapped master secret is stored only wrapped.
+	uri := p.req.GetKmsUri()
+	if wrapped := p.req.GetKeyServiceKmsUri(); wrapped != "" {
+		uri = wrapped
+	}
+	return machine.writeFile(kms.URIFile, []byte(uri), 0o600)
+}
+
+// checkKeyServiceURI accepts an empty URI or an external KMS URI carrying a
+// wrapped master secret with the plain one's salt.
+func checkKeyServiceURI(text string, salt []byte) error {
+	if text == "" {
+		return nil
+	}
+	parsed, err := kms.ParseURI(text)
+	if err != nil {
+		return err
+	}
+	w, ok := kms.External(parsed)
+	switch {
+	case !ok || !w.IsWrapped():
+		return fmt.Errorf("want an external KMS URI carrying the wrapped master secret (kms://%s?…&wrapped=…&salt=… or kms://%s?…&wrapped=…&salt=…)", kms.BackendAWSKMS, kms.BackendVaultTransit)
+	case !bytes.Equal(w.Salt, salt):
+		return errors.New("its salt differs from kms_uri's: it wraps another cluster's master secret")
+	}
+	return nil
 }
 
 // adminKubeconfig returns a kubeconfig for the named admin, pointed at the

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -96,8 +97,12 @@ func newInitFixtureHashed(t *testing.T, hashed bool) *initFixture {
 	f.client = initservicev1.NewInitServiceClient(dial(t, addr, atls.Config{Verifiers: []attestation.Verifier{verifier(t, n.attester)}}))
 	root := n.machine.Root
 	f.req = &initservicev1.InitRequest{
-		InitSecret:        f.secret,
-		KmsUri:            kms.ClusterKMSURIString(f.master, f.masterSalt),
+		InitSecret: f.secret,
+		KmsUri:     kms.ClusterKMSURIString(f.master, f.masterSalt),
+		// The master secret as an external KMS wraps it, which the node
+		// stores instead.
+		KeyServiceKmsUri: (&kms.AWSKMSURI{KeyID: "alias/gatehouse", Region: "eu-west-1",
+			WrappedSecret: kms.WrappedSecret{Wrapped: random(t, 180), Salt: f.masterSalt}}).String(),
 		MeasurementSalt:   random(t, 32),
 		KubernetesVersion: "v1.36.4",
 		KubernetesComponents: []*componentsv1.Component{
@@ -238,6 +243,23 @@ func TestInit(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, kubeadmDir, "init.yaml")); !os.IsNotExist(err) {
 		t.Error("the init configuration (it holds a bootstrap token) was not removed")
 	}
+	if got, _ := os.ReadFile(filepath.Join(root, kms.URIFile)); string(got) != f.req.GetKeyServiceKmsUri() {
+		t.Errorf("the key service's KMS URI is %q, want the wrapped secret's URI", got)
+	}
+	// The master secret is stored only wrapped: no file under the node's
+	// root holds it.
+	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, _ := os.ReadFile(path)
+		for _, form := range [][]byte{f.master, []byte(base64.RawURLEncoding.EncodeToString(f.master))} {
+			if bytes.Contains(data, form) {
+				t.Errorf("%s holds the master secret", path)
+			}
+		}
+		return nil
+	})
 	if got := f.node.runner.subcommands(); got != "init,token" {
 		t.Errorf("kubeadm subcommands %s, want init then token delete", got)
 	}
@@ -361,7 +383,13 @@ func TestInitInvalidRequest(t *testing.T) {
 		mutate func(*initservicev1.InitRequest)
 		want   string
 	}{
-		"kms":        {func(r *initservicev1.InitRequest) { r.KmsUri = "kms://vault?x=1" }, "kms_uri"},
+		"kms": {func(r *initservicev1.InitRequest) { r.KmsUri = "kms://vault?x=1" }, "kms_uri"},
+		"key service kms plain": {func(r *initservicev1.InitRequest) {
+			r.KeyServiceKmsUri = r.KmsUri
+		}, "key_service_kms_uri: want an external KMS URI carrying the wrapped master secret"},
+		"key service kms of another cluster": {func(r *initservicev1.InitRequest) {
+			r.KeyServiceKmsUri = (&kms.AWSKMSURI{KeyID: "k", Region: "r", WrappedSecret: kms.WrappedSecret{Wrapped: []byte{1}, Salt: bytes.Repeat([]byte{9}, 32)}}).String()
+		}, "key_service_kms_uri: its salt differs"},
 		"salt":       {func(r *initservicev1.InitRequest) { r.MeasurementSalt = []byte("short") }, "measurement_salt"},
 		"components": {func(r *initservicev1.InitRequest) { r.KubernetesComponents[0].Hash = "md5:x" }, "kubernetes_components[0]"},
 		"version":    {func(r *initservicev1.InitRequest) { r.KubernetesVersion = "latest" }, "kubernetes version"},

@@ -89,6 +89,8 @@ type node struct {
 	lock     *nodelock.Lock
 	kubeadm  *fakeKubeadm
 	secret   string
+	// root is the node's file system root.
+	root string
 }
 
 // testPCRs is what the test nodes quote.
@@ -140,8 +142,9 @@ func startNodeAs(t *testing.T, rw io.ReadWriter, a *tpmattester.QuoteAttester, a
 	if err != nil {
 		t.Fatal(err)
 	}
+	n.root = t.TempDir()
 	setup := &bootstrapper.Machine{
-		Root: t.TempDir(), Disk: memDisk{}, FirstBootKey: []byte("first"), Installer: memDisk{}, Kubeadm: n.kubeadm,
+		Root: n.root, Disk: memDisk{}, FirstBootKey: []byte("first"), Installer: memDisk{}, Kubeadm: n.kubeadm,
 		Node: kubeadm.Node{Name: "cp-0", AdvertiseAddress: "192.0.2.10"}, Log: slog.New(slog.DiscardHandler),
 	}
 	identity, err := a.Identity()

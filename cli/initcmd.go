@@ -95,9 +95,13 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	if err != nil {
 		return fmt.Errorf("reading the init secret: %w", err)
 	}
-	secret, state, err := prepareSecrets(o, release.Version)
+	stored, state, err := prepareSecrets(ctx, o, release.Version, cfg.MasterSecretKEK)
 	if err != nil {
 		return err
+	}
+	secret, err := stored.Unwrapped(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", o.masterSecretFile, err)
 	}
 	salt, err := hex.DecodeString(state.MeasurementSalt)
 	if err != nil {
@@ -106,6 +110,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	req := &initservicev1.InitRequest{
 		InitSecret:                 []byte(strings.TrimSpace(string(initSecret))),
 		KmsUri:                     kms.ClusterKMSURIString(secret.Key, secret.Salt),
+		KeyServiceKmsUri:           stored.KMS,
 		MeasurementSalt:            salt,
 		KubernetesVersion:          release.Version,
 		KubernetesComponents:       components,
@@ -147,7 +152,10 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 // prepareSecrets creates the master secret file and the state file, or
 // reuses both when the state file records an unfinished init on the same
 // node. An existing master secret file is never overwritten.
-func prepareSecrets(o initOptions, version string) (*clusterconfig.MasterSecret, *clusterconfig.State, error) {
+// prepareSecrets reads the master secret file and state of an init to
+// resume, or creates both: a new master secret, wrapped by kek when it
+// names one (then only the wrapped form is written).
+func prepareSecrets(ctx context.Context, o initOptions, version, kek string) (*clusterconfig.MasterSecret, *clusterconfig.State, error) {
 	state, err := clusterconfig.ReadState(o.stateFile)
 	switch {
 	case err == nil && state.Phase == "initialised":
@@ -169,6 +177,14 @@ func prepareSecrets(o initOptions, version string) (*clusterconfig.MasterSecret,
 		if _, err := rand.Read(b); err != nil {
 			return nil, nil, err
 		}
+	}
+	if kek != "" {
+		uri, err := kms.WrapNew(ctx, kek, secret.Key, secret.Salt)
+		if err != nil {
+			return nil, nil, fmt.Errorf("wrapping the new master secret with masterSecretKEK: %w", err)
+		}
+		clear(secret.Key)
+		secret = &clusterconfig.MasterSecret{KMS: uri}
 	}
 	data, err := json.MarshalIndent(secret, "", "  ")
 	if err != nil {

@@ -4,10 +4,12 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
 )
 
 // TestMain fails the package's tests when a test leaves a goroutine running
 // (a server not stopped, a connection not closed).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, kmstest.IgnoreLocalKMSDrain)
 }

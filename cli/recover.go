@@ -61,9 +61,13 @@ func runRecover(ctx context.Context, out io.Writer, o recoverOptions) error {
 	if err != nil {
 		return err
 	}
-	secret, err := clusterconfig.ReadMasterSecret(o.masterSecretFile)
+	stored, err := clusterconfig.ReadMasterSecret(o.masterSecretFile)
 	if err != nil {
 		return err
+	}
+	secret, err := stored.Unwrapped(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", o.masterSecretFile, err)
 	}
 	clusterKMS, err := kms.NewClusterKMS(secret.Key, secret.Salt)
 	if err != nil {

@@ -37,7 +37,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	componentlist "github.com/gatehouse-dev/gatehouse/internal/components"
 	"github.com/gatehouse-dev/gatehouse/internal/helm"
-	"github.com/gatehouse-dev/gatehouse/internal/kms"
 )
 
 func randRead(b []byte) (int, error) { return rand.Read(b) }
@@ -154,7 +153,7 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 	if err != nil {
 		return nil, err
 	}
-	kmsURI := []byte(kms.ClusterKMSURIString(secret.Key, secret.Salt))
+	kmsURI := []byte(secret.KeyServiceURI())
 	read := func(name string) []byte {
 		data, rerr := os.ReadFile(filepath.Join(pkiDir, name))
 		if rerr != nil && err == nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 )
@@ -59,6 +60,13 @@ type Config struct {
 	// kubeadm.DefaultKubeletCertLifetime (24 h); at least
 	// kubeadm.MinKubeletCertLifetime, at most a year.
 	KubeletCertificateLifetime metav1.Duration `json:"kubeletCertificateLifetime,omitempty"`
+	// MasterSecretKEK names a key-encryption key in an external KMS
+	// (kms://aws-kms?key-id=…&region=… or
+	// kms://vault-transit?address=…&key=…&token-source=file:…,
+	// docs/keys.md "External KMS"): `gatehouse init` wraps the new master
+	// secret with it and stores only the wrapped form. Empty: the master
+	// secret file holds it in plain.
+	MasterSecretKEK string `json:"masterSecretKEK,omitempty"`
 }
 
 // KubeletCertLifetime is c.KubeletCertificateLifetime, or the default when
@@ -146,6 +154,11 @@ func (c *Config) Validate() error {
 	}
 	if err := kubeadm.CheckKubeletCertLifetime(c.KubeletCertLifetime()); err != nil {
 		errs = append(errs, fmt.Errorf("kubeletCertificateLifetime: %w", err))
+	}
+	if c.MasterSecretKEK != "" {
+		if err := checkKEK(c.MasterSecretKEK); err != nil {
+			errs = append(errs, fmt.Errorf("masterSecretKEK: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -370,6 +383,13 @@ controlPlaneEndpoint: {{json .ControlPlaneEndpoint}}
 # evidence verifies, so a node that stops proving itself loses its credentials
 # within this long (docs/continuous-attestation.md).
 kubeletCertificateLifetime: {{if .KubeletCertLifetime}}{{.KubeletCertLifetime}}{{else}}24h{{end}}
+
+# A key-encryption key in an external KMS that wraps the master secret, which
+# is then stored only wrapped (docs/keys.md, "External KMS"), e.g.
+#   kms://aws-kms?key-id=alias/gatehouse&region=eu-west-1
+#   kms://vault-transit?address=https://vault.example:8200&key=gatehouse&token-source=file:/run/vault/token
+# Empty: gatehouse init writes the master secret in plain to its file.
+# masterSecretKEK: ""
 `))
 
 // Generate renders a commented configuration from v and checks that it
@@ -386,4 +406,21 @@ func Generate(v TemplateValues) ([]byte, error) {
 		return nil, fmt.Errorf("the generated configuration is invalid: %w", err)
 	}
 	return buf.Bytes(), nil
+}
+
+// checkKEK requires an external KMS URI naming a key without a wrapped
+// secret.
+func checkKEK(uri string) error {
+	parsed, err := kms.ParseURI(uri)
+	if err != nil {
+		return err
+	}
+	w, ok := kms.External(parsed)
+	switch {
+	case !ok:
+		return fmt.Errorf("give a key-encryption key of an external KMS: kms://%s?key-id=…&region=… or kms://%s?address=…&key=…&token-source=file:…", kms.BackendAWSKMS, kms.BackendVaultTransit)
+	case w.IsWrapped():
+		return errors.New("name only the key-encryption key, without wrapped and salt: gatehouse init wraps a new master secret")
+	}
+	return nil
 }

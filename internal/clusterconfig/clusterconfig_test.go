@@ -1,6 +1,8 @@
 package clusterconfig_test
 
 import (
+	"bytes"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -160,5 +162,40 @@ func TestGenerateAlsoAccepted(t *testing.T) {
 	}
 	if a.RequireEventLog == nil || *a.RequireEventLog {
 		t.Fatalf("requireEventLog %v from:\n%s", a.RequireEventLog, data)
+	}
+}
+
+// TestMasterSecretKEK: the generated file documents masterSecretKEK; a KEK
+// URI of an external KMS is accepted, anything else is refused by name.
+func TestMasterSecretKEK(t *testing.T) {
+	values := clusterconfig.TemplateValues{
+		Name: "c", KubernetesVersion: "v1.36.4", ReferenceValues: `{"0": {"expected": "` + strings.Repeat("cd", 32) + `"}}`, PCRs: []int{0, 4, 15},
+		RoleReferenceValues: map[policy.Role]string{policy.RoleControlPlane: `{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`},
+		EKRoots:             string(testkit.NewCA(t, "root").PEM), ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16",
+	}
+	data, err := clusterconfig.Generate(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), "# masterSecretKEK:") {
+		t.Fatal("the generated configuration does not document masterSecretKEK")
+	}
+	salt := strings.Repeat("A", 43)
+	for _, tc := range []struct{ kek, err string }{
+		{kek: "kms://aws-kms?key-id=alias/gatehouse&region=eu-west-1"},
+		{kek: "kms://vault-transit?address=https://vault.example:8200&key=gatehouse&token-source=file:/run/vault/token"},
+		{kek: "kms://aws-kms?key-id=alias/gatehouse&region=eu-west-1&wrapped=AQID&salt=" + salt, err: "without wrapped and salt"},
+		{kek: "kms://cluster-kms?key=" + salt + "&salt=" + salt, err: "give a key-encryption key of an external KMS"},
+		{kek: "kms://vault-transit?address=http://vault.example&key=k&token-source=file:/t", err: "plain http is allowed only to a loopback address"},
+		{kek: "kms://vault-transit?address=https://vault.example&key=k&token-source=s.abcdef", err: "a token never goes in the URI"},
+	} {
+		cfgData := append(bytes.Clone(data), []byte("masterSecretKEK: "+strconv.Quote(tc.kek)+"\n")...)
+		_, err := clusterconfig.Parse(cfgData)
+		if tc.err == "" && err != nil {
+			t.Errorf("%s: %v", tc.kek, err)
+		}
+		if tc.err != "" && (err == nil || !strings.Contains(err.Error(), "masterSecretKEK: ") || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%s: error %v, want masterSecretKEK: …%s", tc.kek, err, tc.err)
+		}
 	}
 }

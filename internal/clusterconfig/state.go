@@ -1,11 +1,13 @@
 package clusterconfig
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 
 	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
 )
 
 // Files `gatehouse init` writes by default, in the current directory.
@@ -54,22 +56,50 @@ func WriteState(path string, s *State) error {
 
 // MasterSecret is the master secret file `gatehouse init` writes
 // (DefaultMasterSecretFile, mode 0600): the cluster's master secret and
-// salt, 32 bytes each, from which every key is derived (docs/keys.md).
-// Its bytes are secret; errors reading it never quote them.
+// salt, 32 bytes each, from which every key is derived (docs/keys.md), or,
+// when the cluster configuration names a masterSecretKEK, only the external
+// KMS URI carrying the wrapped secret (docs/keys.md, "External KMS"). A
+// plain file's bytes are secret; errors reading it never quote them.
 type MasterSecret struct {
-	Key  []byte `json:"key"`
-	Salt []byte `json:"salt"`
+	Key  []byte `json:"key,omitempty"`
+	Salt []byte `json:"salt,omitempty"`
+	// KMS is the kms://aws-kms or kms://vault-transit URI carrying the
+	// wrapped master secret and salt; Key and Salt are then empty.
+	KMS string `json:"kms,omitempty"`
 }
 
-// ReadMasterSecret reads the master secret file at path.
+// ReadMasterSecret reads the master secret file at path: either a plain
+// secret (key and salt) or a wrapped one (kms).
 func ReadMasterSecret(path string) (*MasterSecret, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading the master secret: %w", err)
 	}
 	var secret MasterSecret
-	if err := json.Unmarshal(data, &secret); err != nil {
-		return nil, fmt.Errorf("%s: not a master secret file (JSON with key and salt)", path)
+	if err := json.Unmarshal(data, &secret); err != nil || (secret.KMS == "") == (len(secret.Key) == 0) {
+		return nil, fmt.Errorf("%s: not a master secret file (JSON with key and salt, or kms)", path)
 	}
 	return &secret, nil
+}
+
+// Unwrapped returns the plain master secret: s itself, or the secret its
+// external KMS unwraps (which needs the KMS's credentials here).
+func (s *MasterSecret) Unwrapped(ctx context.Context) (*MasterSecret, error) {
+	if s.KMS == "" {
+		return s, nil
+	}
+	key, salt, err := kms.UnwrapURI(ctx, s.KMS)
+	if err != nil {
+		return nil, fmt.Errorf("unwrapping the master secret with its KMS: %w", err)
+	}
+	return &MasterSecret{Key: key, Salt: salt}, nil
+}
+
+// KeyServiceURI is the KMS URI the key service is given: the wrapped
+// secret's URI, or a cluster-kms URI of the plain one.
+func (s *MasterSecret) KeyServiceURI() string {
+	if s.KMS != "" {
+		return s.KMS
+	}
+	return kms.ClusterKMSURIString(s.Key, s.Salt)
 }

@@ -51,8 +51,14 @@ type InitRequest struct {
 	// 70-90 % of it through CSRs that Gatehouse approves only after fresh
 	// evidence verifies, docs/continuous-attestation.md). 0 means 24 hours.
 	KubeletCertLifetimeSeconds uint32 `protobuf:"varint,11,opt,name=kubelet_cert_lifetime_seconds,json=kubeletCertLifetimeSeconds,proto3" json:"kubelet_cert_lifetime_seconds,omitempty"`
-	unknownFields              protoimpl.UnknownFields
-	sizeCache                  protoimpl.SizeCache
+	// The KMS URI the node stores for the key service when the master secret
+	// is wrapped by an external KMS (docs/keys.md, "External KMS"):
+	// "kms://aws-kms?...&wrapped=...&salt=..." or
+	// "kms://vault-transit?...&wrapped=...&salt=...", with kms_uri's salt. The
+	// node then never stores the secret in plain. Empty: kms_uri is stored.
+	KeyServiceKmsUri string `protobuf:"bytes,12,opt,name=key_service_kms_uri,json=keyServiceKmsUri,proto3" json:"key_service_kms_uri,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *InitRequest) Reset() {
@@ -160,6 +166,13 @@ func (x *InitRequest) GetKubeletCertLifetimeSeconds() uint32 {
 		return x.KubeletCertLifetimeSeconds
 	}
 	return 0
+}
+
+func (x *InitRequest) GetKeyServiceKmsUri() string {
+	if x != nil {
+		return x.KeyServiceKmsUri
+	}
+	return ""
 }
 
 type InitResponse struct {
@@ -429,7 +442,7 @@ var File_initservice_v1_initservice_proto protoreflect.FileDescriptor
 
 const file_initservice_v1_initservice_proto_rawDesc = "" +
 	"\n" +
-	" initservice/v1/initservice.proto\x12\x18gatehouse.initservice.v1\x1a\x1ecomponents/v1/components.proto\"\x85\x04\n" +
+	" initservice/v1/initservice.proto\x12\x18gatehouse.initservice.v1\x1a\x1ecomponents/v1/components.proto\"\xb4\x04\n" +
 	"\vInitRequest\x12\x1f\n" +
 	"\vinit_secret\x18\x01 \x01(\fR\n" +
 	"initSecret\x12\x17\n" +
@@ -443,7 +456,8 @@ const file_initservice_v1_initservice_proto_rawDesc = "" +
 	"\bpod_cidr\x18\t \x01(\tR\apodCidr\x124\n" +
 	"\x16control_plane_endpoint\x18\n" +
 	" \x01(\tR\x14controlPlaneEndpoint\x12A\n" +
-	"\x1dkubelet_cert_lifetime_seconds\x18\v \x01(\rR\x1akubeletCertLifetimeSeconds\"\xe2\x01\n" +
+	"\x1dkubelet_cert_lifetime_seconds\x18\v \x01(\rR\x1akubeletCertLifetimeSeconds\x12-\n" +
+	"\x13key_service_kms_uri\x18\f \x01(\tR\x10keyServiceKmsUri\"\xe2\x01\n" +
 	"\fInitResponse\x12D\n" +
 	"\bprogress\x18\x01 \x01(\v2&.gatehouse.initservice.v1.InitProgressH\x00R\bprogress\x12A\n" +
 	"\asuccess\x18\x02 \x01(\v2%.gatehouse.initservice.v1.InitSuccessH\x00R\asuccess\x12A\n" +

@@ -17,9 +17,15 @@ import (
 	localkms "github.com/nsmithuk/local-kms/src"
 	localkmsconfig "github.com/nsmithuk/local-kms/src/config"
 	"github.com/nsmithuk/local-kms/src/data"
+	"go.uber.org/goleak"
 
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 )
+
+// IgnoreLocalKMSDrain is the goleak option a package using LocalKMS needs:
+// local-kms's LevelDB drains its memory pool for up to a second after it is
+// closed.
+var IgnoreLocalKMSDrain = goleak.IgnoreTopFunction("github.com/syndtr/goleveldb/leveldb.(*DB).mpoolDrain")
 
 // LocalKMSRegion is the region every LocalKMS serves.
 const LocalKMSRegion = "eu-west-2"
