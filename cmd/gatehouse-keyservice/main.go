@@ -24,8 +24,10 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/keyservice"
+	"github.com/gatehouse-dev/gatehouse/keyservice/kmsplugin"
 )
 
 func main() {
@@ -49,6 +51,10 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		hsBurst       = flag.Int("handshake-burst", keyservice.DefaultListenLimits.Handshakes.Burst, "new connections a source address may open at once")
 		maxSource     = flag.Int("max-connections-per-source", keyservice.DefaultListenLimits.PerSource, "open connections per source address")
 		maxConns      = flag.Int("max-connections", keyservice.DefaultListenLimits.Total, "open connections in all")
+		pluginSocket  = flag.String("kms-plugin-socket", "", "Unix socket to serve the Kubernetes KMS v2 plugin on (Secrets encrypted in etcd, docs/keys.md); empty: off")
+		kekCurrent    = flag.Int("etcd-encryption-generation", 1, "KMS v2 plugin: the KEK generation new DEKs are encrypted with")
+		kekOldest     = flag.Int("etcd-encryption-oldest-generation", 1, "KMS v2 plugin: the oldest KEK generation still decrypted")
+		printConfig   = flag.Bool("print-encryption-config", false, "print the API server's EncryptionConfiguration for --kms-plugin-socket (default "+kubeadm.KMSPluginSocket+") and exit")
 	)
 	flag.StringVar(&tlsFiles.Cert, "tls-cert", "", "server certificate (PEM)")
 	flag.StringVar(&tlsFiles.Key, "tls-key", "", "server key (PEM)")
@@ -59,6 +65,18 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	flag.DurationVar(&kmsCfg.CheckInterval, "kms-check-interval", kms.DefaultCheckInterval, "how often an external KMS (aws-kms, vault-transit) unwraps the master secret again; while a check fails no keys are served")
 	flag.StringVar(&kmsCfg.Namespace, "namespace", "gatehouse-system", "namespace of wrapped data key Secrets (pkcs11 KMS)")
 	flag.Parse()
+	if *printConfig {
+		socket := *pluginSocket
+		if socket == "" {
+			socket = kubeadm.KMSPluginSocket
+		}
+		cfg, err := kubeadm.EncryptionConfiguration(socket)
+		if err != nil {
+			return err
+		}
+		_, err = os.Stdout.Write(cfg)
+		return err
+	}
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
@@ -85,6 +103,19 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	srv, err := keyservice.NewServer(keys, log, reg)
 	if err != nil {
 		return err
+	}
+	if *pluginSocket != "" {
+		plugin, err := kmsplugin.New(keys, *kekCurrent, *kekOldest, log)
+		if err != nil {
+			return err
+		}
+		go func() {
+			if err := kmsplugin.Serve(ctx, *pluginSocket, plugin); err != nil {
+				log.Error("KMS v2 plugin failed", slog.String("error", err.Error()))
+				stop()
+			}
+		}()
+		log.Info("Serving the KMS v2 plugin", slog.String("socket", *pluginSocket), slog.String("keyID", kmsplugin.KeyID(*kekCurrent)))
 	}
 	grpcServer := keyservice.NewGRPCServer(srv, credentials.NewTLS(tlsCfg))
 	inner, err := net.Listen("tcp", *listen)

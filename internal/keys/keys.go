@@ -6,6 +6,7 @@
 //
 //	master secret + master salt
 //	├── HKDF(…, Info(DiskKeyID(identity, uuid)), StateDiskKeySize)  state disk key
+//	├── HKDF(…, Info(EtcdEncryptionKeyID(g)), EtcdEncryptionKeySize) KMS v2 KEK of generation g
 //	└── HKDF(…, Info(MeasurementSecretID), MeasurementSecretSize)   measurement secret
 //	        └── DeriveClusterID(measurement secret, measurement salt) → PCR NodeLockPCR
 package keys
@@ -56,6 +57,15 @@ const (
 	// measurement secret.
 	clusterIDInfo = "clusterID"
 )
+
+// EtcdEncryptionKeySize is the size of the key-encryption key the KMS v2
+// plugin encrypts the API server's data-encryption keys with (AES-256).
+const EtcdEncryptionKeySize = 32
+
+// EtcdEncryptionKeyID returns the data key id of generation g (≥ 1) of
+// the KMS v2 plugin's key-encryption key: "etcd-encryption-v<g>"
+// (docs/keys.md, "Secrets encrypted in etcd").
+func EtcdEncryptionKeyID(g int) string { return fmt.Sprintf("etcd-encryption-v%d", g) }
 
 // ErrInvalidRequest wraps every error about a malformed key id or length.
 var ErrInvalidRequest = errors.New("invalid data key request")

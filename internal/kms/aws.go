@@ -10,19 +10,19 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/kms/types"
 )
 
-// AWSKMS is a KEK in AWS KMS: a symmetric key wrapping with Encrypt,
+// awsKMS is a KEK in AWS KMS: a symmetric key wrapping with Encrypt,
 // unwrapping with Decrypt (naming the key, so a ciphertext of another key
 // is refused) and re-wrapping with ReEncrypt, the plaintext never leaving
 // the KMS (AWS KMS API Reference, "Encrypt", "Decrypt", "ReEncrypt").
-type AWSKMS struct {
+type awsKMS struct {
 	client *awskms.Client
 	keyID  string
 }
 
-// OpenAWSKMS returns the KEK u names. Credentials come from the AWS SDK's
+// openAWSKMS returns the KEK u names. Credentials come from the AWS SDK's
 // default chain; opts add to the SDK's loading options (a test's static
 // credentials, say).
-func OpenAWSKMS(ctx context.Context, u *AWSKMSURI, opts ...func(*config.LoadOptions) error) (*AWSKMS, error) {
+func openAWSKMS(ctx context.Context, u *AWSKMSURI, opts ...func(*config.LoadOptions) error) (*awsKMS, error) {
 	cfg, err := config.LoadDefaultConfig(ctx, append([]func(*config.LoadOptions) error{config.WithRegion(u.Region)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("loading AWS configuration: %w", err)
@@ -32,12 +32,12 @@ func OpenAWSKMS(ctx context.Context, u *AWSKMSURI, opts ...func(*config.LoadOpti
 			o.BaseEndpoint = aws.String(u.Endpoint)
 		}
 	})
-	return &AWSKMS{client: client, keyID: u.KeyID}, nil
+	return &awsKMS{client: client, keyID: u.KeyID}, nil
 }
 
 // Wrap encrypts plaintext under the KEK, bound to aad (the encryption
 // context).
-func (k *AWSKMS) Wrap(ctx context.Context, plaintext []byte, aad map[string]string) ([]byte, error) {
+func (k *awsKMS) Wrap(ctx context.Context, plaintext []byte, aad map[string]string) ([]byte, error) {
 	out, err := k.client.Encrypt(ctx, &awskms.EncryptInput{
 		KeyId: aws.String(k.keyID), Plaintext: plaintext, EncryptionContext: aad,
 		EncryptionAlgorithm: types.EncryptionAlgorithmSpecSymmetricDefault,
@@ -50,7 +50,7 @@ func (k *AWSKMS) Wrap(ctx context.Context, plaintext []byte, aad map[string]stri
 
 // Unwrap decrypts wrapped with the KEK; another key's ciphertext, another
 // aad, a disabled key or refused credentials are errors.
-func (k *AWSKMS) Unwrap(ctx context.Context, wrapped []byte, aad map[string]string) ([]byte, error) {
+func (k *awsKMS) Unwrap(ctx context.Context, wrapped []byte, aad map[string]string) ([]byte, error) {
 	out, err := k.client.Decrypt(ctx, &awskms.DecryptInput{
 		KeyId: aws.String(k.keyID), CiphertextBlob: wrapped, EncryptionContext: aad,
 		EncryptionAlgorithm: types.EncryptionAlgorithmSpecSymmetricDefault,
@@ -63,7 +63,7 @@ func (k *AWSKMS) Unwrap(ctx context.Context, wrapped []byte, aad map[string]stri
 
 // Rewrap re-encrypts wrapped, a ciphertext of the KEK from, under this
 // KEK's current key material without the plaintext leaving the KMS.
-func (k *AWSKMS) Rewrap(ctx context.Context, from *AWSKMS, wrapped []byte, aad map[string]string) ([]byte, error) {
+func (k *awsKMS) Rewrap(ctx context.Context, from *awsKMS, wrapped []byte, aad map[string]string) ([]byte, error) {
 	out, err := k.client.ReEncrypt(ctx, &awskms.ReEncryptInput{
 		CiphertextBlob: wrapped, SourceKeyId: aws.String(from.keyID), SourceEncryptionContext: aad,
 		DestinationKeyId: aws.String(k.keyID), DestinationEncryptionContext: aad,

@@ -25,10 +25,10 @@ const (
 	BackendVaultTransit = "vault-transit"
 )
 
-// MaxWrappedSize bounds a wrapped master secret (bytes): AWS KMS
+// maxWrappedSize bounds a wrapped master secret (bytes): AWS KMS
 // ciphertexts of a 64-byte plaintext are under 300 bytes, Vault Transit's
 // under 200; anything far larger is not one.
-const MaxWrappedSize = 4096
+const maxWrappedSize = 4096
 
 // WrappedSecret is the master secret wrapped by a KEK, with its salt (not
 // secret). Both are empty in a URI that only names the KEK, as the cluster
@@ -211,8 +211,8 @@ func parseWrapped(q url.Values) (WrappedSecret, error) {
 		return w, nil
 	case len(w.Wrapped) == 0 || len(w.Salt) == 0:
 		return w, errors.New(`KMS URI needs both "wrapped" and "salt", or neither (a URI naming only the key-encryption key)`)
-	case len(w.Wrapped) > MaxWrappedSize:
-		return w, fmt.Errorf("KMS URI wrapped secret has %d bytes, at most %d allowed", len(w.Wrapped), MaxWrappedSize)
+	case len(w.Wrapped) > maxWrappedSize:
+		return w, fmt.Errorf("KMS URI wrapped secret has %d bytes, at most %d allowed", len(w.Wrapped), maxWrappedSize)
 	case len(w.Salt) < keys.MinMasterSaltSize:
 		return w, fmt.Errorf("KMS URI salt has %d bytes, at least %d required", len(w.Salt), keys.MinMasterSaltSize)
 	}

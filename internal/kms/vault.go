@@ -16,20 +16,20 @@ import (
 	vault "github.com/hashicorp/vault/api"
 )
 
-// VaultTransit is a KEK in Vault's (or OpenBao's) Transit secrets engine:
+// vaultTransit is a KEK in Vault's (or OpenBao's) Transit secrets engine:
 // wrapping with encrypt, unwrapping with decrypt, re-wrapping under the
 // key's newest version with rewrap (Vault API docs, "Transit secrets engine
 // (API)"). The aad goes in as associated_data, which Transit's AEAD key
 // types (aes256-gcm96, chacha20-poly1305) authenticate.
-type VaultTransit struct {
+type vaultTransit struct {
 	client      *vault.Client
 	mount, key  string
 	tokenSource string
 }
 
-// OpenVaultTransit returns the KEK u names. The token is read from u's
+// openVaultTransit returns the KEK u names. The token is read from u's
 // token source at every call.
-func OpenVaultTransit(u *VaultTransitURI) (*VaultTransit, error) {
+func openVaultTransit(u *VaultTransitURI) (*vaultTransit, error) {
 	// The client is built from the URI alone: the environment's VAULT_*
 	// settings (a skipped TLS check, another address or namespace) do not
 	// apply.
@@ -53,10 +53,10 @@ func OpenVaultTransit(u *VaultTransitURI) (*VaultTransit, error) {
 		return nil, fmt.Errorf("creating vault client: %w", err)
 	}
 	client.ClearNamespace()
-	return &VaultTransit{client: client, mount: u.Mount, key: u.Key, tokenSource: u.TokenSource}, nil
+	return &vaultTransit{client: client, mount: u.Mount, key: u.Key, tokenSource: u.TokenSource}, nil
 }
 
-func (v *VaultTransit) call(ctx context.Context, op string, data map[string]any) (map[string]any, error) {
+func (v *vaultTransit) call(ctx context.Context, op string, data map[string]any) (map[string]any, error) {
 	path := strings.TrimPrefix(v.tokenSource, "file:")
 	token, err := os.ReadFile(path)
 	if err != nil {
@@ -88,7 +88,7 @@ func aadParam(aad map[string]string) string {
 	return base64.StdEncoding.EncodeToString([]byte(strings.Join(pairs, "\n")))
 }
 
-func (v *VaultTransit) ciphertext(ctx context.Context, op string, data map[string]any) ([]byte, error) {
+func (v *vaultTransit) ciphertext(ctx context.Context, op string, data map[string]any) ([]byte, error) {
 	out, err := v.call(ctx, op, data)
 	if err != nil {
 		return nil, err
@@ -102,7 +102,7 @@ func (v *VaultTransit) ciphertext(ctx context.Context, op string, data map[strin
 
 // Wrap encrypts plaintext under the Transit key's newest version, bound to
 // aad.
-func (v *VaultTransit) Wrap(ctx context.Context, plaintext []byte, aad map[string]string) ([]byte, error) {
+func (v *vaultTransit) Wrap(ctx context.Context, plaintext []byte, aad map[string]string) ([]byte, error) {
 	return v.ciphertext(ctx, "encrypt", map[string]any{
 		"plaintext": base64.StdEncoding.EncodeToString(plaintext), "associated_data": aadParam(aad),
 	})
@@ -110,7 +110,7 @@ func (v *VaultTransit) Wrap(ctx context.Context, plaintext []byte, aad map[strin
 
 // Unwrap decrypts wrapped; another key's ciphertext, another aad, a version
 // below the key's min_decryption_version or a refused token are errors.
-func (v *VaultTransit) Unwrap(ctx context.Context, wrapped []byte, aad map[string]string) ([]byte, error) {
+func (v *vaultTransit) Unwrap(ctx context.Context, wrapped []byte, aad map[string]string) ([]byte, error) {
 	out, err := v.call(ctx, "decrypt", map[string]any{"ciphertext": string(wrapped), "associated_data": aadParam(aad)})
 	if err != nil {
 		return nil, err
@@ -128,6 +128,6 @@ func (v *VaultTransit) Unwrap(ctx context.Context, wrapped []byte, aad map[strin
 
 // Rewrap re-encrypts wrapped under the Transit key's newest version without
 // the plaintext leaving Vault.
-func (v *VaultTransit) Rewrap(ctx context.Context, wrapped []byte, aad map[string]string) ([]byte, error) {
+func (v *vaultTransit) Rewrap(ctx context.Context, wrapped []byte, aad map[string]string) ([]byte, error) {
 	return v.ciphertext(ctx, "rewrap", map[string]any{"ciphertext": string(wrapped), "associated_data": aadParam(aad)})
 }

@@ -14,22 +14,22 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// KEK wraps and unwraps with a key-encryption key held by an external KMS;
+// keyEncrypter wraps and unwraps with a key-encryption key held by an external KMS;
 // aad is the additional authenticated data the ciphertext is bound to
 // (WrappedSecret.AAD).
-type KEK interface {
+type keyEncrypter interface {
 	Wrap(ctx context.Context, plaintext []byte, aad map[string]string) ([]byte, error)
 	Unwrap(ctx context.Context, wrapped []byte, aad map[string]string) ([]byte, error)
 }
 
-// OpenKEK opens the KEK of a parsed *AWSKMSURI or *VaultTransitURI;
+// openKEK opens the KEK of a parsed *AWSKMSURI or *VaultTransitURI;
 // awsOpts add to the AWS SDK's loading options.
-func OpenKEK(ctx context.Context, uri any, awsOpts ...func(*config.LoadOptions) error) (KEK, error) {
+func openKEK(ctx context.Context, uri any, awsOpts ...func(*config.LoadOptions) error) (keyEncrypter, error) {
 	switch u := uri.(type) {
 	case *AWSKMSURI:
-		return OpenAWSKMS(ctx, u, awsOpts...)
+		return openAWSKMS(ctx, u, awsOpts...)
 	case *VaultTransitURI:
-		return OpenVaultTransit(u)
+		return openVaultTransit(u)
 	default:
 		return nil, fmt.Errorf("%T is not an external KMS URI: give kms://%s?… or kms://%s?…", uri, BackendAWSKMS, BackendVaultTransit)
 	}
@@ -48,7 +48,7 @@ func External(uri any) (WrappedSecret, bool) {
 }
 
 // WithWrapped returns a copy of the external KMS URI uri carrying w.
-func WithWrapped(uri any, w WrappedSecret) (string, error) {
+func withWrapped(uri any, w WrappedSecret) (string, error) {
 	switch u := uri.(type) {
 	case *AWSKMSURI:
 		c := *u
@@ -73,7 +73,7 @@ func UnwrapURI(ctx context.Context, text string, awsOpts ...func(*config.LoadOpt
 	if !ok || !w.IsWrapped() {
 		return nil, nil, fmt.Errorf("the KMS URI carries no wrapped master secret: expect kms://%s?…&wrapped=…&salt=… or kms://%s?…&wrapped=…&salt=…", BackendAWSKMS, BackendVaultTransit)
 	}
-	kek, err := OpenKEK(ctx, parsed, awsOpts...)
+	kek, err := openKEK(ctx, parsed, awsOpts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -94,7 +94,7 @@ func WrapNew(ctx context.Context, text string, secret, salt []byte, awsOpts ...f
 	if _, ok := External(parsed); !ok {
 		return "", fmt.Errorf("the master secret can be wrapped only by an external KMS: expect kms://%s?… or kms://%s?…", BackendAWSKMS, BackendVaultTransit)
 	}
-	kek, err := OpenKEK(ctx, parsed, awsOpts...)
+	kek, err := openKEK(ctx, parsed, awsOpts...)
 	if err != nil {
 		return "", err
 	}
@@ -102,7 +102,7 @@ func WrapNew(ctx context.Context, text string, secret, salt []byte, awsOpts ...f
 	if w.Wrapped, err = kek.Wrap(ctx, secret, w.AAD()); err != nil {
 		return "", err
 	}
-	return WithWrapped(parsed, w)
+	return withWrapped(parsed, w)
 }
 
 // Rewrap re-wraps the master secret that from (a URI carrying it) wraps
@@ -130,11 +130,11 @@ func Rewrap(ctx context.Context, from, to string, awsOpts ...func(*config.LoadOp
 			return "", fmt.Errorf("new KEK URI must name a key of kms://%s or kms://%s, without wrapped and salt", BackendAWSKMS, BackendVaultTransit)
 		}
 	}
-	srcKEK, err := OpenKEK(ctx, src, awsOpts...)
+	srcKEK, err := openKEK(ctx, src, awsOpts...)
 	if err != nil {
 		return "", err
 	}
-	dstKEK, err := OpenKEK(ctx, dst, awsOpts...)
+	dstKEK, err := openKEK(ctx, dst, awsOpts...)
 	if err != nil {
 		return "", err
 	}
@@ -148,9 +148,9 @@ func Rewrap(ctx context.Context, from, to string, awsOpts ...func(*config.LoadOp
 	dstAWS, dstIsAWS := dst.(*AWSKMSURI)
 	switch {
 	case sameVaultKey(src, dst):
-		out.Wrapped, err = srcKEK.(*VaultTransit).Rewrap(ctx, w.Wrapped, aad)
+		out.Wrapped, err = srcKEK.(*vaultTransit).Rewrap(ctx, w.Wrapped, aad)
 	case srcIsAWS && dstIsAWS && srcAWS.Region == dstAWS.Region && srcAWS.Endpoint == dstAWS.Endpoint:
-		out.Wrapped, err = dstKEK.(*AWSKMS).Rewrap(ctx, srcKEK.(*AWSKMS), w.Wrapped, aad)
+		out.Wrapped, err = dstKEK.(*awsKMS).Rewrap(ctx, srcKEK.(*awsKMS), w.Wrapped, aad)
 	default:
 		out.Wrapped, err = dstKEK.Wrap(ctx, secret, aad)
 	}
@@ -164,7 +164,7 @@ func Rewrap(ctx context.Context, from, to string, awsOpts ...func(*config.LoadOp
 	if subtle.ConstantTimeCompare(again, secret) != 1 {
 		return "", errors.New("the re-wrapped master secret does not unwrap to the same secret; the old one is kept")
 	}
-	return WithWrapped(dst, out)
+	return withWrapped(dst, out)
 }
 
 func sameVaultKey(a, b any) bool {

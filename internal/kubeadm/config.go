@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiserverv1 "k8s.io/apiserver/pkg/apis/apiserver/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
@@ -50,6 +51,18 @@ const (
 	KubeletKubeconfigPath = "/etc/kubernetes/kubelet.conf"
 	// PKIDir is kubeadm's certificates directory.
 	PKIDir = "/etc/kubernetes/pki"
+	// encryptionConfigPath is where each control plane's API server reads
+	// its EncryptionConfiguration (InitParams.EncryptSecrets).
+	encryptionConfigPath = "/etc/kubernetes/gatehouse/encryption-config.yaml"
+	// kmsPluginSocketDir holds the KMS v2 plugin's Unix socket.
+	kmsPluginSocketDir = "/run/gatehouse/kms"
+	// KMSPluginSocket is the KMS v2 plugin's Unix socket on each control
+	// plane.
+	KMSPluginSocket = kmsPluginSocketDir + "/kms-v2.sock"
+	// kmsProviderName names the KMS v2 provider in the
+	// EncryptionConfiguration; etcd values it encrypted start with
+	// "k8s:enc:kms:v2:" + kmsProviderName + ":".
+	kmsProviderName = "gatehouse"
 	// DefaultCRISocket is containerd's CRI endpoint.
 	DefaultCRISocket = "unix:///run/containerd/containerd.sock"
 	// kubeletPatchFile is the name of the kubelet patch JoinParams.Render
@@ -261,6 +274,11 @@ type InitParams struct {
 	// over with the defaults. Between minLeaderElectionLease and
 	// maxLeaderElectionLease.
 	LeaderElectionLease time.Duration
+	// EncryptSecrets makes the API server encrypt Secrets in etcd with
+	// the KMS v2 plugin on every control plane's KMSPluginSocket, as
+	// EncryptionConfiguration (written to encryptionConfigPath first on
+	// each control plane) says.
+	EncryptSecrets bool
 	// InitToken is the bootstrap token "<id>.<secret>" kubeadm init
 	// creates (it always creates one; its bootstrap-token phase also sets up
 	// the RBAC and cluster-info that joins need). It expires after
@@ -503,13 +521,40 @@ func (p InitParams) apiServer() kubeadmv1beta4.ControlPlaneComponent {
 	if p.Kubelet.ServingCert {
 		args = append(args, kubeadmv1beta4.Arg{Name: "kubelet-certificate-authority", Value: PKIDir + "/ca.crt"})
 	}
-	return kubeadmv1beta4.ControlPlaneComponent{
-		ExtraArgs: args,
-		ExtraVolumes: []kubeadmv1beta4.HostPathMount{
-			{Name: "audit-policy", HostPath: AuditPolicyPath, MountPath: AuditPolicyPath, ReadOnly: true, PathType: corev1.HostPathFile},
-			{Name: "audit-log", HostPath: auditLogDir, MountPath: auditLogDir, PathType: corev1.HostPathDirectoryOrCreate},
-		},
+	volumes := []kubeadmv1beta4.HostPathMount{
+		{Name: "audit-policy", HostPath: AuditPolicyPath, MountPath: AuditPolicyPath, ReadOnly: true, PathType: corev1.HostPathFile},
+		{Name: "audit-log", HostPath: auditLogDir, MountPath: auditLogDir, PathType: corev1.HostPathDirectoryOrCreate},
 	}
+	if p.EncryptSecrets {
+		args = append(args, kubeadmv1beta4.Arg{Name: "encryption-provider-config", Value: encryptionConfigPath})
+		volumes = append(volumes,
+			kubeadmv1beta4.HostPathMount{Name: "encryption-config", HostPath: encryptionConfigPath, MountPath: encryptionConfigPath, ReadOnly: true, PathType: corev1.HostPathFile},
+			kubeadmv1beta4.HostPathMount{Name: "kms-plugin", HostPath: kmsPluginSocketDir, MountPath: kmsPluginSocketDir, PathType: corev1.HostPathDirectoryOrCreate})
+	}
+	return kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: args, ExtraVolumes: volumes}
+}
+
+// EncryptionConfiguration returns the API server's encryption
+// configuration (Kubernetes docs, "Encrypting Confidential Data at Rest",
+// "Using a KMS provider for data encryption"): Secrets through the KMS v2
+// provider kmsProviderName at socket (a path), nothing else, and no
+// identity provider, so the API server neither writes nor reads a
+// plaintext Secret.
+func EncryptionConfiguration(socket string) ([]byte, error) {
+	if !strings.HasPrefix(socket, "/") {
+		return nil, fmt.Errorf("KMS plugin socket %q is not an absolute path", socket)
+	}
+	cfg := &apiserverv1.EncryptionConfiguration{
+		TypeMeta: metav1.TypeMeta{APIVersion: "apiserver.config.k8s.io/v1", Kind: "EncryptionConfiguration"},
+		Resources: []apiserverv1.ResourceConfiguration{{
+			Resources: []string{"secrets"},
+			Providers: []apiserverv1.ProviderConfiguration{{KMS: &apiserverv1.KMSConfiguration{
+				APIVersion: "v2", Name: kmsProviderName, Endpoint: "unix://" + socket,
+				Timeout: &metav1.Duration{Duration: 3 * time.Second},
+			}}},
+		}},
+	}
+	return marshalDocs(cfg)
 }
 
 // JoinParams are what `kubeadm join` needs, from a join ticket.

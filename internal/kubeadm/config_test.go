@@ -108,6 +108,11 @@ func TestConfigsPassKubeadmValidate(t *testing.T) {
 		"init":               writeInit(t, initParams(addr)),
 		"init local cluster": writeInit(t, miniInit(addr)),
 		"init, slow machine": writeInit(t, slowInit(addr)),
+		"init, Secrets encrypted": writeInit(t, func() kubeadm.InitParams {
+			p := initParams(addr)
+			p.EncryptSecrets = true
+			return p
+		}()),
 		"join worker":        writeJoin(t, joinParams(t, addr, false)),
 		"join control plane": writeJoin(t, joinParams(t, addr, true)),
 	}

@@ -44,6 +44,9 @@ type Options struct {
 	Controllers []string
 	// StartTimeout bounds the start of all components. Zero means 2 minutes.
 	StartTimeout time.Duration
+	// APIServerArgs are further kube-apiserver flags, e.g.
+	// --encryption-provider-config=<file>.
+	APIServerArgs []string
 }
 
 // Env is a running environment.
@@ -66,6 +69,9 @@ type Env struct {
 	// APIServerStartup is the time from starting kube-apiserver until its
 	// /readyz answered ok.
 	APIServerStartup time.Duration
+	// EtcdURL is etcd's client URL (plain http on loopback), for tests that
+	// read what the API server stored.
+	EtcdURL string
 
 	procs []*process
 }
@@ -152,7 +158,8 @@ func (e *Env) start(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	if err := e.startAPIServer(ctx, p, etcdURL); err != nil {
+	e.EtcdURL = etcdURL
+	if err := e.startAPIServer(ctx, p, etcdURL, opts.APIServerArgs); err != nil {
 		return err
 	}
 	if opts.ControllerManager {
@@ -216,7 +223,7 @@ func (e *Env) startEtcd(ctx context.Context) (string, error) {
 	return clientURL, nil
 }
 
-func (e *Env) startAPIServer(ctx context.Context, p *pki, etcdURL string) error {
+func (e *Env) startAPIServer(ctx context.Context, p *pki, etcdURL string, extraArgs []string) error {
 	if _, _, err := p.issue(certSpec{
 		name: "apiserver", cn: "kube-apiserver",
 		dns:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
@@ -241,18 +248,18 @@ func (e *Env) startAPIServer(ctx context.Context, p *pki, etcdURL string) error 
 			Burst:           200,
 		}
 		started := time.Now()
-		proc, err := startProcess("kube-apiserver", e.Dir, filepath.Join(e.BinDir, "kube-apiserver"),
+		proc, err := startProcess("kube-apiserver", e.Dir, filepath.Join(e.BinDir, "kube-apiserver"), append([]string{
 			"--bind-address=127.0.0.1",
 			"--advertise-address=127.0.0.1",
 			fmt.Sprintf("--secure-port=%d", ports[0]),
-			"--etcd-servers="+etcdURL,
-			"--cert-dir="+p.dir,
-			"--tls-cert-file="+p.path("apiserver.crt"),
-			"--tls-private-key-file="+p.path("apiserver.key"),
-			"--client-ca-file="+p.path("ca.crt"),
+			"--etcd-servers=" + etcdURL,
+			"--cert-dir=" + p.dir,
+			"--tls-cert-file=" + p.path("apiserver.crt"),
+			"--tls-private-key-file=" + p.path("apiserver.key"),
+			"--client-ca-file=" + p.path("ca.crt"),
 			"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-			"--service-account-key-file="+p.path("sa.pub"),
-			"--service-account-signing-key-file="+p.path("sa.key"),
+			"--service-account-key-file=" + p.path("sa.pub"),
+			"--service-account-signing-key-file=" + p.path("sa.key"),
 			"--service-cluster-ip-range=10.96.0.0/12",
 			"--authorization-mode=Node,RBAC",
 			"--enable-bootstrap-token-auth=true",
@@ -260,6 +267,7 @@ func (e *Env) startAPIServer(ctx context.Context, p *pki, etcdURL string) error 
 			// The loopback address cannot be an Endpoints address; nothing in the
 			// environment needs the in-cluster "kubernetes" Service endpoints.
 			"--endpoint-reconciler-type=none",
+		}, extraArgs...)...,
 		)
 		if err != nil {
 			return nil, err
