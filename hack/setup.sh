@@ -85,4 +85,6 @@ if $test; then
 	log "Go tools: $dir"
 	dir=$("$here/capi-tools.sh")
 	log "Cluster API tools (upstream CABPK, clusterctl): $dir"
+	dir=$("$here/vault-binary.sh")
+	log "Vault server of the external KMS tests: $dir"
 fi

@@ -17,10 +17,10 @@ import (
 )
 
 // vaultTransit is a KEK in Vault's (or OpenBao's) Transit secrets engine:
-// wrapping with encrypt, unwrapping with decrypt, re-wrapping under the
-// key's newest version with rewrap (Vault API docs, "Transit secrets engine
-// (API)"). The aad goes in as associated_data, which Transit's AEAD key
-// types (aes256-gcm96, chacha20-poly1305) authenticate.
+// wrapping with encrypt (under the key's newest version), unwrapping with
+// decrypt (Vault API docs, "Transit secrets engine (API)"). The aad goes in
+// as associated_data, which Transit's AEAD key types (aes256-gcm96,
+// chacha20-poly1305) authenticate.
 type vaultTransit struct {
 	client      *vault.Client
 	mount, key  string
@@ -124,10 +124,4 @@ func (v *vaultTransit) Unwrap(ctx context.Context, wrapped []byte, aad map[strin
 		return nil, errors.New("vault transit decrypt returned a plaintext that is not base64")
 	}
 	return plaintext, nil
-}
-
-// Rewrap re-encrypts wrapped under the Transit key's newest version without
-// the plaintext leaving Vault.
-func (v *vaultTransit) Rewrap(ctx context.Context, wrapped []byte, aad map[string]string) ([]byte, error) {
-	return v.ciphertext(ctx, "rewrap", map[string]any{"ciphertext": string(wrapped), "associated_data": aadParam(aad)})
 }

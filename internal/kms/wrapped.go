@@ -108,9 +108,10 @@ func WrapNew(ctx context.Context, text string, secret, salt []byte, awsOpts ...f
 // Rewrap re-wraps the master secret that from (a URI carrying it) wraps
 // under the KEK to names (a KEK URI; to == "" means from's own KEK, at its
 // current key version) and returns the URI carrying the new wrapped secret.
-// Within one AWS KMS, or one Vault Transit key, the plaintext never leaves
-// the KMS (ReEncrypt, rewrap); between KMSs it is unwrapped and wrapped
-// again in this process's memory. The result is checked to unwrap to the
+// Within one AWS KMS the plaintext never leaves the KMS (ReEncrypt);
+// otherwise it is unwrapped and wrapped again in this process's memory
+// (Vault Transit's rewrap endpoint ignores associated data, so it cannot
+// rewrap what Wrap bound to it). The result is checked to unwrap to the
 // same secret before it is returned.
 func Rewrap(ctx context.Context, from, to string, awsOpts ...func(*config.LoadOptions) error) (string, error) {
 	src, err := ParseURI(strings.TrimSpace(from))
@@ -147,8 +148,6 @@ func Rewrap(ctx context.Context, from, to string, awsOpts ...func(*config.LoadOp
 	srcAWS, srcIsAWS := src.(*AWSKMSURI)
 	dstAWS, dstIsAWS := dst.(*AWSKMSURI)
 	switch {
-	case sameVaultKey(src, dst):
-		out.Wrapped, err = srcKEK.(*vaultTransit).Rewrap(ctx, w.Wrapped, aad)
 	case srcIsAWS && dstIsAWS && srcAWS.Region == dstAWS.Region && srcAWS.Endpoint == dstAWS.Endpoint:
 		out.Wrapped, err = dstKEK.(*awsKMS).Rewrap(ctx, srcKEK.(*awsKMS), w.Wrapped, aad)
 	default:
@@ -165,12 +164,6 @@ func Rewrap(ctx context.Context, from, to string, awsOpts ...func(*config.LoadOp
 		return "", errors.New("the re-wrapped master secret does not unwrap to the same secret; the old one is kept")
 	}
 	return withWrapped(dst, out)
-}
-
-func sameVaultKey(a, b any) bool {
-	va, ok1 := a.(*VaultTransitURI)
-	vb, ok2 := b.(*VaultTransitURI)
-	return ok1 && ok2 && va.Address == vb.Address && va.Mount == vb.Mount && va.Key == vb.Key
 }
 
 // DefaultCheckInterval is how often a WrappedKMS asks its KMS again while
