@@ -46,6 +46,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/grpcopts"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -192,6 +193,9 @@ type harness struct {
 	// variant and hardware: see harnessOptions.
 	variant  attestation.Variant
 	hardware map[string]any
+	// awsKMS keeps the key service's master secret wrapped by a real AWS
+	// KMS API server (local-kms), as kms://aws-kms does, instead of plain.
+	awsKMS bool
 }
 
 type harnessOptions struct {
@@ -205,6 +209,9 @@ type harnessOptions struct {
 	// hardware section (the policy's sevSnp or tdx) from hardware.
 	variant  attestation.Variant
 	hardware map[string]any
+	// awsKMS keeps the key service's master secret wrapped by a real AWS
+	// KMS API server (local-kms), as kms://aws-kms does, instead of plain.
+	awsKMS bool
 }
 
 func newHarness(t testing.TB, opts harnessOptions) *harness {
@@ -235,7 +242,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		salt:    randomBytes(t, keys.MeasurementSaltSize),
 	}
 	h.pkiDir = writeControlPlanePKI(t, env)
-	h.startKeyService(t)
+	h.startKeyService(t, opts.awsKMS)
 	h.putConfigMap(t, testJoinConfig, h.joinConfigData(t, nil))
 
 	log := slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -359,14 +366,22 @@ func writeControlPlanePKI(t testing.TB, env *testenv.Env) string {
 	return dir
 }
 
-// startKeyService runs the real key service (cluster KMS) on loopback with
-// mutual TLS.
-func (h *harness) startKeyService(t testing.TB) {
+// startKeyService runs the real key service on loopback with mutual TLS:
+// its master secret plain (cluster KMS), or wrapped by a real AWS KMS API
+// server.
+func (h *harness) startKeyService(t testing.TB, awsKMS bool) {
 	t.Helper()
 	h.masterKey = randomBytes(t, 32)
-	keys, err := kms.NewClusterKMS(h.masterKey, randomBytes(t, 32))
+	salt := randomBytes(t, 32)
+	var keys interface {
+		GetDataKey(ctx context.Context, id string, length int) ([]byte, error)
+	}
+	keys, err := kms.NewClusterKMS(h.masterKey, salt)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if awsKMS {
+		keys = wrappedKeys(t, h.masterKey, salt)
 	}
 	internalCA := testkit.NewCA(t, "gatehouse-internal-ca")
 	dir := t.TempDir()
@@ -679,4 +694,29 @@ func joinerCredentials(attester attestation.Attester, caHash string) (*atls.Cred
 		return nil, err
 	}
 	return atls.NewCredentials(atls.Config{Attester: attester, VerifyPeer: verify, Now: time.Now})
+}
+
+// wrappedKeys is the key service's key source for secret and salt wrapped
+// by a key of a real AWS KMS API server (local-kms), as OpenKMS opens it
+// from a kms://aws-kms URI file.
+func wrappedKeys(t testing.TB, secret, salt []byte) interface {
+	GetDataKey(ctx context.Context, id string, length int) ([]byte, error)
+} {
+	t.Helper()
+	l := kmstest.NewLocalKMS(t)
+	uri, err := kms.WrapNew(t.Context(), l.URI(l.CreateKey()).String(), secret, salt, kmstest.AWSOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "kms-uri")
+	if err := os.WriteFile(file, []byte(uri), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys, closer, err := keyservice.OpenKMS(t.Context(), keyservice.KMSConfig{URIFile: file, AWSOptions: kmstest.AWSOptions()},
+		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closer.Close() })
+	return keys
 }

@@ -296,7 +296,16 @@ func stormWithRestart(t *testing.T, h *harness, stop func() error, start func(co
 // neither phase pays for the other's token signing. Run it with
 // bench/joinservice.sh.
 func BenchmarkJoinStorm(b *testing.B) {
-	h := newHarness(b, harnessOptions{discardLog: true})
+	// Side by side in one run: the key service's master secret plain
+	// (cluster-kms) and wrapped by an external KMS (a real AWS KMS API
+	// server), which unwraps it at start and holds it in memory.
+	for _, backend := range []string{"cluster-kms", "aws-kms"} {
+		b.Run(backend, func(b *testing.B) { benchJoinStorm(b, harnessOptions{discardLog: true, awsKMS: backend == "aws-kms"}) })
+	}
+}
+
+func benchJoinStorm(b *testing.B, opts harnessOptions) {
+	h := newHarness(b, opts)
 	r := startRig(b)
 	h.extraAKs = append(h.extraAKs, r.ak)
 	h.putConfigMap(b, testJoinConfig, h.joinConfigData(b, nil))

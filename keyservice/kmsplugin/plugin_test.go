@@ -30,7 +30,7 @@ import (
 
 var discard = slog.New(slog.DiscardHandler)
 
-func clusterKMS(t *testing.T) *kms.ClusterKMS {
+func clusterKMS(t testing.TB) *kms.ClusterKMS {
 	t.Helper()
 	secret, salt := make([]byte, 32), make([]byte, 32)
 	_, _ = rand.Read(secret)
@@ -120,7 +120,7 @@ func TestPlugin(t *testing.T) {
 
 // servePlugin serves a plugin of generations oldest..current on socket
 // until the returned stop is called.
-func servePlugin(t *testing.T, socket string, keys *kms.ClusterKMS, current, oldest int) (stop func()) {
+func servePlugin(t testing.TB, socket string, keys *kms.ClusterKMS, current, oldest int) (stop func()) {
 	t.Helper()
 	p, err := kmsplugin.New(keys, current, oldest, discard)
 	if err != nil {

@@ -45,7 +45,7 @@ type LocalKMS struct {
 	// (CreateKey, DisableKey).
 	Client *awskms.Client
 
-	t        *testing.T
+	t        testing.TB
 	addr     string
 	database *data.Database
 	mu       sync.Mutex
@@ -63,7 +63,7 @@ func AWSOptions() []func(*config.LoadOptions) error {
 }
 
 // NewLocalKMS starts a LocalKMS; it stops when the test ends.
-func NewLocalKMS(t *testing.T) *LocalKMS {
+func NewLocalKMS(t testing.TB) *LocalKMS {
 	t.Helper()
 	localKMSGlobals.Do(func() {
 		localkmsconfig.AWSAccountId, localkmsconfig.AWSRegion = "111122223333", LocalKMSRegion

@@ -27,12 +27,12 @@ type Vault struct {
 	// Root is a client with the root token, for a test's administration.
 	Root *vault.Client
 
-	t         *testing.T
+	t         testing.TB
 	unsealKey string
 }
 
 // NewVault starts a Vault server; it stops when the test ends.
-func NewVault(t *testing.T) *Vault {
+func NewVault(t testing.TB) *Vault {
 	t.Helper()
 	bin := os.Getenv(VaultBinEnv)
 	if bin == "" {
