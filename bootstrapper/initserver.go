@@ -33,6 +33,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
@@ -74,6 +75,10 @@ type InitServerConfig struct {
 	// leader-election lease (kubeadm.InitParams.LeaderElectionLease); 0
 	// is their default.
 	LeaderElectionLease time.Duration
+	// EncryptSecrets makes the cluster's API servers encrypt Secrets in
+	// etcd with the KMS v2 plugin each control plane serves (`serve-kms`)
+	// from a KEK derived from the master secret (docs/keys.md).
+	EncryptSecrets bool
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 	// SecretAttempts bound guessing the init secret; zero is
@@ -292,6 +297,8 @@ type initPlan struct {
 	derive      *kms.ClusterKMS
 	clusterID   []byte
 	params      kubeadm.InitParams
+	// keks are the KMS v2 plugin's, when Secrets are encrypted.
+	keks kmsplugin.KEKs
 }
 
 // plan checks req and derives the cluster ID and kubeadm configuration, all
@@ -352,9 +359,18 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		ControlPlaneEnv:      s.cfg.ControlPlaneEnv,
 		ControlPlaneWait:     s.cfg.ControlPlaneWait,
 		LeaderElectionLease:  s.cfg.LeaderElectionLease,
+		EncryptSecrets:       s.cfg.EncryptSecrets,
 	}
 	if _, err := params.Render(); err != nil {
 		return nil, err
+	}
+	var keks kmsplugin.KEKs
+	if s.cfg.EncryptSecrets {
+		kek, err := derive.GetDataKey(context.Background(), keys.EtcdEncryptionKeyID(keys.EtcdEncryptionGeneration), keys.EtcdEncryptionKeySize)
+		if err != nil {
+			return nil, err
+		}
+		keks = kmsplugin.KEKs{keys.EtcdEncryptionGeneration: kek}
 	}
 	// The fingerprint identifies the request without its init secret.
 	withoutSecret := proto.CloneOf(req)
@@ -363,7 +379,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &initPlan{req: req, fingerprint: sha256.Sum256(data), derive: derive, clusterID: id, params: params}, nil
+	return &initPlan{req: req, fingerprint: sha256.Sum256(data), derive: derive, clusterID: id, params: params, keks: keks}, nil
 }
 
 // kubeletCertLifetime is the request's lifetime in seconds, or the default.
@@ -568,6 +584,11 @@ func writeInitServingCert(machine *Machine, ca *clusterpki.CA, now time.Time, li
 func (s *InitServer) writeInitFiles(machine *Machine, p *initPlan, configPath string) error {
 	if err := machine.writeAuditPolicy(); err != nil {
 		return err
+	}
+	if p.keks != nil {
+		if err := machine.writeSecretsEncryption(p.keks); err != nil {
+			return err
+		}
 	}
 	config, err := p.params.Render()
 	if err != nil {

@@ -35,6 +35,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -83,7 +84,7 @@ func newInitFixtureHashed(t *testing.T, hashed bool) *initFixture {
 	}
 	var err error
 	f.bindings = &nameBindings{}
-	f.server, err = NewInitServer(InitServerConfig{Machine: n.machine, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash, AdminName: "alice", BindName: f.bindings.bind})
+	f.server, err = NewInitServer(InitServerConfig{Machine: n.machine, Lock: n.lock, Identity: n.identity(t), InitSecretHash: hash, AdminName: "alice", BindName: f.bindings.bind, EncryptSecrets: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,6 +189,13 @@ func TestInit(t *testing.T) {
 	f.node.machine.State = vol
 	ctx := t.Context()
 	first := f.node.machine.FirstBootKey
+	var initConfig string // what kubeadm init was given (removed after it)
+	f.node.runner.onRun = func(args []string) {
+		if i := slices.Index(args, "--config"); args[0] == "init" && i >= 0 && i+1 < len(args) {
+			data, _ := os.ReadFile(args[i+1])
+			initConfig = string(data)
+		}
+	}
 	stream, err := f.client.Init(ctx, f.req)
 	if err != nil {
 		t.Fatal(err)
@@ -235,6 +243,7 @@ func TestInit(t *testing.T) {
 		"usr/local/bin/kubelet": 0o755, "etc/kubernetes/pki/ca.key": 0o600, "etc/kubernetes/pki/ca.crt": 0o644,
 		strings.TrimPrefix(kms.URIFile, "/"): 0o600, strings.TrimPrefix(kubeadm.AuditPolicyPath, "/"): 0o600,
 		strings.TrimPrefix(kubeadm.KubeletKubeconfigPath, "/"): 0o600,
+		strings.TrimPrefix(EtcdKEKFile, "/"):                   0o600, strings.TrimPrefix(kubeadm.EncryptionConfigPath, "/"): 0o600,
 	} {
 		if got := fileMode(t, filepath.Join(root, path)); got != mode {
 			t.Errorf("%s has mode %v, want %v", path, got, mode)
@@ -242,6 +251,20 @@ func TestInit(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, kubeadmDir, "init.yaml")); !os.IsNotExist(err) {
 		t.Error("the init configuration (it holds a bootstrap token) was not removed")
+	}
+	// Secrets are encrypted in etcd with the KMS v2 KEK derived from the
+	// master secret, which the plugin serves from the state disk.
+	keks, err := kmsplugin.ReadKEKs(filepath.Join(root, EtcdKEKFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	derive, _ := kms.NewClusterKMS(f.master, f.masterSalt)
+	wantKEK, _ := derive.GetDataKey(ctx, keys.EtcdEncryptionKeyID(1), 32)
+	if !bytes.Equal(keks[1], wantKEK) || len(keks) != 1 {
+		t.Error("the KMS v2 KEK is not generation 1 derived from the master secret")
+	}
+	if !strings.Contains(initConfig, "name: encryption-provider-config") {
+		t.Errorf("the kubeadm configuration does not make the API server encrypt Secrets:\n%s", initConfig)
 	}
 	if got, _ := os.ReadFile(filepath.Join(root, kms.URIFile)); string(got) != f.req.GetKeyServiceKmsUri() {
 		t.Errorf("the key service's KMS URI is %q, want the wrapped secret's URI", got)

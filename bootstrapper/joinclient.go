@@ -19,6 +19,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
@@ -228,6 +229,15 @@ func (c *JoinClient) writeJoinFiles(t *joinservicev1.IssueJoinTicketResponse, ku
 		// (kubeadm.InitParams), on every control plane.
 		if err := machine.writeAuditPolicy(); err != nil {
 			return err
+		}
+		if ks := t.GetEtcdEncryptionKeys(); len(ks) > 0 {
+			keks := kmsplugin.KEKs{}
+			for _, k := range ks {
+				keks[int(k.GetGeneration())] = k.GetKey()
+			}
+			if err := machine.writeSecretsEncryption(keks); err != nil {
+				return fmt.Errorf("join ticket: %w", err)
+			}
 		}
 	}
 	for _, f := range t.GetControlPlaneFiles() {

@@ -32,6 +32,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -278,10 +279,10 @@ func newJoinFixture(t *testing.T, controlPlane bool, prepare func(*joinFixture))
 }
 
 // joinControlPlane joins a fresh node as a control plane whose ticket
-// carries files (kubeadm only recorded).
-func joinControlPlane(t *testing.T, files []*joinservicev1.ControlPlaneFile) (*testNode, error) {
+// carries files and KMS v2 KEKs (kubeadm only recorded).
+func joinControlPlane(t *testing.T, files []*joinservicev1.ControlPlaneFile, keks ...*joinservicev1.EtcdEncryptionKey) (*testNode, error) {
 	t.Helper()
-	f := newJoinFixture(t, true, func(f *joinFixture) { f.ticket.ControlPlaneFiles = files })
+	f := newJoinFixture(t, true, func(f *joinFixture) { f.ticket.ControlPlaneFiles, f.ticket.EtcdEncryptionKeys = files, keks })
 	return f.n, f.client.Join(t.Context())
 }
 
@@ -289,16 +290,26 @@ func joinControlPlane(t *testing.T, files []*joinservicev1.ControlPlaneFile) (*t
 // files, keys 0600 and certificates 0644, and the audit policy its API
 // server mounts (without it the API server's static pod never starts).
 func TestJoinControlPlaneFiles(t *testing.T) {
+	kek := bytes.Repeat([]byte{0x4b}, 32)
 	n, err := joinControlPlane(t, []*joinservicev1.ControlPlaneFile{
 		{Name: "ca.crt", Data: []byte("ca cert")}, {Name: "ca.key", Data: []byte("ca key")},
 		{Name: "etcd/ca.key", Data: []byte("etcd key")}, {Name: "sa.pub", Data: []byte("sa pub")},
-	})
+	}, &joinservicev1.EtcdEncryptionKey{Generation: 1, Key: kek})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, mode := range map[string]os.FileMode{"ca.crt": 0o644, "ca.key": 0o600, "etcd/ca.key": 0o600, "sa.pub": 0o644} {
 		if got := fileMode(t, filepath.Join(n.machine.Root, kubeadm.PKIDir, name)); got != mode {
 			t.Errorf("%s mode %v, want %v", name, got, mode)
+		}
+	}
+	// The KMS v2 plugin's KEK and the API server's encryption configuration.
+	if keks, err := kmsplugin.ReadKEKs(filepath.Join(n.machine.Root, EtcdKEKFile)); err != nil || !bytes.Equal(keks[1], kek) {
+		t.Errorf("the KMS v2 KEK file: %v", err)
+	}
+	for _, p := range []string{EtcdKEKFile, kubeadm.EncryptionConfigPath} {
+		if got := fileMode(t, filepath.Join(n.machine.Root, p)); got != 0o600 {
+			t.Errorf("%s mode %v, want 0600", p, got)
 		}
 	}
 	want, err := kubeadm.AuditPolicy()

@@ -20,6 +20,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/bootstrapstatus"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
+	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
 
@@ -134,6 +135,30 @@ func (s *Machine) writeAuditPolicy() error {
 		return err
 	}
 	return s.writeFile(kubeadm.AuditPolicyPath, policy, 0o600)
+}
+
+// EtcdKEKFile is where a control plane keeps the KMS v2 plugin's
+// key-encryption keys (kmsplugin.MarshalKEKs, mode 0600), on its state
+// disk; `gatehouse-bootstrapper serve-kms` serves the plugin from it.
+const EtcdKEKFile = "/etc/kubernetes/gatehouse/etcd-encryption-keys.json"
+
+// writeSecretsEncryption writes the KMS v2 plugin's KEKs and the API
+// server's EncryptionConfiguration naming the plugin's socket, which the
+// cluster's kube-apiserver configuration mounts on every control plane
+// (kubeadm.InitParams.EncryptSecrets).
+func (s *Machine) writeSecretsEncryption(keks kmsplugin.KEKs) error {
+	data, err := kmsplugin.MarshalKEKs(keks)
+	if err != nil {
+		return fmt.Errorf("KMS v2 key-encryption keys: %w", err)
+	}
+	if err := s.writeFile(EtcdKEKFile, data, 0o600); err != nil {
+		return err
+	}
+	config, err := kubeadm.EncryptionConfiguration(kubeadm.KMSPluginSocket)
+	if err != nil {
+		return err
+	}
+	return s.writeFile(kubeadm.EncryptionConfigPath, config, 0o600)
 }
 
 // rekeyDisk replaces the first-boot passphrase with diskKey, records the

@@ -184,6 +184,7 @@ type harness struct {
 	keyGRPC    *grpc.Server
 	newKeyGRPC func() *grpc.Server
 	masterKey  []byte
+	masterSalt []byte
 	salt       []byte
 	// extraAKs are trusted besides the node's (the benchmark's rig process).
 	extraAKs []crypto.PublicKey
@@ -371,8 +372,8 @@ func writeControlPlanePKI(t testing.TB, env *testenv.Env) string {
 // server.
 func (h *harness) startKeyService(t testing.TB, awsKMS bool) {
 	t.Helper()
-	h.masterKey = randomBytes(t, 32)
-	salt := randomBytes(t, 32)
+	h.masterKey, h.masterSalt = randomBytes(t, 32), randomBytes(t, 32)
+	salt := h.masterSalt
 	var keys interface {
 		GetDataKey(ctx context.Context, id string, length int) ([]byte, error)
 	}

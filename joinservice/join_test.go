@@ -28,6 +28,8 @@ import (
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
@@ -136,8 +138,8 @@ func TestJoinTickets(t *testing.T) {
 	}
 	h.checkTicket(t, resp, "worker-1")
 	h.checkTokenSecret(t, resp.GetToken())
-	if len(resp.GetControlPlaneFiles()) != 0 {
-		t.Error("a worker got control-plane files")
+	if len(resp.GetControlPlaneFiles()) != 0 || len(resp.GetEtcdEncryptionKeys()) != 0 {
+		t.Error("a worker got control-plane files or the KMS v2 key-encryption key")
 	}
 
 	// A retry of the same node (a lost response) gets the same token, not a second one.
@@ -207,6 +209,15 @@ func TestJoinTickets(t *testing.T) {
 		}
 		if !slices.Equal(names, controlPlaneFileNames) {
 			t.Errorf("control-plane files %v, want %v", names, controlPlaneFileNames)
+		}
+		// The KMS v2 KEK, as the key service derives it.
+		derive, err := kms.NewClusterKMS(h.masterKey, h.masterSalt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantKEK, _ := derive.GetDataKey(ctx, keys.EtcdEncryptionKeyID(1), 32)
+		if ks := resp.GetEtcdEncryptionKeys(); len(ks) != 1 || ks[0].GetGeneration() != 1 || !bytes.Equal(ks[0].GetKey(), wantKEK) {
+			t.Errorf("KMS v2 key-encryption keys %d, want generation 1 derived from the master secret", len(ks))
 		}
 		lease, err := h.client.CoordinationV1().Leases(testNamespace).Get(ctx, ControlPlaneLeaseName, metav1.GetOptions{})
 		if err != nil || ptr.Deref(lease.Spec.HolderIdentity, "") != "cp-2" {

@@ -271,6 +271,9 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 		if resp.ControlPlaneFiles, err = s.controlPlaneFiles(); err != nil {
 			return nil, err
 		}
+		if resp.EtcdEncryptionKeys, err = s.etcdEncryptionKeys(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if resp.StateDiskKey, resp.MeasurementSecret, err = s.keys(ctx, diskKeyID); err != nil {
 		return nil, err
@@ -523,6 +526,17 @@ func (s *Server) keys(ctx context.Context, diskKeyID string) (diskKey, measureme
 		return nil, nil, refuse(codes.Unavailable, "key_service_error", "getting the measurement secret from the key service: %w", err)
 	}
 	return diskKey, measurementSecret, nil
+}
+
+// etcdEncryptionKeys fetches a control plane's KMS v2 key-encryption key
+// (docs/keys.md, "Secrets encrypted in etcd").
+func (s *Server) etcdEncryptionKeys(ctx context.Context) ([]*joinservicev1.EtcdEncryptionKey, error) {
+	g := keys.EtcdEncryptionGeneration
+	key, err := s.cfg.Keys.GetDataKey(ctx, keys.EtcdEncryptionKeyID(g), keys.EtcdEncryptionKeySize)
+	if err != nil {
+		return nil, refuse(codes.Unavailable, "key_service_error", "getting the KMS v2 key-encryption key from the key service: %w", err)
+	}
+	return []*joinservicev1.EtcdEncryptionKey{{Generation: uint32(g), Key: key}}, nil
 }
 
 func (s *Server) controlPlaneFiles() ([]*joinservicev1.ControlPlaneFile, error) {

@@ -115,6 +115,13 @@ func Agent(ctx context.Context, spec *NodeSpec, log *slog.Logger) error {
 	procs.start(ctx, "upgrade-agent", filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), "serve-upgrade",
 		"--listen", fmt.Sprintf("%s:%d", spec.IP, upgradeagentv1.DefaultPort), "--client-ca", nodeClientCA,
 		"--kubelet-service", "pidfile:"+kubeletPIDFile, "--ignore-preflight-errors", ignoredPreflightErrors)
+	// A control plane's KMS v2 plugin, which its API server needs to read
+	// and write Secrets: served from the KEKs init or join puts on the
+	// node's state disk, before and whatever the API server does
+	// (docs/keys.md, "Secrets encrypted in etcd").
+	if spec.ControlPlane {
+		procs.start(ctx, "kms-plugin", filepath.Join(spec.BinDir, "gatehouse-bootstrapper"), "serve-kms")
+	}
 	// On a first boot kubeadm needs the kubelet while it runs, and the
 	// kubelet starts once kubeadm wrote its configuration. After a reboot
 	// that configuration is there from the start, but a real node's lives

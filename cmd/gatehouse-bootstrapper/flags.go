@@ -62,6 +62,9 @@ type options struct {
 	controlPlaneEnv []kubeadm.ComponentEnv
 	// controlPlaneWait is kubeadm init's wait for the control plane.
 	controlPlaneWait time.Duration
+	// encryptSecrets makes a cluster this node initialises encrypt Secrets
+	// in etcd (bootstrapper.InitServerConfig.EncryptSecrets).
+	encryptSecrets bool
 	// leaderElectionLease is the controller manager's and scheduler's
 	// leader-election lease on kubeadm init.
 	leaderElectionLease time.Duration
@@ -136,6 +139,7 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 		return err
 	})
 	fs.DurationVar(&o.controlPlaneWait, "control-plane-wait", 0, "how long kubeadm init waits for the control plane to be healthy and for each API call (kubeadm's timeouts controlPlaneComponentHealthCheck and kubernetesAPICall); 0: kubeadm's defaults (4m and 1m); at most 1h; for machines that start the API server slowly (a VM under emulation)")
+	fs.BoolVar(&o.encryptSecrets, "encrypt-secrets", true, "on kubeadm init: the API servers encrypt Secrets in etcd with the KMS v2 plugin every control plane serves (gatehouse-bootstrapper serve-kms), its key derived from the master secret")
 	fs.DurationVar(&o.leaderElectionLease, "leader-election-lease", 0, "the controller manager's and scheduler's leader-election lease on kubeadm init (renew deadline 2/3 and retry period 2/15 of it); 0: their defaults (15s); 15s to 5m; for control planes whose API server answers slowly (a VM under emulation), where a late renewal makes the leader exit")
 	fs.Func("control-plane-env", "a Go memory setting of a control-plane component's static Pod on kubeadm init, component:NAME=value: component kube-apiserver, kube-controller-manager, kube-scheduler or etcd, NAME GOGC or GOMEMLIMIT (e.g. kube-apiserver:GOGC=50); repeatable; none by default", func(v string) error {
 		e, err := kubeadm.ParseComponentEnv(v)

@@ -52,6 +52,13 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "serve-kms" {
+		if err := serveKMS(log, os.Args[2:]); err != nil {
+			log.Error("Serving the KMS v2 plugin failed", slog.String("error", err.Error()))
+			os.Exit(exitError)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "serve-upgrade" {
 		if err := serveUpgrade(log, os.Args[2:]); err != nil {
 			log.Error("Serving the upgrade agent failed", slog.String("error", err.Error()))
@@ -180,7 +187,7 @@ func newInitServer(o *options, machine *bootstrapper.Machine, lock *nodelock.Loc
 		Registerer:      reg,
 		ImageRepository: o.imageRepository, SkipPhases: o.skipPhases,
 		KubeProxy: o.kubeProxy, ControlPlaneEnv: o.controlPlaneEnv, ControlPlaneWait: o.controlPlaneWait,
-		LeaderElectionLease: o.leaderElectionLease,
+		LeaderElectionLease: o.leaderElectionLease, EncryptSecrets: o.encryptSecrets,
 	})
 }
 

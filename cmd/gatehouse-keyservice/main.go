@@ -27,7 +27,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/serve"
 	"github.com/gatehouse-dev/gatehouse/keyservice"
-	"github.com/gatehouse-dev/gatehouse/keyservice/kmsplugin"
+	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
 )
 
 func main() {

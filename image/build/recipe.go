@@ -110,7 +110,7 @@ func imageDirs() []string {
 // the bootstrapper's quote, and without an entry in the firmware's event
 // log: PCR 11 holds the UKI's sections and nothing else (docs/image.md).
 func enabledUnits() []string {
-	return []string{"systemd-networkd.service", "systemd-resolved.service", "gatehouse-provision-network.service", "gatehouse-provision.service", "gatehouse-bootstrapper.service", "gatehouse-evidence.service",
+	return []string{"systemd-networkd.service", "systemd-resolved.service", "gatehouse-provision-network.service", "gatehouse-provision.service", "gatehouse-bootstrapper.service", "gatehouse-evidence.service", "gatehouse-kms.service",
 		"cloud-init-local.service", "cloud-init.service", "cloud-config.service", "cloud-final.service"}
 }
 

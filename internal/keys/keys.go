@@ -62,6 +62,10 @@ const (
 // plugin encrypts the API server's data-encryption keys with (AES-256).
 const EtcdEncryptionKeySize = 32
 
+// EtcdEncryptionGeneration is the KMS v2 KEK generation clusters are
+// initialised with and control planes are given when they join.
+const EtcdEncryptionGeneration = 1
+
 // EtcdEncryptionKeyID returns the data key id of generation g (≥ 1) of
 // the KMS v2 plugin's key-encryption key: "etcd-encryption-v<g>"
 // (docs/keys.md, "Secrets encrypted in etcd").

@@ -51,9 +51,10 @@ const (
 	KubeletKubeconfigPath = "/etc/kubernetes/kubelet.conf"
 	// PKIDir is kubeadm's certificates directory.
 	PKIDir = "/etc/kubernetes/pki"
-	// encryptionConfigPath is where each control plane's API server reads
-	// its EncryptionConfiguration (InitParams.EncryptSecrets).
-	encryptionConfigPath = "/etc/kubernetes/gatehouse/encryption-config.yaml"
+	// EncryptionConfigPath is where each control plane's API server reads
+	// its EncryptionConfiguration (InitParams.EncryptSecrets); write
+	// EncryptionConfiguration(KMSPluginSocket) there first.
+	EncryptionConfigPath = "/etc/kubernetes/gatehouse/encryption-config.yaml"
 	// kmsPluginSocketDir holds the KMS v2 plugin's Unix socket.
 	kmsPluginSocketDir = "/run/gatehouse/kms"
 	// KMSPluginSocket is the KMS v2 plugin's Unix socket on each control
@@ -276,7 +277,7 @@ type InitParams struct {
 	LeaderElectionLease time.Duration
 	// EncryptSecrets makes the API server encrypt Secrets in etcd with
 	// the KMS v2 plugin on every control plane's KMSPluginSocket, as
-	// EncryptionConfiguration (written to encryptionConfigPath first on
+	// EncryptionConfiguration (written to EncryptionConfigPath first on
 	// each control plane) says.
 	EncryptSecrets bool
 	// InitToken is the bootstrap token "<id>.<secret>" kubeadm init
@@ -526,9 +527,9 @@ func (p InitParams) apiServer() kubeadmv1beta4.ControlPlaneComponent {
 		{Name: "audit-log", HostPath: auditLogDir, MountPath: auditLogDir, PathType: corev1.HostPathDirectoryOrCreate},
 	}
 	if p.EncryptSecrets {
-		args = append(args, kubeadmv1beta4.Arg{Name: "encryption-provider-config", Value: encryptionConfigPath})
+		args = append(args, kubeadmv1beta4.Arg{Name: "encryption-provider-config", Value: EncryptionConfigPath})
 		volumes = append(volumes,
-			kubeadmv1beta4.HostPathMount{Name: "encryption-config", HostPath: encryptionConfigPath, MountPath: encryptionConfigPath, ReadOnly: true, PathType: corev1.HostPathFile},
+			kubeadmv1beta4.HostPathMount{Name: "encryption-config", HostPath: EncryptionConfigPath, MountPath: EncryptionConfigPath, ReadOnly: true, PathType: corev1.HostPathFile},
 			kubeadmv1beta4.HostPathMount{Name: "kms-plugin", HostPath: kmsPluginSocketDir, MountPath: kmsPluginSocketDir, PathType: corev1.HostPathDirectoryOrCreate})
 	}
 	return kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: args, ExtraVolumes: volumes}

@@ -93,6 +93,19 @@ func TestMiniCluster(t *testing.T) {
 		if err != nil || !strings.Contains(string(kubeconfig), "server: https://"+network.LoadBalancerIP()+":6443") {
 			t.Errorf("the admin kubeconfig does not point at the load balancer (%v):\n%s", err, kubeconfig)
 		}
+		// Secrets are encrypted in etcd on every control plane by its KMS
+		// v2 plugin (the bytes in etcd: internal/kmsplugin's test on a real
+		// API server).
+		for _, cp := range []string{"cp-0", "cp-1", "cp-2"} {
+			pod, err := client.CoreV1().Pods("kube-system").Get(ctx, "kube-apiserver-"+cp, metav1.GetOptions{})
+			if err != nil || !slices.Contains(pod.Spec.Containers[0].Command, "--encryption-provider-config=/etc/kubernetes/gatehouse/encryption-config.yaml") {
+				t.Errorf("%s's API server does not encrypt Secrets (%v)", cp, err)
+			}
+		}
+		readyz, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").Param("verbose", "true").DoRaw(ctx)
+		if err != nil || !strings.Contains(string(readyz), "[+]kms-providers ok") {
+			t.Errorf("the API server's KMS provider is not healthy (%v):\n%s", err, readyz)
+		}
 		for _, w := range []string{"worker-1", "worker-2"} {
 			spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", w, "node.json"))
 			if err != nil {
@@ -381,6 +394,13 @@ func TestMiniCluster(t *testing.T) {
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		// And a Secret, encrypted in etcd: after a cold start each API
+		// server needs its control plane's KMS v2 plugin to read it.
+		if _, err := client.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "before-the-outage"}, StringData: map[string]string{"written": "before"},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		if out, err := clustertest.Gatehouse(t, bin, "mini", "stop", "--dir", dir); err != nil {
 			t.Fatalf("mini stop: %v\n%s", err, out)
 		}
@@ -412,6 +432,10 @@ func TestMiniCluster(t *testing.T) {
 		err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
 			cm, err := short.CoreV1().ConfigMaps("default").Get(ctx, "before-the-outage", metav1.GetOptions{})
 			if err != nil || cm.Data["written"] != "before" {
+				return false, nil
+			}
+			sec, err := short.CoreV1().Secrets("default").Get(ctx, "before-the-outage", metav1.GetOptions{})
+			if err != nil || string(sec.Data["written"]) != "before" {
 				return false, nil
 			}
 			for _, name := range []string{"cp-0", "cp-1", "cp-2", "worker-1", "worker-2"} {

@@ -115,8 +115,12 @@ type IssueJoinTicketResponse struct {
 	// For control planes: the shared certificates and keys kubeadm expects under
 	// /etc/kubernetes/pki (CA, service account, front proxy, etcd CA). Secret.
 	ControlPlaneFiles []*ControlPlaneFile `protobuf:"bytes,11,rep,name=control_plane_files,json=controlPlaneFiles,proto3" json:"control_plane_files,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// For control planes: the key-encryption keys of the KMS v2 plugin that
+	// encrypts Secrets in etcd (docs/keys.md, "Secrets encrypted in etcd"),
+	// one per generation, derived from the master secret. Secret.
+	EtcdEncryptionKeys []*EtcdEncryptionKey `protobuf:"bytes,12,rep,name=etcd_encryption_keys,json=etcdEncryptionKeys,proto3" json:"etcd_encryption_keys,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *IssueJoinTicketResponse) Reset() {
@@ -226,6 +230,68 @@ func (x *IssueJoinTicketResponse) GetControlPlaneFiles() []*ControlPlaneFile {
 	return nil
 }
 
+func (x *IssueJoinTicketResponse) GetEtcdEncryptionKeys() []*EtcdEncryptionKey {
+	if x != nil {
+		return x.EtcdEncryptionKeys
+	}
+	return nil
+}
+
+// EtcdEncryptionKey is one generation of the KMS v2 plugin's key-encryption key.
+type EtcdEncryptionKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Generation, at least 1.
+	Generation uint32 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	// AES-256 key, 32 bytes. Secret.
+	Key           []byte `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EtcdEncryptionKey) Reset() {
+	*x = EtcdEncryptionKey{}
+	mi := &file_joinservice_v1_joinservice_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EtcdEncryptionKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EtcdEncryptionKey) ProtoMessage() {}
+
+func (x *EtcdEncryptionKey) ProtoReflect() protoreflect.Message {
+	mi := &file_joinservice_v1_joinservice_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EtcdEncryptionKey.ProtoReflect.Descriptor instead.
+func (*EtcdEncryptionKey) Descriptor() ([]byte, []int) {
+	return file_joinservice_v1_joinservice_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EtcdEncryptionKey) GetGeneration() uint32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *EtcdEncryptionKey) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
 // ControlPlaneFile is one file of the control-plane PKI.
 type ControlPlaneFile struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -239,7 +305,7 @@ type ControlPlaneFile struct {
 
 func (x *ControlPlaneFile) Reset() {
 	*x = ControlPlaneFile{}
-	mi := &file_joinservice_v1_joinservice_proto_msgTypes[2]
+	mi := &file_joinservice_v1_joinservice_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -251,7 +317,7 @@ func (x *ControlPlaneFile) String() string {
 func (*ControlPlaneFile) ProtoMessage() {}
 
 func (x *ControlPlaneFile) ProtoReflect() protoreflect.Message {
-	mi := &file_joinservice_v1_joinservice_proto_msgTypes[2]
+	mi := &file_joinservice_v1_joinservice_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -264,7 +330,7 @@ func (x *ControlPlaneFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneFile.ProtoReflect.Descriptor instead.
 func (*ControlPlaneFile) Descriptor() ([]byte, []int) {
-	return file_joinservice_v1_joinservice_proto_rawDescGZIP(), []int{2}
+	return file_joinservice_v1_joinservice_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ControlPlaneFile) GetName() string {
@@ -297,7 +363,7 @@ type IssueRejoinTicketRequest struct {
 
 func (x *IssueRejoinTicketRequest) Reset() {
 	*x = IssueRejoinTicketRequest{}
-	mi := &file_joinservice_v1_joinservice_proto_msgTypes[3]
+	mi := &file_joinservice_v1_joinservice_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -309,7 +375,7 @@ func (x *IssueRejoinTicketRequest) String() string {
 func (*IssueRejoinTicketRequest) ProtoMessage() {}
 
 func (x *IssueRejoinTicketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_joinservice_v1_joinservice_proto_msgTypes[3]
+	mi := &file_joinservice_v1_joinservice_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -322,7 +388,7 @@ func (x *IssueRejoinTicketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IssueRejoinTicketRequest.ProtoReflect.Descriptor instead.
 func (*IssueRejoinTicketRequest) Descriptor() ([]byte, []int) {
-	return file_joinservice_v1_joinservice_proto_rawDescGZIP(), []int{3}
+	return file_joinservice_v1_joinservice_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *IssueRejoinTicketRequest) GetDiskUuid() string {
@@ -354,7 +420,7 @@ type IssueRejoinTicketResponse struct {
 
 func (x *IssueRejoinTicketResponse) Reset() {
 	*x = IssueRejoinTicketResponse{}
-	mi := &file_joinservice_v1_joinservice_proto_msgTypes[4]
+	mi := &file_joinservice_v1_joinservice_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -366,7 +432,7 @@ func (x *IssueRejoinTicketResponse) String() string {
 func (*IssueRejoinTicketResponse) ProtoMessage() {}
 
 func (x *IssueRejoinTicketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_joinservice_v1_joinservice_proto_msgTypes[4]
+	mi := &file_joinservice_v1_joinservice_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -379,7 +445,7 @@ func (x *IssueRejoinTicketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IssueRejoinTicketResponse.ProtoReflect.Descriptor instead.
 func (*IssueRejoinTicketResponse) Descriptor() ([]byte, []int) {
-	return file_joinservice_v1_joinservice_proto_rawDescGZIP(), []int{4}
+	return file_joinservice_v1_joinservice_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *IssueRejoinTicketResponse) GetStateDiskKey() []byte {
@@ -411,7 +477,7 @@ const file_joinservice_v1_joinservice_proto_rawDesc = "" +
 	"\x16IssueJoinTicketRequest\x12\x1b\n" +
 	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\x12/\n" +
 	"\x13certificate_request\x18\x02 \x01(\fR\x12certificateRequest\x12(\n" +
-	"\x10is_control_plane\x18\x03 \x01(\bR\x0eisControlPlane\"\xed\x04\n" +
+	"\x10is_control_plane\x18\x03 \x01(\bR\x0eisControlPlane\"\xcc\x05\n" +
 	"\x17IssueJoinTicketResponse\x12$\n" +
 	"\x0estate_disk_key\x18\x01 \x01(\fR\fstateDiskKey\x12-\n" +
 	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret\x12)\n" +
@@ -424,7 +490,13 @@ const file_joinservice_v1_joinservice_proto_rawDesc = "" +
 	"\x12kubernetes_version\x18\t \x01(\tR\x11kubernetesVersion\x12W\n" +
 	"\x15kubernetes_components\x18\n" +
 	" \x03(\v2\".gatehouse.components.v1.ComponentR\x14kubernetesComponents\x12Z\n" +
-	"\x13control_plane_files\x18\v \x03(\v2*.gatehouse.joinservice.v1.ControlPlaneFileR\x11controlPlaneFiles\":\n" +
+	"\x13control_plane_files\x18\v \x03(\v2*.gatehouse.joinservice.v1.ControlPlaneFileR\x11controlPlaneFiles\x12]\n" +
+	"\x14etcd_encryption_keys\x18\f \x03(\v2+.gatehouse.joinservice.v1.EtcdEncryptionKeyR\x12etcdEncryptionKeys\"E\n" +
+	"\x11EtcdEncryptionKey\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\rR\n" +
+	"generation\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\fR\x03key\":\n" +
 	"\x10ControlPlaneFile\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"z\n" +
@@ -451,29 +523,31 @@ func file_joinservice_v1_joinservice_proto_rawDescGZIP() []byte {
 	return file_joinservice_v1_joinservice_proto_rawDescData
 }
 
-var file_joinservice_v1_joinservice_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_joinservice_v1_joinservice_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_joinservice_v1_joinservice_proto_goTypes = []any{
 	(*IssueJoinTicketRequest)(nil),    // 0: gatehouse.joinservice.v1.IssueJoinTicketRequest
 	(*IssueJoinTicketResponse)(nil),   // 1: gatehouse.joinservice.v1.IssueJoinTicketResponse
-	(*ControlPlaneFile)(nil),          // 2: gatehouse.joinservice.v1.ControlPlaneFile
-	(*IssueRejoinTicketRequest)(nil),  // 3: gatehouse.joinservice.v1.IssueRejoinTicketRequest
-	(*IssueRejoinTicketResponse)(nil), // 4: gatehouse.joinservice.v1.IssueRejoinTicketResponse
-	(*timestamppb.Timestamp)(nil),     // 5: google.protobuf.Timestamp
-	(*v1.Component)(nil),              // 6: gatehouse.components.v1.Component
+	(*EtcdEncryptionKey)(nil),         // 2: gatehouse.joinservice.v1.EtcdEncryptionKey
+	(*ControlPlaneFile)(nil),          // 3: gatehouse.joinservice.v1.ControlPlaneFile
+	(*IssueRejoinTicketRequest)(nil),  // 4: gatehouse.joinservice.v1.IssueRejoinTicketRequest
+	(*IssueRejoinTicketResponse)(nil), // 5: gatehouse.joinservice.v1.IssueRejoinTicketResponse
+	(*timestamppb.Timestamp)(nil),     // 6: google.protobuf.Timestamp
+	(*v1.Component)(nil),              // 7: gatehouse.components.v1.Component
 }
 var file_joinservice_v1_joinservice_proto_depIdxs = []int32{
-	5, // 0: gatehouse.joinservice.v1.IssueJoinTicketResponse.token_expiration:type_name -> google.protobuf.Timestamp
-	6, // 1: gatehouse.joinservice.v1.IssueJoinTicketResponse.kubernetes_components:type_name -> gatehouse.components.v1.Component
-	2, // 2: gatehouse.joinservice.v1.IssueJoinTicketResponse.control_plane_files:type_name -> gatehouse.joinservice.v1.ControlPlaneFile
-	0, // 3: gatehouse.joinservice.v1.JoinService.IssueJoinTicket:input_type -> gatehouse.joinservice.v1.IssueJoinTicketRequest
-	3, // 4: gatehouse.joinservice.v1.JoinService.IssueRejoinTicket:input_type -> gatehouse.joinservice.v1.IssueRejoinTicketRequest
-	1, // 5: gatehouse.joinservice.v1.JoinService.IssueJoinTicket:output_type -> gatehouse.joinservice.v1.IssueJoinTicketResponse
-	4, // 6: gatehouse.joinservice.v1.JoinService.IssueRejoinTicket:output_type -> gatehouse.joinservice.v1.IssueRejoinTicketResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	6, // 0: gatehouse.joinservice.v1.IssueJoinTicketResponse.token_expiration:type_name -> google.protobuf.Timestamp
+	7, // 1: gatehouse.joinservice.v1.IssueJoinTicketResponse.kubernetes_components:type_name -> gatehouse.components.v1.Component
+	3, // 2: gatehouse.joinservice.v1.IssueJoinTicketResponse.control_plane_files:type_name -> gatehouse.joinservice.v1.ControlPlaneFile
+	2, // 3: gatehouse.joinservice.v1.IssueJoinTicketResponse.etcd_encryption_keys:type_name -> gatehouse.joinservice.v1.EtcdEncryptionKey
+	0, // 4: gatehouse.joinservice.v1.JoinService.IssueJoinTicket:input_type -> gatehouse.joinservice.v1.IssueJoinTicketRequest
+	4, // 5: gatehouse.joinservice.v1.JoinService.IssueRejoinTicket:input_type -> gatehouse.joinservice.v1.IssueRejoinTicketRequest
+	1, // 6: gatehouse.joinservice.v1.JoinService.IssueJoinTicket:output_type -> gatehouse.joinservice.v1.IssueJoinTicketResponse
+	5, // 7: gatehouse.joinservice.v1.JoinService.IssueRejoinTicket:output_type -> gatehouse.joinservice.v1.IssueRejoinTicketResponse
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_joinservice_v1_joinservice_proto_init() }
@@ -487,7 +561,7 @@ func file_joinservice_v1_joinservice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_joinservice_v1_joinservice_proto_rawDesc), len(file_joinservice_v1_joinservice_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,7 +25,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
-	"github.com/gatehouse-dev/gatehouse/keyservice/kmsplugin"
+	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
 )
 
 var discard = slog.New(slog.DiscardHandler)
