@@ -23,9 +23,9 @@ import (
 	"k8s.io/kms/pkg/service"
 
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
-	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
 )
 
 var discard = slog.New(slog.DiscardHandler)
