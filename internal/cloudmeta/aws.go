@@ -29,7 +29,7 @@ func newAWS(base string) *aws {
 func (*aws) Name() string { return "aws" }
 
 const (
-	awsTokenPath = "/latest/api/token"
+	awsTokenPath = "/latest/api/token" //nolint:gosec // G101: the path of the token request, not a credential
 	// awsTokenTTL is the session token's lifetime asked for (1-21600 s).
 	awsTokenTTL = 300 * time.Second
 	// awsTokenMargin is how long before its expiry a token is replaced, so
@@ -59,7 +59,16 @@ func (a *aws) sessionToken(ctx context.Context) (string, error) {
 	if len(token) > 1024 || !awsToken.MatchString(token) {
 		return "", a.c.errorf(http.MethodPut, awsTokenPath, "the answer (%d bytes) is not a session token", len(token))
 	}
-	a.token, a.renewAt = token, a.now().Add(awsTokenTTL-awsTokenMargin)
+	// IMDS states the token's lifetime in the answer's TTL header, which
+	// the AWS SDK requires too (aws-sdk-go-v2 feature/ec2/imds,
+	// api_op_GetToken.go); a web server that is not IMDS does not send it.
+	ttlHeader := ans.header.Get("X-Aws-Ec2-Metadata-Token-Ttl-Seconds")
+	ttl, err := strconv.Atoi(ttlHeader)
+	if err != nil || ttl < 1 || ttl > 21600 {
+		return "", a.c.errorf(http.MethodPut, awsTokenPath, "the answer's X-aws-ec2-metadata-token-ttl-seconds %q is not 1-21600", ttlHeader)
+	}
+	lifetime := min(time.Duration(ttl)*time.Second, awsTokenTTL)
+	a.token, a.renewAt = token, a.now().Add(lifetime-min(awsTokenMargin, lifetime/5))
 	return token, nil
 }
 

@@ -103,8 +103,8 @@ func parseGCEZone(s string) (zone, region string, err error) {
 		return "", "", err
 	}
 	i := strings.LastIndex(zone, "-")
-	if i <= 0 {
-		return "", "", fmt.Errorf("zone %q has no region-suffix form", zone)
+	if i <= 0 || checkZone("region", zone[:i]) != nil {
+		return "", "", fmt.Errorf("zone %q is not <region>-<suffix>", zone)
 	}
 	return zone, zone[:i], nil
 }
