@@ -160,8 +160,10 @@ func (c *client) do(ctx context.Context, method, path string, header http.Header
 	if err != nil {
 		return nil, c.errorf(method, path, "%w", err)
 	}
-	for k, v := range header {
-		req.Header[k] = v
+	for k, vs := range header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
