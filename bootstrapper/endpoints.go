@@ -47,6 +47,25 @@ func (f FileEndpoints) Endpoints(context.Context) ([]string, error) {
 	return checkEndpoints(list, string(f))
 }
 
+// CloudEndpoints reads the join service's endpoints from the instance's
+// cloud metadata under Key (internal/cloudmeta) at every call, so they can
+// be set or changed while the node waits.
+type CloudEndpoints struct {
+	Source interface {
+		ControlPlanes(ctx context.Context, key string) ([]string, error)
+	}
+	Key string
+}
+
+// Endpoints reads the metadata.
+func (c CloudEndpoints) Endpoints(ctx context.Context) ([]string, error) {
+	list, err := c.Source.ControlPlanes(ctx, c.Key)
+	if err != nil {
+		return nil, fmt.Errorf("reading join service endpoints from the cloud's metadata: %w", err)
+	}
+	return checkEndpoints(list, "the instance metadata key "+c.Key)
+}
+
 func checkEndpoints(list []string, source string) ([]string, error) {
 	if len(list) == 0 {
 		return nil, fmt.Errorf("%s names no join service endpoint", source)

@@ -18,6 +18,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snpguest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/cloudmeta"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
 )
@@ -46,6 +47,15 @@ type options struct {
 	initListen, initSecretHashFile string
 	initPort                       bootstrapper.InitPortLimits
 	secretAttempts                 bootstrapper.SecretAttemptLimits
+	// cloud names the instance metadata service the node asks for its
+	// name, address, provider ID, join endpoints and init secret hash
+	// (resolveFromMachine); "" asks none.
+	cloud, cloudMetadataURL, cloudEndpointsKey, cloudInitSecretKey string
+	// nodeNameSet and endpointsSet say the flags gave them, so the cloud's
+	// metadata does not.
+	nodeNameSet, endpointsSet bool
+	// cloudProvider is the cloud's metadata once resolved.
+	cloudProvider cloudmeta.Provider
 	// endpoints are the join service's; nil: the node can only be
 	// initialised.
 	endpoints    bootstrapper.EndpointSource
@@ -89,7 +99,11 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	fs.BoolVar(&o.insecureStateOnRootFS, "insecure-state-on-root-fs", false, "where the kernel has no device-mapper, keep the node's state unencrypted on the root file system instead of refusing to bootstrap; only for a local network-namespace cluster (gatehouse mini), whose nodes share a host kernel")
 	fs.StringVar(&o.stateMount, "state-disk-mount", "/run/gatehouse/state", "where the opened state disk is mounted; /etc/kubernetes, /var/lib/kubelet, /var/lib/etcd and /etc/gatehouse are bound onto it")
 	fs.StringVar(&o.initListen, "init-listen", ":9000", "attested TLS address of InitService")
-	fs.StringVar(&o.initSecretHashFile, "init-secret-hash-file", "/etc/gatehouse/init-secret.bcrypt", "file with the bcrypt hash of the init secret")
+	fs.StringVar(&o.initSecretHashFile, "init-secret-hash-file", "/etc/gatehouse/init-secret.bcrypt", "file with the bcrypt hash of the init secret (with --cloud and no such file: the instance's metadata key --cloud-init-secret-key)")
+	fs.StringVar(&o.cloud, "cloud", "", "read the node's name, address and provider ID, the join service's endpoints and the init secret's hash from the instance metadata of gce, aws (IMDSv2) or azure, or auto: whichever answers (docs/cloud.md); flags given win; empty: no cloud")
+	fs.StringVar(&o.cloudMetadataURL, "cloud-metadata-url", "", "the instance metadata service's URL (http://host[:port]); empty: http://169.254.169.254")
+	fs.StringVar(&o.cloudEndpointsKey, "cloud-join-endpoints-key", "gatehouse-join-endpoints", "the instance metadata key (GCE attribute, AWS or Azure tag) listing the join service's host:port endpoints, comma-separated")
+	fs.StringVar(&o.cloudInitSecretKey, "cloud-init-secret-key", "gatehouse-init-secret-hash", "the instance metadata key holding the init secret's bcrypt hash")
 	endpoints := fs.String("join-endpoints", "", "comma-separated join service host:port list")
 	endpointsFile := fs.String("join-endpoints-file", "", "file listing join service host:port endpoints, one per line")
 	fs.StringVar(&o.caHash, "cluster-ca-hash", "", "discovery token CA cert hash (sha256:<hex>) of the cluster to join")
@@ -167,8 +181,17 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	if err := kubeadm.CheckComponentEnv(o.controlPlaneEnv); err != nil {
 		return nil, fmt.Errorf("--control-plane-env: %w", err)
 	}
-	if *advertise == "" || o.stateDisk == "" {
-		return nil, errors.New("--advertise-address and --state-disk are required")
+	switch o.cloud {
+	case "", "auto", "gce", "aws", "azure":
+	default:
+		return nil, fmt.Errorf("--cloud %q: use gce, aws, azure or auto", o.cloud)
+	}
+	fs.Visit(func(f *flag.Flag) {
+		o.nodeNameSet = o.nodeNameSet || f.Name == "node-name"
+		o.endpointsSet = o.endpointsSet || f.Name == "join-endpoints" || f.Name == "join-endpoints-file"
+	})
+	if (*advertise == "" && o.cloud == "") || o.stateDisk == "" {
+		return nil, errors.New("--advertise-address (unless --cloud gives it) and --state-disk are required")
 	}
 	if o.roleFromCmdline && o.controlPlane {
 		return nil, errors.New("--control-plane and --role-from-kernel-cmdline: give one; the node image takes its role from its measured kernel command line")

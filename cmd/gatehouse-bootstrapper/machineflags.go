@@ -1,11 +1,15 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"strings"
+
+	"github.com/gatehouse-dev/gatehouse/bootstrapper"
+	"github.com/gatehouse-dev/gatehouse/internal/cloudmeta"
 )
 
 // advertiseAuto is the --advertise-address value that takes the address
@@ -22,11 +26,22 @@ const roleParameter = "gatehouse.role"
 type machineFacts struct {
 	cmdline      func() ([]byte, error)
 	defaultRoute func() (string, error)
+	// cloud returns the instance metadata of cloud (auto: detected) at
+	// base.
+	cloud func(ctx context.Context, cloud, base string) (cloudmeta.Provider, error)
+}
+
+// openCloud is machineFacts.cloud on a real machine.
+func openCloud(ctx context.Context, cloud, base string) (cloudmeta.Provider, error) {
+	if cloud == "auto" {
+		return cloudmeta.Detect(ctx, base)
+	}
+	return cloudmeta.New(cloud, base)
 }
 
 // resolveFromMachine fills in the flags set to come from the machine:
-// --role-from-kernel-cmdline and --advertise-address auto.
-func resolveFromMachine(o *options, m machineFacts) error {
+// --role-from-kernel-cmdline, --advertise-address auto and --cloud.
+func resolveFromMachine(ctx context.Context, o *options, m machineFacts) error {
 	if o.roleFromCmdline {
 		data, err := m.cmdline()
 		if err != nil {
@@ -43,6 +58,35 @@ func resolveFromMachine(o *options, m machineFacts) error {
 		}
 		o.node.AdvertiseAddress = addr
 	}
+	if o.cloud != "" {
+		return resolveFromCloud(ctx, o, m)
+	}
+	return nil
+}
+
+// resolveFromCloud takes from the cloud's instance metadata what the flags
+// left open: the node's name and address, its provider ID, and where to
+// join (docs/cloud.md).
+func resolveFromCloud(ctx context.Context, o *options, m machineFacts) error {
+	p, err := m.cloud(ctx, o.cloud, o.cloudMetadataURL)
+	if err != nil {
+		return fmt.Errorf("--cloud %s: %w", o.cloud, err)
+	}
+	self, err := p.Self(ctx)
+	if err != nil {
+		return fmt.Errorf("--cloud %s: %w", p.Name(), err)
+	}
+	if !o.nodeNameSet {
+		o.node.Name = self.Name
+	}
+	if o.node.AdvertiseAddress == "" {
+		o.node.AdvertiseAddress = self.InternalIPs[0]
+	}
+	o.node.ProviderID = self.ProviderID
+	if !o.endpointsSet {
+		o.endpoints = bootstrapper.CloudEndpoints{Source: p, Key: o.cloudEndpointsKey}
+	}
+	o.cloudProvider = p
 	return nil
 }
 

@@ -70,7 +70,7 @@ func TestResolveFromMachine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = resolveFromMachine(o, tt.facts)
+			err = resolveFromMachine(t.Context(), o, tt.facts)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error = %v, want it to contain %q", err, tt.wantErr)

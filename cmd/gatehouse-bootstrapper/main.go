@@ -33,6 +33,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/cloudmeta"
 )
 
 // Exit codes: 1 for errors before the node lock (systemd retries), 2 for
@@ -87,9 +88,16 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	facts := machineFacts{cmdline: func() ([]byte, error) { return os.ReadFile("/proc/cmdline") }, defaultRoute: defaultRouteAddress}
-	if err := resolveFromMachine(o, facts); err != nil {
+	facts := machineFacts{cmdline: func() ([]byte, error) { return os.ReadFile("/proc/cmdline") }, defaultRoute: defaultRouteAddress, cloud: openCloud}
+	resolveCtx, cancelResolve := context.WithTimeout(context.Background(), time.Minute)
+	err = resolveFromMachine(resolveCtx, o, facts)
+	cancelResolve()
+	if err != nil {
 		return err
+	}
+	if o.cloudProvider != nil {
+		log.Info("Took the node's identity from its cloud's instance metadata", "cloud", o.cloudProvider.Name(),
+			"node", o.node.Name, "address", o.node.AdvertiseAddress, "providerID", o.node.ProviderID)
 	}
 	if o.endpoints == nil {
 		log.Warn("No join service endpoints: this node can only be initialised (gatehouse init)")
@@ -97,6 +105,11 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	hash, err := readInitSecretHash(log, o.initSecretHashFile)
 	if err != nil {
 		return err
+	}
+	if hash == nil && o.cloudProvider != nil {
+		if hash, err = cloudInitSecretHash(log, o); err != nil {
+			return err
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -255,6 +268,22 @@ func readInitSecretHash(log *slog.Logger, path string) ([]byte, error) {
 		return nil, fmt.Errorf("reading the init secret hash: %w", err)
 	}
 	return []byte(strings.TrimSpace(string(data))), nil
+}
+
+// cloudInitSecretHash reads the init secret's bcrypt hash from the
+// instance's metadata; nil when the key is not set there.
+func cloudInitSecretHash(log *slog.Logger, o *options) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, err := o.cloudProvider.InitSecretHash(ctx, o.cloudInitSecretKey)
+	switch {
+	case errors.Is(err, cloudmeta.ErrNotSet):
+		log.Info("No init secret hash in the instance's metadata either: this node cannot be initialised, only joined, rejoined or recovered", "key", o.cloudInitSecretKey)
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the init secret hash from the cloud's metadata: %w", err)
+	}
+	return []byte(h), nil
 }
 
 // logTCGEventLog says, once at start, whether evidence carries the

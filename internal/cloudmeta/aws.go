@@ -216,11 +216,11 @@ func (a *aws) tag(ctx context.Context, key string) (string, error) {
 	_, listErr := a.get(ctx, "tags/instance")
 	switch {
 	case isStatus(listErr, http.StatusNotFound):
-		return "", fmt.Errorf("%w: instance tags are not in the instance metadata: allow tags in instance metadata (InstanceMetadataTags=enabled) and tag the instance %q", err, key)
+		return "", fmt.Errorf("%w: instance tags are not in the instance metadata: allow tags in instance metadata (InstanceMetadataTags=enabled) and tag the instance %q (%w)", err, key, ErrNotSet)
 	case listErr != nil:
 		return "", listErr
 	}
-	return "", fmt.Errorf("%w: the instance has no tag %q", err, key)
+	return "", fmt.Errorf("%w: the instance has no tag %q (%w)", err, key, ErrNotSet)
 }
 
 // ControlPlanes reads the instance tag key.

@@ -198,7 +198,7 @@ func (z *azure) tag(ctx context.Context, key string) (string, error) {
 	}
 	switch len(values) {
 	case 0:
-		return "", fmt.Errorf("azure metadata: the VM has no tag %q (compute.tagsList)", key)
+		return "", fmt.Errorf("azure metadata: the VM has no tag %q (compute.tagsList): %w", key, ErrNotSet)
 	case 1:
 		return values[0], nil
 	}

@@ -67,6 +67,11 @@ type Provider interface {
 	InitSecretHash(ctx context.Context, key string) (string, error)
 }
 
+// ErrNotSet is wrapped by ControlPlanes' and InitSecretHash's errors when
+// the instance's metadata has no such key (an attribute or tag not set),
+// as opposed to a metadata service that fails or a value that is wrong.
+var ErrNotSet = errors.New("not set in the instance's metadata")
+
 // defaultBase is where every cloud's metadata service listens.
 const defaultBase = "http://169.254.169.254"
 

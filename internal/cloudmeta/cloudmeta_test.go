@@ -2,6 +2,7 @@ package cloudmeta
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -345,6 +346,11 @@ func TestInitSecretHash(t *testing.T) {
 					wantErr(t, err, append([]string{cloud + " metadata"}, tt.wantErr...)...)
 					if strings.Contains(err.Error(), "plain secret") {
 						t.Fatalf("error echoes the value: %v", err)
+					}
+					// Only an unset key is ErrNotSet (the bootstrapper then
+					// starts without an init secret).
+					if errors.Is(err, ErrNotSet) != (tt.name == "absent") {
+						t.Fatalf("errors.Is(%v, ErrNotSet) = %v", err, !(tt.name == "absent"))
 					}
 					return
 				}

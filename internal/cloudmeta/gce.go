@@ -154,7 +154,7 @@ func (g *gce) ControlPlanes(ctx context.Context, key string) ([]string, error) {
 		}
 	}
 	if !found {
-		return nil, fmt.Errorf("gce metadata: neither the instance nor the project has the attribute %q (404)", key)
+		return nil, fmt.Errorf("gce metadata: neither the instance nor the project has the attribute %q (404): %w", key, ErrNotSet)
 	}
 	eps, err := parseEndpoints(v)
 	if err != nil {
@@ -173,7 +173,7 @@ func (g *gce) InitSecretHash(ctx context.Context, key string) (string, error) {
 		return "", err
 	}
 	if !found {
-		return "", fmt.Errorf("gce metadata: the instance has no attribute %q (404)", key)
+		return "", fmt.Errorf("gce metadata: the instance has no attribute %q (404): %w", key, ErrNotSet)
 	}
 	if err := checkBcryptHash(v); err != nil {
 		return "", fmt.Errorf("gce metadata: instance attribute %q: %w", key, err)

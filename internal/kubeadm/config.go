@@ -106,6 +106,12 @@ type Node struct {
 	// KubeletExtraArgs are kubelet arguments beside the node IP, node
 	// labels among them (CheckRegistration).
 	KubeletExtraArgs []KubeletArg
+	// ProviderID, when set, is the Node's spec.providerID as its cloud
+	// provider names the machine (e.g. gce://<project>/<zone>/<name>,
+	// internal/cloudmeta), given to this node's kubelet only
+	// (--provider-id in its kubeadm flags, not the cluster-wide kubelet
+	// configuration every node shares).
+	ProviderID string
 }
 
 func (n Node) validate() error {
@@ -122,6 +128,9 @@ func (n Node) validate() error {
 	if err := CheckRegistration(n.Taints, n.KubeletExtraArgs); err != nil {
 		return fmt.Errorf("node registration: %w", err)
 	}
+	if scheme, rest, ok := strings.Cut(n.ProviderID, "://"); n.ProviderID != "" && (!ok || scheme == "" || rest == "" || strings.ContainsAny(n.ProviderID, " \t\n,")) {
+		return fmt.Errorf("provider ID %q is not <cloud>://<machine>", n.ProviderID)
+	}
 	return nil
 }
 
@@ -135,6 +144,9 @@ func (n Node) registration() kubeadmv1beta4.NodeRegistrationOptions {
 	args := []kubeadmv1beta4.Arg{{Name: "node-ip", Value: n.AdvertiseAddress}}
 	for _, a := range n.KubeletExtraArgs {
 		args = append(args, kubeadmv1beta4.Arg{Name: a.Name, Value: a.Value})
+	}
+	if n.ProviderID != "" {
+		args = append(args, kubeadmv1beta4.Arg{Name: "provider-id", Value: n.ProviderID})
 	}
 	return kubeadmv1beta4.NodeRegistrationOptions{
 		Name:                  n.Name,

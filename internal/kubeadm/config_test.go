@@ -115,6 +115,11 @@ func TestConfigsPassKubeadmValidate(t *testing.T) {
 		}()),
 		"join worker":        writeJoin(t, joinParams(t, addr, false)),
 		"join control plane": writeJoin(t, joinParams(t, addr, true)),
+		"join worker on a cloud": writeJoin(t, func() kubeadm.JoinParams {
+			p := joinParams(t, addr, false)
+			p.Node.ProviderID = "aws:///eu-west-1a/i-0123456789abcdef0"
+			return p
+		}()),
 	}
 	policy, err := kubeadm.AuditPolicy()
 	if err != nil {
@@ -122,6 +127,11 @@ func TestConfigsPassKubeadmValidate(t *testing.T) {
 	}
 	if !strings.Contains(string(policy), "kind: Policy") {
 		t.Fatalf("audit policy:\n%s", policy)
+	}
+	// The provider ID is this node's kubelet flag, not the shared kubelet
+	// configuration.
+	if data, _ := os.ReadFile(files["join worker on a cloud"]); !strings.Contains(string(data), "name: provider-id\n    value: aws:///eu-west-1a/i-0123456789abcdef0") {
+		t.Errorf("the join configuration does not give the kubelet its provider ID:\n%s", data)
 	}
 	for name, path := range files {
 		t.Run(name, func(t *testing.T) {
@@ -231,6 +241,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 		{"kubelet certificate lifetime", func(p *kubeadm.InitParams) { p.KubeletCertLifetime = time.Minute }, "kubelet certificate lifetime 1m0s"},
 		{"control-plane wait", func(p *kubeadm.InitParams) { p.ControlPlaneWait = 2 * time.Hour }, "control-plane wait 2h0m0s is not between 0"},
 		{"leader-election lease", func(p *kubeadm.InitParams) { p.LeaderElectionLease = 5 * time.Second }, "leader-election lease 5s is neither 0"},
+		{"provider ID", func(p *kubeadm.InitParams) { p.Node.ProviderID = "i-0123" }, `provider ID "i-0123" is not <cloud>://<machine>`},
 	} {
 		p := initParams(addr)
 		tc.mutate(&p)

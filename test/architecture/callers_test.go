@@ -338,12 +338,6 @@ var publicAPI = map[string]string{
 	"internal/attestation/tpm.ExpectedPCRs":                      "predicts the PCR values of a measured boot without a TPM: how a node image's reference values are made (docs/attestation.md); the swtpm tests check a real boot against it",
 	"image/qemu.Accel*":                                          "values of qemu.Config.Accel, the runner's documented option (the CLI parses its flag with qemu.ParseAccel); the local cluster's VM nodes (issue 36) set them",
 	"capi/render/cloudinit.RefExpr":                              "the Jinja expression a reference renders to, which the renderer's fuzz checker recomputes independently of the rendering",
-	// Not wired yet: the bootstrapper's cloud endpoint source and node
-	// identity will call these; remove the entries when it does.
-	"internal/cloudmeta.Detect":   "finds the cloud whose instance metadata answers; the bootstrapper on a cloud node will call it (not wired yet)",
-	"internal/cloudmeta.New":      "the provider for a named cloud (a --cloud flag); not wired yet, as Detect",
-	"internal/cloudmeta.Provider": "the result of Detect and New; not wired yet, as Detect",
-	"internal/cloudmeta.Self":     "the result of Provider.Self; not wired yet, as Detect",
 	// What test/e2e and test/vme2e inspect of a local cluster on the host;
 	// nodes are reached through mini.Provider (mini.Exec runs a command).
 	"mini.Record":             "the local cluster's record (mini.json), which test/e2e reads to check that `mini down` left nothing",
@@ -549,7 +543,7 @@ func singleConsumers(pkgs map[string]pkg) map[string][]string {
 // singleConsumerAllowed are packages under internal/ that one consumer
 // imports and that stay there, each with the reason.
 var singleConsumerAllowed = map[string]string{
-	"internal/cloudmeta": "no consumer yet: the bootstrapper (cloud node identity and join endpoints) and the CLI or mini (a node's cloud) are to import it; remove the entry when two do",
+	"internal/cloudmeta": "three clouds' documented instance metadata protocols (fuzzed parsers), a library of their own that only the bootstrapper's binary wires (--cloud); not folded into cmd/",
 }
 
 // TestInternalIsShared fails for a package under internal/ that fewer than
