@@ -144,6 +144,7 @@ func Rewrap(ctx context.Context, from, to string, awsOpts ...func(*config.LoadOp
 	if err != nil {
 		return "", err
 	}
+	defer clear(secret)
 	out := WrappedSecret{Salt: w.Salt}
 	srcAWS, srcIsAWS := src.(*AWSKMSURI)
 	dstAWS, dstIsAWS := dst.(*AWSKMSURI)
@@ -160,6 +161,7 @@ func Rewrap(ctx context.Context, from, to string, awsOpts ...func(*config.LoadOp
 	if err != nil {
 		return "", fmt.Errorf("checking the re-wrapped master secret: %w", err)
 	}
+	defer clear(again)
 	if subtle.ConstantTimeCompare(again, secret) != 1 {
 		return "", errors.New("the re-wrapped master secret does not unwrap to the same secret; the old one is kept")
 	}
