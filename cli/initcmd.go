@@ -33,6 +33,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek"
 )
 
 type initOptions struct {
@@ -153,9 +154,9 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 // reuses both when the state file records an unfinished init on the same
 // node. An existing master secret file is never overwritten.
 // prepareSecrets reads the master secret file and state of an init to
-// resume, or creates both: a new master secret, wrapped by kek when it
+// resume, or creates both: a new master secret, wrapped by kekURI when it
 // names one (then only the wrapped form is written).
-func prepareSecrets(ctx context.Context, o initOptions, version, kek string) (*clusterconfig.MasterSecret, *clusterconfig.State, error) {
+func prepareSecrets(ctx context.Context, o initOptions, version, kekURI string) (*clusterconfig.MasterSecret, *clusterconfig.State, error) {
 	state, err := clusterconfig.ReadState(o.stateFile)
 	switch {
 	case err == nil && state.Phase == "initialised":
@@ -178,8 +179,8 @@ func prepareSecrets(ctx context.Context, o initOptions, version, kek string) (*c
 			return nil, nil, err
 		}
 	}
-	if kek != "" {
-		uri, err := kms.WrapNew(ctx, kek, secret.Key, secret.Salt)
+	if kekURI != "" {
+		uri, err := kek.WrapNew(ctx, kekURI, secret.Key, secret.Salt)
 		if err != nil {
 			return nil, nil, fmt.Errorf("wrapping the new master secret with masterSecretKEK: %w", err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek"
 )
 
 func newKMSCmd() *cobra.Command {
@@ -90,14 +91,14 @@ func runRewrap(ctx context.Context, out io.Writer, o rewrapOptions, client kuber
 		return fmt.Errorf("%s holds the master secret in plain: give --kek to wrap it under an external KMS", o.masterSecretFile)
 	case stored.KMS == "":
 		fmt.Fprintf(out, "Wrapping the plain master secret of %s under %s\n", o.masterSecretFile, describeKEK(o.kek))
-		uri, err = kms.WrapNew(ctx, o.kek, stored.Key, stored.Salt)
+		uri, err = kek.WrapNew(ctx, o.kek, stored.Key, stored.Salt)
 	default:
 		to := "its current KEK"
 		if o.kek != "" {
 			to = describeKEK(o.kek)
 		}
 		fmt.Fprintf(out, "Re-wrapping the master secret of %s under %s\n", o.masterSecretFile, to)
-		uri, err = kms.Rewrap(ctx, stored.KMS, o.kek)
+		uri, err = kek.Rewrap(ctx, stored.KMS, o.kek)
 	}
 	if err != nil {
 		return fmt.Errorf("nothing was changed: %w", err)

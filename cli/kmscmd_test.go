@@ -18,7 +18,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
-	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek/kektest"
 )
 
 // TestInitWithExternalKMSAndRewrap initialises a node with masterSecretKEK
@@ -28,7 +28,7 @@ import (
 // with the first key disabled it still unwraps to the same secret. A
 // re-wrap while the KMS is down changes nothing.
 func TestInitWithExternalKMSAndRewrap(t *testing.T) {
-	l := kmstest.NewLocalKMS(t)
+	l := kektest.NewLocalKMS(t)
 	keyA, keyB := l.CreateKey(), l.CreateKey()
 	// The CLI takes AWS credentials from the SDK's default chain.
 	for k, v := range map[string]string{

@@ -46,7 +46,8 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/grpcopts"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
-	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek/kektest"
 	"github.com/gatehouse-dev/gatehouse/internal/nodeattestation"
 	"github.com/gatehouse-dev/gatehouse/internal/nodebinding"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
@@ -704,8 +705,8 @@ func wrappedKeys(t testing.TB, secret, salt []byte) interface {
 	GetDataKey(ctx context.Context, id string, length int) ([]byte, error)
 } {
 	t.Helper()
-	l := kmstest.NewLocalKMS(t)
-	uri, err := kms.WrapNew(t.Context(), l.URI(l.CreateKey()).String(), secret, salt, kmstest.AWSOptions()...)
+	l := kektest.NewLocalKMS(t)
+	uri, err := kek.WrapNew(t.Context(), l.URI(l.CreateKey()).String(), secret, salt, kektest.AWSOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -713,7 +714,7 @@ func wrappedKeys(t testing.TB, secret, salt []byte) interface {
 	if err := os.WriteFile(file, []byte(uri), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	keys, closer, err := keyservice.OpenKMS(t.Context(), keyservice.KMSConfig{URIFile: file, AWSOptions: kmstest.AWSOptions()},
+	keys, closer, err := keyservice.OpenKMS(t.Context(), keyservice.KMSConfig{URIFile: file, AWSOptions: kektest.AWSOptions()},
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

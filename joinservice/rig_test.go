@@ -22,7 +22,7 @@ import (
 	"time"
 
 	joinservicev1 "github.com/gatehouse-dev/gatehouse/api/joinservice/v1"
-	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek/kektest"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 )
 
@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 	}
 	// A test that leaves a goroutine running (a server not stopped, a
 	// connection not closed) fails the package.
-	goleak.VerifyTestMain(m, kmstest.IgnoreLocalKMSDrain)
+	goleak.VerifyTestMain(m, kektest.IgnoreLocalKMSDrain)
 }
 
 // rigHello is the rig's first line: the AK its nodes attest with (PKIX DER).

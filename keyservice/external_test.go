@@ -20,7 +20,8 @@ import (
 	keyservicev1 "github.com/gatehouse-dev/gatehouse/api/keyservice/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
-	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek/kektest"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
@@ -51,12 +52,12 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 func TestExternalKMSKeyService(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l := kmstest.NewLocalKMS(t)
+	l := kektest.NewLocalKMS(t)
 	keyA, keyB := l.CreateKey(), l.CreateKey()
 	secret, salt := make([]byte, 32), make([]byte, 32)
 	_, _ = rand.Read(secret)
 	_, _ = rand.Read(salt)
-	wrapped, err := kms.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kmstest.AWSOptions()...)
+	wrapped, err := kek.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kektest.AWSOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestExternalKMSKeyService(t *testing.T) {
 		t.Helper()
 		reg := prometheus.NewRegistry()
 		// Checks run when the test says (Check); the loop's are an hour apart.
-		keys, closer, err := OpenKMS(ctx, KMSConfig{URIFile: uriFile, CheckInterval: time.Hour, AWSOptions: kmstest.AWSOptions()}, log, reg)
+		keys, closer, err := OpenKMS(ctx, KMSConfig{URIFile: uriFile, CheckInterval: time.Hour, AWSOptions: kektest.AWSOptions()}, log, reg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +149,7 @@ func TestExternalKMSKeyService(t *testing.T) {
 				}
 			}
 		}()
-		moved, err := kms.Rewrap(ctx, wrapped, l.URI(keyB).String(), kmstest.AWSOptions()...)
+		moved, err := kek.Rewrap(ctx, wrapped, l.URI(keyB).String(), kektest.AWSOptions()...)
 		if err == nil {
 			err = atomicfile.Write(uriFile, []byte(moved+"\n"), 0o600)
 		}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek"
 	"github.com/gatehouse-dev/gatehouse/keyservice/secretstore"
 )
 
@@ -146,7 +147,7 @@ func openWrapped(ctx context.Context, cfg KMSConfig, log *slog.Logger, reg prome
 		if err != nil {
 			return nil, nil, fmt.Errorf("reading KMS URI: %w", err)
 		}
-		return kms.UnwrapURI(ctx, string(data), cfg.AWSOptions...)
+		return kek.UnwrapURI(ctx, string(data), cfg.AWSOptions...)
 	}, interval, clock.RealClock{}, report)
 	firstCtx, cancelFirst := context.WithTimeout(ctx, interval)
 	_ = w.Check(firstCtx) // a failure is reported and retried

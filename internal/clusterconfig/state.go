@@ -8,6 +8,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/atomicfile"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek"
 )
 
 // Files `gatehouse init` writes by default, in the current directory.
@@ -88,7 +89,7 @@ func (s *MasterSecret) Unwrapped(ctx context.Context) (*MasterSecret, error) {
 	if s.KMS == "" {
 		return s, nil
 	}
-	key, salt, err := kms.UnwrapURI(ctx, s.KMS)
+	key, salt, err := kek.UnwrapURI(ctx, s.KMS)
 	if err != nil {
 		return nil, fmt.Errorf("unwrapping the master secret with its KMS: %w", err)
 	}

@@ -1,4 +1,4 @@
-package kms
+package kek
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"time"
 
 	vault "github.com/hashicorp/vault/api"
+
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
 )
 
 // vaultTransit is a KEK in Vault's (or OpenBao's) Transit secrets engine:
@@ -29,7 +31,7 @@ type vaultTransit struct {
 
 // openVaultTransit returns the KEK u names. The token is read from u's
 // token source at every call.
-func openVaultTransit(u *VaultTransitURI) (*vaultTransit, error) {
+func openVaultTransit(u *kms.VaultTransitURI) (*vaultTransit, error) {
 	// The client is built from the URI alone: the environment's VAULT_*
 	// settings (a skipped TLS check, another address or namespace) do not
 	// apply.

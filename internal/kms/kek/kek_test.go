@@ -1,4 +1,4 @@
-package kms_test
+package kek_test
 
 import (
 	"bytes"
@@ -15,7 +15,8 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
-	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek/kektest"
 )
 
 func newSecret(t *testing.T) (secret, salt []byte) {
@@ -42,17 +43,17 @@ func leaks(text string, secret []byte) bool {
 func TestAWSKMSWrap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l := kmstest.NewLocalKMS(t)
+	l := kektest.NewLocalKMS(t)
 	keyA, keyB := l.CreateKey(), l.CreateKey()
 	secret, salt := newSecret(t)
-	uri, err := kms.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kmstest.AWSOptions()...)
+	uri, err := kek.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kektest.AWSOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if leaks(uri, secret) {
 		t.Fatal("the wrapped URI carries the master secret")
 	}
-	gotSecret, gotSalt, err := kms.UnwrapURI(ctx, uri, kmstest.AWSOptions()...)
+	gotSecret, gotSalt, err := kek.UnwrapURI(ctx, uri, kektest.AWSOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +90,7 @@ func TestAWSKMSWrap(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
-			_, _, err := kms.UnwrapURI(ctx, tt.uri, kmstest.AWSOptions()...)
+			_, _, err := kek.UnwrapURI(ctx, tt.uri, kektest.AWSOptions()...)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
 			}
@@ -99,7 +100,7 @@ func TestAWSKMSWrap(t *testing.T) {
 		})
 	}
 	// After every refusal the original still unwraps.
-	if _, _, err := kms.UnwrapURI(ctx, uri, kmstest.AWSOptions()...); err != nil {
+	if _, _, err := kek.UnwrapURI(ctx, uri, kektest.AWSOptions()...); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -110,18 +111,18 @@ func TestAWSKMSWrap(t *testing.T) {
 func TestAWSKMSRewrap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l := kmstest.NewLocalKMS(t)
+	l := kektest.NewLocalKMS(t)
 	keyA, keyB := l.CreateKey(), l.CreateKey()
 	secret, salt := newSecret(t)
-	uri, err := kms.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kmstest.AWSOptions()...)
+	uri, err := kek.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kektest.AWSOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	same, err := kms.Rewrap(ctx, uri, "", kmstest.AWSOptions()...)
+	same, err := kek.Rewrap(ctx, uri, "", kektest.AWSOptions()...)
 	if err != nil {
 		t.Fatalf("re-wrapping under the same key: %v", err)
 	}
-	moved, err := kms.Rewrap(ctx, same, l.URI(keyB).String(), kmstest.AWSOptions()...)
+	moved, err := kek.Rewrap(ctx, same, l.URI(keyB).String(), kektest.AWSOptions()...)
 	if err != nil {
 		t.Fatalf("re-wrapping under another key: %v", err)
 	}
@@ -129,14 +130,14 @@ func TestAWSKMSRewrap(t *testing.T) {
 		t.Fatalf("re-wrapped URI %q does not name the new key", moved)
 	}
 	l.SetKeyEnabled(keyA, false)
-	got, _, err := kms.UnwrapURI(ctx, moved, kmstest.AWSOptions()...)
+	got, _, err := kek.UnwrapURI(ctx, moved, kektest.AWSOptions()...)
 	if err != nil || !bytes.Equal(got, secret) {
 		t.Fatalf("the re-wrapped secret does not unwrap to the same secret with the old key disabled: %v", err)
 	}
-	if _, err := kms.Rewrap(ctx, uri, l.URI(keyB).String(), kmstest.AWSOptions()...); err == nil || !strings.Contains(err.Error(), "DisabledException") {
+	if _, err := kek.Rewrap(ctx, uri, l.URI(keyB).String(), kektest.AWSOptions()...); err == nil || !strings.Contains(err.Error(), "DisabledException") {
 		t.Fatalf("re-wrapping from a disabled key: error = %v, want DisabledException", err)
 	}
-	if _, err := kms.Rewrap(ctx, moved, moved, kmstest.AWSOptions()...); err == nil || !strings.Contains(err.Error(), "without wrapped and salt") {
+	if _, err := kek.Rewrap(ctx, moved, moved, kektest.AWSOptions()...); err == nil || !strings.Contains(err.Error(), "without wrapped and salt") {
 		t.Fatalf("re-wrapping to a URI that carries a secret: error = %v", err)
 	}
 }
@@ -149,15 +150,15 @@ func TestAWSKMSRewrap(t *testing.T) {
 func TestWrappedKMS(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l := kmstest.NewLocalKMS(t)
+	l := kektest.NewLocalKMS(t)
 	keyA, keyB := l.CreateKey(), l.CreateKey()
 	secret, salt := newSecret(t)
-	current, err := kms.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kmstest.AWSOptions()...)
+	current, err := kek.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kektest.AWSOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := kms.NewWrappedKMS(func(ctx context.Context) ([]byte, []byte, error) {
-		return kms.UnwrapURI(ctx, current, kmstest.AWSOptions()...)
+		return kek.UnwrapURI(ctx, current, kektest.AWSOptions()...)
 	}, time.Minute, clocktesting.NewFakeClock(time.Now()), nil)
 	want, err := kms.NewClusterKMS(secret, salt)
 	if err != nil {
@@ -208,7 +209,7 @@ func TestWrappedKMS(t *testing.T) {
 	serves(t)
 
 	// Re-wrapped under key B, with key A disabled: no check fails.
-	if current, err = kms.Rewrap(ctx, current, l.URI(keyB).String(), kmstest.AWSOptions()...); err != nil {
+	if current, err = kek.Rewrap(ctx, current, l.URI(keyB).String(), kektest.AWSOptions()...); err != nil {
 		t.Fatal(err)
 	}
 	l.SetKeyEnabled(keyA, false)
@@ -216,74 +217,8 @@ func TestWrappedKMS(t *testing.T) {
 
 	// Another cluster's wrapped secret in its place is refused.
 	intruder, _ := newSecret(t)
-	if current, err = kms.WrapNew(ctx, l.URI(keyB).String(), intruder, salt, kmstest.AWSOptions()...); err != nil {
+	if current, err = kek.WrapNew(ctx, l.URI(keyB).String(), intruder, salt, kektest.AWSOptions()...); err != nil {
 		t.Fatal(err)
 	}
 	refuses(t, "different master secret")
-}
-
-// TestWrappedKMSRun checks the schedule: every interval while checks
-// succeed, retries from a second, doubling up to the interval, after a
-// failure.
-func TestWrappedKMSRun(t *testing.T) {
-	t.Parallel()
-	secret, salt := newSecret(t)
-	failing := make(chan bool, 1)
-	failing <- false
-	clk := clocktesting.NewFakeClock(time.Now())
-	checks := make(chan error)
-	w := kms.NewWrappedKMS(func(context.Context) ([]byte, []byte, error) {
-		f := <-failing
-		failing <- f
-		if f {
-			return nil, nil, errors.New("kms down")
-		}
-		return bytes.Clone(secret), salt, nil
-	}, time.Minute, clk, func(err error) { checks <- err })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.Run(ctx)
-	}()
-	defer func() { cancel(); <-done }()
-
-	next := func(t *testing.T, after time.Duration, wantErr bool) {
-		t.Helper()
-		// Wait for Run's timer, then move the clock to it.
-		deadline := time.Now().Add(10 * time.Second)
-		for !clk.HasWaiters() {
-			if time.Now().After(deadline) {
-				t.Fatal("Run set no timer")
-			}
-			time.Sleep(time.Millisecond)
-		}
-		clk.Step(after - time.Nanosecond)
-		select {
-		case err := <-checks:
-			t.Fatalf("checked %v early (err %v)", after, err)
-		default:
-		}
-		clk.Step(time.Nanosecond)
-		if err := <-checks; (err != nil) != wantErr {
-			t.Fatalf("check after %v: err = %v, want error %v", after, err, wantErr)
-		}
-	}
-	if err := <-checks; err != nil {
-		t.Fatalf("first check: %v", err)
-	}
-	next(t, time.Minute, false)
-	<-failing
-	failing <- true
-	next(t, time.Minute, true)
-	for _, d := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
-		next(t, d, true)
-	}
-	<-failing
-	failing <- false
-	next(t, 8*time.Second, false)
-	next(t, time.Minute, false)
-	if ok, _, _ := w.Status(); !ok {
-		t.Fatal("not available after a successful check")
-	}
 }

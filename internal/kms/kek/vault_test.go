@@ -1,4 +1,4 @@
-package kms_test
+package kek_test
 
 import (
 	"bytes"
@@ -13,7 +13,8 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
-	"github.com/gatehouse-dev/gatehouse/internal/kms/kmstest"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek"
+	"github.com/gatehouse-dev/gatehouse/internal/kms/kek/kektest"
 )
 
 // TestVaultTransit wraps the master secret with a real Vault's Transit
@@ -23,11 +24,11 @@ import (
 func TestVaultTransit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	v := kmstest.NewVault(t)
+	v := kektest.NewVault(t)
 	v.CreateKey("gatehouse")
 	token, tokenFile := v.TokenFile("gatehouse")
 	secret, salt := newSecret(t)
-	uri, err := kms.WrapNew(ctx, v.URI("gatehouse", tokenFile).String(), secret, salt)
+	uri, err := kek.WrapNew(ctx, v.URI("gatehouse", tokenFile).String(), secret, salt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,14 +37,14 @@ func TestVaultTransit(t *testing.T) {
 	}
 	unwraps := func(t *testing.T, uri string) {
 		t.Helper()
-		got, gotSalt, err := kms.UnwrapURI(ctx, uri)
+		got, gotSalt, err := kek.UnwrapURI(ctx, uri)
 		if err != nil || !bytes.Equal(got, secret) || !bytes.Equal(gotSalt, salt) {
 			t.Fatalf("unwrap: %v, or another secret", err)
 		}
 	}
 	refuses := func(t *testing.T, uri, want string) {
 		t.Helper()
-		_, _, err := kms.UnwrapURI(ctx, uri)
+		_, _, err := kek.UnwrapURI(ctx, uri)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("unwrap error = %v, want one containing %q", err, want)
 		}
@@ -76,7 +77,7 @@ func TestVaultTransit(t *testing.T) {
 	})
 	t.Run("rotated, rewrapped, old version retired", func(t *testing.T) {
 		v.RotateKey("gatehouse")
-		rewrapped, err := kms.Rewrap(ctx, uri, "")
+		rewrapped, err := kek.Rewrap(ctx, uri, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,12 +91,12 @@ func TestVaultTransit(t *testing.T) {
 		uri = rewrapped
 	})
 	t.Run("moved to another KMS", func(t *testing.T) {
-		l := kmstest.NewLocalKMS(t)
-		moved, err := kms.Rewrap(ctx, uri, l.URI(l.CreateKey()).String(), kmstest.AWSOptions()...)
+		l := kektest.NewLocalKMS(t)
+		moved, err := kek.Rewrap(ctx, uri, l.URI(l.CreateKey()).String(), kektest.AWSOptions()...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, _, err := kms.UnwrapURI(ctx, moved, kmstest.AWSOptions()...)
+		got, _, err := kek.UnwrapURI(ctx, moved, kektest.AWSOptions()...)
 		if err != nil || !bytes.Equal(got, secret) {
 			t.Fatalf("moved from Vault to AWS KMS: %v", err)
 		}
@@ -108,15 +109,15 @@ func TestVaultTransit(t *testing.T) {
 func TestWrappedKMSVaultTokenRevoked(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	v := kmstest.NewVault(t)
+	v := kektest.NewVault(t)
 	v.CreateKey("gatehouse")
 	token, tokenFile := v.TokenFile("gatehouse")
 	secret, salt := newSecret(t)
-	uri, err := kms.WrapNew(ctx, v.URI("gatehouse", tokenFile).String(), secret, salt)
+	uri, err := kek.WrapNew(ctx, v.URI("gatehouse", tokenFile).String(), secret, salt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := kms.NewWrappedKMS(func(ctx context.Context) ([]byte, []byte, error) { return kms.UnwrapURI(ctx, uri) },
+	w := kms.NewWrappedKMS(func(ctx context.Context) ([]byte, []byte, error) { return kek.UnwrapURI(ctx, uri) },
 		time.Minute, clocktesting.NewFakeClock(time.Now()), nil)
 	if err := w.Check(ctx); err != nil {
 		t.Fatal(err)

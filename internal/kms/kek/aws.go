@@ -1,4 +1,4 @@
-package kms
+package kek
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	awskms "github.com/aws/aws-sdk-go-v2/service/kms"
 	"github.com/aws/aws-sdk-go-v2/service/kms/types"
+
+	"github.com/gatehouse-dev/gatehouse/internal/kms"
 )
 
 // awsKMS is a KEK in AWS KMS: a symmetric key wrapping with Encrypt,
@@ -22,7 +24,7 @@ type awsKMS struct {
 // openAWSKMS returns the KEK u names. Credentials come from the AWS SDK's
 // default chain; opts add to the SDK's loading options (a test's static
 // credentials, say).
-func openAWSKMS(ctx context.Context, u *AWSKMSURI, opts ...func(*config.LoadOptions) error) (*awsKMS, error) {
+func openAWSKMS(ctx context.Context, u *kms.AWSKMSURI, opts ...func(*config.LoadOptions) error) (*awsKMS, error) {
 	cfg, err := config.LoadDefaultConfig(ctx, append([]func(*config.LoadOptions) error{config.WithRegion(u.Region)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("loading AWS configuration: %w", err)

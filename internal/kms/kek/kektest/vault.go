@@ -1,4 +1,4 @@
-package kmstest
+package kektest
 
 import (
 	"bufio"
