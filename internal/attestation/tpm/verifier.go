@@ -44,7 +44,7 @@ const requiredAKAttributes = tpm2.FlagSign | tpm2.FlagRestricted | tpm2.FlagFixe
 	tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin
 
 // Endorsement says which attestation keys the verifier trusts. Set exactly
-// one of PinnedKeys, Roots, EKRoots and GCE.
+// one of PinnedKeys, Roots, EKRoots, GCE and Azure.
 type Endorsement struct {
 	// PinnedKeys are trusted AK public keys.
 	PinnedKeys []crypto.PublicKey
@@ -62,6 +62,9 @@ type Endorsement struct {
 	// GCE trusts Compute Engine vTPMs by the AK certificate Google's vTPM
 	// CA issued the instance, in allowed projects and zones.
 	GCE *GCEEndorsement
+	// Azure trusts Azure Trusted Launch vTPMs by the AK certificate
+	// Azure provisions in the vTPM, chaining to Microsoft's vTPM root.
+	Azure *AzureEndorsement
 }
 
 // mode names the one trust anchor e sets, or "" when it sets none or more
@@ -79,6 +82,9 @@ func (e Endorsement) mode() string {
 	}
 	if e.GCE != nil {
 		modes = append(modes, "gce")
+	}
+	if e.Azure != nil {
+		modes = append(modes, "azure")
 	}
 	if len(modes) != 1 {
 		return ""
@@ -127,7 +133,7 @@ func NewQuoteVerifier(policy QuotePolicy, now func() time.Time) (*QuoteVerifier,
 	}
 	mode := policy.Endorsement.mode()
 	if mode == "" {
-		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys, AK certificate roots, EK certificate roots and GCE")
+		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys, AK certificate roots, EK certificate roots, GCE and Azure")
 	}
 	return newVerifier(policy, mode, now)
 }
@@ -138,7 +144,7 @@ func NewQuoteVerifier(policy QuotePolicy, now func() time.Time) (*QuoteVerifier,
 // VerifyBound (package cvm). policy.Endorsement must be empty. Verify
 // always fails on such a verifier, so it cannot admit an unendorsed key.
 func NewBoundVerifier(policy QuotePolicy, now func() time.Time) (*QuoteVerifier, error) {
-	if e := policy.Endorsement; len(e.PinnedKeys) > 0 || e.Roots != nil || e.EKRoots != nil || e.EKIntermediates != nil || e.GCE != nil {
+	if e := policy.Endorsement; len(e.PinnedKeys) > 0 || e.Roots != nil || e.EKRoots != nil || e.EKIntermediates != nil || e.GCE != nil || e.Azure != nil {
 		return nil, errors.New("tpm policy: a vTPM whose key a hardware report binds takes no other key endorsement")
 	}
 	return newVerifier(policy, modeBound, now)
@@ -161,6 +167,16 @@ func newVerifier(policy QuotePolicy, mode string, now func() time.Time) (*QuoteV
 			gce.Roots, gce.Intermediates = roots, intermediates
 			policy.Endorsement.GCE = &gce
 		}
+	}
+	if a := policy.Endorsement.Azure; a != nil {
+		if err := a.check(); err != nil {
+			return nil, err
+		}
+		azure, err := a.withEmbeddedCAs()
+		if err != nil {
+			return nil, err
+		}
+		policy.Endorsement.Azure = azure
 	}
 	for index := range policy.ReferenceValues {
 		if !slices.Contains(policy.PCRs, int(index)) {
@@ -191,7 +207,9 @@ func (v *QuoteVerifier) Variant() attestation.Variant { return attestation.Varia
 //
 //   - the evidence parses and is at most attestation.MaxEvidenceSize bytes;
 //   - the AK is a restricted, fixedTPM signing key, and is pinned,
-//     certified by a chain to the configured roots, or (EK roots) sent with
+//     certified by a chain to the configured roots (or, gce and azure, to
+//     the cloud's vTPM CAs, the certificate naming an admitted VM), or (EK
+//     roots) sent with
 //     an EK certificate chaining to a manufacturer's root, then the
 //     result's Activation must be answered;
 //   - the signature uses SHA-256 or stronger and verifies under the AK;
@@ -358,7 +376,7 @@ type trustedKey struct {
 	key      crypto.PublicKey
 	identity string
 	// endorsement describes the AK's trust when the AK's own certificate
-	// says more than the mode (gce); "" otherwise.
+	// says more than the mode (gce, azure); "" otherwise.
 	endorsement string
 	// gce is the instance a gce AK certificate names.
 	gce *attestation.GCEInstance
@@ -385,6 +403,12 @@ func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte)
 		return ak, nil
 	case "gce":
 		ak.endorsement, ak.gce, err = v.policy.Endorsement.GCE.verify(ev.GetAttestationKeyCertificates(), key, v)
+		if err != nil {
+			return trustedKey{}, err
+		}
+		return ak, nil
+	case "azure":
+		ak.endorsement, err = v.policy.Endorsement.Azure.verify(ev.GetAttestationKeyCertificates(), key, v)
 		if err != nil {
 			return trustedKey{}, err
 		}
