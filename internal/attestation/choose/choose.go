@@ -92,7 +92,7 @@ func Verifier(v attestation.Variant, a Appraisal) (attestation.Verifier, error) 
 // with a's PCR selection and reference values.
 func confidentialVMVerifier(v attestation.Variant, a Appraisal, hardware func() (attestation.Verifier, error)) (attestation.Verifier, error) {
 	if a.EndorsementSet {
-		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates and gce", v)
+		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates, gce and azureTrustedLaunch", v)
 	}
 	hw, err := hardware()
 	if err != nil {

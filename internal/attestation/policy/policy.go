@@ -49,7 +49,8 @@ type Policy struct {
 	// the only ones it gets (docs/joinservice.md, "Roles from evidence").
 	Roles map[Role]RolePolicy `json:"roles"`
 	// How attestation keys (AKs) are trusted: set exactly one of AKRoots,
-	// PinnedAKs, EKRoots and GCE (docs/attestation.md, "Endorsed keys").
+	// PinnedAKs, EKRoots, GCE and AzureTrustedLaunch (docs/attestation.md,
+	// "Endorsed keys").
 	//
 	// AKRoots is a PEM bundle of roots for AK certificate chains.
 	AKRoots string `json:"akRoots,omitempty"`
@@ -68,6 +69,10 @@ type Policy struct {
 	// AK certificate Google's vTPM CA issued the instance chains to Google's
 	// roots, and names an instance in an allowed project and zone.
 	GCE *GCEPolicy `json:"gce,omitempty"`
+	// AzureTrustedLaunch trusts Azure Trusted Launch vTPMs: the AK
+	// certificate Azure provisioned in the vTPM chains to Microsoft's vTPM
+	// root, and names an admitted ID (or any VM is admitted, said so).
+	AzureTrustedLaunch *AzureTrustedLaunchPolicy `json:"azureTrustedLaunch,omitempty"`
 	// SEVSNP is variant sev-snp's hardware section.
 	SEVSNP *choose.SEVSNPPolicy `json:"sevSnp,omitempty"`
 	// TDX is variant tdx's hardware section.
@@ -93,6 +98,30 @@ type GCEPolicy struct {
 	Roots string `json:"roots,omitempty"`
 	// Intermediates is a PEM bundle of issuing CAs the AK certificates
 	// chain through to Roots; only with Roots.
+	Intermediates string `json:"intermediates,omitempty"`
+}
+
+// AzureTrustedLaunchPolicy constrains the Azure Trusted Launch VMs a policy
+// trusts. Exactly one of CertificateIDs and AnyVM is set: Azure's AK
+// certificates name no subscription or tenant.
+type AzureTrustedLaunchPolicy struct {
+	// CertificateIDs are the admitted IDs the AK certificates name: the
+	// first label of the certificate's common name (2d056151df3d in
+	// CN=2d056151df3d.TrustedVM.Azure.Microsoft), read from the VM's vTPM
+	// (NV index 0x01C101D0).
+	CertificateIDs []string `json:"certificateIDs,omitempty"`
+	// AnyVM admits every Azure Trusted Launch VM of every Azure customer
+	// whose AK certificate chains to Microsoft's root: the reference values
+	// alone then tell the cluster's nodes from anyone else's.
+	AnyVM bool `json:"anyVM,omitempty"`
+	// Roots, when set, is a PEM bundle of CAs replacing the embedded Azure
+	// vTPM root (a test CA, or a root Microsoft introduces before this
+	// release embeds it). Optional.
+	Roots string `json:"roots,omitempty"`
+	// Intermediates is a PEM bundle of issuing CAs added to the embedded
+	// ones ("Global Virtual TPM CA - 01" and "- 03"): Azure's AK
+	// certificates carry no AIA URL, so a CA Microsoft introduces before
+	// this release embeds it is listed here. Optional.
 	Intermediates string `json:"intermediates,omitempty"`
 }
 
@@ -134,8 +163,9 @@ func (p Policy) Verifier(now func() time.Time, lockPCR []byte) (attestation.Veri
 
 // KeyVerifier returns a verifier of p's variant that checks everything
 // about evidence except its measurements: for tpm the attestation key's
-// trust (p's pinnedAKs, ekRoots, gce or akRoots, with the key activation),
-// the signature, the nonce and the PCR selection p.PCRs; for sev-snp and
+// trust (p's pinnedAKs, ekRoots, gce, azureTrustedLaunch or akRoots, with
+// the key activation), the signature, the nonce and the PCR selection
+// p.PCRs; for sev-snp and
 // tdx the hardware report (its chain to the vendor's roots or the
 // section's, its collateral, TCB minimums, debug off) and the vTPM quote
 // it binds, with any launch measurement or MRTD. Only p's variant, PCRs
@@ -187,7 +217,7 @@ func (p Policy) requiresEventLog(sets ...measurements.M) bool {
 
 // keyTrustSet reports whether any TPM key trust field is set.
 func (p Policy) keyTrustSet() bool {
-	return strings.TrimSpace(p.AKRoots+p.EKRoots+p.EKIntermediates+strings.Join(p.PinnedAKs, "")) != "" || p.GCE != nil
+	return strings.TrimSpace(p.AKRoots+p.EKRoots+p.EKIntermediates+strings.Join(p.PinnedAKs, "")) != "" || p.GCE != nil || p.AzureTrustedLaunch != nil
 }
 
 func parseEndorsement(p Policy) (tpm.Endorsement, error) {
@@ -201,9 +231,13 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 	if p.GCE != nil {
 		set++
 	}
+	if p.AzureTrustedLaunch != nil {
+		set++
+	}
 	if set != 1 {
 		return e, errors.New("set exactly one of pinnedAKs (registered attestation keys), ekRoots (TPM manufacturers' CAs: " +
-			"no registration), gce (Compute Engine vTPMs of allowed projects) and akRoots (CAs of attestation key certificates)")
+			"no registration), gce (Compute Engine vTPMs of allowed projects), azureTrustedLaunch (Azure Trusted Launch vTPMs) " +
+			"and akRoots (CAs of attestation key certificates)")
 	}
 	if strings.TrimSpace(p.EKIntermediates) != "" && strings.TrimSpace(p.EKRoots) == "" {
 		return e, errors.New("ekIntermediates is set without ekRoots")
@@ -228,6 +262,9 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 				e.GCE.Intermediates, err = attestation.CertPool("gce.intermediates", p.GCE.Intermediates)
 			}
 		}
+		return e, err
+	case p.AzureTrustedLaunch != nil:
+		e.Azure, err = parseAzureTrustedLaunch(p.AzureTrustedLaunch)
 		return e, err
 	case strings.TrimSpace(p.AKRoots) != "":
 		e.Roots, err = attestation.CertPool("akRoots", p.AKRoots)
@@ -255,6 +292,34 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 	return e, nil
 }
 
+// parseAzureTrustedLaunch checks an azureTrustedLaunch section and returns
+// its endorsement.
+func parseAzureTrustedLaunch(a *AzureTrustedLaunchPolicy) (*tpm.AzureEndorsement, error) {
+	if a.AnyVM == (len(a.CertificateIDs) > 0) {
+		return nil, errors.New("azureTrustedLaunch: set exactly one of certificateIDs (the IDs the VMs' AK certificates name) " +
+			"and anyVM: true (every Azure Trusted Launch VM of every Azure customer; an AK certificate names no subscription)")
+	}
+	for i, id := range a.CertificateIDs {
+		if id == "" || strings.ContainsFunc(id, func(r rune) bool { return r == '.' || r <= ' ' || r > '~' }) {
+			return nil, fmt.Errorf("azureTrustedLaunch.certificateIDs[%d] %q is not an ID: the first label of the AK certificate's "+
+				"common name, e.g. 2d056151df3d of 2d056151df3d.TrustedVM.Azure.Microsoft", i, id)
+		}
+	}
+	e := &tpm.AzureEndorsement{CertificateIDs: a.CertificateIDs, AnyVM: a.AnyVM}
+	var err error
+	if strings.TrimSpace(a.Roots) != "" {
+		if e.Roots, err = attestation.CertPool("azureTrustedLaunch.roots", a.Roots); err != nil {
+			return nil, err
+		}
+	}
+	if strings.TrimSpace(a.Intermediates) != "" {
+		if e.Intermediates, err = attestation.CertPool("azureTrustedLaunch.intermediates", a.Intermediates); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
 // keyTrust describes how the policy trusts attestation keys, for its
 // summary.
 func (p Policy) keyTrust() string {
@@ -272,6 +337,19 @@ func (p Policy) keyTrust() string {
 			return fmt.Sprintf("gce(projects=%v zones=%v roots=%s)", p.GCE.Projects, p.GCE.Zones, Fingerprint([]byte(p.GCE.Roots)))
 		}
 		return fmt.Sprintf("gce(projects=%v zones=%v)", p.GCE.Projects, p.GCE.Zones)
+	case p.AzureTrustedLaunch != nil:
+		a := p.AzureTrustedLaunch
+		admits := fmt.Sprintf("certificateIDs=%v", a.CertificateIDs)
+		if a.AnyVM {
+			admits = "anyVM"
+		}
+		if a.Roots != "" {
+			admits += " roots=" + Fingerprint([]byte(a.Roots))
+		}
+		if a.Intermediates != "" {
+			admits += " intermediates=" + Fingerprint([]byte(a.Intermediates))
+		}
+		return "azureTrustedLaunch(" + admits + ")"
 	default:
 		return "akRoots:" + Fingerprint([]byte(p.AKRoots))
 	}

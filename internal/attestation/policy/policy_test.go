@@ -69,6 +69,33 @@ func TestKeyTrust(t *testing.T) {
 		{"GCE roots not PEM", func(p *policy.Policy) { p.GCE = &policy.GCEPolicy{Projects: []string{"p"}, Roots: "x"} }, "gce.roots holds no PEM certificate", ""},
 		{"GCE intermediates alone", func(p *policy.Policy) { p.GCE = &policy.GCEPolicy{Projects: []string{"p"}, Intermediates: ca} }, "gce.intermediates is set without gce.roots", ""},
 		{"GCE and pinned AKs", func(p *policy.Policy) { p.GCE, p.PinnedAKs = &policy.GCEPolicy{Projects: []string{"p"}}, []string{ak} }, "set exactly one of", ""},
+		{"Azure Trusted Launch, certificate IDs", func(p *policy.Policy) {
+			p.AzureTrustedLaunch = &policy.AzureTrustedLaunchPolicy{CertificateIDs: []string{"2d056151df3d"}}
+		}, "", "keys=azureTrustedLaunch(certificateIDs=[2d056151df3d])"},
+		{"Azure Trusted Launch, any VM", func(p *policy.Policy) { p.AzureTrustedLaunch = &policy.AzureTrustedLaunchPolicy{AnyVM: true} }, "", "keys=azureTrustedLaunch(anyVM)"},
+		{"Azure Trusted Launch with its own CAs", func(p *policy.Policy) {
+			p.AzureTrustedLaunch = &policy.AzureTrustedLaunchPolicy{AnyVM: true, Roots: ca, Intermediates: ca}
+		}, "", "keys=azureTrustedLaunch(anyVM roots=sha256:"},
+		{"Azure Trusted Launch, a new issuing CA alone", func(p *policy.Policy) {
+			p.AzureTrustedLaunch = &policy.AzureTrustedLaunchPolicy{AnyVM: true, Intermediates: ca}
+		}, "", "keys=azureTrustedLaunch(anyVM intermediates=sha256:"},
+		{"Azure Trusted Launch admitting nothing", func(p *policy.Policy) { p.AzureTrustedLaunch = &policy.AzureTrustedLaunchPolicy{} },
+			"azureTrustedLaunch: set exactly one of certificateIDs", ""},
+		{"Azure Trusted Launch, IDs and any VM", func(p *policy.Policy) {
+			p.AzureTrustedLaunch = &policy.AzureTrustedLaunchPolicy{CertificateIDs: []string{"a"}, AnyVM: true}
+		}, "azureTrustedLaunch: set exactly one of certificateIDs", ""},
+		{"Azure Trusted Launch, a common name for an ID", func(p *policy.Policy) {
+			p.AzureTrustedLaunch = &policy.AzureTrustedLaunchPolicy{CertificateIDs: []string{"2d056151df3d.TrustedVM.Azure.Microsoft"}}
+		}, "azureTrustedLaunch.certificateIDs[0]", ""},
+		{"Azure Trusted Launch roots not PEM", func(p *policy.Policy) {
+			p.AzureTrustedLaunch = &policy.AzureTrustedLaunchPolicy{AnyVM: true, Roots: "x"}
+		}, "azureTrustedLaunch.roots holds no PEM certificate", ""},
+		{"Azure Trusted Launch intermediates not PEM", func(p *policy.Policy) {
+			p.AzureTrustedLaunch = &policy.AzureTrustedLaunchPolicy{AnyVM: true, Intermediates: leaf}
+		}, "azureTrustedLaunch.intermediates: certificate 1 (CN=leaf) is not a CA certificate", ""},
+		{"Azure Trusted Launch and GCE", func(p *policy.Policy) {
+			p.AzureTrustedLaunch, p.GCE = &policy.AzureTrustedLaunchPolicy{AnyVM: true}, &policy.GCEPolicy{Projects: []string{"p"}}
+		}, "set exactly one of", ""},
 		{"none", func(*policy.Policy) {}, "set exactly one of pinnedAKs", ""},
 		{"two", func(p *policy.Policy) { p.PinnedAKs, p.EKRoots = []string{ak}, ca }, "set exactly one of pinnedAKs", ""},
 		{"intermediates alone", func(p *policy.Policy) { p.PinnedAKs, p.EKIntermediates = []string{ak}, ca }, "ekIntermediates is set without ekRoots", ""},
