@@ -341,6 +341,9 @@ attestation:
   #   pinnedAKs  registered attestation keys (PEM public keys);
   #   gce        Compute Engine vTPMs of the listed projects (and zones): their AK
   #              certificates from Google's vTPM CA name the instance;
+  #   azureTrustedLaunch
+  #              Azure Trusted Launch vTPMs: certificateIDs: [<id>] or anyVM: true
+  #              (docs/attestation.md, "Cloud vTPMs: Azure Trusted Launch");
   #   akRoots    CAs (PEM) that attestation key certificates chain to.
 {{- if .GCEProjects}}
   gce:
