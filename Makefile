@@ -109,7 +109,7 @@ test-vm-long: tools ## Every VM test, the long ones too: the VM control plane an
 		gotestsum --format testname -- $(TEST_FLAGS) -tags vmnodes,vmcontrolplane -timeout 90m -p 1 ./test/vme2e/... ./test/capiboot/...
 
 .PHONY: fuzz
-fuzz: ## Run every go test -fuzz target for FUZZTIME (default 5s) each
+fuzz: ## Run every go test -fuzz target for FUZZTIME (default 3s) each
 	hack/fuzz.sh
 
 .PHONY: test
