@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every go test -fuzz target in the module for a short time each
-# (FUZZTIME, default 3s: 39 targets, a smoke run in CI's budget; fuzz longer by hand). Their seed corpora also run as plain tests in
+# (FUZZTIME, default 3s: a smoke run within CI's budget; fuzz longer by
+# hand, e.g. FUZZTIME=5m). Their seed corpora also run as plain tests in
 # `make unit`; this adds coverage-guided mutation on top. A failure leaves the
 # crashing input under the package's testdata/fuzz/, to be committed as a
 # regression test once fixed.
