@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -97,7 +98,14 @@ func TestResolveFromCloud(t *testing.T) {
 		}
 	})
 	t.Run("no metadata service", func(t *testing.T) {
-		if _, err := resolveCloud(t, "--cloud", "auto", "--cloud-metadata-url", "http://127.0.0.1:1"); err == nil || !strings.Contains(err.Error(), "--cloud auto") {
+		// It asks again until its deadline (a minute at start).
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		o, err := parseFlags("gatehouse-bootstrapper", []string{"--state-disk", "/dev/vdb", "--cloud", "auto", "--cloud-metadata-url", "http://127.0.0.1:1"}, "h")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := resolveFromMachine(ctx, o, machineFacts{cloud: openCloud}); err == nil || !strings.Contains(err.Error(), "--cloud auto") {
 			t.Fatalf("error = %v, want one naming --cloud auto", err)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/gatehouse-dev/gatehouse/bootstrapper"
 	"github.com/gatehouse-dev/gatehouse/internal/cloudmeta"
@@ -68,13 +69,22 @@ func resolveFromMachine(ctx context.Context, o *options, m machineFacts) error {
 // left open: the node's name and address, its provider ID, and where to
 // join (docs/cloud.md).
 func resolveFromCloud(ctx context.Context, o *options, m machineFacts) error {
-	p, err := m.cloud(ctx, o.cloud, o.cloudMetadataURL)
-	if err != nil {
-		return fmt.Errorf("--cloud %s: %w", o.cloud, err)
-	}
-	self, err := p.Self(ctx)
-	if err != nil {
-		return fmt.Errorf("--cloud %s: %w", p.Name(), err)
+	// At early boot the metadata service may not answer yet: ask again
+	// every second until ctx ends.
+	var p cloudmeta.Provider
+	var self cloudmeta.Self
+	var err error
+	for {
+		if p, err = m.cloud(ctx, o.cloud, o.cloudMetadataURL); err == nil {
+			if self, err = p.Self(ctx); err == nil {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("--cloud %s: %w", o.cloud, err)
+		case <-time.After(time.Second):
+		}
 	}
 	if !o.nodeNameSet {
 		o.node.Name = self.Name
