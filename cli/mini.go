@@ -279,6 +279,7 @@ func newMiniNodeCmd() *cobra.Command {
 	add.Flags().StringVar(&addOpts.Provider, "provider", mini.ProviderNetNS, "what the worker is: "+mini.ProviderNetNS+" (namespaces on this machine) or "+mini.ProviderQEMU+" (a VM of the node image)")
 	add.Flags().StringVar(&addOpts.NodeImage, "node-image", "", "directory of the node image a VM boots, when the cluster has none")
 	add.Flags().StringVar(&addUserData, "user-data", "", "cloud-config file a VM worker boots with (a Cluster API bootstrap data Secret's value)")
+	add.Flags().StringVar(&addOpts.CloudMetadata, "cloud-metadata", "", "gce, aws or azure: the worker takes its name, address and join endpoints from that cloud's instance metadata service at 169.254.169.254 in its network namespace, which you serve there (docs/cloud.md)")
 	cmd.AddCommand(add, newMiniNodeExecCmd())
 	return cmd
 }

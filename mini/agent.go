@@ -500,8 +500,13 @@ const ignoredPreflightErrors = "SystemVerification,Swap,FileExisting-crictl,File
 const kubeletPIDFile = "/run/gatehouse/kubelet.pid"
 
 func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
-	args := []string{
-		"--node-name", spec.Name, "--advertise-address", spec.IP,
+	// A node on an (emulated) cloud takes its name, address and join
+	// endpoints from the instance metadata.
+	args := []string{"--node-name", spec.Name, "--advertise-address", spec.IP}
+	if spec.CloudMetadata != "" {
+		args = []string{"--cloud", spec.CloudMetadata}
+	}
+	args = append(args,
 		// The host's firmware log is not the swtpm's.
 		"--tpm", spec.tpmSocket(), "--pcrs", pcrList(), "--tcg-event-log", "", "--state-disk", spec.StateDisk,
 		"--state-disk-mapper-name", spec.Network.stateMapperName(spec.Name), "--state-disk-mount", "/run/gatehouse/state",
@@ -513,13 +518,15 @@ func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 		"--kube-proxy-masquerade-all", "--kube-proxy-conntrack-max-per-core", "0",
 		"--ignore-preflight-errors", ignoredPreflightErrors,
 		"--kubelet-service", "none",
-	}
+	)
 	args = append(args, controlPlaneEnvArgs()...)
 	if len(spec.JoinEndpoints) > 0 {
 		// A local cluster's nodes ask again soon: the join service starts
 		// while they wait (the default backoff grows to a minute).
-		args = append(args, "--join-endpoints", strings.Join(spec.JoinEndpoints, ","), "--cluster-ca-hash", spec.CACertHash,
-			"--join-backoff", "250ms", "--join-backoff-max", "1s")
+		if spec.CloudMetadata == "" {
+			args = append(args, "--join-endpoints", strings.Join(spec.JoinEndpoints, ","))
+		}
+		args = append(args, "--cluster-ca-hash", spec.CACertHash, "--join-backoff", "250ms", "--join-backoff-max", "1s")
 		if spec.ControlPlane {
 			args = append(args, "--control-plane")
 		}

@@ -29,6 +29,10 @@ type netnsProvider struct {
 	network Network
 }
 
+// cloudMetadataIP is the address of every cloud's instance metadata
+// service (docs/cloud.md).
+const cloudMetadataIP = "169.254.169.254"
+
 // Name is ProviderNetNS.
 func (*netnsProvider) Name() string { return ProviderNetNS }
 
@@ -62,6 +66,12 @@ func (*netnsProvider) Create(ctx context.Context, s *NodeSpec, nr *NodeRecord) e
 		{"-n", s.NetNS, "route", "add", "default", "via", s.Gateway},
 	} {
 		if err := run(ctx, "ip", args...); err != nil {
+			return err
+		}
+	}
+	if s.CloudMetadata != "" {
+		// Where every cloud's instance metadata service answers.
+		if err := run(ctx, "ip", "-n", s.NetNS, "addr", "add", cloudMetadataIP+"/32", "dev", "lo"); err != nil {
 			return err
 		}
 	}

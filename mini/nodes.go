@@ -114,6 +114,12 @@ type WorkerOptions struct {
 	// machine (its address, routes, registry mirror, CNI network). Only
 	// qemu workers boot user data.
 	UserData []byte
+	// CloudMetadata, when set (gce, aws or azure), makes the worker take
+	// its name, address and join endpoints from that cloud's instance
+	// metadata service at 169.254.169.254 in its network namespace
+	// (gatehouse-bootstrapper --cloud, docs/cloud.md), which the caller
+	// serves there (test/e2e does); only namespace workers.
+	CloudMetadata string
 }
 
 // AddWorker starts another worker in the local cluster in dir, which joins
@@ -141,6 +147,12 @@ func addWorker(ctx context.Context, dir string, opts WorkerOptions, out io.Write
 	}
 	if len(opts.UserData) > 0 && opts.Provider != ProviderQEMU {
 		return "", fmt.Errorf("user data boots in a VM of the node image: add the worker with provider %s", ProviderQEMU)
+	}
+	switch {
+	case opts.CloudMetadata != "" && opts.Provider != "" && opts.Provider != ProviderNetNS:
+		return "", fmt.Errorf("cloud metadata is served in a namespace worker's network namespace: add the worker with provider %s", ProviderNetNS)
+	case opts.CloudMetadata != "" && opts.CloudMetadata != "gce" && opts.CloudMetadata != "aws" && opts.CloudMetadata != "azure":
+		return "", fmt.Errorf("cloud metadata %q: use gce, aws or azure", opts.CloudMetadata)
 	}
 	p, err := providerFor(rec, &NodeRecord{Name: "the new worker", Provider: opts.Provider})
 	if err != nil {
@@ -173,7 +185,11 @@ func addWorker(ctx context.Context, dir string, opts WorkerOptions, out io.Write
 	w.place(dir, i, name)
 	w.ControlPlane, w.Init = false, false
 	w.JoinEndpoints, w.CACertHash = rec.JoinEndpoints, rec.CACertHash
+	w.CloudMetadata = opts.CloudMetadata
 	how := "it joins through the join service"
+	if w.CloudMetadata != "" {
+		how = "it takes its name, address and join endpoints from " + w.CloudMetadata + " instance metadata at " + cloudMetadataIP + " in its network namespace"
+	}
 	if len(opts.UserData) > 0 {
 		// Where to join and whom to trust come from the user data only.
 		w.JoinEndpoints, w.CACertHash = nil, ""

@@ -61,7 +61,10 @@ type NodeSpec struct {
 	// JoinEndpoints and CACertHash: where and whom to join (empty on the
 	// init node).
 	JoinEndpoints []string `json:"joinEndpoints,omitempty"`
-	CACertHash    string   `json:"caCertHash,omitempty"`
+	// CloudMetadata, when set, is the cloud whose instance metadata the
+	// node's bootstrapper reads at cloudMetadataIP (WorkerOptions).
+	CloudMetadata string `json:"cloudMetadata,omitempty"`
+	CACertHash    string `json:"caCertHash,omitempty"`
 	// InitSecretHashFile holds the bcrypt hash of the init secret.
 	InitSecretHashFile string `json:"initSecretHashFile"`
 	// TPMCA is the directory of the local TPM manufacturer's CA

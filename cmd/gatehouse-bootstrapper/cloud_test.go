@@ -5,19 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/gatehouse-dev/gatehouse/internal/cloudmeta/cloudmetatest"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 // testHash is a bcrypt hash as the instance metadata carries it.
@@ -147,7 +144,7 @@ func TestCloudMetadataInNetworkNamespace(t *testing.T) {
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", ns).Run() })
 	ip("-n", ns, "link", "set", "lo", "up")
 	ip("-n", ns, "addr", "add", "169.254.169.254/32", "dev", "lo")
-	lis := listenIn(t, "/run/netns/"+ns, "169.254.169.254:80")
+	lis := testkit.ListenInNetNS(t, "/run/netns/"+ns, "169.254.169.254:80")
 	srv := &http.Server{Handler: cloudmetatest.GCE(cloudVM()), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(func() { _ = srv.Close() })
@@ -169,37 +166,4 @@ func TestCloudMetadataInNetworkNamespace(t *testing.T) {
 	if got.ProviderID != "gce://gatehouse-test/eu-central-1a/ip-10-0-1-23" || got.Address != "10.0.1.23" || len(got.Endpoints) != 2 || got.InitSecretHash != testHash {
 		t.Fatalf("resolved in the namespace: %+v\n%s", got, out)
 	}
-}
-
-// listenIn listens on addr inside the network namespace at nsPath; the
-// listener keeps working from any goroutine.
-func listenIn(t *testing.T, nsPath, addr string) net.Listener {
-	t.Helper()
-	type result struct {
-		lis net.Listener
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		// This thread is left in the namespace and never reused: the
-		// goroutine ends without unlocking it, so the runtime retires it.
-		runtime.LockOSThread()
-		fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			done <- result{err: err}
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			done <- result{err: err}
-			return
-		}
-		lis, err := net.Listen("tcp", addr)
-		done <- result{lis, err}
-	}()
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("listening on %s in %s: %v", addr, nsPath, r.err)
-	}
-	return r.lis
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,7 +22,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/gatehouse-dev/gatehouse/internal/cloudmeta/cloudmetatest"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 	"github.com/gatehouse-dev/gatehouse/joinservice/gate"
 	"github.com/gatehouse-dev/gatehouse/mini"
@@ -466,6 +469,39 @@ func TestMiniCluster(t *testing.T) {
 			t.Fatalf("the hostPath file after the outage holds %q", got)
 		}
 		keepsServing(t)
+	})
+
+	t.Run("a worker on a cloud takes its identity from instance metadata", func(t *testing.T) {
+		out, err := clustertest.Gatehouse(t, bin, "mini", "node", "add", "--dir", dir, "--cloud-metadata", "gce")
+		name, _, _ := strings.Cut(strings.TrimSpace(out[strings.LastIndex(out, "\nworker-")+1:]), " ")
+		if err != nil || !strings.Contains(out, name+" is joining") {
+			t.Fatalf("mini node add --cloud-metadata gce: %v\n%s", err, out)
+		}
+		spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", name, "node.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Compute Engine's metadata server, as it answers, where it answers:
+		// 169.254.169.254:80 in the node's own network namespace. The
+		// bootstrapper asks it until it answers.
+		lis := testkit.ListenInNetNS(t, "/run/netns/"+spec.NetNS, "169.254.169.254:80")
+		srv := &http.Server{Handler: cloudmetatest.GCE(cloudmetatest.Instance{
+			Name: name, Project: "gatehouse-local", ProjectNumber: "123456789012", Zone: "local-a", IPs: []string{spec.IP},
+			Attributes: map[string]string{"gatehouse-join-endpoints": strings.Join(spec.JoinEndpoints, ",")},
+		}), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(lis) }()
+		defer srv.Close()
+		var node *corev1.Node
+		err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+			node, err = client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			return err == nil && readySince(node, time.Time{}), nil
+		})
+		if err != nil {
+			t.Fatalf("%s did not join from its cloud metadata: %v\n%s", name, err, nodeLogs(dir))
+		}
+		if want := "gce://gatehouse-local/local-a/" + name; node.Spec.ProviderID != want {
+			t.Errorf("%s's providerID is %q, want %q (from its instance metadata)", name, node.Spec.ProviderID, want)
+		}
 	})
 
 	var rec *mini.Record
