@@ -195,9 +195,6 @@ type harness struct {
 	// variant and hardware: see harnessOptions.
 	variant  attestation.Variant
 	hardware map[string]any
-	// awsKMS keeps the key service's master secret wrapped by a real AWS
-	// KMS API server (local-kms), as kms://aws-kms does, instead of plain.
-	awsKMS bool
 }
 
 type harnessOptions struct {

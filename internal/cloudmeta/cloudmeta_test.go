@@ -350,7 +350,7 @@ func TestInitSecretHash(t *testing.T) {
 					// Only an unset key is ErrNotSet (the bootstrapper then
 					// starts without an init secret).
 					if errors.Is(err, ErrNotSet) != (tt.name == "absent") {
-						t.Fatalf("errors.Is(%v, ErrNotSet) = %v", err, !(tt.name == "absent"))
+						t.Fatalf("errors.Is(%v, ErrNotSet) = %v", err, tt.name != "absent")
 					}
 					return
 				}

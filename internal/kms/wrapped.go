@@ -121,12 +121,12 @@ func (k *WrappedKMS) check(ctx context.Context) error {
 	return nil
 }
 
-// Status reports whether keys are served now, the last check's error, and
-// when a check last succeeded (zero if never).
-func (k *WrappedKMS) Status() (available bool, lastErr error, lastGood time.Time) {
+// Status reports whether keys are served now, when a check last succeeded
+// (zero if never), and the last check's error.
+func (k *WrappedKMS) Status() (available bool, lastGood time.Time, lastErr error) {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
-	return k.derive != nil, k.lastErr, k.lastGood
+	return k.derive != nil, k.lastGood, k.lastErr
 }
 
 // Run checks at once (after an interval if a check just succeeded) and then

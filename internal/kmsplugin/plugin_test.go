@@ -252,7 +252,7 @@ func TestEncryptionAtRest(t *testing.T) {
 	poll(t, "/readyz failing on the KMS provider", 3*time.Minute, func() error {
 		body, err := readyz()
 		if err == nil || !strings.Contains(body+err.Error(), "kms-providers failed") {
-			return fmt.Errorf("readyz: %v", err)
+			return fmt.Errorf("readyz: %w", err)
 		}
 		return nil
 	})

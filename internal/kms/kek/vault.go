@@ -43,7 +43,7 @@ func openVaultTransit(u *kms.VaultTransitURI) (*vaultTransit, error) {
 		}
 		tlsCfg.RootCAs = x509.NewCertPool()
 		if !tlsCfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("Vault's CA bundle %s holds no PEM certificate", u.CAFile)
+			return nil, fmt.Errorf("the CA bundle for Vault %s holds no PEM certificate", u.CAFile)
 		}
 	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()

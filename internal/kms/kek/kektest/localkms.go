@@ -1,3 +1,6 @@
+// Package kektest runs real external KMS servers for tests, on loopback:
+// nsmithuk/local-kms (the AWS KMS API) and a Vault server with the Transit
+// engine (hack/vault-binary.sh).
 package kektest
 
 import (

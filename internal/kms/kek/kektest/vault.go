@@ -39,7 +39,7 @@ func NewVault(t testing.TB) *Vault {
 		t.Fatalf("%s is not set: run the tests with `make test`, or export %s=$(hack/vault-binary.sh)", VaultBinEnv, VaultBinEnv)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "-addr", "127.0.0.1:0")
+	cmd := exec.CommandContext(ctx, bin, "-addr", "127.0.0.1:0") //nolint:gosec // the tests' own Vault build, named by GATEHOUSE_VAULT_BIN
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 10 * time.Second
 	stdout, err := cmd.StdoutPipe()
