@@ -38,18 +38,26 @@ func leaks(text string, secret []byte) bool {
 	return false
 }
 
+// wrappedOnLocalKMS starts a local-kms with two keys and wraps a new master
+// secret with the first.
+func wrappedOnLocalKMS(t *testing.T) (l *kektest.LocalKMS, keyA, keyB string, secret, salt []byte, uri string) {
+	t.Helper()
+	l = kektest.NewLocalKMS(t)
+	keyA, keyB = l.CreateKey(), l.CreateKey()
+	secret, salt = newSecret(t)
+	uri, err := kek.WrapNew(t.Context(), l.URI(keyA).String(), secret, salt, kektest.AWSOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, keyA, keyB, secret, salt, uri
+}
+
 // TestAWSKMSWrap wraps and unwraps a master secret with a real AWS KMS API
 // server (local-kms), and shows what does not unwrap.
 func TestAWSKMSWrap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l := kektest.NewLocalKMS(t)
-	keyA, keyB := l.CreateKey(), l.CreateKey()
-	secret, salt := newSecret(t)
-	uri, err := kek.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kektest.AWSOptions()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, keyA, keyB, secret, salt, uri := wrappedOnLocalKMS(t)
 	if leaks(uri, secret) {
 		t.Fatal("the wrapped URI carries the master secret")
 	}
@@ -111,13 +119,7 @@ func TestAWSKMSWrap(t *testing.T) {
 func TestAWSKMSRewrap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l := kektest.NewLocalKMS(t)
-	keyA, keyB := l.CreateKey(), l.CreateKey()
-	secret, salt := newSecret(t)
-	uri, err := kek.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kektest.AWSOptions()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, keyA, keyB, secret, _, uri := wrappedOnLocalKMS(t)
 	same, err := kek.Rewrap(ctx, uri, "", kektest.AWSOptions()...)
 	if err != nil {
 		t.Fatalf("re-wrapping under the same key: %v", err)
@@ -150,13 +152,8 @@ func TestAWSKMSRewrap(t *testing.T) {
 func TestWrappedKMS(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l := kektest.NewLocalKMS(t)
-	keyA, keyB := l.CreateKey(), l.CreateKey()
-	secret, salt := newSecret(t)
-	current, err := kek.WrapNew(ctx, l.URI(keyA).String(), secret, salt, kektest.AWSOptions()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, keyA, keyB, secret, salt, current := wrappedOnLocalKMS(t)
+	var err error
 	w := kms.NewWrappedKMS(func(ctx context.Context) ([]byte, []byte, error) {
 		return kek.UnwrapURI(ctx, current, kektest.AWSOptions()...)
 	}, time.Minute, clocktesting.NewFakeClock(time.Now()), nil)

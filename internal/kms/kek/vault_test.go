@@ -17,6 +17,21 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/kms/kek/kektest"
 )
 
+// wrappedOnVault starts a Vault with a Transit key and a token allowed to
+// use it, and wraps a new master secret with it.
+func wrappedOnVault(t *testing.T) (v *kektest.Vault, token, tokenFile string, secret, salt []byte, uri string) {
+	t.Helper()
+	v = kektest.NewVault(t)
+	v.CreateKey("gatehouse")
+	token, tokenFile = v.TokenFile("gatehouse")
+	secret, salt = newSecret(t)
+	uri, err := kek.WrapNew(t.Context(), v.URI("gatehouse", tokenFile).String(), secret, salt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, token, tokenFile, secret, salt, uri
+}
+
 // TestVaultTransit wraps the master secret with a real Vault's Transit
 // engine and goes through each way Vault refuses: another salt, the token
 // revoked (and a new token in the file), Vault sealed (and unsealed), a
@@ -24,14 +39,7 @@ import (
 func TestVaultTransit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	v := kektest.NewVault(t)
-	v.CreateKey("gatehouse")
-	token, tokenFile := v.TokenFile("gatehouse")
-	secret, salt := newSecret(t)
-	uri, err := kek.WrapNew(ctx, v.URI("gatehouse", tokenFile).String(), secret, salt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, token, tokenFile, secret, salt, uri := wrappedOnVault(t)
 	if !strings.Contains(uri, "wrapped=") || leaks(uri, secret) {
 		t.Fatalf("wrapped URI %q", uri)
 	}
@@ -109,14 +117,7 @@ func TestVaultTransit(t *testing.T) {
 func TestWrappedKMSVaultTokenRevoked(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	v := kektest.NewVault(t)
-	v.CreateKey("gatehouse")
-	token, tokenFile := v.TokenFile("gatehouse")
-	secret, salt := newSecret(t)
-	uri, err := kek.WrapNew(ctx, v.URI("gatehouse", tokenFile).String(), secret, salt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, token, tokenFile, _, _, uri := wrappedOnVault(t)
 	w := kms.NewWrappedKMS(func(ctx context.Context) ([]byte, []byte, error) { return kek.UnwrapURI(ctx, uri) },
 		time.Minute, clocktesting.NewFakeClock(time.Now()), nil)
 	if err := w.Check(ctx); err != nil {
@@ -127,7 +128,7 @@ func TestWrappedKMSVaultTokenRevoked(t *testing.T) {
 	}
 	v.RevokeToken(token)
 	_ = w.Check(ctx)
-	_, err = w.GetDataKey(ctx, keys.MeasurementSecretID, 32)
+	_, err := w.GetDataKey(ctx, keys.MeasurementSecretID, 32)
 	var unavailable *kms.UnavailableError
 	if !errors.As(err, &unavailable) || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("after the token was revoked: %v, want *UnavailableError naming Vault's permission denied", err)
