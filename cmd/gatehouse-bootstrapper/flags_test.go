@@ -75,7 +75,7 @@ func TestParseFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--state-disk", "/dev/vdb"}, "--advertise-address and --state-disk are required"},
+		{[]string{"--state-disk", "/dev/vdb"}, "--advertise-address (unless --cloud gives it) and --state-disk are required"},
 		{append([]string{"--pcrs", "4"}, required...), "--pcrs must include the node lock PCR 15"},
 		{append([]string{"--join-backoff", "2m", "--join-backoff-max", "1m"}, required...), "--join-backoff 2m0s and --join-backoff-max 1m0s"},
 		{append([]string{"--kubelet-service", "upstart"}, required...), `--kubelet-service "upstart"`},
