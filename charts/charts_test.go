@@ -77,14 +77,24 @@ func TestRenderAndApply(t *testing.T) {
 		name, chart string
 		values      map[string]any
 		want        []string
+		// has are strings the manifest must carry.
+		has []string
 	}{
 		{"gatehouse-joinservice", "gatehouse-joinservice", testValues["gatehouse-joinservice"],
-			[]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"}},
+			[]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"}, nil},
 		// No RBAC by default: the master secret is a mounted volume.
-		{"gatehouse-keyservice", "gatehouse-keyservice", testValues["gatehouse-keyservice"], []string{"ServiceAccount", "Deployment", "Service"}},
+		{"gatehouse-keyservice", "gatehouse-keyservice", testValues["gatehouse-keyservice"], []string{"ServiceAccount", "Deployment", "Service"}, nil},
 		// One per control plane, on the node's network (gatehouse mini up).
 		{"gatehouse-keyservice-daemonset", "gatehouse-keyservice", map[string]any{"kind": "DaemonSet", "hostNetwork": true, "listenHost": "127.0.0.1"},
-			[]string{"ServiceAccount", "DaemonSet", "Service"}},
+			[]string{"ServiceAccount", "DaemonSet", "Service"}, nil},
+		// An external KMS: Vault's token from a Secret, AWS settings in the
+		// environment.
+		{"gatehouse-keyservice-external-kms", "gatehouse-keyservice", map[string]any{
+			"kms":               map[string]any{"checkInterval": "30s"},
+			"extraEnv":          []any{map[string]any{"name": "AWS_REGION", "value": "eu-west-1"}},
+			"extraVolumes":      []any{map[string]any{"name": "vault-token", "secret": map[string]any{"secretName": "gatehouse-vault-token"}}},
+			"extraVolumeMounts": []any{map[string]any{"name": "vault-token", "mountPath": "/run/vault", "readOnly": true}},
+		}, []string{"ServiceAccount", "Deployment", "Service"}, []string{"--kms-check-interval=30s", "name: AWS_REGION", "secretName: gatehouse-vault-token", "mountPath: /run/vault"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -107,6 +117,11 @@ func TestRenderAndApply(t *testing.T) {
 			for _, k := range tc.want {
 				if kinds[k] == 0 {
 					t.Errorf("rendered %v: no %s", kinds, k)
+				}
+			}
+			for _, s := range tc.has {
+				if !strings.Contains(manifest, s) {
+					t.Errorf("the manifest lacks %q:\n%s", s, manifest)
 				}
 			}
 			cmd := exec.CommandContext(t.Context(), filepath.Join(env.BinDir, "kubectl"), "--kubeconfig", env.KubeconfigPath,
