@@ -146,6 +146,11 @@ func (c *JoinClient) Join(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// What the ticket carries is checked before anything on the node
+	// changes.
+	if _, err := ticketKEKs(ticket); err != nil {
+		return err
+	}
 	if err := c.cfg.Lock.TryLock("join", id); err != nil {
 		return err
 	}
@@ -215,6 +220,28 @@ func (c *JoinClient) setUp(ctx context.Context, t *joinservicev1.IssueJoinTicket
 	return last
 }
 
+// ticketKEKs returns the KMS v2 key-encryption keys a control plane's
+// ticket carries (nil for none), refusing a generation below 1, one given
+// twice, or a key not keys.EtcdEncryptionKeySize bytes long.
+func ticketKEKs(t *joinservicev1.IssueJoinTicketResponse) (kmsplugin.KEKs, error) {
+	ks := t.GetEtcdEncryptionKeys()
+	if len(ks) == 0 {
+		return nil, nil
+	}
+	keks := kmsplugin.KEKs{}
+	for _, k := range ks {
+		g := int(k.GetGeneration())
+		if _, dup := keks[g]; dup {
+			return nil, fmt.Errorf("join ticket: KMS v2 key-encryption key generation %d given twice", g)
+		}
+		keks[g] = k.GetKey()
+	}
+	if _, err := kmsplugin.MarshalKEKs(keks); err != nil {
+		return nil, fmt.Errorf("join ticket: KMS v2 key-encryption keys: %w", err)
+	}
+	return keks, nil
+}
+
 // writeJoinFiles writes the kubelet certificate, a control plane's PKI
 // files (keys 0600, certificates 0644) and the kubeadm configuration.
 func (c *JoinClient) writeJoinFiles(t *joinservicev1.IssueJoinTicketResponse, kubeletKey []byte, configPath string, config []byte, patches map[string][]byte) error {
@@ -230,13 +257,13 @@ func (c *JoinClient) writeJoinFiles(t *joinservicev1.IssueJoinTicketResponse, ku
 		if err := machine.writeAuditPolicy(); err != nil {
 			return err
 		}
-		if ks := t.GetEtcdEncryptionKeys(); len(ks) > 0 {
-			keks := kmsplugin.KEKs{}
-			for _, k := range ks {
-				keks[int(k.GetGeneration())] = k.GetKey()
-			}
+		keks, err := ticketKEKs(t)
+		if err != nil {
+			return err
+		}
+		if keks != nil {
 			if err := machine.writeSecretsEncryption(keks); err != nil {
-				return fmt.Errorf("join ticket: %w", err)
+				return err
 			}
 		}
 	}

@@ -321,6 +321,38 @@ func TestJoinControlPlaneFiles(t *testing.T) {
 	}
 }
 
+// TestJoinRefusesMalformedKEKs: a control plane's ticket whose KMS v2
+// key-encryption keys are malformed changes nothing on the node: no lock,
+// no re-key, no file, no kubeadm.
+func TestJoinRefusesMalformedKEKs(t *testing.T) {
+	for name, tc := range map[string]struct {
+		keks []*joinservicev1.EtcdEncryptionKey
+		want string
+	}{
+		"short key":        {[]*joinservicev1.EtcdEncryptionKey{{Generation: 1, Key: []byte{1, 2, 3}}}, "generation 1: want a generation of at least 1 and a 32-byte key"},
+		"generation 0":     {[]*joinservicev1.EtcdEncryptionKey{{Generation: 0, Key: bytes.Repeat([]byte{1}, 32)}}, "generation 0"},
+		"generation twice": {[]*joinservicev1.EtcdEncryptionKey{{Generation: 1, Key: bytes.Repeat([]byte{1}, 32)}, {Generation: 1, Key: bytes.Repeat([]byte{2}, 32)}}, "generation 1 given twice"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newJoinFixture(t, true, func(f *joinFixture) { f.ticket.EtcdEncryptionKeys = tc.keks })
+			err := f.client.Join(t.Context())
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("join = %v, want an error naming %q", err, tc.want)
+			}
+			n := f.n
+			if n.lock.Locked() || n.runner.subcommands() != "" {
+				t.Fatal("the refused ticket changed the node")
+			}
+			if ok, _ := n.disk.TestKey(t.Context(), n.machine.FirstBootKey); !ok {
+				t.Fatal("the refused ticket re-keyed the disk")
+			}
+			if entries, _ := os.ReadDir(n.machine.Root); len(entries) > 0 {
+				t.Errorf("files were written: %v", entries)
+			}
+		})
+	}
+}
+
 // TestJoinWaitsItsTurnAsTold: a control plane told to retry later (another
 // one is joining; google.rpc.RetryInfo) retries after that delay, not
 // after a backoff that grew through the wait: here the backoff is an hour.

@@ -295,3 +295,35 @@ func TestEncryptionAtRest(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestServeSocket: the plugin's socket replaces a stale file and only its
+// owner (the API server's user, root) may connect: mode 0600.
+func TestServeSocket(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "gh-kms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	socket := filepath.Join(dir, "kms", "kms-v2.sock")
+	if err := os.MkdirAll(filepath.Dir(socket), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(socket, []byte("stale"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stop := servePlugin(t, socket, clusterKMS(t), 1, 1)
+	defer stop()
+	poll(t, "the socket", 10*time.Second, func() error {
+		fi, err := os.Stat(socket)
+		switch {
+		case err != nil:
+			return err
+		case fi.Mode().Type() != os.ModeSocket:
+			return fmt.Errorf("%s is %v, not a socket", socket, fi.Mode().Type())
+		case fi.Mode().Perm() != 0o600:
+			return fmt.Errorf("socket mode %v, want 0600", fi.Mode().Perm())
+		}
+		return nil
+	})
+}
