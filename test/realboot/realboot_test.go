@@ -40,8 +40,10 @@ const bootTimeout = 8 * time.Minute
 // the image.
 const initPort = 9000
 
-// listening is the bootstrapper's line once its InitService listens.
-var listening = regexp.MustCompile(`gatehouse-bootstrapper.*(Serving RecoveryService|Waiting for|init.*listen)`)
+// listening is the bootstrapper's line once its InitService (or, on an
+// initialised disk, its RecoveryService) listens — and no other unit's:
+// gatehouse-kms.service also logs "Waiting for" while it waits for its keys.
+var listening = regexp.MustCompile(`gatehouse-bootstrapper.*("Serving RecoveryService|"Waiting for init or join","initAddress")`)
 
 // rig is what every boot of the test shares: the image, the CLI, the
 // TPM manufacturer, and the cluster configuration made from the image's
@@ -129,7 +131,7 @@ func (r *rig) boot(t *testing.T, disk, dir string) *qemu.VM {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("console of %s: %s", dir, vm.ConsoleLog())
+			logConsoleTail(t, vm.ConsoleLog())
 		}
 		if err := vm.Stop(context.Background()); err != nil {
 			t.Errorf("stopping the VM: %v", err)
@@ -139,6 +141,21 @@ func (r *rig) boot(t *testing.T, disk, dir string) *qemu.VM {
 }
 
 // waitFor waits for re on the VM's console within one boot's time.
+// logConsoleTail logs the last lines of a failed test's VM console:
+// the test's directory is gone once it ends, and CI keeps only the log.
+func logConsoleTail(t *testing.T, path string) {
+	t.Helper()
+	const lines = 60
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("reading the console %s: %v", path, err)
+		return
+	}
+	all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	all = all[max(0, len(all)-lines):]
+	t.Logf("the last %d lines of the console %s:\n%s", len(all), path, strings.Join(all, "\n"))
+}
+
 func waitFor(t *testing.T, vm *qemu.VM, re *regexp.Regexp) qemu.Line {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), bootTimeout)
