@@ -52,7 +52,9 @@ func newConfigGenerateCmd() *cobra.Command {
 			"registered keys (--pinned-ak, PEM public keys).\n\n" +
 			"--attestation chooses the variant: tpm (the default), gcp-vtpm (tpm with\n" +
 			"--gce-project), sev-snp (confidential VMs whose SEV-SNP report binds their vTPM's\n" +
-			"key: --launch-measurement, --snp-minimum-tcb) or tdx (--mrtd). The file comments\n" +
+			"key: --launch-measurement, --snp-minimum-tcb), azure-sev-snp (Azure confidential VMs\n" +
+			"whose paravisor's HCL report binds their vTPM's key: the same two flags, naming the\n" +
+			"paravisor's launch measurements) or tdx (--mrtd). The file comments\n" +
 			"every field of the variant's section.\n\n" +
 			"--reference-values-from takes every reference value from a signed reference-value file an\n" +
 			"image build wrote (docs/attestation.md, \"Signed reference values\"), checked with the\n" +
@@ -167,7 +169,7 @@ func newConfigGenerateCmd() *cobra.Command {
 	f.StringVar(&ekInterFile, "ek-intermediates", "", "PEM bundle of the TPM manufacturers' issuing CAs (with --ek-roots)")
 	f.StringArrayVar(&gceProjects, "gce-project", nil, "trust the Compute Engine vTPMs of this project (repeatable), by the AK certificates Google's vTPM CA issues")
 	f.StringArrayVar(&gceZones, "gce-zone", nil, "with --gce-project: only instances in this zone (repeatable)")
-	f.StringVar(&variant, "attestation", "tpm", "attestation variant: tpm, gcp-vtpm, sev-snp or tdx")
+	f.StringVar(&variant, "attestation", "tpm", "attestation variant: tpm, gcp-vtpm, sev-snp, azure-sev-snp or tdx")
 	f.StringArrayVar(&launchMeasurements, "launch-measurement", nil, "sev-snp: an accepted launch measurement, hex (repeatable)")
 	f.StringVar(&minimumTCB, "snp-minimum-tcb", "", "sev-snp: lowest acceptable TCB, BOOTLOADER.TEE.SNP.MICROCODE, e.g. 3.0.8.115")
 	f.StringVar(&mrtd, "mrtd", "", "tdx: the TD's MRTD, hex")
@@ -191,25 +193,25 @@ func hardwareValues(variant string, launch []string, minimumTCB, mrtd string, ke
 			return v, errors.New("--attestation gcp-vtpm needs --gce-project: the projects whose Compute Engine vTPMs may join")
 		}
 		variant = "tpm"
-	case "sev-snp", "tdx":
+	case "sev-snp", "azure-sev-snp", "tdx":
 		if keyTrust > 0 {
 			return v, fmt.Errorf("--attestation %s trusts the vTPM key the hardware report binds: drop --ek-roots, --gce-project and --pinned-ak", variant)
 		}
 	default:
-		return v, fmt.Errorf("--attestation %q: use tpm, gcp-vtpm, sev-snp or tdx", variant)
+		return v, fmt.Errorf("--attestation %q: use tpm, gcp-vtpm, sev-snp, azure-sev-snp or tdx", variant)
 	}
 	v.Variant = variant
-	if variant == "sev-snp" {
+	if variant == "sev-snp" || variant == "azure-sev-snp" {
 		if len(launch) == 0 || minimumTCB == "" {
-			return v, errors.New("--attestation sev-snp needs --launch-measurement (hex, repeatable) and --snp-minimum-tcb " +
-				"(BOOTLOADER.TEE.SNP.MICROCODE): without them any VM image or firmware would be accepted")
+			return v, fmt.Errorf("--attestation %s needs --launch-measurement (hex, repeatable) and --snp-minimum-tcb "+
+				"(BOOTLOADER.TEE.SNP.MICROCODE): without them any VM image or firmware would be accepted", variant)
 		}
 		if _, err := fmt.Sscanf(minimumTCB, "%d.%d.%d.%d", &v.MinimumTCB.Bootloader, &v.MinimumTCB.TEE, &v.MinimumTCB.SNP, &v.MinimumTCB.Microcode); err != nil {
 			return v, fmt.Errorf("--snp-minimum-tcb %q: want BOOTLOADER.TEE.SNP.MICROCODE, e.g. 3.0.8.115", minimumTCB)
 		}
 		v.LaunchMeasurements = launch
 	} else if len(launch) > 0 || minimumTCB != "" {
-		return v, errors.New("--launch-measurement and --snp-minimum-tcb are for --attestation sev-snp")
+		return v, errors.New("--launch-measurement and --snp-minimum-tcb are for --attestation sev-snp or azure-sev-snp")
 	}
 	if variant == "tdx" {
 		if mrtd == "" {

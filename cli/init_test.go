@@ -514,6 +514,7 @@ func TestConfigGenerateVariants(t *testing.T) {
 		want    []string
 	}{
 		{"sev-snp", []string{"--launch-measurement", m48, "--snp-minimum-tcb", "3.0.8.115"}, []string{"variant: sev-snp", "sevSnp:", "# guestPolicy:", "# idKeyDigests:", "checkRevocations: true"}},
+		{"azure-sev-snp", []string{"--launch-measurement", m48, "--snp-minimum-tcb", "3.0.8.115"}, []string{"variant: azure-sev-snp", "sevSnp:", "checkRevocations: true"}},
 		{"tdx", []string{"--mrtd", m48}, []string{"variant: tdx", "tdx:", "# rtmrs:", "# mrSeam:", "# minimumTeeTcbSvn:"}},
 		{"gcp-vtpm", []string{"--gce-project", "my-project"}, []string{"variant: tpm", "gce:", "projects: [\"my-project\"]"}},
 	} {
@@ -549,7 +550,8 @@ func TestConfigGenerateVariants(t *testing.T) {
 		{[]string{"--attestation", "tdx"}, "--attestation tdx needs --mrtd"},
 		{[]string{"--attestation", "tpm", "--mrtd", m48, "--gce-project", "p"}, "--mrtd is for --attestation tdx"},
 		{[]string{"--attestation", "gcp-vtpm"}, "--attestation gcp-vtpm needs --gce-project"},
-		{[]string{"--attestation", "nitro"}, "use tpm, gcp-vtpm, sev-snp or tdx"},
+		{[]string{"--attestation", "nitro"}, "use tpm, gcp-vtpm, sev-snp, azure-sev-snp or tdx"},
+		{[]string{"--attestation", "azure-sev-snp"}, "--attestation azure-sev-snp needs --launch-measurement"},
 		{[]string{"--attestation", "sev-snp", "--launch-measurement", "abcd", "--snp-minimum-tcb", "1.0.1.1"}, "launchMeasurements[0] has 2 bytes, want 48"},
 	} {
 		args := append(append([]string{"config", "generate", "--output", filepath.Join(dir, "bad.yaml")}, refs...), tc.args...)

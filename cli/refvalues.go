@@ -87,7 +87,7 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 				return err
 			}
 			switch {
-			case v == attestation.VariantSNP:
+			case v == attestation.VariantSNP || v == attestation.VariantAzureSNP:
 				trust.SEVSNP = &choose.SEVSNPPolicy{}
 				if roots != "" {
 					trust.SEVSNP.Roots = []string{roots}
@@ -95,7 +95,7 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 			case v == attestation.VariantTDX:
 				trust.TDX = &choose.TDXPolicy{Roots: roots}
 			case roots != "":
-				return errors.New("--hardware-roots is for --attestation sev-snp or tdx")
+				return errors.New("--hardware-roots is for --attestation sev-snp, azure-sev-snp or tdx")
 			}
 			if v != attestation.VariantTPM && (cpLog != "" || workerLog != "") {
 				return fmt.Errorf("--attestation %s captures from golden nodes (--control-plane, --worker): an event log holds no launch measurement", v)
@@ -294,8 +294,9 @@ func hardwareSection(v attestation.Variant, roles []captured, at time.Time) (str
 		}
 		fmt.Fprintf(&b, "#   %s: %s, %s\n", r.role, r.provenance, r.hardware.Endorsement)
 	}
-	if v == attestation.VariantSNP {
-		b.WriteString("# The sevSnp section of the attestation policy (next to variant: sev-snp), or\n" +
+	if v == attestation.VariantSNP || v == attestation.VariantAzureSNP {
+		fmt.Fprintf(&b, "# The sevSnp section of the attestation policy (next to variant: %s), or\n", v)
+		b.WriteString(
 			"# config generate --launch-measurement for each value.\nsevSnp:\n  launchMeasurements:\n")
 		var seen []string
 		for _, r := range roles {

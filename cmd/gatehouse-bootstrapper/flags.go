@@ -14,6 +14,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/bootstrapper"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/azurecvm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp/snpguest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
@@ -236,7 +237,8 @@ func attesterFlags(fs *flag.FlagSet) func() (choose.AttesterOptions, error) {
 	fs.StringVar(&o.SNPInterface, "sev-snp-interface", string(snpguest.Auto), snpInterfaceUsage)
 	pcrList := fs.String("pcrs", "0,1,2,3,4,5,6,7,8,9,15", "SHA-256 PCRs to quote; must include 15")
 	fs.StringVar(&o.EKCertificate, "ek-certificate", string(tpmattester.EKCertificateAuto), ekCertificateUsage)
-	fs.StringVar(&o.AttestationKey, "attestation-key", string(tpmattester.AKOwner), attestationKeyUsage)
+	fs.StringVar(&o.AttestationKey, "attestation-key", "", attestationKeyUsage)
+	fs.StringVar(&o.AzureTHIMURL, "azure-thim-url", azurecvm.DefaultTHIMURL, "where --attestation azure-sev-snp fetches the VCEK of the chip the VM runs on (Azure's instance metadata service)")
 	fs.StringVar(&o.TCGEventLog, "tcg-event-log", tpm.DefaultTCGEventLogPath, tcgEventLogUsage)
 	return func() (choose.AttesterOptions, error) {
 		var err error
@@ -249,13 +251,16 @@ const ekCertificateUsage = "send the TPM's EK certificate with evidence, for ver
 	"auto (when the TPM holds one), required, or off"
 
 const attestationKeyUsage = "attestation key: owner (the same key on every boot; verifiers pin it or trust the TPM's EK certificate), " +
-	"or gce (a Compute Engine vTPM's AK with the certificate Google issued the instance; policy gce)"
+	"gce (a Compute Engine vTPM's AK with the certificate Google issued the instance; policy gce), " +
+	"or azure (the AK Azure provisions at persistent handle 0x81000003, with its certificate; policy azureTrustedLaunch); " +
+	"empty: owner, or azure for --attestation azure-sev-snp"
 
 const tcgEventLogUsage = "the firmware's TCG event log, read afresh and sent with every evidence so verifiers replay it and " +
 	"name the boot event behind a refused PCR; none when the file does not exist or with \"\" (a local cluster's swtpm nodes)"
 
 const attestationUsage = "attestation variant: tpm (the TPM's quote), sev-snp or tdx (a confidential VM: " +
-	"its vTPM's quote with the AMD SEV-SNP report or Intel TDX quote binding the vTPM's key)"
+	"its vTPM's quote with the AMD SEV-SNP report or Intel TDX quote binding the vTPM's key), " +
+	"or azure-sev-snp (an Azure confidential VM: its paravisor vTPM's quote with the HCL report binding the vTPM's key)"
 
 const snpInterfaceUsage = "with --attestation sev-snp: the guest interface reports come through: " +
 	"auto (configfs-tsm where the kernel has it, else /dev/sev-guest), configfs-tsm or sev-guest"

@@ -188,6 +188,9 @@ const (
 	VariantTPM Variant = "tpm"
 	VariantSNP Variant = "sev-snp"
 	VariantTDX Variant = "tdx"
+	// VariantAzureSNP is an Azure confidential VM on AMD SEV-SNP whose
+	// vTPM runs in Microsoft's paravisor (package azurecvm).
+	VariantAzureSNP Variant = "azure-sev-snp"
 )
 
 // oidArc is Gatehouse's private, unregistered OID arc for evidence
@@ -199,9 +202,10 @@ var oidArc = asn1.ObjectIdentifier{1, 3, 9903, 1}
 
 // variantNumbers assigns each variant its arc number. Stable: append only.
 var variantNumbers = map[Variant]int{
-	VariantTPM: 1,
-	VariantSNP: 2,
-	VariantTDX: 3,
+	VariantTPM:      1,
+	VariantSNP:      2,
+	VariantTDX:      3,
+	VariantAzureSNP: 4,
 }
 
 // OID returns the object identifier of v's evidence extension, or an error

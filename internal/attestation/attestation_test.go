@@ -20,6 +20,7 @@ func TestOIDsAreStable(t *testing.T) {
 		{VariantTPM, "1.3.9903.1.1"},
 		{VariantSNP, "1.3.9903.1.2"},
 		{VariantTDX, "1.3.9903.1.3"},
+		{VariantAzureSNP, "1.3.9903.1.4"},
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.variant), func(t *testing.T) {
@@ -42,7 +43,7 @@ func TestOIDsAreStable(t *testing.T) {
 }
 
 func TestUnknownVariants(t *testing.T) {
-	if _, err := ParseVariant("sgx"); err == nil || !strings.Contains(err.Error(), "known variants are sev-snp, tdx, tpm") {
+	if _, err := ParseVariant("sgx"); err == nil || !strings.Contains(err.Error(), "known variants are azure-sev-snp, sev-snp, tdx, tpm") {
 		t.Fatalf("error = %v", err)
 	}
 	if _, err := Variant("sgx").OID(); err == nil {

@@ -224,9 +224,11 @@ type TemplateValues struct {
 	// GCEProjects (and GCEZones), when set, trust the Compute Engine vTPMs
 	// of those projects instead (docs/attestation.md, "Cloud vTPMs").
 	GCEProjects, GCEZones []string
-	// Variant is the attestation variant: "" or tpm, sev-snp or tdx.
+	// Variant is the attestation variant: "" or tpm, sev-snp, azure-sev-snp
+	// or tdx.
 	Variant string
-	// LaunchMeasurements (hex) and MinimumTCB fill sev-snp's section.
+	// LaunchMeasurements (hex) and MinimumTCB fill the sevSnp section
+	// (variants sev-snp and azure-sev-snp).
 	LaunchMeasurements []string
 	MinimumTCB         choose.SNPTCB
 	// MRTD (hex) fills tdx's section.
@@ -269,7 +271,10 @@ attestation:
   #   sev-snp  an AMD SEV-SNP confidential VM: its vTPM's quote, and the SEV-SNP
   #            report binding the vTPM's key (section sevSnp);
   #   tdx      an Intel TDX confidential VM: its vTPM's quote, and the TDX quote
-  #            binding the vTPM's key (section tdx).
+  #            binding the vTPM's key (section tdx);
+  #   azure-sev-snp  an Azure confidential VM on SEV-SNP: its paravisor vTPM's
+  #            quote, and the HCL report binding that vTPM's key (section sevSnp:
+  #            the paravisor's launch measurements).
   variant: {{.Variant}}
   # SHA-256 PCRs every (v)TPM quote must cover. 15 is the node lock: it must be
   # zero when a node asks for keys, and holds the cluster ID afterwards.
@@ -298,7 +303,7 @@ attestation:
   # "Event logs"); a log that comes is replayed either way.
   requireEventLog: {{.}}
 {{- end}}
-{{- if eq .Variant "sev-snp"}}
+{{- if or (eq .Variant "sev-snp") (eq .Variant "azure-sev-snp")}}
   # What every node's SEV-SNP report must show. The report binds the vTPM's key,
   # so no key is registered and no key trust field is set.
   sevSnp:

@@ -331,6 +331,8 @@ var publicAPI = map[string]string{
 	"internal/attestation/tdx/tdxguest.NewWithProvider":          "the seam for go-tdx-guest's test device (tdxtest), the same",
 	"internal/attestation/tpm/tpmattester.AKGCE":                 "an AKSource value, the attester's documented option (swtpmtest makes Compute Engine-style TPMs with it)",
 	"internal/attestation/tpm/tpmattester.EKCertificateRequired": "an EKCertificateMode value, the attester's documented option",
+	"internal/attestation/tpm/tpmattester.AKOwner":               "an AKSource value, the attester's documented option (its default, the empty value)",
+	"internal/attestation/tpm/tpmattester.AzureAK*":              "Azure's documented vTPM AK handle and certificate index (docs/attestation.md); the Trusted Launch and confidential VM attester tests provision a TPM simulator at them",
 	"internal/bootstraptoken.ErrIDTaken":                         "the documented error of Issuer.Issue (errors.Is), which the join service's tests assert",
 	"internal/keys.ErrInvalidRequest":                            "the documented error of the key derivation (errors.Is), which the KMS tests assert",
 	"internal/clusterpki.AdminGroup":                             "the admin kubeconfig's organisation, the documented group of Init's admin (docs/keys.md)",

@@ -284,6 +284,79 @@ func (x *ConfidentialVMEvidence) GetHardware() []byte {
 	return nil
 }
 
+// AzureCVMEvidence is the evidence of the "azure-sev-snp" variant: an
+// Azure confidential VM whose vTPM runs in Microsoft's paravisor (HCL) at
+// VMPL 0. The paravisor's HCL report binds the vTPM attestation key: its
+// SEV-SNP report's REPORT_DATA[0:32] is SHA-256 of the report's runtime
+// data, a JSON document holding the key as a JSON Web Key ("HCLAkPub")
+// and the user data the guest asked for (docs/attestation.md, "Azure
+// confidential VMs").
+type AzureCVMEvidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A marshalled TPMEvidence from the vTPM, quoted with the paravisor's
+	// attestation key; carries no EK certificate.
+	Vtpm []byte `protobuf:"bytes,1,opt,name=vtpm,proto3" json:"vtpm,omitempty"`
+	// The HCL report, as the vTPM's NV index 0x01400001 holds it after the
+	// guest wrote its user data to NV index 0x01400002.
+	HclReport []byte `protobuf:"bytes,2,opt,name=hcl_report,json=hclReport,proto3" json:"hcl_report,omitempty"`
+	// The VCEK certificate (DER) of the chip that signed the report, as
+	// Azure's instance metadata service serves it (THIM).
+	Vcek          []byte `protobuf:"bytes,3,opt,name=vcek,proto3" json:"vcek,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AzureCVMEvidence) Reset() {
+	*x = AzureCVMEvidence{}
+	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AzureCVMEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AzureCVMEvidence) ProtoMessage() {}
+
+func (x *AzureCVMEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AzureCVMEvidence.ProtoReflect.Descriptor instead.
+func (*AzureCVMEvidence) Descriptor() ([]byte, []int) {
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AzureCVMEvidence) GetVtpm() []byte {
+	if x != nil {
+		return x.Vtpm
+	}
+	return nil
+}
+
+func (x *AzureCVMEvidence) GetHclReport() []byte {
+	if x != nil {
+		return x.HclReport
+	}
+	return nil
+}
+
+func (x *AzureCVMEvidence) GetVcek() []byte {
+	if x != nil {
+		return x.Vcek
+	}
+	return nil
+}
+
 // SNPEvidence is the SEV-SNP report of "sev-snp" evidence.
 type SNPEvidence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -301,7 +374,7 @@ type SNPEvidence struct {
 
 func (x *SNPEvidence) Reset() {
 	*x = SNPEvidence{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -313,7 +386,7 @@ func (x *SNPEvidence) String() string {
 func (*SNPEvidence) ProtoMessage() {}
 
 func (x *SNPEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[3]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -326,7 +399,7 @@ func (x *SNPEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SNPEvidence.ProtoReflect.Descriptor instead.
 func (*SNPEvidence) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{3}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SNPEvidence) GetReport() []byte {
@@ -364,7 +437,7 @@ type TDXEvidence struct {
 
 func (x *TDXEvidence) Reset() {
 	*x = TDXEvidence{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -376,7 +449,7 @@ func (x *TDXEvidence) String() string {
 func (*TDXEvidence) ProtoMessage() {}
 
 func (x *TDXEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[4]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -389,7 +462,7 @@ func (x *TDXEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TDXEvidence.ProtoReflect.Descriptor instead.
 func (*TDXEvidence) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{4}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TDXEvidence) GetQuote() []byte {
@@ -418,7 +491,7 @@ type EventLog struct {
 
 func (x *EventLog) Reset() {
 	*x = EventLog{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[5]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -430,7 +503,7 @@ func (x *EventLog) String() string {
 func (*EventLog) ProtoMessage() {}
 
 func (x *EventLog) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[5]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -443,7 +516,7 @@ func (x *EventLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventLog.ProtoReflect.Descriptor instead.
 func (*EventLog) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{5}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EventLog) GetEvents() []*Event {
@@ -468,7 +541,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_attestation_v1_evidence_proto_msgTypes[6]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +553,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_attestation_v1_evidence_proto_msgTypes[6]
+	mi := &file_attestation_v1_evidence_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +566,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{6}
+	return file_attestation_v1_evidence_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Event) GetPcr() uint32 {
@@ -544,7 +617,12 @@ const file_attestation_v1_evidence_proto_rawDesc = "" +
 	"\x10encrypted_secret\x18\x02 \x01(\fR\x0fencryptedSecret\"H\n" +
 	"\x16ConfidentialVMEvidence\x12\x12\n" +
 	"\x04vtpm\x18\x01 \x01(\fR\x04vtpm\x12\x1a\n" +
-	"\bhardware\x18\x02 \x01(\fR\bhardware\"o\n" +
+	"\bhardware\x18\x02 \x01(\fR\bhardware\"Y\n" +
+	"\x10AzureCVMEvidence\x12\x12\n" +
+	"\x04vtpm\x18\x01 \x01(\fR\x04vtpm\x12\x1d\n" +
+	"\n" +
+	"hcl_report\x18\x02 \x01(\fR\thclReport\x12\x12\n" +
+	"\x04vcek\x18\x03 \x01(\fR\x04vcek\"o\n" +
 	"\vSNPEvidence\x12\x16\n" +
 	"\x06report\x18\x01 \x01(\fR\x06report\x12+\n" +
 	"\x11certificate_table\x18\x02 \x01(\fR\x10certificateTable\x12\x1b\n" +
@@ -571,20 +649,21 @@ func file_attestation_v1_evidence_proto_rawDescGZIP() []byte {
 	return file_attestation_v1_evidence_proto_rawDescData
 }
 
-var file_attestation_v1_evidence_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_attestation_v1_evidence_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_attestation_v1_evidence_proto_goTypes = []any{
 	(*TPMEvidence)(nil),            // 0: gatehouse.attestation.v1.TPMEvidence
 	(*TPMActivationChallenge)(nil), // 1: gatehouse.attestation.v1.TPMActivationChallenge
 	(*ConfidentialVMEvidence)(nil), // 2: gatehouse.attestation.v1.ConfidentialVMEvidence
-	(*SNPEvidence)(nil),            // 3: gatehouse.attestation.v1.SNPEvidence
-	(*TDXEvidence)(nil),            // 4: gatehouse.attestation.v1.TDXEvidence
-	(*EventLog)(nil),               // 5: gatehouse.attestation.v1.EventLog
-	(*Event)(nil),                  // 6: gatehouse.attestation.v1.Event
-	nil,                            // 7: gatehouse.attestation.v1.TPMEvidence.PcrsEntry
+	(*AzureCVMEvidence)(nil),       // 3: gatehouse.attestation.v1.AzureCVMEvidence
+	(*SNPEvidence)(nil),            // 4: gatehouse.attestation.v1.SNPEvidence
+	(*TDXEvidence)(nil),            // 5: gatehouse.attestation.v1.TDXEvidence
+	(*EventLog)(nil),               // 6: gatehouse.attestation.v1.EventLog
+	(*Event)(nil),                  // 7: gatehouse.attestation.v1.Event
+	nil,                            // 8: gatehouse.attestation.v1.TPMEvidence.PcrsEntry
 }
 var file_attestation_v1_evidence_proto_depIdxs = []int32{
-	7, // 0: gatehouse.attestation.v1.TPMEvidence.pcrs:type_name -> gatehouse.attestation.v1.TPMEvidence.PcrsEntry
-	6, // 1: gatehouse.attestation.v1.EventLog.events:type_name -> gatehouse.attestation.v1.Event
+	8, // 0: gatehouse.attestation.v1.TPMEvidence.pcrs:type_name -> gatehouse.attestation.v1.TPMEvidence.PcrsEntry
+	7, // 1: gatehouse.attestation.v1.EventLog.events:type_name -> gatehouse.attestation.v1.Event
 	2, // [2:2] is the sub-list for method output_type
 	2, // [2:2] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
@@ -603,7 +682,7 @@ func file_attestation_v1_evidence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_attestation_v1_evidence_proto_rawDesc), len(file_attestation_v1_evidence_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

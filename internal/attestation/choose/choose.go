@@ -30,15 +30,22 @@ type variant struct {
 	// which binds the (v)TPM's key; nil when the TPM quote alone is the
 	// evidence.
 	hardwareAttester func(AttesterOptions) (attestation.Attester, error)
+	// wrap turns the (v)TPM's quote attester into the variant's attester
+	// when the evidence is not the quote and a hardware attester's report
+	// (azure-sev-snp: the paravisor's HCL report, read through the vTPM).
+	wrap func(AttesterOptions, *tpmattester.QuoteAttester) (attestation.Attester, error)
+	// akSource, when set, picks the variant's AK from --attestation-key.
+	akSource func(string) (tpmattester.AKSource, error)
 	// verifier compiles the variant's verifier.
 	verifier func(Appraisal) (attestation.Verifier, error)
 }
 
 // variants is the registry: one line per variant.
 var variants = map[attestation.Variant]variant{
-	attestation.VariantTPM: {verifier: tpmVerifier},
-	attestation.VariantSNP: {hardwareAttester: snpAttester, verifier: snpVerifier},
-	attestation.VariantTDX: {hardwareAttester: tdxAttester, verifier: tdxVerifier},
+	attestation.VariantTPM:      {verifier: tpmVerifier},
+	attestation.VariantSNP:      {hardwareAttester: snpAttester, verifier: snpVerifier},
+	attestation.VariantTDX:      {hardwareAttester: tdxAttester, verifier: tdxVerifier},
+	attestation.VariantAzureSNP: {wrap: azureSNPAttester, akSource: azureAKSource, verifier: azureSNPVerifier},
 }
 
 func lookup(v attestation.Variant) (variant, error) {
@@ -91,18 +98,25 @@ func Verifier(v attestation.Variant, a Appraisal) (attestation.Verifier, error) 
 // the hardware report's, and the vTPM quote's whose key the report binds,
 // with a's PCR selection and reference values.
 func confidentialVMVerifier(v attestation.Variant, a Appraisal, hardware func() (attestation.Verifier, error)) (attestation.Verifier, error) {
-	if a.EndorsementSet {
-		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates, gce and azureTrustedLaunch", v)
+	vtpm, err := boundVTPM(v, a)
+	if err != nil {
+		return nil, err
 	}
 	hw, err := hardware()
 	if err != nil {
 		return nil, err
 	}
-	vtpm, err := tpm.NewBoundVerifier(tpm.QuotePolicy{PCRs: a.PCRs, ReferenceValues: a.ReferenceValues, RequireEventLog: a.RequireEventLog}, a.Now)
-	if err != nil {
-		return nil, err
-	}
 	return cvm.NewCompositeVerifier(v, hw, vtpm)
+}
+
+// boundVTPM is the verifier of a confidential VM variant's vTPM quote,
+// with a's PCR selection and reference values, trusting only the key its
+// hardware report binds; a policy with a key trust field is refused.
+func boundVTPM(v attestation.Variant, a Appraisal) (*tpm.QuoteVerifier, error) {
+	if a.EndorsementSet {
+		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates, gce and azureTrustedLaunch", v)
+	}
+	return tpm.NewBoundVerifier(tpm.QuotePolicy{PCRs: a.PCRs, ReferenceValues: a.ReferenceValues, RequireEventLog: a.RequireEventLog}, a.Now)
 }
 
 // AttesterOptions shape a node's attester. They are the bootstrapper's
@@ -118,8 +132,12 @@ type AttesterOptions struct {
 	// (--ek-certificate, tpmattester.ParseEKCertificateMode).
 	EKCertificate string
 	// AttestationKey is where the AK comes from (--attestation-key,
-	// tpmattester.AKSource).
+	// tpmattester.AKSource); "" is the variant's default (owner; azure for
+	// azure-sev-snp).
 	AttestationKey string
+	// AzureTHIMURL is where variant azure-sev-snp fetches the chip's VCEK
+	// (--azure-thim-url; "" is azurecvm.DefaultTHIMURL).
+	AzureTHIMURL string
 	// SNPInterface is how the SEV-SNP report is fetched
 	// (--sev-snp-interface, snpguest.ParseInterface).
 	SNPInterface string
@@ -170,11 +188,19 @@ func OpenAttester(o AttesterOptions) (*NodeAttester, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--ek-certificate: %w", err)
 	}
+	akSource := tpmattester.AKSource(o.AttestationKey)
+	if entry.akSource != nil {
+		if akSource, err = entry.akSource(o.AttestationKey); err != nil {
+			return nil, fmt.Errorf("--attestation-key %s: %w", o.AttestationKey, err)
+		}
+	}
 	var hardware attestation.Attester
 	if entry.hardwareAttester != nil {
 		if hardware, err = entry.hardwareAttester(o); err != nil {
 			return nil, err
 		}
+	}
+	if entry.hardwareAttester != nil || entry.wrap != nil {
 		// The hardware report vouches for the vTPM's key: no EK to activate.
 		mode = tpmattester.EKCertificateOff
 	}
@@ -187,17 +213,21 @@ func OpenAttester(o AttesterOptions) (*NodeAttester, error) {
 		return nil, fmt.Errorf("opening the TPM %s: %w", o.TPMPath, err)
 	}
 	tpmAttester, err := tpmattester.New(rw, tpmattester.Options{PCRs: o.PCRs, EKCertificate: mode,
-		AttestationKey: tpmattester.AKSource(o.AttestationKey), TCGEventLogPath: tcgLog})
+		AttestationKey: akSource, TCGEventLogPath: tcgLog})
 	if err != nil {
 		_ = rw.Close()
 		return nil, fmt.Errorf("creating the attestation key: %w", err)
 	}
 	n := &NodeAttester{TPM: rw, TPMAttester: tpmAttester, Attester: tpmAttester, TCGEventLog: tcgLog}
-	if hardware != nil {
-		if n.Attester, err = cvm.NewCompositeAttester(hardware, tpmAttester); err != nil {
-			n.Close()
-			return nil, err
-		}
+	switch {
+	case entry.wrap != nil:
+		n.Attester, err = entry.wrap(o, tpmAttester)
+	case hardware != nil:
+		n.Attester, err = cvm.NewCompositeAttester(hardware, tpmAttester)
+	}
+	if err != nil {
+		n.Close()
+		return nil, err
 	}
 	return n, nil
 }

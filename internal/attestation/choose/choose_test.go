@@ -53,6 +53,10 @@ func TestVerifierRefusesWhatTheVariantDoesNotTake(t *testing.T) {
 		{"sev-snp without its section", attestation.VariantSNP, Appraisal{}, "needs a sevSnp section"},
 		{"tdx without its section", attestation.VariantTDX, Appraisal{}, "needs a tdx section"},
 		{"tdx with a sev-snp section", attestation.VariantTDX, Appraisal{SEVSNP: &SEVSNPPolicy{}}, "not sevSnp"},
+		{"azure-sev-snp with key trust", attestation.VariantAzureSNP, Appraisal{EndorsementSet: true, SEVSNP: &SEVSNPPolicy{}}, "remove pinnedAKs"},
+		{"azure-sev-snp without its section", attestation.VariantAzureSNP, Appraisal{}, "needs a sevSnp section"},
+		{"azure-sev-snp with a tdx section", attestation.VariantAzureSNP, Appraisal{TDX: &TDXPolicy{}}, "not tdx"},
+		{"azure-sev-snp from another VMPL than the paravisor's", attestation.VariantAzureSNP, Appraisal{SEVSNP: &SEVSNPPolicy{LaunchMeasurements: []string{strings.Repeat("aa", 48)}, VMPL: ptr(2)}}, "VMPL 0"},
 		{"unknown variant", attestation.Variant("sgx"), Appraisal{}, `"sgx" has no attester and verifier`},
 	}
 	for _, tt := range tests {
@@ -75,6 +79,7 @@ func TestOpenAttesterNamesTheFlag(t *testing.T) {
 		{AttesterOptions{Variant: "sgx"}, "--attestation"},
 		{AttesterOptions{Variant: "tpm", EKCertificate: "sometimes"}, "--ek-certificate"},
 		{AttesterOptions{Variant: "sev-snp", EKCertificate: "auto", SNPInterface: "carrier-pigeon"}, "--sev-snp-interface"},
+		{AttesterOptions{Variant: "azure-sev-snp", EKCertificate: "auto", AttestationKey: "owner"}, "--attestation-key owner"},
 		{AttesterOptions{Variant: "tpm", EKCertificate: "auto", TCGEventLog: filepath.Join(t.TempDir(), "a-file", "log")}, ""},
 	} {
 		if strings.HasSuffix(tt.o.TCGEventLog, "log") {
@@ -104,3 +109,5 @@ func TestTCGEventLogPath(t *testing.T) {
 		}
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

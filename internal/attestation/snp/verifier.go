@@ -125,7 +125,22 @@ func (v *ReportVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*a
 	if err := attestation.DecodeEvidence(evidence, ev); err != nil {
 		return nil, err
 	}
-	att, err := parse(ev, v.policy.Collateral != nil)
+	result, err := v.VerifyReport(ctx, ev.GetReport(), ev.GetCertificateTable(), attestation.Binding512(nonce, ev.GetUserData()))
+	if err != nil {
+		return nil, err
+	}
+	result.UserData = ev.GetUserData()
+	return result, nil
+}
+
+// VerifyReport runs Verify's checks on a raw report (1184 bytes, SNP ABI
+// spec table 22) and certificate table (GHCB spec §4.1.8.1; empty when
+// the policy's collateral source fetches the VCEK) whose REPORT_DATA must
+// equal reportData (64 bytes), for a report another party's binding
+// shapes: Azure's paravisor sets REPORT_DATA to SHA-256 of its HCL
+// report's runtime data (package azurecvm). Errors as Verify's.
+func (v *ReportVerifier) VerifyReport(ctx context.Context, rawReport, certTable, reportData []byte) (*attestation.Result, error) {
+	att, err := parse(rawReport, certTable, v.policy.Collateral != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -139,8 +154,8 @@ func (v *ReportVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*a
 		return nil, fmt.Errorf("%w: SEV-SNP report signature or VCEK chain: %w", attestation.ErrSignature, err)
 	}
 	report := att.GetReport()
-	if subtle.ConstantTimeCompare(report.GetReportData(), attestation.Binding512(nonce, ev.GetUserData())) != 1 {
-		return nil, fmt.Errorf("%w: REPORT_DATA is not SHA-512(nonce || user data)", attestation.ErrNonce)
+	if subtle.ConstantTimeCompare(report.GetReportData(), reportData) != 1 {
+		return nil, fmt.Errorf("%w: REPORT_DATA is not the binding of this evidence (SHA-512(nonce || user data) for Gatehouse's own)", attestation.ErrNonce)
 	}
 	policy, err := abi.ParseSnpPolicy(report.GetPolicy())
 	if err != nil {
@@ -170,12 +185,10 @@ func (v *ReportVerifier) Verify(ctx context.Context, evidence, nonce []byte) (*a
 	if !v.policy.AnyLaunchMeasurement && !slices.ContainsFunc(v.policy.LaunchMeasurements, func(m []byte) bool { return bytes.Equal(m, report.GetMeasurement()) }) {
 		return nil, fmt.Errorf("%w: launch measurement %x is none of the policy's %d", attestation.ErrMeasurement, report.GetMeasurement(), len(v.policy.LaunchMeasurements))
 	}
-	got := map[uint32][]byte{0: report.GetMeasurement()}
 	result := &attestation.Result{
 		Variant:      attestation.VariantSNP,
-		UserData:     ev.GetUserData(),
 		Identity:     chipIdentity(att),
-		Measurements: got,
+		Measurements: map[uint32][]byte{0: report.GetMeasurement()},
 		Endorsement: fmt.Sprintf("sev-snp chip=%x measurement=%x reportedTCB=%#x vmpl=%d",
 			report.GetChipId(), report.GetMeasurement(), report.GetReportedTcb(), report.GetVmpl()),
 	}
@@ -213,20 +226,20 @@ func chipIdentity(att *spb.Attestation) string {
 // parse decodes the report and certificate table into go-sev-guest's form.
 // Without fetch, the table must hold the VCEK or VLEK; with it, a missing
 // VCEK is fetched from AMD KDS by the report's chip ID and TCB.
-func parse(ev *attestationv1.SNPEvidence, fetch bool) (*spb.Attestation, error) {
-	if len(ev.GetReport()) != abi.ReportSize {
-		return nil, fmt.Errorf("%w: report has %d bytes, want %d", attestation.ErrMalformed, len(ev.GetReport()), abi.ReportSize)
+func parse(rawReport, certTable []byte, fetch bool) (*spb.Attestation, error) {
+	if len(rawReport) != abi.ReportSize {
+		return nil, fmt.Errorf("%w: report has %d bytes, want %d", attestation.ErrMalformed, len(rawReport), abi.ReportSize)
 	}
-	report, err := abi.ReportToProto(ev.GetReport())
+	report, err := abi.ReportToProto(rawReport)
 	if err != nil {
 		return nil, fmt.Errorf("%w: decoding SEV-SNP report: %w", attestation.ErrMalformed, err)
 	}
 	table := &abi.CertTable{}
-	if len(ev.GetCertificateTable()) > 0 || !fetch {
-		if err := checkCertTable(ev.GetCertificateTable()); err != nil {
+	if len(certTable) > 0 || !fetch {
+		if err := checkCertTable(certTable); err != nil {
 			return nil, fmt.Errorf("%w: decoding certificate table: %w", attestation.ErrMalformed, err)
 		}
-		if err := table.Unmarshal(ev.GetCertificateTable()); err != nil {
+		if err := table.Unmarshal(certTable); err != nil {
 			return nil, fmt.Errorf("%w: decoding certificate table: %w", attestation.ErrMalformed, err)
 		}
 	}

@@ -1,23 +1,30 @@
 package tpm_test
 
 import (
+	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"math/big"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm/legacy/tpm2"
 	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
+	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
 
 // fluoriteDocument is mithril-security/fluorite's Trusted Launch
@@ -217,5 +224,79 @@ func TestAzureTrustedLaunchRecordedEvidence(t *testing.T) {
 			!strings.Contains(err.Error(), "exactly one of certificate IDs and any-VM") {
 			t.Fatalf("Azure policy %+v: %v, want refused", azure, err)
 		}
+	}
+}
+
+// TestAzureAttester: on a TPM provisioned as Azure provisions a Trusted
+// Launch vTPM (an RSA AK at persistent handle 0x81000003, its certificate
+// in NV index 0x01c101d0, which is larger than the certificate; issued
+// here by a test CA standing in for Azure's), the attester sends the
+// certificate alone and the azureTrustedLaunch policy trusts the VM's ID;
+// another ID is refused. A vTPM without the AK says what is missing; one
+// without the certificate (a confidential VM, whose HCL report binds the
+// key instead) quotes without it, and Trusted Launch refuses that.
+func TestAzureAttester(t *testing.T) {
+	rw := newSimulator(t)
+	if _, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs, AttestationKey: tpmattester.AKAzure}); err == nil ||
+		!strings.Contains(err.Error(), "Trusted Launch or confidential VM") {
+		t.Fatalf("a vTPM without the Azure AK: %v", err)
+	}
+	ak, err := client.NewKey(rw, tpm2.HandleOwner, client.AKTemplateRSA())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tpm2.EvictControl(rw, "", tpm2.HandleOwner, ak.Handle(), tpmattester.AzureAKHandle); err != nil {
+		t.Fatal(err)
+	}
+	akPub := ak.PublicKey()
+	ak.Close()
+
+	ca := testkit.NewCA(t, "test Azure vTPM CA")
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	verify := func(t *testing.T, a *tpmattester.QuoteAttester, ids ...string) (*attestation.Result, error) {
+		t.Helper()
+		nonce := newNonce(t)
+		evidence, err := a.Attest(t.Context(), []byte("tls key"), nonce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: testPCRs, Endorsement: tpm.Endorsement{Azure: &tpm.AzureEndorsement{CertificateIDs: ids, Roots: roots}}}, time.Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.Verify(t.Context(), evidence, nonce)
+	}
+	open := func(t *testing.T) *tpmattester.QuoteAttester {
+		t.Helper()
+		a, err := tpmattester.New(rw, tpmattester.Options{PCRs: testPCRs, AttestationKey: tpmattester.AKAzure})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = a.Close() })
+		return a
+	}
+	if _, err := verify(t, open(t), "abc123"); !errors.Is(err, attestation.ErrUntrustedKey) {
+		t.Fatalf("without an AK certificate: error = %v, want %v", err, attestation.ErrUntrustedKey)
+	}
+
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(3), Subject: pkix.Name{CommonName: "abc123.TrustedVM.Azure.Microsoft"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		UnknownExtKeyUsage: []asn1.ObjectIdentifier{{2, 23, 133, 8, 3}}}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca.Cert, akPub, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nvWrite(t, rw, uint32(tpmattester.AzureAKCertificateNV), append(leafDER, make([]byte, 200)...))
+	a := open(t)
+	result, err := verify(t, a, "abc123")
+	if err != nil {
+		t.Fatalf("Azure AK with its certificate: %v", err)
+	}
+	if !strings.HasPrefix(result.Endorsement, "azure-trusted-launch id=abc123 ") {
+		t.Fatalf("endorsement %q", result.Endorsement)
+	}
+	if _, err := verify(t, a, "another"); !errors.Is(err, attestation.ErrPolicy) {
+		t.Fatalf("another ID: error = %v, want %v", err, attestation.ErrPolicy)
 	}
 }

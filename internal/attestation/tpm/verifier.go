@@ -236,7 +236,7 @@ func (v *QuoteVerifier) Verify(_ context.Context, evidence, nonce []byte) (*atte
 	if err != nil {
 		return nil, err
 	}
-	return v.verify(ev, attestation.Binding256(nonce, ev.GetUserData()), nil)
+	return v.verify(ev, attestation.Binding256(nonce, ev.GetUserData()), boundKey{})
 }
 
 // VerifyBound runs Verify's checks on a verifier from NewBoundVerifier,
@@ -255,7 +255,31 @@ func (v *QuoteVerifier) VerifyBound(_ context.Context, evidence, nonce, boundAK 
 	if err != nil {
 		return nil, err
 	}
-	return v.verify(ev, attestation.Binding256(nonce, ev.GetUserData()), boundAK)
+	return v.verify(ev, attestation.Binding256(nonce, ev.GetUserData()), boundKey{tpmtPublic: boundAK})
+}
+
+// VerifyBoundKey runs Verify's checks on a verifier from NewBoundVerifier,
+// with the quote's extraData equal to extraData, trusting the attestation
+// key only if its public key equals key: the form of a vTPM whose
+// hardware report carries the AK as a public key rather than its
+// TPMT_PUBLIC (Azure's HCL report, a JSON Web Key: package azurecvm).
+// Errors as Verify's; on any other verifier it fails.
+func (v *QuoteVerifier) VerifyBoundKey(_ context.Context, evidence, extraData []byte, key crypto.PublicKey) (*attestation.Result, error) {
+	if v.mode != modeBound || key == nil {
+		return nil, fmt.Errorf("%w: VerifyBoundKey needs a verifier from NewBoundVerifier and a bound key", attestation.ErrUntrustedKey)
+	}
+	ev, err := ParseEvidence(evidence)
+	if err != nil {
+		return nil, err
+	}
+	return v.verify(ev, extraData, boundKey{key: key})
+}
+
+// boundKey is the AK a hardware report binds, for a verifier in modeBound:
+// its TPMT_PUBLIC, or (when that is nil) its public key.
+type boundKey struct {
+	tpmtPublic []byte
+	key        crypto.PublicKey
 }
 
 // VerifyExtraData runs Verify's checks on evidence whose quote's extraData
@@ -272,13 +296,13 @@ func (v *QuoteVerifier) VerifyExtraData(_ context.Context, evidence, extraData [
 	if v.mode == modeBound {
 		return nil, fmt.Errorf("%w: this verifier trusts only an attestation key a hardware report binds (VerifyBound)", attestation.ErrUntrustedKey)
 	}
-	return v.verify(ev, extraData, nil)
+	return v.verify(ev, extraData, boundKey{})
 }
 
-// verify checks parsed evidence whose quote must carry extraData; boundAK
+// verify checks parsed evidence whose quote must carry extraData; bound
 // is the AK a hardware report binds, for a verifier in modeBound.
-func (v *QuoteVerifier) verify(ev *attestationv1.TPMEvidence, extraData, boundAK []byte) (*attestation.Result, error) {
-	ak, err := v.trustedAK(ev, boundAK)
+func (v *QuoteVerifier) verify(ev *attestationv1.TPMEvidence, extraData []byte, bound boundKey) (*attestation.Result, error) {
+	ak, err := v.trustedAK(ev, bound)
 	if err != nil {
 		return nil, err
 	}
@@ -384,7 +408,7 @@ type trustedKey struct {
 
 // trustedAK decodes the AK, checks its attributes and its endorsement, and
 // returns its public key and identity.
-func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte) (trustedKey, error) {
+func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, bound boundKey) (trustedKey, error) {
 	decoded, err := v.aks.decode(ev.GetAttestationKey())
 	if err != nil {
 		return trustedKey{}, err
@@ -394,7 +418,12 @@ func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, boundAK []byte)
 
 	switch v.mode {
 	case modeBound:
-		if subtle.ConstantTimeCompare(ev.GetAttestationKey(), boundAK) != 1 {
+		same := subtle.ConstantTimeCompare(ev.GetAttestationKey(), bound.tpmtPublic) == 1
+		if bound.tpmtPublic == nil {
+			k, ok := key.(interface{ Equal(crypto.PublicKey) bool })
+			same = ok && bound.key != nil && k.Equal(bound.key)
+		}
+		if !same {
 			return trustedKey{}, fmt.Errorf("%w: attestation key %s is not the key the hardware report binds", attestation.ErrUntrustedKey, identity)
 		}
 		return ak, nil

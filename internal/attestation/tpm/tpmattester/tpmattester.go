@@ -8,6 +8,7 @@ package tpmattester
 import (
 	"context"
 	"crypto"
+	"encoding/asn1"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm/legacy/tpm2"
+	"github.com/google/go-tpm/tpmutil"
 	"google.golang.org/protobuf/proto"
 
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
@@ -61,6 +63,19 @@ const (
 	// with the certificate Google's vTPM CA issued the instance, from NV
 	// index 0x01c10002, sent with every evidence (policy gce).
 	AKGCE AKSource = "gce"
+	// AKAzure is the RSA AK Azure provisions in a Trusted Launch or
+	// confidential VM's vTPM at persistent handle 0x81000003, with the
+	// certificate Azure's vTPM CA issued it from NV index 0x01c101d0 when
+	// the vTPM holds one (Trusted Launch: policy azureTrustedLaunch; a
+	// confidential VM's HCL report binds the key instead).
+	AKAzure AKSource = "azure"
+)
+
+// Azure's vTPM handles (docs/attestation.md, "Cloud vTPMs: Azure Trusted
+// Launch" and "Azure confidential VMs").
+const (
+	AzureAKHandle        = tpmutil.Handle(0x81000003)
+	AzureAKCertificateNV = tpmutil.Handle(0x01c101d0)
 )
 
 // EKCertificateMode says whether evidence carries the TPM's EK certificate.
@@ -118,8 +133,14 @@ func New(rw io.ReadWriter, opts Options) (*QuoteAttester, error) {
 		if err == nil {
 			opts.AKCertificates = [][]byte{ak.CertDERBytes()}
 		}
+	case AKAzure:
+		var cert []byte
+		ak, cert, err = azureAK(rw)
+		if err == nil && cert != nil {
+			opts.AKCertificates = [][]byte{cert}
+		}
 	default:
-		return nil, fmt.Errorf("tpm attester: unknown attestation key source %q: use owner or gce", opts.AttestationKey)
+		return nil, fmt.Errorf("tpm attester: unknown attestation key source %q: use owner, gce or azure", opts.AttestationKey)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("creating attestation key: %w", err)
@@ -157,6 +178,31 @@ func gceAK(rw io.ReadWriter) (*client.Key, error) {
 		return nil, fmt.Errorf("the vTPM holds no AK certificate in NV index %#x: Compute Engine issues one to Shielded VMs", client.GceAKCertNVIndexECC)
 	}
 	return ak, nil
+}
+
+// azureAK loads an Azure vTPM's AK from its persistent handle, with its
+// certificate (DER; nil when the vTPM holds none, as on a confidential VM
+// whose HCL report binds the key).
+func azureAK(rw io.ReadWriter) (*client.Key, []byte, error) {
+	ak, err := client.LoadCachedKey(rw, AzureAKHandle, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the Azure AK from persistent handle %#x (is this an Azure Trusted Launch or confidential VM?): %w", AzureAKHandle, err)
+	}
+	if _, err := tpm2.NVReadPublic(rw, AzureAKCertificateNV); err != nil {
+		return ak, nil, nil
+	}
+	cert, err := tpm2.NVReadEx(rw, AzureAKCertificateNV, tpm2.HandleOwner, "", 0)
+	if err != nil {
+		ak.Close()
+		return nil, nil, fmt.Errorf("reading the Azure AK certificate from NV index %#x: %w", AzureAKCertificateNV, err)
+	}
+	// The index may be larger than the certificate: keep the DER only.
+	rest, err := asn1.Unmarshal(cert, new(asn1.RawValue))
+	if err != nil {
+		ak.Close()
+		return nil, nil, fmt.Errorf("the Azure AK certificate in NV index %#x is not DER: %w", AzureAKCertificateNV, err)
+	}
+	return ak, cert[:len(cert)-len(rest)], nil
 }
 
 // readEKCertificate returns the RSA EK's certificate from the TPM's NV
@@ -204,6 +250,18 @@ func (a *QuoteAttester) lock(ctx context.Context) error {
 }
 
 func (a *QuoteAttester) unlock() { <-a.turn }
+
+// WithTPM runs f with the TPM while no other command of this attester
+// runs, waiting for the TPM at most until ctx ends (then failing wrapping
+// ctx's cause): for a caller's own commands that must not interleave with
+// quotes, such as an Azure HCL report's NV write and read.
+func (a *QuoteAttester) WithTPM(ctx context.Context, f func(rw io.ReadWriter) error) error {
+	if err := a.lock(ctx); err != nil {
+		return err
+	}
+	defer a.unlock()
+	return f(a.tpm)
+}
 
 // Attest quotes the selected PCRs with extraData SHA-256(nonce || userData)
 // and returns marshalled TPMEvidence. It waits for the TPM (another
