@@ -471,38 +471,59 @@ func TestMiniCluster(t *testing.T) {
 		keepsServing(t)
 	})
 
-	t.Run("a worker on a cloud takes its identity from instance metadata", func(t *testing.T) {
-		out, err := clustertest.Gatehouse(t, bin, "mini", "node", "add", "--dir", dir, "--cloud-metadata", "gce")
-		name, _, _ := strings.Cut(strings.TrimSpace(out[strings.LastIndex(out, "\nworker-")+1:]), " ")
-		if err != nil || !strings.Contains(out, name+" is joining") {
-			t.Fatalf("mini node add --cloud-metadata gce: %v\n%s", err, out)
-		}
-		spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", name, "node.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Compute Engine's metadata server, as it answers, where it answers:
-		// 169.254.169.254:80 in the node's own network namespace. The
-		// bootstrapper asks it until it answers.
-		lis := testkit.ListenInNetNS(t, "/run/netns/"+spec.NetNS, "169.254.169.254:80")
-		srv := &http.Server{Handler: cloudmetatest.GCE(cloudmetatest.Instance{
-			Name: name, Project: "gatehouse-local", ProjectNumber: "123456789012", Zone: "local-a", IPs: []string{spec.IP},
-			Attributes: map[string]string{"gatehouse-join-endpoints": strings.Join(spec.JoinEndpoints, ",")},
-		}), ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = srv.Serve(lis) }()
-		defer srv.Close()
-		var node *corev1.Node
-		err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
-			node, err = client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-			return err == nil && readySince(node, time.Time{}), nil
+	// A worker on each cloud takes its identity from that cloud's metadata
+	// service, as it answers, where it answers: 169.254.169.254:80 in the
+	// node's own network namespace (docs/cloud.md). The bootstrapper asks
+	// it until it answers.
+	for _, cloud := range []struct {
+		name       string
+		serve      func(name, ip string, endpoints map[string]string) http.Handler
+		providerID func(name string) string
+	}{
+		{"gce", func(name, ip string, attrs map[string]string) http.Handler {
+			return cloudmetatest.GCE(cloudmetatest.Instance{Name: name, Project: "gatehouse-local", ProjectNumber: "123456789012",
+				Zone: "local-a", IPs: []string{ip}, Attributes: attrs})
+		}, func(name string) string { return "gce://gatehouse-local/local-a/" + name }},
+		{"aws", func(name, ip string, tags map[string]string) http.Handler {
+			return cloudmetatest.AWS(cloudmetatest.Instance{Name: name, ID: "i-0123456789abcdef0", Region: "eu-local-1",
+				Zone: "eu-local-1a", IPs: []string{ip}, Attributes: tags})
+		}, func(string) string { return "aws:///eu-local-1a/i-0123456789abcdef0" }},
+		{"azure", func(name, ip string, tags map[string]string) http.Handler {
+			return cloudmetatest.Azure(cloudmetatest.Instance{Name: name, ID: "7df7b373-b947-4aaa-96e5-c358f2a03d20",
+				Project: "00000000-0000-0000-0000-000000000001", ResourceGroup: "gatehouse-local", Region: "localeurope",
+				Zone: "1", IPs: []string{ip}, Attributes: tags})
+		}, func(name string) string {
+			return "azure:///subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/gatehouse-local/providers/Microsoft.Compute/virtualMachines/" + name
+		}},
+	} {
+		t.Run("a worker on "+cloud.name+" takes its identity from instance metadata", func(t *testing.T) {
+			out, err := clustertest.Gatehouse(t, bin, "mini", "node", "add", "--dir", dir, "--cloud-metadata", cloud.name)
+			name, _, _ := strings.Cut(strings.TrimSpace(out[strings.LastIndex(out, "\nworker-")+1:]), " ")
+			if err != nil || !strings.Contains(out, name+" is joining") {
+				t.Fatalf("mini node add --cloud-metadata %s: %v\n%s", cloud.name, err, out)
+			}
+			spec, err := mini.ReadNodeSpec(filepath.Join(dir, "nodes", name, "node.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lis := testkit.ListenInNetNS(t, "/run/netns/"+spec.NetNS, "169.254.169.254:80")
+			srv := &http.Server{Handler: cloud.serve(name, spec.IP, map[string]string{"gatehouse-join-endpoints": strings.Join(spec.JoinEndpoints, ",")}),
+				ReadHeaderTimeout: 10 * time.Second}
+			go func() { _ = srv.Serve(lis) }()
+			defer srv.Close()
+			var node *corev1.Node
+			err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+				node, err = client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+				return err == nil && readySince(node, time.Time{}), nil
+			})
+			if err != nil {
+				t.Fatalf("%s did not join from its %s metadata: %v\n%s", name, cloud.name, err, nodeLogs(dir))
+			}
+			if want := cloud.providerID(name); node.Spec.ProviderID != want {
+				t.Errorf("%s's providerID is %q, want %q (from its instance metadata)", name, node.Spec.ProviderID, want)
+			}
 		})
-		if err != nil {
-			t.Fatalf("%s did not join from its cloud metadata: %v\n%s", name, err, nodeLogs(dir))
-		}
-		if want := "gce://gatehouse-local/local-a/" + name; node.Spec.ProviderID != want {
-			t.Errorf("%s's providerID is %q, want %q (from its instance metadata)", name, node.Spec.ProviderID, want)
-		}
-	})
+	}
 
 	var rec *mini.Record
 	if rec, err = mini.ReadRecord(dir); err != nil {
