@@ -12,6 +12,7 @@ require (
 	github.com/cavaliergopher/cpio v1.0.1
 	github.com/coreos/butane v0.26.0
 	github.com/coreos/ignition/v2 v2.25.0
+	github.com/fxamacker/cbor/v2 v2.9.0
 	github.com/go-logr/logr v1.4.4
 	github.com/google/go-containerregistry v0.21.6
 	github.com/google/go-eventlog v0.0.3-0.20260617163629-883cc5652c69
@@ -28,6 +29,7 @@ require (
 	github.com/saferwall/pe v1.6.5
 	github.com/secure-systems-lab/go-securesystemslib v0.11.1
 	github.com/spf13/cobra v1.10.2
+	github.com/veraison/go-cose v1.3.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/crypto v0.57.0
 	golang.org/x/mod v0.41.0
@@ -113,7 +115,6 @@ require (
 	github.com/fatih/color v1.19.0 // indirect
 	github.com/felixge/httpsnoop v1.0.4 // indirect
 	github.com/fsnotify/fsnotify v1.9.0 // indirect
-	github.com/fxamacker/cbor/v2 v2.9.0 // indirect
 	github.com/go-errors/errors v1.4.2 // indirect
 	github.com/go-gorp/gorp/v3 v3.1.0 // indirect
 	github.com/go-jose/go-jose/v4 v4.1.4 // indirect

@@ -252,7 +252,8 @@ const ekCertificateUsage = "send the TPM's EK certificate with evidence, for ver
 
 const attestationKeyUsage = "attestation key: owner (the same key on every boot; verifiers pin it or trust the TPM's EK certificate), " +
 	"gce (a Compute Engine vTPM's AK with the certificate Google issued the instance; policy gce), " +
-	"or azure (the AK Azure provisions at persistent handle 0x81000003, with its certificate; policy azureTrustedLaunch); " +
+	"azure (the AK Azure provisions at persistent handle 0x81000003, with its certificate; policy azureTrustedLaunch), " +
+	"or aws-nitro (owner's key, each evidence with the NitroTPM attestation document naming it; policy awsNitroTPM); " +
 	"empty: owner, or azure for --attestation azure-sev-snp"
 
 const tcgEventLogUsage = "the firmware's TCG event log, read afresh and sent with every evidence so verifiers replay it and " +

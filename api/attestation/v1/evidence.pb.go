@@ -58,7 +58,13 @@ type TPMEvidence struct {
 	// replays its SHA-256 digests to the quoted PCRs and names the events
 	// behind a PCR that differs from its reference value (docs/attestation.md,
 	// "Event logs").
-	TcgEventLog   []byte `protobuf:"bytes,10,opt,name=tcg_event_log,json=tcgEventLog,proto3" json:"tcg_event_log,omitempty"`
+	TcgEventLog []byte `protobuf:"bytes,10,opt,name=tcg_event_log,json=tcgEventLog,proto3" json:"tcg_event_log,omitempty"`
+	// The NitroTPM attestation document (a COSE_Sign1 the Nitro hypervisor
+	// signs; aws/NitroTPM-Tools nitro-tpm-attest) naming the AK as its
+	// public_key and the quote's extraData as its nonce, for verifiers
+	// trusting AWS NitroTPM (docs/attestation.md, "Cloud vTPMs: AWS
+	// NitroTPM"); empty elsewhere.
+	NitroDocument []byte `protobuf:"bytes,11,opt,name=nitro_document,json=nitroDocument,proto3" json:"nitro_document,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -159,6 +165,13 @@ func (x *TPMEvidence) GetEndorsementKeyCertificate() []byte {
 func (x *TPMEvidence) GetTcgEventLog() []byte {
 	if x != nil {
 		return x.TcgEventLog
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetNitroDocument() []byte {
+	if x != nil {
+		return x.NitroDocument
 	}
 	return nil
 }
@@ -594,7 +607,7 @@ var File_attestation_v1_evidence_proto protoreflect.FileDescriptor
 
 const file_attestation_v1_evidence_proto_rawDesc = "" +
 	"\n" +
-	"\x1dattestation/v1/evidence.proto\x12\x18gatehouse.attestation.v1\"\xf6\x03\n" +
+	"\x1dattestation/v1/evidence.proto\x12\x18gatehouse.attestation.v1\"\x9d\x04\n" +
 	"\vTPMEvidence\x12\x14\n" +
 	"\x05quote\x18\x01 \x01(\fR\x05quote\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\x12,\n" +
@@ -606,7 +619,8 @@ const file_attestation_v1_evidence_proto_rawDesc = "" +
 	"\tuser_data\x18\b \x01(\fR\buserData\x12>\n" +
 	"\x1bendorsement_key_certificate\x18\t \x01(\fR\x19endorsementKeyCertificate\x12\"\n" +
 	"\rtcg_event_log\x18\n" +
-	" \x01(\fR\vtcgEventLog\x1a7\n" +
+	" \x01(\fR\vtcgEventLog\x12%\n" +
+	"\x0enitro_document\x18\v \x01(\fR\rnitroDocument\x1a7\n" +
 	"\tPcrsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"c\n" +

@@ -108,7 +108,9 @@ func (p *paravisor) publish(userData []byte) {
 		p.t.Error(err)
 		return
 	}
+	p.mu.Lock()
 	p.vcek = table.Proto().GetVcekCert()
+	p.mu.Unlock()
 	report := hclReport(raw[:abi.ReportSize], runtime)
 	if _, err := tpm2.NVReadPublic(p.sim, azurecvm.HCLReportNV); err == nil {
 		if err := tpm2.NVUndefineSpace(p.sim, "", tpm2.HandleOwner, azurecvm.HCLReportNV); err != nil {

@@ -114,7 +114,7 @@ func confidentialVMVerifier(v attestation.Variant, a Appraisal, hardware func() 
 // hardware report binds; a policy with a key trust field is refused.
 func boundVTPM(v attestation.Variant, a Appraisal) (*tpm.QuoteVerifier, error) {
 	if a.EndorsementSet {
-		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates, gce and azureTrustedLaunch", v)
+		return nil, fmt.Errorf("variant %s trusts the vTPM key its hardware report binds: remove pinnedAKs, akRoots, ekRoots, ekIntermediates, gce, azureTrustedLaunch and awsNitroTPM", v)
 	}
 	return tpm.NewBoundVerifier(tpm.QuotePolicy{PCRs: a.PCRs, ReferenceValues: a.ReferenceValues, RequireEventLog: a.RequireEventLog}, a.Now)
 }

@@ -9,12 +9,14 @@ import (
 	"bytes"
 	"crypto"
 	"crypto/sha256"
+	"crypto/sha512"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/keys"
 )
 
 // Policy is the file form of an appraisal policy: the join config's
@@ -49,7 +52,7 @@ type Policy struct {
 	// the only ones it gets (docs/joinservice.md, "Roles from evidence").
 	Roles map[Role]RolePolicy `json:"roles"`
 	// How attestation keys (AKs) are trusted: set exactly one of AKRoots,
-	// PinnedAKs, EKRoots, GCE and AzureTrustedLaunch (docs/attestation.md,
+	// PinnedAKs, EKRoots, GCE, AzureTrustedLaunch and AWSNitroTPM (docs/attestation.md,
 	// "Endorsed keys").
 	//
 	// AKRoots is a PEM bundle of roots for AK certificate chains.
@@ -73,6 +76,10 @@ type Policy struct {
 	// certificate Azure provisioned in the vTPM chains to Microsoft's vTPM
 	// root, and names an admitted ID (or any VM is admitted, said so).
 	AzureTrustedLaunch *AzureTrustedLaunchPolicy `json:"azureTrustedLaunch,omitempty"`
+	// AWSNitroTPM trusts AWS NitroTPM vTPMs: the attestation document the
+	// Nitro hypervisor signs names the AK and the quote's binding, and
+	// shows the SHA-384 PCR values listed here.
+	AWSNitroTPM *AWSNitroTPMPolicy `json:"awsNitroTPM,omitempty"`
 	// SEVSNP is variant sev-snp's hardware section.
 	SEVSNP *choose.SEVSNPPolicy `json:"sevSnp,omitempty"`
 	// TDX is variant tdx's hardware section.
@@ -123,6 +130,26 @@ type AzureTrustedLaunchPolicy struct {
 	// certificates carry no AIA URL, so a CA Microsoft introduces before
 	// this release embeds it is listed here. Optional.
 	Intermediates string `json:"intermediates,omitempty"`
+}
+
+// AWSNitroTPMPolicy constrains the NitroTPM instances a policy trusts
+// (docs/attestation.md, "Cloud vTPMs: AWS NitroTPM"). Exactly one of
+// InstanceIDs and AnyInstance is set: a NitroTPM document names no AWS
+// account.
+type AWSNitroTPMPolicy struct {
+	// ReferenceValues are the SHA-384 PCR values (hex, 48 bytes; the same
+	// format as referenceValues) every document must show; at least one,
+	// never PCR 15. They are what the Nitro hypervisor vouches for: take
+	// them from a golden instance's document.
+	ReferenceValues json.RawMessage `json:"referenceValues"`
+	// InstanceIDs are the admitted EC2 instance IDs (i-…).
+	InstanceIDs []string `json:"instanceIDs,omitempty"`
+	// AnyInstance admits every NitroTPM instance of every AWS customer
+	// whose document shows the reference values.
+	AnyInstance bool `json:"anyInstance,omitempty"`
+	// Roots, when set, is a PEM bundle replacing the embedded AWS Nitro
+	// root (a test CA). Optional.
+	Roots string `json:"roots,omitempty"`
 }
 
 // HasAlternatives reports whether some role accepts more than one set of
@@ -217,7 +244,7 @@ func (p Policy) requiresEventLog(sets ...measurements.M) bool {
 
 // keyTrustSet reports whether any TPM key trust field is set.
 func (p Policy) keyTrustSet() bool {
-	return strings.TrimSpace(p.AKRoots+p.EKRoots+p.EKIntermediates+strings.Join(p.PinnedAKs, "")) != "" || p.GCE != nil || p.AzureTrustedLaunch != nil
+	return strings.TrimSpace(p.AKRoots+p.EKRoots+p.EKIntermediates+strings.Join(p.PinnedAKs, "")) != "" || p.GCE != nil || p.AzureTrustedLaunch != nil || p.AWSNitroTPM != nil
 }
 
 func parseEndorsement(p Policy) (tpm.Endorsement, error) {
@@ -234,10 +261,13 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 	if p.AzureTrustedLaunch != nil {
 		set++
 	}
+	if p.AWSNitroTPM != nil {
+		set++
+	}
 	if set != 1 {
 		return e, errors.New("set exactly one of pinnedAKs (registered attestation keys), ekRoots (TPM manufacturers' CAs: " +
-			"no registration), gce (Compute Engine vTPMs of allowed projects), azureTrustedLaunch (Azure Trusted Launch vTPMs) " +
-			"and akRoots (CAs of attestation key certificates)")
+			"no registration), gce (Compute Engine vTPMs of allowed projects), azureTrustedLaunch (Azure Trusted Launch vTPMs), " +
+			"awsNitroTPM (AWS NitroTPM vTPMs) and akRoots (CAs of attestation key certificates)")
 	}
 	if strings.TrimSpace(p.EKIntermediates) != "" && strings.TrimSpace(p.EKRoots) == "" {
 		return e, errors.New("ekIntermediates is set without ekRoots")
@@ -265,6 +295,9 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 		return e, err
 	case p.AzureTrustedLaunch != nil:
 		e.Azure, err = parseAzureTrustedLaunch(p.AzureTrustedLaunch)
+		return e, err
+	case p.AWSNitroTPM != nil:
+		e.Nitro, err = parseAWSNitroTPM(p.AWSNitroTPM)
 		return e, err
 	case strings.TrimSpace(p.AKRoots) != "":
 		e.Roots, err = attestation.CertPool("akRoots", p.AKRoots)
@@ -320,6 +353,40 @@ func parseAzureTrustedLaunch(a *AzureTrustedLaunchPolicy) (*tpm.AzureEndorsement
 	return e, nil
 }
 
+// awsInstanceID is an EC2 instance ID.
+var awsInstanceID = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
+
+// parseAWSNitroTPM checks an awsNitroTPM section and returns its
+// endorsement.
+func parseAWSNitroTPM(a *AWSNitroTPMPolicy) (*tpm.NitroEndorsement, error) {
+	if a.AnyInstance == (len(a.InstanceIDs) > 0) {
+		return nil, errors.New("awsNitroTPM: set exactly one of instanceIDs (the admitted EC2 instances) " +
+			"and anyInstance: true (every NitroTPM instance of every AWS customer; a NitroTPM document names no account)")
+	}
+	for i, id := range a.InstanceIDs {
+		if !awsInstanceID.MatchString(id) {
+			return nil, fmt.Errorf("awsNitroTPM.instanceIDs[%d] %q is not an EC2 instance ID (i- and 8 or 17 hex digits)", i, id)
+		}
+	}
+	ref, err := measurements.Parse(a.ReferenceValues, sha512.Size384)
+	if err != nil {
+		return nil, fmt.Errorf("awsNitroTPM.referenceValues (SHA-384 PCR values, hex, 48 bytes): %w", err)
+	}
+	if len(ref) == 0 {
+		return nil, errors.New("awsNitroTPM.referenceValues is empty: list the SHA-384 PCR values every instance's document must show")
+	}
+	if _, ok := ref[keys.NodeLockPCR]; ok {
+		return nil, fmt.Errorf("awsNitroTPM.referenceValues must not set PCR %d: it holds the node lock, checked in the quote", keys.NodeLockPCR)
+	}
+	e := &tpm.NitroEndorsement{ReferenceValues: ref, InstanceIDs: a.InstanceIDs, AnyInstance: a.AnyInstance}
+	if strings.TrimSpace(a.Roots) != "" {
+		if e.Roots, err = attestation.CertPool("awsNitroTPM.roots", a.Roots); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
 // keyTrust describes how the policy trusts attestation keys, for its
 // summary.
 func (p Policy) keyTrust() string {
@@ -337,6 +404,13 @@ func (p Policy) keyTrust() string {
 			return fmt.Sprintf("gce(projects=%v zones=%v roots=%s)", p.GCE.Projects, p.GCE.Zones, Fingerprint([]byte(p.GCE.Roots)))
 		}
 		return fmt.Sprintf("gce(projects=%v zones=%v)", p.GCE.Projects, p.GCE.Zones)
+	case p.AWSNitroTPM != nil:
+		a := p.AWSNitroTPM
+		admits := fmt.Sprintf("instanceIDs=%v", a.InstanceIDs)
+		if a.AnyInstance {
+			admits = "anyInstance"
+		}
+		return fmt.Sprintf("awsNitroTPM(%s referenceValues=%s)", admits, Fingerprint(a.ReferenceValues))
 	case p.AzureTrustedLaunch != nil:
 		a := p.AzureTrustedLaunch
 		admits := fmt.Sprintf("certificateIDs=%v", a.CertificateIDs)

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,11 @@ func akPEM(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: spki}))
+}
+
+// nitroRefs is a SHA-384 reference value for pcr.
+func nitroRefs(pcr int) []byte {
+	return []byte(`{"` + strconv.Itoa(pcr) + `": {"expected": "` + strings.Repeat("ab", 48) + `"}}`)
 }
 
 // TestKeyTrust: exactly one way of trusting attestation keys, each
@@ -95,6 +101,28 @@ func TestKeyTrust(t *testing.T) {
 		}, "azureTrustedLaunch.intermediates: certificate 1 (CN=leaf) is not a CA certificate", ""},
 		{"Azure Trusted Launch and GCE", func(p *policy.Policy) {
 			p.AzureTrustedLaunch, p.GCE = &policy.AzureTrustedLaunchPolicy{AnyVM: true}, &policy.GCEPolicy{Projects: []string{"p"}}
+		}, "set exactly one of", ""},
+		{"AWS NitroTPM, any instance", func(p *policy.Policy) {
+			p.AWSNitroTPM = &policy.AWSNitroTPMPolicy{AnyInstance: true, ReferenceValues: nitroRefs(4)}
+		}, "", "keys=awsNitroTPM(anyInstance referenceValues=sha256:"},
+		{"AWS NitroTPM, instance IDs", func(p *policy.Policy) {
+			p.AWSNitroTPM = &policy.AWSNitroTPMPolicy{InstanceIDs: []string{"i-01cfb383223e42522"}, ReferenceValues: nitroRefs(4)}
+		}, "", "keys=awsNitroTPM(instanceIDs=[i-01cfb383223e42522]"},
+		{"AWS NitroTPM admitting nothing", func(p *policy.Policy) { p.AWSNitroTPM = &policy.AWSNitroTPMPolicy{ReferenceValues: nitroRefs(4)} },
+			"awsNitroTPM: set exactly one of instanceIDs", ""},
+		{"AWS NitroTPM, a name for an instance ID", func(p *policy.Policy) {
+			p.AWSNitroTPM = &policy.AWSNitroTPMPolicy{InstanceIDs: []string{"worker-1"}, ReferenceValues: nitroRefs(4)}
+		}, "awsNitroTPM.instanceIDs[0]", ""},
+		{"AWS NitroTPM without reference values", func(p *policy.Policy) { p.AWSNitroTPM = &policy.AWSNitroTPMPolicy{AnyInstance: true} },
+			"awsNitroTPM.referenceValues", ""},
+		{"AWS NitroTPM with SHA-256 reference values", func(p *policy.Policy) {
+			p.AWSNitroTPM = &policy.AWSNitroTPMPolicy{AnyInstance: true, ReferenceValues: []byte(`{"4": {"expected": "` + strings.Repeat("ab", 32) + `"}}`)}
+		}, "awsNitroTPM.referenceValues", ""},
+		{"AWS NitroTPM setting the node lock", func(p *policy.Policy) {
+			p.AWSNitroTPM = &policy.AWSNitroTPMPolicy{AnyInstance: true, ReferenceValues: nitroRefs(15)}
+		}, "must not set PCR 15", ""},
+		{"AWS NitroTPM and GCE", func(p *policy.Policy) {
+			p.AWSNitroTPM, p.GCE = &policy.AWSNitroTPMPolicy{AnyInstance: true, ReferenceValues: nitroRefs(4)}, &policy.GCEPolicy{Projects: []string{"p"}}
 		}, "set exactly one of", ""},
 		{"none", func(*policy.Policy) {}, "set exactly one of pinnedAKs", ""},
 		{"two", func(p *policy.Policy) { p.PinnedAKs, p.EKRoots = []string{ak}, ca }, "set exactly one of pinnedAKs", ""},

@@ -16,6 +16,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/rsa"
 	"crypto/sha256"
+	"crypto/sha512"
 	"crypto/subtle"
 	"crypto/x509"
 	"encoding/binary"
@@ -65,6 +66,10 @@ type Endorsement struct {
 	// Azure trusts Azure Trusted Launch vTPMs by the AK certificate
 	// Azure provisions in the vTPM, chaining to Microsoft's vTPM root.
 	Azure *AzureEndorsement
+	// Nitro trusts AWS NitroTPM vTPMs by the attestation document the
+	// Nitro hypervisor signs, naming the AK, the quote's binding and the
+	// instance's SHA-384 PCRs.
+	Nitro *NitroEndorsement
 }
 
 // mode names the one trust anchor e sets, or "" when it sets none or more
@@ -85,6 +90,9 @@ func (e Endorsement) mode() string {
 	}
 	if e.Azure != nil {
 		modes = append(modes, "azure")
+	}
+	if e.Nitro != nil {
+		modes = append(modes, "nitro")
 	}
 	if len(modes) != 1 {
 		return ""
@@ -133,7 +141,7 @@ func NewQuoteVerifier(policy QuotePolicy, now func() time.Time) (*QuoteVerifier,
 	}
 	mode := policy.Endorsement.mode()
 	if mode == "" {
-		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys, AK certificate roots, EK certificate roots, GCE and Azure")
+		return nil, errors.New("tpm policy: set exactly one of pinned attestation keys, AK certificate roots, EK certificate roots, GCE, Azure and AWS NitroTPM")
 	}
 	return newVerifier(policy, mode, now)
 }
@@ -144,7 +152,7 @@ func NewQuoteVerifier(policy QuotePolicy, now func() time.Time) (*QuoteVerifier,
 // VerifyBound (package cvm). policy.Endorsement must be empty. Verify
 // always fails on such a verifier, so it cannot admit an unendorsed key.
 func NewBoundVerifier(policy QuotePolicy, now func() time.Time) (*QuoteVerifier, error) {
-	if e := policy.Endorsement; len(e.PinnedKeys) > 0 || e.Roots != nil || e.EKRoots != nil || e.EKIntermediates != nil || e.GCE != nil || e.Azure != nil {
+	if e := policy.Endorsement; len(e.PinnedKeys) > 0 || e.Roots != nil || e.EKRoots != nil || e.EKIntermediates != nil || e.GCE != nil || e.Azure != nil || e.Nitro != nil {
 		return nil, errors.New("tpm policy: a vTPM whose key a hardware report binds takes no other key endorsement")
 	}
 	return newVerifier(policy, modeBound, now)
@@ -177,6 +185,16 @@ func newVerifier(policy QuotePolicy, mode string, now func() time.Time) (*QuoteV
 			return nil, err
 		}
 		policy.Endorsement.Azure = azure
+	}
+	if n := policy.Endorsement.Nitro; n != nil {
+		if err := n.check(); err != nil {
+			return nil, err
+		}
+		nitro, err := n.withEmbeddedRoot()
+		if err != nil {
+			return nil, err
+		}
+		policy.Endorsement.Nitro = nitro
 	}
 	for index := range policy.ReferenceValues {
 		if !slices.Contains(policy.PCRs, int(index)) {
@@ -302,7 +320,7 @@ func (v *QuoteVerifier) VerifyExtraData(_ context.Context, evidence, extraData [
 // verify checks parsed evidence whose quote must carry extraData; bound
 // is the AK a hardware report binds, for a verifier in modeBound.
 func (v *QuoteVerifier) verify(ev *attestationv1.TPMEvidence, extraData []byte, bound boundKey) (*attestation.Result, error) {
-	ak, err := v.trustedAK(ev, bound)
+	ak, err := v.trustedAK(ev, bound, extraData)
 	if err != nil {
 		return nil, err
 	}
@@ -408,7 +426,7 @@ type trustedKey struct {
 
 // trustedAK decodes the AK, checks its attributes and its endorsement, and
 // returns its public key and identity.
-func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, bound boundKey) (trustedKey, error) {
+func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, bound boundKey, extraData []byte) (trustedKey, error) {
 	decoded, err := v.aks.decode(ev.GetAttestationKey())
 	if err != nil {
 		return trustedKey{}, err
@@ -438,6 +456,12 @@ func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, bound boundKey)
 		return ak, nil
 	case "azure":
 		ak.endorsement, err = v.policy.Endorsement.Azure.verify(ev.GetAttestationKeyCertificates(), key, v)
+		if err != nil {
+			return trustedKey{}, err
+		}
+		return ak, nil
+	case "nitro":
+		ak.endorsement, err = v.policy.Endorsement.Nitro.verify(ev.GetNitroDocument(), key, extraData, v)
 		if err != nil {
 			return trustedKey{}, err
 		}
@@ -571,18 +595,25 @@ func decodeQuote(quote []byte) (*tpm2.AttestationData, error) {
 // values against the quoted digest, and returns the values.
 func (v *QuoteVerifier) checkPCRs(ev *attestationv1.TPMEvidence, quote *tpm2.AttestationData, sigHash crypto.Hash) (map[uint32][]byte, error) {
 	sel := quote.AttestedQuoteInfo.PCRSelection
-	if sel.Hash == tpm2.AlgSHA1 {
-		return nil, fmt.Errorf("%w: quote covers the SHA-1 PCR bank; only SHA-256 is accepted", attestation.ErrPolicy)
-	}
-	if sel.Hash != tpm2.AlgSHA256 {
-		return nil, fmt.Errorf("%w: quote covers PCR bank %v; only SHA-256 is accepted", attestation.ErrPolicy, sel.Hash)
+	var size int
+	switch sel.Hash {
+	case tpm2.AlgSHA1:
+		return nil, fmt.Errorf("%w: quote covers the SHA-1 PCR bank; only SHA-256 and SHA-384 are accepted", attestation.ErrPolicy)
+	case tpm2.AlgSHA256:
+		size = sha256.Size
+	case tpm2.AlgSHA384:
+		// A NitroTPM's signed bank; reference values of another size
+		// never match it.
+		size = sha512.Size384
+	default:
+		return nil, fmt.Errorf("%w: quote covers PCR bank %v; only SHA-256 and SHA-384 are accepted", attestation.ErrPolicy, sel.Hash)
 	}
 	quoted := slices.Sorted(slices.Values(sel.PCRs))
 	if !slices.Equal(quoted, v.policy.PCRs) {
 		return nil, fmt.Errorf("%w: quote covers PCRs %v, policy requires exactly %v", attestation.ErrPolicy, quoted, v.policy.PCRs)
 	}
-	if ev.GetPcrHashAlgorithm() != uint32(tpm2.AlgSHA256) {
-		return nil, fmt.Errorf("%w: reported PCR bank %#x is not SHA-256", attestation.ErrPolicy, ev.GetPcrHashAlgorithm())
+	if ev.GetPcrHashAlgorithm() != uint32(sel.Hash) {
+		return nil, fmt.Errorf("%w: reported PCR bank %#x is not the quoted bank %#x", attestation.ErrPolicy, ev.GetPcrHashAlgorithm(), uint32(sel.Hash))
 	}
 	if len(ev.GetPcrs()) != len(quoted) {
 		return nil, fmt.Errorf("%w: %d PCR values reported for %d quoted PCRs", attestation.ErrMalformed, len(ev.GetPcrs()), len(quoted))
@@ -591,8 +622,8 @@ func (v *QuoteVerifier) checkPCRs(ev *attestationv1.TPMEvidence, quote *tpm2.Att
 	pcrs := make(map[uint32][]byte, len(quoted))
 	for _, index := range quoted {
 		value, ok := ev.GetPcrs()[uint32(index)]
-		if !ok || len(value) != sha256.Size {
-			return nil, fmt.Errorf("%w: PCR %d value missing or not %d bytes", attestation.ErrMalformed, index, sha256.Size)
+		if !ok || len(value) != size {
+			return nil, fmt.Errorf("%w: PCR %d value missing or not %d bytes", attestation.ErrMalformed, index, size)
 		}
 		h.Write(value)
 		pcrs[uint32(index)] = value

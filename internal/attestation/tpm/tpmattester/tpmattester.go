@@ -8,6 +8,7 @@ package tpmattester
 import (
 	"context"
 	"crypto"
+	"crypto/ecdsa"
 	"encoding/asn1"
 	"errors"
 	"fmt"
@@ -69,6 +70,10 @@ const (
 	// the vTPM holds one (Trusted Launch: policy azureTrustedLaunch; a
 	// confidential VM's HCL report binds the key instead).
 	AKAzure AKSource = "azure"
+	// AKAWSNitro is AKOwner's key on an EC2 instance with NitroTPM: every
+	// evidence also carries the attestation document the Nitro hypervisor
+	// signs, naming this AK and the quote's binding (policy awsNitroTPM).
+	AKAWSNitro AKSource = "aws-nitro"
 )
 
 // Azure's vTPM handles (docs/attestation.md, "Cloud vTPMs: Azure Trusted
@@ -126,7 +131,7 @@ func New(rw io.ReadWriter, opts Options) (*QuoteAttester, error) {
 	var ak *client.Key
 	var err error
 	switch opts.AttestationKey {
-	case "", AKOwner:
+	case "", AKOwner, AKAWSNitro:
 		ak, err = client.NewKey(rw, tpm2.HandleOwner, client.AKTemplateECC())
 	case AKGCE:
 		ak, err = gceAK(rw)
@@ -140,7 +145,7 @@ func New(rw io.ReadWriter, opts Options) (*QuoteAttester, error) {
 			opts.AKCertificates = [][]byte{cert}
 		}
 	default:
-		return nil, fmt.Errorf("tpm attester: unknown attestation key source %q: use owner, gce or azure", opts.AttestationKey)
+		return nil, fmt.Errorf("tpm attester: unknown attestation key source %q: use owner, gce, azure or aws-nitro", opts.AttestationKey)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("creating attestation key: %w", err)
@@ -277,7 +282,12 @@ func (a *QuoteAttester) Attest(ctx context.Context, userData, nonce []byte) ([]b
 	if err := a.lock(ctx); err != nil {
 		return nil, err
 	}
-	q, err := a.ak.Quote(tpm2.PCRSelection{Hash: tpm2.AlgSHA256, PCRs: a.opts.PCRs}, attestation.Binding256(nonce, userData))
+	binding := attestation.Binding256(nonce, userData)
+	q, err := a.ak.Quote(tpm2.PCRSelection{Hash: tpm2.AlgSHA256, PCRs: a.opts.PCRs}, binding)
+	var document []byte
+	if err == nil && a.opts.AttestationKey == AKAWSNitro {
+		document, err = nitroDocument(a.tpm, a.ak.PublicKey().(*ecdsa.PublicKey), binding)
+	}
 	a.unlock()
 	if err != nil {
 		return nil, fmt.Errorf("quoting PCRs %v: %w", a.opts.PCRs, err)
@@ -293,6 +303,7 @@ func (a *QuoteAttester) Attest(ctx context.Context, userData, nonce []byte) ([]b
 		UserData:                   userData,
 		EndorsementKeyCertificate:  a.ekCert,
 		TcgEventLog:                tcgLog,
+		NitroDocument:              document,
 	}
 	out, err := proto.Marshal(ev)
 	if err != nil {
