@@ -349,6 +349,10 @@ attestation:
   #   azureTrustedLaunch
   #              Azure Trusted Launch vTPMs: certificateIDs: [<id>] or anyVM: true
   #              (docs/attestation.md, "Cloud vTPMs: Azure Trusted Launch");
+  #   awsNitroTPM
+  #              AWS NitroTPM instances: the Nitro hypervisor's document names the
+  #              AK and shows referenceValues (SHA-384); instanceIDs or anyInstance
+  #              (docs/attestation.md, "Cloud vTPMs: AWS NitroTPM");
   #   akRoots    CAs (PEM) that attestation key certificates chain to.
 {{- if .GCEProjects}}
   gce:
