@@ -1,7 +1,6 @@
 package azurecvm_test
 
 import (
-	"crypto/rsa"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
@@ -22,6 +21,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 )
 
 // trusteeEvidence is the JSON of trustee's recordings (testdata/README.md):
@@ -127,7 +127,7 @@ func loadRecording(t testing.TB, file string) recording {
 	message := bytesOf(t, quote.Message)
 	vtpm, err := proto.Marshal(&attestationv1.TPMEvidence{
 		Quote: message, Signature: sig, PcrHashAlgorithm: uint32(tpm2.AlgSHA256), Pcrs: pcrs,
-		AttestationKey: azureAKPublic(t, ak),
+		AttestationKey: swtpmtest.AzureAKPublic(t, ak),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -147,25 +147,6 @@ func extraData(t testing.TB, attest []byte) []byte {
 	at := 8 + signer
 	n := int(binary.BigEndian.Uint16(attest[at:]))
 	return attest[at+2 : at+2+n]
-}
-
-// azureAKPublic is the TPMT_PUBLIC of an RSA AK in the template of the
-// AK Azure's paravisor provisions (restricted RSASSA-SHA256 signing key).
-func azureAKPublic(t testing.TB, key *rsa.PublicKey) []byte {
-	t.Helper()
-	area, err := tpm2.Public{
-		Type: tpm2.AlgRSA, NameAlg: tpm2.AlgSHA256,
-		Attributes: tpm2.FlagSign | tpm2.FlagRestricted | tpm2.FlagFixedTPM | tpm2.FlagFixedParent |
-			tpm2.FlagSensitiveDataOrigin | tpm2.FlagUserWithAuth | tpm2.FlagNoDA,
-		RSAParameters: &tpm2.RSAParams{
-			Sign:    &tpm2.SigScheme{Alg: tpm2.AlgRSASSA, Hash: tpm2.AlgSHA256},
-			KeyBits: uint16(key.N.BitLen()), ModulusRaw: key.N.Bytes(),
-		},
-	}.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return area
 }
 
 // recordedTime is a time the recorded VCEKs (2025-01 to 2032-01) are valid.
@@ -242,7 +223,7 @@ func TestRecordedEvidence(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			q.AttestationKey = azureAKPublic(t, key)
+			q.AttestationKey = swtpmtest.AzureAKPublic(t, key)
 		})
 	})
 	for _, tt := range []struct {

@@ -23,6 +23,7 @@ import (
 	attestationv1 "github.com/gatehouse-dev/gatehouse/api/attestation/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 	"github.com/gatehouse-dev/gatehouse/internal/testkit"
 )
@@ -120,19 +121,7 @@ func synthesisedAzureAKPublic(t testing.TB, cert *x509.Certificate) []byte {
 	if !ok {
 		t.Fatalf("the Azure AK certificate holds a %T", cert.PublicKey)
 	}
-	area, err := tpm2.Public{
-		Type: tpm2.AlgRSA, NameAlg: tpm2.AlgSHA256,
-		Attributes: tpm2.FlagSign | tpm2.FlagRestricted | tpm2.FlagFixedTPM | tpm2.FlagFixedParent |
-			tpm2.FlagSensitiveDataOrigin | tpm2.FlagUserWithAuth | tpm2.FlagNoDA,
-		RSAParameters: &tpm2.RSAParams{
-			Sign:    &tpm2.SigScheme{Alg: tpm2.AlgRSASSA, Hash: tpm2.AlgSHA256},
-			KeyBits: uint16(pub.N.BitLen()), ModulusRaw: pub.N.Bytes(),
-		},
-	}.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return area
+	return swtpmtest.AzureAKPublic(t, pub)
 }
 
 // TestAzureTrustedLaunchRecordedEvidence: two real Azure Trusted Launch
