@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto"
 	"crypto/ecdsa"
+	"crypto/sha256"
 	"crypto/x509"
 	_ "embed" // the AWS Nitro root
 	"encoding/hex"
@@ -232,7 +233,6 @@ func nitroKeyMatches(named []byte, key crypto.PublicKey) bool {
 }
 
 func sha256Hex(b []byte) string {
-	sum := crypto.SHA256.New()
-	sum.Write(b)
-	return hex.EncodeToString(sum.Sum(nil))
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
