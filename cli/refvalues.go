@@ -50,7 +50,7 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 		trust                                        policy.Policy
 		ekRootsFile, ekInterFile, variant, hwRoots   string
 		akFiles, gceProjects, gceZones               []string
-		force                                        bool
+		force, awsNitro                              bool
 	)
 	cmd := &cobra.Command{
 		Use:   "capture",
@@ -63,6 +63,9 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 			"worker.yaml). Each file says where its values came from. PCR 15 (the node lock) is\n" +
 			"never captured. Capture from machines you trust to run exactly the software you mean\n" +
 			"to admit (docs/attestation.md, \"Reference values\").\n\n" +
+			"With --aws-nitro the golden nodes are EC2 instances with NitroTPM: their AKs are trusted by\n" +
+			"the Nitro hypervisor's attestation documents, whose SHA-384 PCRs go to aws-nitrotpm.yaml,\n" +
+			"the awsNitroTPM section to paste.\n\n" +
 			"With --attestation sev-snp or tdx the golden nodes are confidential VMs: their hardware\n" +
 			"report is checked against AMD's or Intel's roots, and the launch measurement or MRTD\n" +
 			"and RTMRs go to sev-snp.yaml or tdx.yaml, the policy section to paste.",
@@ -116,6 +119,9 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 			if len(gceProjects) > 0 || len(gceZones) > 0 {
 				trust.GCE = &policy.GCEPolicy{Projects: gceProjects, Zones: gceZones}
 			}
+			if awsNitro {
+				trust.AWSNitroTPM = &policy.AWSNitroTPMPolicy{AnyInstance: true}
+			}
 			var roles []captured
 			for _, src := range []struct {
 				role      policy.Role
@@ -149,6 +155,11 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 				}
 				files[name] = section
 			}
+			if awsNitro {
+				if files["aws-nitrotpm.yaml"], err = nitroSection(roles, at); err != nil {
+					return err
+				}
+			}
 			for _, name := range slices.Sorted(maps.Keys(files)) {
 				path := filepath.Join(outDir, name)
 				if err := writeNew(path, files[name], 0o644, force); err != nil {
@@ -170,6 +181,7 @@ func newReferenceValuesCaptureCmd() *cobra.Command {
 	f.StringArrayVar(&akFiles, "pinned-ak", nil, "trust a golden node's attestation key (PEM public key; repeatable)")
 	f.StringArrayVar(&gceProjects, "gce-project", nil, "trust Compute Engine vTPMs of this project (repeatable)")
 	f.StringArrayVar(&gceZones, "gce-zone", nil, "with --gce-project: only instances in this zone (repeatable)")
+	f.BoolVar(&awsNitro, "aws-nitro", false, "trust the golden nodes' AKs by their NitroTPM attestation documents, and write their SHA-384 PCRs to aws-nitrotpm.yaml (the awsNitroTPM section)")
 	f.StringVar(&variant, "attestation", string(attestation.VariantTPM), "attestation variant of the golden nodes: tpm, sev-snp or tdx")
 	f.StringVar(&hwRoots, "hardware-roots", "", "sev-snp or tdx: roots replacing AMD's or Intel's (an AMD KDS cert_chain, or a PEM root); only for test hierarchies")
 	f.StringVarP(&outDir, "output-dir", "o", ".", "directory to write reference-values.yaml, control-plane.yaml and worker.yaml into")
@@ -279,6 +291,47 @@ func referenceValueFiles(roles []captured, at time.Time) (map[string][]byte, err
 		}
 	}
 	return files, nil
+}
+
+// nitroSection writes the awsNitroTPM policy section from the golden
+// nodes' NitroTPM documents: the SHA-384 PCRs every role's document shows
+// alike (the others differ by role, which the quote's SHA-256 role values
+// prove), never PCR 15; comments say which node each came from.
+func nitroSection(roles []captured, at time.Time) ([]byte, error) {
+	common := measurements.M{}
+	for _, r := range roles {
+		if r.hardware == nil {
+			return nil, fmt.Errorf("%s: the golden node's evidence carries no NitroTPM document", r.role)
+		}
+	}
+	for index, value := range roles[0].hardware.Measurements {
+		same := index != keys.NodeLockPCR
+		for _, r := range roles[1:] {
+			same = same && bytes.Equal(r.hardware.Measurements[index], value)
+		}
+		if same {
+			common[index] = measurements.Measurement{Expected: value}
+		}
+	}
+	if len(common) == 0 {
+		return nil, errors.New("the golden nodes' NitroTPM documents share no PCR value")
+	}
+	body, err := common.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Captured by `gatehouse reference-values capture` at %s from:\n", at.Format(time.RFC3339))
+	for _, r := range roles {
+		fmt.Fprintf(&b, "#   %s: %s, %s\n", r.role, r.provenance, r.hardware.Endorsement)
+	}
+	b.WriteString("# The awsNitroTPM section of the attestation policy (next to variant: tpm): the SHA-384 PCRs\n" +
+		"# every golden instance's document shows alike. Admit instances by instanceIDs, or say anyInstance.\n" +
+		"awsNitroTPM:\n  anyInstance: true\n  referenceValues:\n")
+	for _, line := range strings.Split(strings.TrimRight(string(body), "\n"), "\n") {
+		b.WriteString("    " + line + "\n")
+	}
+	return []byte(b.String()), nil
 }
 
 // hardwareSection writes the sev-snp or tdx policy section from the golden

@@ -1,12 +1,18 @@
 package cli
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"sigs.k8s.io/yaml"
+
+	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/swtpm/swtpmtest"
@@ -150,4 +156,38 @@ func writeTemp(t *testing.T, name string, data []byte) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestNitroSection: the awsNitroTPM section holds the SHA-384 PCRs every
+// golden instance's document shows alike, never PCR 15, and loads as the
+// policy section it says it is.
+func TestNitroSection(t *testing.T) {
+	doc := func(pcr4 byte) *attestation.Result {
+		return &attestation.Result{Endorsement: "aws-nitrotpm instance=i-0123456789abcdef0", Measurements: map[uint32][]byte{
+			0: bytes.Repeat([]byte{1}, 48), 4: bytes.Repeat([]byte{pcr4}, 48), 15: make([]byte, 48),
+		}}
+	}
+	out, err := nitroSection([]captured{
+		{role: policy.RoleControlPlane, provenance: "cp", hardware: doc(2)},
+		{role: policy.RoleWorker, provenance: "worker", hardware: doc(3)},
+	}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var section struct {
+		AWSNitroTPM policy.AWSNitroTPMPolicy `json:"awsNitroTPM"`
+	}
+	if err := yaml.Unmarshal(out, &section); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	refs, err := measurements.Parse(section.AWSNitroTPM.ReferenceValues, 48)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(refs) != 1 || !bytes.Equal(refs[0].Expected, bytes.Repeat([]byte{1}, 48)) || !section.AWSNitroTPM.AnyInstance {
+		t.Fatalf("section %+v from\n%s", section.AWSNitroTPM, out)
+	}
+	if _, err := nitroSection([]captured{{role: policy.RoleWorker}}, time.Now()); err == nil {
+		t.Fatal("a golden node without a document accepted")
+	}
 }

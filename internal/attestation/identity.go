@@ -22,6 +22,10 @@ const (
 	// PrefixGCEInstance: "gce-instance:<project>/<zone>/<instance ID>"
 	// (GCEInstance).
 	PrefixGCEInstance = "gce-instance:"
+	// PrefixAWSInstance: "aws-instance:<EC2 instance ID>", the instance a
+	// NitroTPM attestation document names (Hardware of a tpm result under
+	// awsNitroTPM).
+	PrefixAWSInstance = "aws-instance:"
 )
 
 // CertificateName names one X.509 certificate by its issuer and serial

@@ -35,6 +35,7 @@ var entryForms = []entryForm{
 	{attestation.PrefixSNPChip, "<128 hex digits of CHIP_ID>", hexDigits(128)},
 	{attestation.PrefixTDXPPID, "<32 hex digits of the PPID>", hexDigits(32)},
 	{attestation.PrefixGCEInstance, "<project ID>/<zone>/<numeric instance ID>", gceValue},
+	{attestation.PrefixAWSInstance, "<EC2 instance ID, i- and 8 or 17 hex digits>", awsValue},
 	{prefixNode, "<node name>", nodeValue},
 }
 
@@ -149,6 +150,17 @@ func gceValue(v string) (string, error) {
 		return "", fmt.Errorf("instance ID %q is not a decimal number (the instance's id, not its name)", id)
 	}
 	return project + "/" + zone + "/" + strconv.FormatUint(n, 10), nil
+}
+
+// awsValue checks an EC2 instance ID: i- and 8 or 17 lower-case hex
+// digits (upper case is lowered).
+func awsValue(v string) (string, error) {
+	v = strings.ToLower(v)
+	digits, ok := strings.CutPrefix(v, "i-")
+	if !ok || (len(digits) != 8 && len(digits) != 17) || !onlyRunes(digits, "0123456789abcdef") {
+		return "", fmt.Errorf("%q is not an EC2 instance ID (i- and 8 or 17 hex digits)", v)
+	}
+	return v, nil
 }
 
 func onlyRunes(v, allowed string) bool {

@@ -49,6 +49,8 @@ func TestDenyListMatchesEveryIdentity(t *testing.T) {
 		{"TDX platform", testPPID, []string{testAK, testPPID}, "", testPPID},
 		{"Compute Engine instance", "gce-instance:my-project/europe-west3-a/4567890123456789012", ids, "", "gce-instance:my-project/europe-west3-a/4567890123456789012"},
 		{"Compute Engine instance of another ID", "gce-instance:my-project/europe-west3-a/4567890123456789013", ids, "", ""},
+		{"EC2 instance (NitroTPM)", "aws-instance:I-01CFB383223E42522", []string{testAK, "aws-instance:i-01cfb383223e42522"}, "", "aws-instance:i-01cfb383223e42522"},
+		{"another EC2 instance", "aws-instance:i-01cfb383223e42523", []string{testAK, "aws-instance:i-01cfb383223e42522"}, "", ""},
 		{"node name", "node:worker-9", ids, "worker-9", "node:worker-9"},
 		{"node name, request without one", "node:worker-9", ids, "", ""},
 		{"another node", "node:worker-9", ids, "worker-1", ""},
@@ -92,6 +94,8 @@ func TestParseDenyListRefusesEntriesThatMatchNothing(t *testing.T) {
 		{"GCE instance without zone", "gce-instance:my-project/4567", "want 3"},
 		{"GCE project with a space", "gce-instance:my project/europe-west3-a/4567", "project ID"},
 		{"GCE instance ID over 64 bits", "gce-instance:p/z/18446744073709551616", "not a decimal number"},
+		{"EC2 instance by name", "aws-instance:worker-1", "not an EC2 instance ID"},
+		{"EC2 instance ID with its NitroTPM suffix", "aws-instance:i-01cfb383223e42522-tpm0000000000000000", "not an EC2 instance ID"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := ParseDenyList("tpm-ak:sha256:" + strings.Repeat("ab", 32) + "\n\n" + tt.line + "\n")

@@ -218,7 +218,7 @@ func (p Policy) commonVerifier(variant attestation.Variant, ref measurements.M, 
 
 // appraisal is what the variant's verifier compiles from (package choose).
 func (p Policy) appraisal(ref measurements.M, now func() time.Time, capture, requireEventLog bool) choose.Appraisal {
-	endorsement, err := parseEndorsement(p)
+	endorsement, err := parseEndorsement(p, capture)
 	return choose.Appraisal{
 		PCRs: p.PCRs, ReferenceValues: ref,
 		Endorsement: endorsement, EndorsementErr: err, EndorsementSet: p.keyTrustSet(),
@@ -247,7 +247,9 @@ func (p Policy) keyTrustSet() bool {
 	return strings.TrimSpace(p.AKRoots+p.EKRoots+p.EKIntermediates+strings.Join(p.PinnedAKs, "")) != "" || p.GCE != nil || p.AzureTrustedLaunch != nil || p.AWSNitroTPM != nil
 }
 
-func parseEndorsement(p Policy) (tpm.Endorsement, error) {
+// parseEndorsement parses p's key trust; capture leaves awsNitroTPM's
+// reference values out (see KeyVerifier).
+func parseEndorsement(p Policy, capture bool) (tpm.Endorsement, error) {
 	var e tpm.Endorsement
 	set := 0
 	for _, s := range []string{p.AKRoots, p.EKRoots, strings.Join(p.PinnedAKs, "")} {
@@ -297,7 +299,7 @@ func parseEndorsement(p Policy) (tpm.Endorsement, error) {
 		e.Azure, err = parseAzureTrustedLaunch(p.AzureTrustedLaunch)
 		return e, err
 	case p.AWSNitroTPM != nil:
-		e.Nitro, err = parseAWSNitroTPM(p.AWSNitroTPM)
+		e.Nitro, err = parseAWSNitroTPM(p.AWSNitroTPM, capture)
 		return e, err
 	case strings.TrimSpace(p.AKRoots) != "":
 		e.Roots, err = attestation.CertPool("akRoots", p.AKRoots)
@@ -357,8 +359,8 @@ func parseAzureTrustedLaunch(a *AzureTrustedLaunchPolicy) (*tpm.AzureEndorsement
 var awsInstanceID = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
 
 // parseAWSNitroTPM checks an awsNitroTPM section and returns its
-// endorsement.
-func parseAWSNitroTPM(a *AWSNitroTPMPolicy) (*tpm.NitroEndorsement, error) {
+// endorsement; capture accepts any document PCRs, to capture them.
+func parseAWSNitroTPM(a *AWSNitroTPMPolicy, capture bool) (*tpm.NitroEndorsement, error) {
 	if a.AnyInstance == (len(a.InstanceIDs) > 0) {
 		return nil, errors.New("awsNitroTPM: set exactly one of instanceIDs (the admitted EC2 instances) " +
 			"and anyInstance: true (every NitroTPM instance of every AWS customer; a NitroTPM document names no account)")
@@ -368,21 +370,24 @@ func parseAWSNitroTPM(a *AWSNitroTPMPolicy) (*tpm.NitroEndorsement, error) {
 			return nil, fmt.Errorf("awsNitroTPM.instanceIDs[%d] %q is not an EC2 instance ID (i- and 8 or 17 hex digits)", i, id)
 		}
 	}
-	ref, err := measurements.Parse(a.ReferenceValues, sha512.Size384)
-	if err != nil {
-		return nil, fmt.Errorf("awsNitroTPM.referenceValues (SHA-384 PCR values, hex, 48 bytes): %w", err)
-	}
-	if len(ref) == 0 {
-		return nil, errors.New("awsNitroTPM.referenceValues is empty: list the SHA-384 PCR values every instance's document must show")
-	}
-	if _, ok := ref[keys.NodeLockPCR]; ok {
-		return nil, fmt.Errorf("awsNitroTPM.referenceValues must not set PCR %d: it holds the node lock, checked in the quote", keys.NodeLockPCR)
-	}
-	e := &tpm.NitroEndorsement{ReferenceValues: ref, InstanceIDs: a.InstanceIDs, AnyInstance: a.AnyInstance}
+	e := &tpm.NitroEndorsement{InstanceIDs: a.InstanceIDs, AnyInstance: a.AnyInstance, AnyReferenceValues: capture}
+	var err error
 	if strings.TrimSpace(a.Roots) != "" {
 		if e.Roots, err = attestation.CertPool("awsNitroTPM.roots", a.Roots); err != nil {
 			return nil, err
 		}
+	}
+	if capture {
+		return e, nil
+	}
+	if e.ReferenceValues, err = measurements.Parse(a.ReferenceValues, sha512.Size384); err != nil {
+		return nil, fmt.Errorf("awsNitroTPM.referenceValues (SHA-384 PCR values, hex, 48 bytes): %w", err)
+	}
+	if len(e.ReferenceValues) == 0 {
+		return nil, errors.New("awsNitroTPM.referenceValues is empty: list the SHA-384 PCR values every instance's document must show")
+	}
+	if _, ok := e.ReferenceValues[keys.NodeLockPCR]; ok {
+		return nil, fmt.Errorf("awsNitroTPM.referenceValues must not set PCR %d: it holds the node lock, checked in the quote", keys.NodeLockPCR)
 	}
 	return e, nil
 }

@@ -66,6 +66,10 @@ type NitroEndorsement struct {
 	AnyInstance bool
 	// Roots, when set, replace the embedded AWS Nitro root (tests).
 	Roots *x509.CertPool
+	// AnyReferenceValues accepts any PCRs, with ReferenceValues empty:
+	// only to capture reference values from a golden instance
+	// (policy.Policy.KeyVerifier), never to admit one.
+	AnyReferenceValues bool
 }
 
 func (e *NitroEndorsement) check() error {
@@ -73,8 +77,8 @@ func (e *NitroEndorsement) check() error {
 		return errors.New("tpm policy: AWS NitroTPM needs exactly one of instance IDs and any-instance: " +
 			"a NitroTPM document names no AWS account, so admitting every instance of every AWS customer must be said")
 	}
-	if len(e.ReferenceValues) == 0 {
-		return errors.New("tpm policy: AWS NitroTPM needs the SHA-384 reference values its documents must show")
+	if (len(e.ReferenceValues) == 0) != e.AnyReferenceValues {
+		return errors.New("tpm policy: AWS NitroTPM needs the SHA-384 reference values its documents must show (and only capturing takes any)")
 	}
 	for index, m := range e.ReferenceValues {
 		if len(m.Expected) != nitroPCRSize {
@@ -132,69 +136,74 @@ func decodeNitroDocument(payload []byte) (nitroDocument, error) {
 }
 
 // verify checks document (a COSE_Sign1 NitroTPM attestation document) for
-// the AK key and the quote's extraData, and returns the endorsement's
-// description.
-func (e *NitroEndorsement) verify(document []byte, key crypto.PublicKey, extraData []byte, v *QuoteVerifier) (string, error) {
+// the AK key and the quote's extraData, and returns its result: the
+// document's SHA-384 PCRs as Measurements, the endorsement's description.
+func (e *NitroEndorsement) verify(document []byte, key crypto.PublicKey, extraData []byte, v *QuoteVerifier) (*attestation.Result, error) {
 	if len(document) == 0 {
-		return "", fmt.Errorf("%w: no NitroTPM attestation document with the evidence (is this an EC2 instance with NitroTPM?)", attestation.ErrUntrustedKey)
+		return nil, fmt.Errorf("%w: no NitroTPM attestation document with the evidence (is this an EC2 instance with NitroTPM?)", attestation.ErrUntrustedKey)
 	}
 	if len(document) > maxNitroDocument {
-		return "", fmt.Errorf("%w: NitroTPM document of %d bytes, at most %d", attestation.ErrMalformed, len(document), maxNitroDocument)
+		return nil, fmt.Errorf("%w: NitroTPM document of %d bytes, at most %d", attestation.ErrMalformed, len(document), maxNitroDocument)
 	}
 	var msg cose.UntaggedSign1Message
 	if err := msg.UnmarshalCBOR(document); err != nil {
-		return "", fmt.Errorf("%w: NitroTPM document is not a COSE_Sign1: %w", attestation.ErrMalformed, err)
+		return nil, fmt.Errorf("%w: NitroTPM document is not a COSE_Sign1: %w", attestation.ErrMalformed, err)
 	}
 	doc, err := decodeNitroDocument(msg.Payload)
 	if err != nil {
-		return "", fmt.Errorf("%w: NitroTPM document payload: %w", attestation.ErrMalformed, err)
+		return nil, fmt.Errorf("%w: NitroTPM document payload: %w", attestation.ErrMalformed, err)
 	}
 	leaf, err := e.chain(doc, v.now())
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	pub, ok := leaf.PublicKey.(*ecdsa.PublicKey)
 	if !ok {
-		return "", fmt.Errorf("%w: NitroTPM document certificate holds a %T, want an ECDSA P-384 key", attestation.ErrUntrustedKey, leaf.PublicKey)
+		return nil, fmt.Errorf("%w: NitroTPM document certificate holds a %T, want an ECDSA P-384 key", attestation.ErrUntrustedKey, leaf.PublicKey)
 	}
 	verifier, err := cose.NewVerifier(cose.AlgorithmES384, pub)
 	if err != nil {
-		return "", fmt.Errorf("%w: NitroTPM document certificate: %w", attestation.ErrUntrustedKey, err)
+		return nil, fmt.Errorf("%w: NitroTPM document certificate: %w", attestation.ErrUntrustedKey, err)
 	}
 	if err := msg.Verify(nil, verifier); err != nil {
-		return "", fmt.Errorf("%w: NitroTPM document signature does not verify: %w", attestation.ErrSignature, err)
+		return nil, fmt.Errorf("%w: NitroTPM document signature does not verify: %w", attestation.ErrSignature, err)
 	}
 	if doc.Digest != "SHA384" {
-		return "", fmt.Errorf("%w: NitroTPM document digest %q, want SHA384", attestation.ErrMalformed, doc.Digest)
+		return nil, fmt.Errorf("%w: NitroTPM document digest %q, want SHA384", attestation.ErrMalformed, doc.Digest)
 	}
 	if len(doc.PublicKey) > maxNitroField || len(doc.Nonce) > maxNitroField || len(doc.UserData) > maxNitroField {
-		return "", fmt.Errorf("%w: NitroTPM document field longer than %d bytes", attestation.ErrMalformed, maxNitroField)
+		return nil, fmt.Errorf("%w: NitroTPM document field longer than %d bytes", attestation.ErrMalformed, maxNitroField)
 	}
 	if !nitroKeyMatches(doc.PublicKey, key) {
-		return "", fmt.Errorf("%w: the NitroTPM document names another public key than the AK that signed the quote", attestation.ErrUntrustedKey)
+		return nil, fmt.Errorf("%w: the NitroTPM document names another public key than the AK that signed the quote", attestation.ErrUntrustedKey)
 	}
 	if !bytes.Equal(doc.Nonce, extraData) {
-		return "", fmt.Errorf("%w: the NitroTPM document's nonce is not the quote's binding: it was asked for another handshake", attestation.ErrNonce)
+		return nil, fmt.Errorf("%w: the NitroTPM document's nonce is not the quote's binding: it was asked for another handshake", attestation.ErrNonce)
 	}
 	pcrs := make(map[uint32][]byte, len(doc.PCRs))
 	for index, value := range doc.PCRs {
 		if index > 23 || len(value) != nitroPCRSize {
-			return "", fmt.Errorf("%w: NitroTPM document PCR %d has %d bytes, want %d", attestation.ErrMalformed, index, len(value), nitroPCRSize)
+			return nil, fmt.Errorf("%w: NitroTPM document PCR %d has %d bytes, want %d", attestation.ErrMalformed, index, len(value), nitroPCRSize)
 		}
 		pcrs[index] = value
 	}
-	if _, err := e.ReferenceValues.Compare(pcrs); err != nil {
-		return "", fmt.Errorf("%w: NitroTPM document (SHA-384 PCRs): %w", attestation.ErrMeasurement, err)
+	if _, err := e.ReferenceValues.Compare(pcrs); err != nil && !e.AnyReferenceValues {
+		return nil, fmt.Errorf("%w: NitroTPM document (SHA-384 PCRs): %w", attestation.ErrMeasurement, err)
 	}
 	// A NitroTPM's module_id is the instance ID and the TPM's:
 	// i-01cfb383223e42522-tpm0000000000000000.
 	instance, _, _ := strings.Cut(doc.ModuleID, "-tpm")
 	if !e.AnyInstance && !slices.Contains(e.InstanceIDs, instance) {
-		return "", fmt.Errorf("%w: the NitroTPM document names instance %q, which the policy does not admit (awsNitroTPM.instanceIDs: %v)",
+		return nil, fmt.Errorf("%w: the NitroTPM document names instance %q, which the policy does not admit (awsNitroTPM.instanceIDs: %v)",
 			attestation.ErrPolicy, instance, e.InstanceIDs)
 	}
 	at := time.UnixMilli(int64(min(doc.Timestamp, uint64(1)<<62))).UTC()
-	return fmt.Sprintf("aws-nitrotpm instance=%s module=%s documentTime=%s", instance, doc.ModuleID, at.Format(time.RFC3339)), nil
+	return &attestation.Result{
+		Variant:      attestation.VariantTPM,
+		Identity:     attestation.PrefixAWSInstance + instance,
+		Measurements: pcrs,
+		Endorsement:  fmt.Sprintf("aws-nitrotpm instance=%s module=%s documentTime=%s", instance, doc.ModuleID, at.Format(time.RFC3339)),
+	}, nil
 }
 
 // chain checks the document's certificate through its CA bundle (root

@@ -1,6 +1,7 @@
 package tpm_test
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math/big"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -144,8 +146,24 @@ func TestNitroRecordedEvidence(t *testing.T) {
 		!strings.HasPrefix(result.Identity, attestation.PrefixAK) || len(result.Measurements[0]) != 48 {
 		t.Fatalf("result: endorsement %q, identity %q", result.Endorsement, result.Identity)
 	}
+	if hw := result.Hardware; hw == nil || hw.Identity != attestation.PrefixAWSInstance+"i-01cfb383223e42522" || len(hw.Measurements) != 24 ||
+		!slices.Contains(result.Identities(), hw.Identity) {
+		t.Fatalf("the document's result %+v, identities %q", hw, result.Identities())
+	}
 	if _, err := verify(t, tpm.NitroEndorsement{InstanceIDs: []string{"i-0aaaaaaaaaaaaaaaa", "i-01cfb383223e42522"}}, nitroDocumentTime, evidence, nonce); err != nil {
 		t.Fatalf("the admitted instance: %v", err)
+	}
+	// Capturing reference values from a golden instance: any PCRs, the
+	// document's in the result.
+	v, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: all, Endorsement: tpm.Endorsement{Nitro: &tpm.NitroEndorsement{AnyReferenceValues: true, AnyInstance: true}}}, at(nitroDocumentTime))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if captured, err := v.VerifyExtraData(t.Context(), evidence, nonce); err != nil || !bytes.Equal(captured.Hardware.Measurements[4], pcrs[4].Expected) {
+		t.Fatalf("capture: %v", err)
+	}
+	if _, err := tpm.NewQuoteVerifier(tpm.QuotePolicy{PCRs: all, Endorsement: tpm.Endorsement{Nitro: &tpm.NitroEndorsement{ReferenceValues: pcrs, AnyReferenceValues: true, AnyInstance: true}}}, time.Now); err == nil {
+		t.Fatal("reference values and any reference values both accepted")
 	}
 
 	otherPCR := measurements.M{}

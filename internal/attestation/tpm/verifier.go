@@ -370,6 +370,7 @@ func (v *QuoteVerifier) verify(ev *attestationv1.TPMEvidence, extraData []byte, 
 		BootEvents:    events,
 		Endorsement:   endorsement,
 		Activation:    ek.activation,
+		Hardware:      ak.hardware,
 	}
 	for _, w := range warnings {
 		result.Warnings = append(result.Warnings, "PCR "+w.String())
@@ -422,6 +423,9 @@ type trustedKey struct {
 	endorsement string
 	// gce is the instance a gce AK certificate names.
 	gce *attestation.GCEInstance
+	// hardware is what a NitroTPM document vouches for (its SHA-384
+	// PCRs); nil elsewhere.
+	hardware *attestation.Result
 }
 
 // trustedAK decodes the AK, checks its attributes and its endorsement, and
@@ -461,10 +465,10 @@ func (v *QuoteVerifier) trustedAK(ev *attestationv1.TPMEvidence, bound boundKey,
 		}
 		return ak, nil
 	case "nitro":
-		ak.endorsement, err = v.policy.Endorsement.Nitro.verify(ev.GetNitroDocument(), key, extraData, v)
-		if err != nil {
+		if ak.hardware, err = v.policy.Endorsement.Nitro.verify(ev.GetNitroDocument(), key, extraData, v); err != nil {
 			return trustedKey{}, err
 		}
+		ak.endorsement = ak.hardware.Endorsement
 		return ak, nil
 	case "pinned":
 		// The identity is the SHA-256 of the key's SubjectPublicKeyInfo:
