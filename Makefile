@@ -58,6 +58,8 @@ lint: tools ## gofmt, go mod tidy, go vet and golangci-lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [[ -n "$$unformatted" ]]; then echo "not gofmt-ed: $$unformatted" >&2; exit 1; fi
 	go mod tidy -diff
+	@# The CAPI parity module builds against this one (replace ../..): a dependency moved here moves there.
+	cd test/capiparity && go mod tidy -diff
 	go vet ./...
 	golangci-lint run --allow-serial-runners ./...
 	@# The VM tests, built only with their tags.
