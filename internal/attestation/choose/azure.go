@@ -2,13 +2,11 @@ package choose
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/azurecvm"
-	"github.com/gatehouse-dev/gatehouse/internal/attestation/snp"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/tpm/tpmattester"
 )
 
@@ -36,25 +34,9 @@ func azureSNPVerifier(a Appraisal) (attestation.Verifier, error) {
 	if err != nil {
 		return nil, err
 	}
-	if a.TDX != nil {
-		return nil, fmt.Errorf("variant %s takes a sevSnp section, not tdx", v)
-	}
-	section := a.SEVSNP
-	if section == nil && !a.Capture {
-		return nil, fmt.Errorf("variant %s needs a sevSnp section: the launch measurements of Azure's paravisor builds and the minimum TCB its reports must show", v)
-	} else if section == nil {
-		section = &SEVSNPPolicy{}
-	}
-	if section.VMPL != nil && *section.VMPL != 0 {
-		return nil, fmt.Errorf("sevSnp.vmpl %d: variant %s's reports come from Azure's paravisor at VMPL 0", *section.VMPL, v)
-	}
-	sp, err := section.compile(a.Now, a.Capture)
-	if err != nil {
-		return nil, fmt.Errorf("sevSnp.%w", err)
-	}
-	vmpl0 := 0
-	sp.VMPL = &vmpl0
-	report, err := snp.NewReportVerifier(sp, a.Now)
+	// Azure's paravisor runs at VMPL 0.
+	paravisorVMPL := 0
+	report, err := snpReportVerifier(v, a, "the launch measurements of Azure's paravisor builds and the minimum TCB its reports must show", &paravisorVMPL)
 	if err != nil {
 		return nil, err
 	}

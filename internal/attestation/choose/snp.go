@@ -144,19 +144,33 @@ func snpAttester(o AttesterOptions) (attestation.Attester, error) {
 // sevSnp section, and the vTPM quote whose key it binds.
 func snpVerifier(a Appraisal) (attestation.Verifier, error) {
 	return confidentialVMVerifier(attestation.VariantSNP, a, func() (attestation.Verifier, error) {
-		if a.TDX != nil {
-			return nil, errors.New("variant sev-snp takes a sevSnp section, not tdx")
-		}
-		section := a.SEVSNP
-		if section == nil && !a.Capture {
-			return nil, errors.New("variant sev-snp needs a sevSnp section: the launch measurements and minimum TCB its reports must show")
-		} else if section == nil {
-			section = &SEVSNPPolicy{}
-		}
-		sp, err := section.compile(a.Now, a.Capture)
-		if err != nil {
-			return nil, fmt.Errorf("sevSnp.%w", err)
-		}
-		return snp.NewReportVerifier(sp, a.Now)
+		return snpReportVerifier(attestation.VariantSNP, a, "the launch measurements and minimum TCB its reports must show", nil)
 	})
+}
+
+// snpReportVerifier compiles the sevSnp section of variant v (sev-snp,
+// azure-sev-snp); needs says what a missing section lacks; vmpl, when set,
+// is the only VMPL v's reports come from (a section naming another is
+// refused).
+func snpReportVerifier(v attestation.Variant, a Appraisal, needs string, vmpl *int) (*snp.ReportVerifier, error) {
+	if a.TDX != nil {
+		return nil, fmt.Errorf("variant %s takes a sevSnp section, not tdx", v)
+	}
+	section := a.SEVSNP
+	if section == nil && !a.Capture {
+		return nil, fmt.Errorf("variant %s needs a sevSnp section: %s", v, needs)
+	} else if section == nil {
+		section = &SEVSNPPolicy{}
+	}
+	if vmpl != nil && section.VMPL != nil && *section.VMPL != *vmpl {
+		return nil, fmt.Errorf("sevSnp.vmpl %d: variant %s's reports come from VMPL %d", *section.VMPL, v, *vmpl)
+	}
+	sp, err := section.compile(a.Now, a.Capture)
+	if err != nil {
+		return nil, fmt.Errorf("sevSnp.%w", err)
+	}
+	if vmpl != nil {
+		sp.VMPL = vmpl
+	}
+	return snp.NewReportVerifier(sp, a.Now)
 }
