@@ -23,7 +23,7 @@ setup-vm: ## `setup`, and what VM nodes need: QEMU, OVMF and the tools that buil
 	hack/setup.sh --vm
 
 .PHONY: setup-test
-setup-test: ## `setup`, and what only the tests need: their Debian packages, the pinned Go tools, MinIO, upstream CABPK and clusterctl, the Vault server
+setup-test: ## `setup`, and what only the tests need: their Debian packages, the pinned Go tools, MinIO, upstream CABPK and clusterctl, the Vault server, Prometheus and promtool
 	hack/setup.sh --test
 
 .PHONY: kube-binaries
@@ -86,6 +86,7 @@ unit: tools ## Run the tests (needs `make setup-test` first)
 	@# The real-boot test (test/realboot) boots the node image built from this checkout (cached by content).
 	@# The end-to-end test starts its cluster at the previous minor version and upgrades it (test/e2e).
 	GATEHOUSE_KUBE_BIN=$$(hack/kube-binaries.sh) GATEHOUSE_ADDON_BIN=$$(hack/addon-binaries.sh) GATEHOUSE_VAULT_BIN=$$(hack/vault-binary.sh) \
+		GATEHOUSE_PROMETHEUS_BIN=$$(hack/prometheus-binary.sh) \
 		$(if $(filter ./... ./test/e2e/...,$(PKGS)),GATEHOUSE_KUBE_BIN_PREVIOUS=$$(hack/kube-binaries.sh 1.35)) \
 		$(if $(filter ./... ./test/realboot/...,$(PKGS)),GATEHOUSE_NODE_IMAGE=$$(hack/node-image.sh)) \
 		gotestsum --format testname --format-hide-empty-pkg -- $(TEST_FLAGS) $(PKGS)

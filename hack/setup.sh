@@ -11,8 +11,9 @@
 #                         NoCloud seed disks
 #   hack/setup.sh --test  all of that, and what only the tests need (make
 #                         test): the tests' Debian packages, the pinned Go
-#                         tools (MinIO among them) and the pinned upstream
-#                         Cluster API programs (hack/capi-tools.sh)
+#                         tools (MinIO among them), the pinned upstream
+#                         Cluster API programs (hack/capi-tools.sh), and
+#                         Prometheus and promtool (hack/prometheus-binary.sh)
 #
 # Idempotent and fast when everything is already there. Every step longer
 # than a few seconds says what it does while it runs.
@@ -87,4 +88,6 @@ if $test; then
 	log "Cluster API tools (upstream CABPK, clusterctl): $dir"
 	dir=$("$here/vault-binary.sh")
 	log "Vault server of the external KMS tests: $dir"
+	dir=$("$here/prometheus-binary.sh")
+	log "Prometheus and promtool of the alert tests: $dir"
 fi

@@ -24,6 +24,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/atls"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
+	"github.com/gatehouse-dev/gatehouse/internal/certexpiry"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
@@ -114,6 +115,12 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// When the certificates loaded above expire (docs/operations.md).
+	if err := certexpiry.Register(reg, map[string]string{
+		"cluster-ca": filepath.Join(*pkiDir, "ca.crt"), "keyservice-client": *keyServiceCert, "keyservice-ca": *keyServiceCA,
+	}); err != nil {
+		return err
+	}
 	policy, err := joinservice.NewPolicyStore(v, time.Now, log, reg)
 	if err != nil {
 		return err
@@ -221,6 +228,10 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 				return err
 			}
 		}
+		leader, err := continuous.NewLeaderGauge(reg)
+		if err != nil {
+			return err
+		}
 		// A replica stands for election only once its caches hold every
 		// binding and Node: an empty cache would find every node unbound.
 		go func() {
@@ -229,7 +240,7 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 					return // only when ctx ends
 				}
 			}
-			continuous.RunElected(ctx, client, *namespace, identity, log, loop, approve)
+			continuous.RunElected(ctx, client, *namespace, identity, log, leader, loop, approve)
 		}()
 	}
 	httpServer := &http.Server{Addr: *httpListen, Handler: joinservice.HTTPHandler(srv, reg), ReadHeaderTimeout: 5 * time.Second}

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/gatehouse-dev/gatehouse/internal/certexpiry"
 	"github.com/gatehouse-dev/gatehouse/internal/connlimit"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
@@ -98,6 +99,10 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	defer closer.Close()
 	tlsCfg, err := keyservice.ServerTLSConfig(tlsFiles, strings.Split(*allowed, ","))
 	if err != nil {
+		return err
+	}
+	// When the certificates loaded above expire (docs/operations.md).
+	if err := certexpiry.Register(reg, map[string]string{"keyservice-serving": tlsFiles.Cert, "keyservice-client-ca": tlsFiles.ClientCA}); err != nil {
 		return err
 	}
 	srv, err := keyservice.NewServer(keys, log, reg)

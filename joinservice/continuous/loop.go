@@ -107,6 +107,9 @@ type Loop struct {
 	// as the records and this round's verdicts say: one is never tainted
 	// while none other is attested.
 	controlPlanes map[string]bool
+	// status holds, by node, the reason its gatehouse_reattest_node_status
+	// series carries.
+	status map[string]string
 }
 
 // NewLoop returns the loop; its metrics are registered with cfg.Registerer.
@@ -134,13 +137,16 @@ func NewLoop(cfg LoopConfig) (*Loop, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Loop{cfg: cfg, metrics: m, lastSuccess: map[string]time.Time{}, unreachable: map[string]bool{}, controlPlanes: map[string]bool{}}, nil
+	return &Loop{cfg: cfg, metrics: m, lastSuccess: map[string]time.Time{}, unreachable: map[string]bool{}, controlPlanes: map[string]bool{}, status: map[string]string{}}, nil
 }
 
 // Run mirrors the records onto the Nodes as they or the Nodes change, and
 // runs a round every interval (±10 %), until ctx ends. A round that
-// cannot judge (no policy yet) is logged and retried next interval.
+// cannot judge (no policy yet) is logged and retried next interval. When
+// it returns (leadership lost), the per-node status series are deleted and
+// the oldest success age is 0: only the leader speaks for the nodes.
 func (l *Loop) Run(ctx context.Context) error {
+	defer l.forgetStatus()
 	stop, err := l.startMirror(ctx)
 	if err != nil {
 		return err
@@ -221,6 +227,7 @@ func (l *Loop) checkOne(ctx context.Context, node *corev1.Node, settings joincon
 	*out = o
 	l.metrics.verifications.WithLabelValues(o.Reason).Inc()
 	l.mu.Lock()
+	l.setStatus(node.Name, o.Reason)
 	if o.Reason == ReasonUnreachable {
 		l.unreachable[node.Name] = true
 	} else {
@@ -417,7 +424,38 @@ func (l *Loop) updateOldest(nodes []*corev1.Node) {
 			delete(l.unreachable, name)
 		}
 	}
+	for name := range l.status {
+		if !present[name] {
+			l.setStatus(name, "")
+		}
+	}
 	l.metrics.oldestSuccessAge.Set(oldest.Seconds())
+}
+
+// setStatus makes reason node's one gatehouse_reattest_node_status series
+// (none when reason is empty), deleting the series of its previous
+// reason. l.mu is held.
+func (l *Loop) setStatus(node, reason string) {
+	if old, ok := l.status[node]; ok && old != reason {
+		l.metrics.nodeStatus.DeleteLabelValues(node, old)
+	}
+	if reason == "" {
+		delete(l.status, node)
+		return
+	}
+	l.status[node] = reason
+	l.metrics.nodeStatus.WithLabelValues(node, reason).Set(1)
+}
+
+// forgetStatus deletes every node's status series and zeroes the oldest
+// success age, for a replica that no longer leads.
+func (l *Loop) forgetStatus() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for node := range l.status {
+		l.setStatus(node, "")
+	}
+	l.metrics.oldestSuccessAge.Set(0)
 }
 
 type metrics struct {
@@ -429,6 +467,7 @@ type metrics struct {
 	reasserted       *prometheus.CounterVec
 	oldestSuccessAge prometheus.Gauge
 	roundSeconds     prometheus.Histogram
+	nodeStatus       *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -459,14 +498,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"what"}),
 		oldestSuccessAge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gatehouse", Subsystem: "reattest", Name: "oldest_success_age_seconds",
-			Help: "Age of the oldest last successful verification among the Nodes.",
+			Help: "Age of the oldest last successful verification among the Nodes, on the leading replica (0 on the others).",
 		}),
+		// One series per Node (its current reason), in the style of
+		// kube-state-metrics' kube_node_status_condition but without a
+		// series per possible reason: the cardinality is the number of
+		// Nodes (docs/operations.md, "Metrics").
+		nodeStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "gatehouse", Subsystem: "reattest", Name: "node_status",
+			Help: "1 for each Node's last verdict, by node and reason (Verified, or why not; the condition's reason), on the leading replica only; a Node's series goes when the Node does.",
+		}, []string{"node", "reason"}),
 		roundSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "gatehouse", Subsystem: "reattest", Name: "round_duration_seconds",
 			Help: "Duration of one round over every Node.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.verifications, m.actions, m.writes, m.recordWrites, m.recordsDeleted, m.reasserted, m.oldestSuccessAge, m.roundSeconds} {
+	for _, c := range []prometheus.Collector{m.verifications, m.actions, m.writes, m.recordWrites, m.recordsDeleted, m.reasserted, m.oldestSuccessAge, m.roundSeconds, m.nodeStatus} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}

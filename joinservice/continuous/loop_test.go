@@ -154,6 +154,10 @@ func TestLoop(t *testing.T) {
 			if c == nil || c.Reason != reason || (c.Status == corev1.ConditionTrue) != (reason == ReasonVerified) {
 				t.Errorf("%s: condition %+v, want reason %s", node, c, reason)
 			}
+			// One status series per node: its current reason.
+			if got := statusSeries(t, reg, node); len(got) != 1 || got[reason] != 1 {
+				t.Errorf("%s: gatehouse_reattest_node_status series %v, want {%s: 1}", node, got, reason)
+			}
 		}
 	}
 	first := map[string]string{
@@ -228,6 +232,54 @@ func TestLoop(t *testing.T) {
 	if age := testutil.ToFloat64(loop.metrics.oldestSuccessAge); age <= 0 {
 		t.Errorf("oldest success age %v: the never-attested nodes count from their creation", age)
 	}
+
+	// A Node that goes loses its status series.
+	if err := client.CoreV1().Nodes().Delete(ctx, "worker-gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	round(map[string]string{"worker-good": ReasonVerified})
+	if got := statusSeries(t, reg, "worker-gone"); len(got) != 0 {
+		t.Errorf("deleted Node worker-gone still has status series %v", got)
+	}
+	// A replica that stops leading (Run returns) drops every node's
+	// series and reports no age: only the leader speaks for the nodes.
+	runCtx, stop := context.WithCancel(ctx)
+	stop()
+	if err := loop.Run(runCtx); err == nil {
+		t.Fatal("Run returned no error after its context ended")
+	}
+	if n := testutil.CollectAndCount(loop.metrics.nodeStatus); n != 0 {
+		t.Errorf("%d status series left after leadership ended, want none", n)
+	}
+	if age := testutil.ToFloat64(loop.metrics.oldestSuccessAge); age != 0 {
+		t.Errorf("oldest success age %v after leadership ended, want 0", age)
+	}
+}
+
+// statusSeries returns node's gatehouse_reattest_node_status series in
+// reg: their value by reason.
+func statusSeries(t *testing.T, reg prometheus.Gatherer, node string) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "gatehouse_reattest_node_status" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["node"] == node {
+				got[labels["reason"]] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	return got
 }
 
 // caches are the informers' caches production reads.
