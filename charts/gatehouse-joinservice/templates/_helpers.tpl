@@ -10,3 +10,14 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 app.kubernetes.io/name: {{ include "joinservice.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{/* files/alerts.yaml with its double-bracketed names filled in from .Values.monitoring. */}}
+{{- define "joinservice.alertRules" -}}
+{{- $m := .Values.monitoring -}}
+{{- $rules := .Files.Get "files/alerts.yaml" -}}
+{{- $rules = replace "[[ job ]]" $m.job $rules -}}
+{{- $rules = replace "[[ runbookURL ]]" $m.runbookURL $rules -}}
+{{- range $k, $v := $m.alerts }}{{ $rules = replace (printf "[[ %s ]]" $k) (toString $v) $rules }}{{ end -}}
+{{- with regexFind "\\[\\[ [A-Za-z]+ \\]\\]" $rules }}{{ fail (printf "files/alerts.yaml uses %s, which monitoring.alerts does not set" .) }}{{ end -}}
+{{- $rules -}}
+{{- end -}}
