@@ -49,7 +49,7 @@ type unitTests struct {
 // output; it fails t when promtool fails.
 func promtool(t *testing.T, dir string, args ...string) string {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), filepath.Join(monitoringtest.PrometheusDir(t), "promtool"), args...) //nolint:gosec // the tests' own promtool build, named by GATEHOUSE_PROMETHEUS_BIN
+	cmd := exec.CommandContext(t.Context(), filepath.Join(monitoringtest.PrometheusDir(t), "promtool"), args...)
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -334,7 +334,12 @@ func TestMiniCluster(t *testing.T) {
 	})
 
 	t.Run("compromised running worker tainted, restored by policy", func(t *testing.T) {
-		testCompromisedWorker(ctx, t, dir, client, "worker-4", "worker-1")
+		// A real Prometheus scrapes the join services with the chart's
+		// alerts, their "for" short (test/e2e/prometheus_test.go).
+		prom := startPrometheus(ctx, t, []string{ip("cp-0") + ":9091", ip("cp-1") + ":9091", ip("cp-2") + ":9091"},
+			map[string]any{"nodeNotAttestedFor": "2s"})
+		prom.waitScraped(ctx, t, 3, "worker-4")
+		testCompromisedWorker(ctx, t, dir, client, "worker-4", "worker-1", prom)
 	})
 
 	t.Run("kubelet certificates renewed after fresh evidence", func(t *testing.T) {

@@ -141,9 +141,10 @@ func podsOf(ctx context.Context, client kubernetes.Interface, app string) ([]str
 // (its TPM's PCR 4 extended as a compromised boot would) and checks that
 // within two intervals its Node is not attested and tainted, its workload
 // moves to worker other, and a certificate request as the node is denied;
-// then that accepting the measurement into the policy (hot reload)
+// with Prometheus alerting on it (prom, when not nil); then that
+// accepting the measurement into the policy (hot reload)
 // restores it, attested and untainted.
-func testCompromisedWorker(ctx context.Context, t *testing.T, dir string, client kubernetes.Interface, victim, other string) {
+func testCompromisedWorker(ctx context.Context, t *testing.T, dir string, client kubernetes.Interface, victim, other string, prom *promServer) {
 	// A workload that may run on either worker, placed on the victim
 	// (the other cordoned meanwhile).
 	setUnschedulable(ctx, t, client, other, true)
@@ -198,6 +199,8 @@ func testCompromisedWorker(ctx context.Context, t *testing.T, dir string, client
 	}
 	t.Logf("%s patched its own condition to Verified %d times until it was tainted", victim, forged)
 	waitAttested(ctx, t, client, map[string]string{victim: continuous.ReasonEvidenceRejected})
+	// The operator is alerted (docs/operations.md, "GatehouseNodeNotAttested").
+	prom.waitAlert(ctx, t, "GatehouseNodeNotAttested", victim, true)
 	// Two intervals (each up to 10 % longer), and the time a round takes.
 	if took, most := time.Since(compromised), 2*reattestInterval*11/10+10*time.Second; took > most {
 		t.Errorf("%s was tainted %s after its measurement changed; want within two intervals (%s)", victim, took.Round(time.Second), most)
@@ -222,6 +225,7 @@ func testCompromisedWorker(ctx context.Context, t *testing.T, dir string, client
 	// The administrator accepts the new measurement (hot reload).
 	acceptMeasurement(ctx, t, client, 4, pcr4)
 	waitAttested(ctx, t, client, map[string]string{victim: continuous.ReasonVerified})
+	prom.waitAlert(ctx, t, "GatehouseNodeNotAttested", victim, false)
 	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 		taint, err := tainted(ctx, client, victim)
 		return err == nil && !taint, nil

@@ -4,6 +4,7 @@
 package monitoringtest
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -23,29 +24,34 @@ import (
 // them; make unit sets it).
 const PrometheusBinEnv = "GATEHOUSE_PROMETHEUS_BIN"
 
-// PrometheusDir returns the directory of the tests' prometheus and
-// promtool binaries, from PrometheusBinEnv. When it is unset or lacks
-// them, the test fails with CI set (naming `make setup-test`), and is
-// skipped otherwise.
-func PrometheusDir(t testing.TB) string {
-	t.Helper()
+// FindPrometheus returns the directory of the tests' prometheus and
+// promtool binaries, from PrometheusBinEnv, or an error saying what is
+// missing and how to build them.
+func FindPrometheus() (string, error) {
 	dir := os.Getenv(PrometheusBinEnv)
-	missing := "is not set"
-	if dir != "" {
-		missing = ""
-		for _, b := range []string{"prometheus", "promtool"} {
-			if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-				missing = "holds no " + b
-			}
+	if dir == "" {
+		return "", fmt.Errorf("%s is not set: run `make setup-test` (it builds Prometheus and promtool), then the tests with `make test`, or export %s=$(hack/prometheus-binary.sh)", PrometheusBinEnv, PrometheusBinEnv)
+	}
+	for _, b := range []string{"prometheus", "promtool"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil { //nolint:gosec // the directory the test environment names (hack/prometheus-binary.sh)
+			return "", fmt.Errorf("%s=%s holds no %s: run `make setup-test`, or export %s=$(hack/prometheus-binary.sh)", PrometheusBinEnv, dir, b, PrometheusBinEnv)
 		}
 	}
-	if missing == "" {
+	return dir, nil
+}
+
+// PrometheusDir returns FindPrometheus's directory. When it finds none,
+// the test fails with CI set, and is skipped otherwise.
+func PrometheusDir(t testing.TB) string {
+	t.Helper()
+	dir, err := FindPrometheus()
+	if err == nil {
 		return dir
 	}
 	if os.Getenv("CI") != "" {
-		t.Fatalf("%s %s: run `make setup-test` (it builds Prometheus and promtool), then the tests with `make test`, or export %s=$(hack/prometheus-binary.sh)", PrometheusBinEnv, missing, PrometheusBinEnv)
+		t.Fatal(err)
 	}
-	t.Skipf("%s %s: export %s=$(hack/prometheus-binary.sh)", PrometheusBinEnv, missing, PrometheusBinEnv)
+	t.Skip(err)
 	return ""
 }
 
