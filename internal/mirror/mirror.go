@@ -13,6 +13,8 @@
 //	  → <registry>/registry.k8s.io/kube-apiserver:v1.36.4
 //	docker.io/library/busybox:1.37 (or busybox:1.37)
 //	  → <registry>/docker.io/library/busybox:1.37
+//	registry.example:5000/team/app:1
+//	  → <registry>/registry.example_5000/team/app:1
 //
 // A component keeps its pinned sha256 digest and an image its tag or
 // digest: the mirror changes where bytes come from, never which bytes are
@@ -31,9 +33,9 @@ import (
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 )
 
-// KubeadmRegistry is where kubeadm pulls the control plane's images from
+// kubeadmRegistry is where kubeadm pulls the control plane's images from
 // by default (kubeadm's imageRepository; kubeadm v1beta4 reference).
-const KubeadmRegistry = "registry.k8s.io"
+const kubeadmRegistry = "registry.k8s.io"
 
 // Mirror names the mirror: at least one of Files and Registry is set. A
 // nil *Mirror maps every download to itself.
@@ -162,14 +164,15 @@ func (m *Mirror) ImageRepository() string {
 	if m == nil || m.Registry == "" {
 		return ""
 	}
-	return m.Registry + "/" + KubeadmRegistry
+	return m.Registry + "/" + kubeadmRegistry
 }
 
-// registryName spells Docker Hub as users do: go-containerregistry names
-// it index.docker.io.
+// registryName is a registry's part of a mirrored repository: Docker Hub
+// spelled as users do (go-containerregistry names it index.docker.io), and
+// a port's ':' as '_' (a repository path has no colon).
 func registryName(r string) string {
 	if r == name.DefaultRegistry {
 		return "docker.io"
 	}
-	return r
+	return strings.ReplaceAll(r, ":", "_")
 }

@@ -116,7 +116,7 @@ func TestImage(t *testing.T) {
 		{"docker.io/local/gatehouse-joinservice:local", "mirror.example:5000/docker.io/local/gatehouse-joinservice:local"},
 		{"ghcr.io/gatehouse-dev/joinservice@" + digest, "mirror.example:5000/ghcr.io/gatehouse-dev/joinservice@" + digest},
 		{"ghcr.io/gatehouse-dev/joinservice:v1.0.0@" + digest, "mirror.example:5000/ghcr.io/gatehouse-dev/joinservice:v1.0.0@" + digest},
-		{"10.88.0.1:5000/team/app", "mirror.example:5000/10.88.0.1:5000/team/app"},
+		{"10.88.0.1:5000/team/app", "mirror.example:5000/10.88.0.1_5000/team/app"},
 	} {
 		got, err := m.Image(tc.in)
 		if err != nil || got != tc.want {
