@@ -77,9 +77,11 @@ func New(opts Options) *Installer {
 // changed file, a download that breaks off) installs nothing at all, not
 // even the components before it; the error names the install path, the
 // URL and, for a digest mismatch, the pinned and the received digest. A
-// binary whose URL and digest an earlier component of the list had (one
-// multi-call binary installed under several names) is copied from that
-// one, which was checked, and not fetched again. A binary whose install
+// binary whose digest an earlier component of the list had (one
+// multi-call binary installed under several names, from one URL or from
+// several: a mirror's paths of the official names) is copied from that
+// one, which was checked, and not fetched again: equal SHA-256 digests
+// mean equal bytes. A binary whose install
 // path already holds the pinned digest (the node image's baked binaries,
 // a link to one multi-call binary, on a read-only root) is left as it is.
 func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component) (err error) {
@@ -94,10 +96,10 @@ func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component)
 			s.discard()
 		}
 	}()
-	planned := map[string]string{} // URL and digest of a binary → where it is installed
+	planned := map[string]string{} // digest of a binary → where it is installed
 	held := map[string]bool{}      // real file and digest that holds confirmed in this call
 	for _, c := range list {
-		key := c.GetUrl() + "\x00" + c.GetHash()
+		key := c.GetHash()
 		if !c.GetExtract() && holdsOnce(held, c.GetInstallPath(), c.GetHash()) {
 			// The node image bakes the pinned binaries into its read-only
 			// root (docs/image.md): nothing to fetch, nowhere to write.
