@@ -223,7 +223,7 @@ func fetchedKubeadm(release versions.Release, dir string) (string, error) {
 // kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, the pause
 // sandbox image and etcd) and the Gatehouse charts'.
 func mirrorImages(ctx context.Context, kubeadm, version string) ([]string, error) {
-	out, err := exec.CommandContext(ctx, kubeadm, "config", "images", "list", "--kubernetes-version", version).Output() //nolint:gosec // the operator's kubeadm
+	out, err := exec.CommandContext(ctx, kubeadm, "config", "images", "list", "--kubernetes-version", version).Output()
 	if err != nil {
 		var exit *exec.ExitError
 		if errors.As(err, &exit) {
