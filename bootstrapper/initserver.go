@@ -2,6 +2,7 @@ package bootstrapper
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
@@ -63,7 +64,9 @@ type InitServerConfig struct {
 	// ImageRepository, SkipPhases, KubeProxy and ControlPlaneEnv go into
 	// kubeadm's init configuration (e.g. locally built images, skipped
 	// add-ons, the kube-proxy settings of nodes in network namespaces, and
-	// the Go memory settings of a local cluster's control planes).
+	// the Go memory settings of a local cluster's control planes). An
+	// InitRequest's image_repository (the cluster configuration's mirror)
+	// takes the place of ImageRepository.
 	ImageRepository string
 	SkipPhases      []string
 	KubeProxy       kubeadm.KubeProxyOptions
@@ -353,7 +356,7 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 		PodCIDR:              req.GetPodCidr(),
 		InitToken:            token,
 		KubeletCertLifetime:  kubeletCertLifetime(req.GetKubeletCertLifetimeSeconds()),
-		ImageRepository:      s.cfg.ImageRepository,
+		ImageRepository:      cmp.Or(req.GetImageRepository(), s.cfg.ImageRepository),
 		SkipPhases:           s.cfg.SkipPhases,
 		KubeProxy:            s.cfg.KubeProxy,
 		ControlPlaneEnv:      s.cfg.ControlPlaneEnv,

@@ -196,6 +196,8 @@ func TestInit(t *testing.T) {
 			initConfig = string(data)
 		}
 	}
+	// The cluster configuration's mirror (docs/install-airgapped.md).
+	f.req.ImageRepository = "mirror.example:5000/registry.k8s.io"
 	stream, err := f.client.Init(ctx, f.req)
 	if err != nil {
 		t.Fatal(err)
@@ -265,6 +267,9 @@ func TestInit(t *testing.T) {
 	}
 	if !strings.Contains(initConfig, "name: encryption-provider-config") {
 		t.Errorf("the kubeadm configuration does not make the API server encrypt Secrets:\n%s", initConfig)
+	}
+	if !strings.Contains(initConfig, "imageRepository: mirror.example:5000/registry.k8s.io\n") {
+		t.Errorf("the kubeadm configuration does not pull from the request's image repository:\n%s", initConfig)
 	}
 	if got, _ := os.ReadFile(filepath.Join(root, kms.URIFile)); string(got) != f.req.GetKeyServiceKmsUri() {
 		t.Errorf("the key service's KMS URI is %q, want the wrapped secret's URI", got)

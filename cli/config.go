@@ -38,6 +38,7 @@ func newConfigGenerateCmd() *cobra.Command {
 		force                                              bool
 		variant, mrtd, minimumTCB, collateralCache         string
 		launchMeasurements                                 []string
+		mirrorFiles, mirrorRegistry                        string
 	)
 	cmd := &cobra.Command{
 		Use:   "generate",
@@ -143,7 +144,7 @@ func newConfigGenerateCmd() *cobra.Command {
 				PCRs: pcrs, PinnedAKs: aks, EKRoots: ekRoots, EKIntermediates: ekInter,
 				GCEProjects: gceProjects, GCEZones: gceZones, ServiceCIDR: serviceCIDR, PodCIDR: podCIDR,
 				Variant: hw.Variant, LaunchMeasurements: hw.LaunchMeasurements, MinimumTCB: hw.MinimumTCB, MRTD: hw.MRTD,
-				CollateralCache: collateralCache,
+				CollateralCache: collateralCache, Mirror: mirrorOf(mirrorFiles, mirrorRegistry),
 			})
 			if err != nil {
 				return err
@@ -178,6 +179,8 @@ func newConfigGenerateCmd() *cobra.Command {
 	f.StringVar(&serviceCIDR, "service-cidr", "10.96.0.0/12", "Service CIDR")
 	f.StringVar(&podCIDR, "pod-cidr", "10.244.0.0/16", "pod CIDR")
 	f.BoolVar(&force, "force", false, "overwrite an existing file")
+	f.StringVar(&mirrorFiles, "mirror-files", "", "installs without internet: base URL of your file server mirroring the Kubernetes components (docs/install-airgapped.md)")
+	f.StringVar(&mirrorRegistry, "mirror-registry", "", "installs without internet: host[:port][/prefix] of your OCI registry mirroring the images (docs/install-airgapped.md)")
 	return cmd
 }
 

@@ -88,7 +88,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	}
 	components := o.components
 	if components == nil {
-		if components, err = loadComponents(o.componentsFile, release.Proto, o.arch); err != nil {
+		if components, err = loadComponents(o.componentsFile, cfg.Components, o.arch); err != nil {
 			return err
 		}
 	}
@@ -121,6 +121,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 		ServiceCidr:                cfg.Networking.ServiceCIDR,
 		PodCidr:                    cfg.Networking.PodCIDR,
 		KubeletCertLifetimeSeconds: uint32(cfg.KubeletCertLifetime() / time.Second),
+		ImageRepository:            cfg.Mirror.ImageRepository(),
 	}
 	appraisal, err := cfg.Appraisal(nil)
 	if err != nil {
@@ -202,7 +203,8 @@ func prepareSecrets(ctx context.Context, o initOptions, version, kekURI string) 
 }
 
 // loadComponents returns the components from file (a JSON list of
-// Component) or else from the versions table for arch.
+// Component, taken as it is) or else from the versions table for arch
+// (through the cluster configuration's mirror).
 func loadComponents(file string, table func(string) ([]*componentsv1.Component, error), arch string) ([]*componentsv1.Component, error) {
 	if file == "" {
 		return table(arch)

@@ -28,7 +28,7 @@ func newMiniCmd() *cobra.Command {
 		Use:   "mini",
 		Short: "Run a local attested cluster on this machine (as root)",
 	}
-	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniLoadCmd(), newMiniStatusCmd(), newMiniNodeCmd(), newMiniAgentCmd())
+	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniLoadCmd(), newMiniStatusCmd(), newMiniNodeCmd(), newMiniAgentCmd(), newMiniServeMirrorCmd())
 	cmd.AddCommand(newMiniStopStartCmds()...)
 	return cmd
 }
@@ -324,5 +324,27 @@ func newMiniAgentCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&spec, "spec", "", "node.json")
+	return cmd
+}
+
+// newMiniServeMirrorCmd serves the local cluster's mirror file server;
+// mini up starts it on the host (mini/mirror.go).
+func newMiniServeMirrorCmd() *cobra.Command {
+	var dir, address string
+	cmd := &cobra.Command{
+		Use:    "serve-mirror",
+		Short:  "Serve the local cluster's mirror of the Kubernetes components (started by mini up)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return mini.ServeMirror(ctx, dir, address)
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "the files to serve, laid out as <original host>/<original path>")
+	cmd.Flags().StringVar(&address, "address", "", "host:port to listen on")
+	_ = cmd.MarkFlagRequired("dir")
+	_ = cmd.MarkFlagRequired("address")
 	return cmd
 }

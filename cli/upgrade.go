@@ -19,6 +19,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/components"
+	"github.com/gatehouse-dev/gatehouse/internal/mirror"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 	"github.com/gatehouse-dev/gatehouse/upgrade"
 	"github.com/gatehouse-dev/gatehouse/upgrade/kuberoll"
@@ -39,7 +40,10 @@ func newUpgradeCmd() *cobra.Command {
 // kubeRollFlags are upgrade apply's Kubernetes flags.
 type kubeRollFlags struct {
 	version, kubeBin string
-	roll             kuberoll.Options
+	// config, when set, is the cluster configuration whose mirror the
+	// components come from (docs/install-airgapped.md).
+	config string
+	roll   kuberoll.Options
 }
 
 func newUpgradeApplyCmd() *cobra.Command {
@@ -104,6 +108,7 @@ func newUpgradeApplyCmd() *cobra.Command {
 	f.BoolVar(&opts.Wait, "wait", true, "wait for upgraded resources to be ready (a release that does not become ready is rolled back)")
 	f.StringVar(&k.version, "kubernetes", "", "move the cluster to this Kubernetes release first: 1.MINOR (its patch release from the versions table) or v1.MINOR.PATCH; supported: "+strings.Join(versions.Supported(), ", "))
 	f.StringVar(&k.kubeBin, "kube-bin", "", "with --kubernetes: take kubelet, kubeadm and kubectl from this local build (hack/kube-binaries.sh; file:// URLs the nodes can read, sha256 computed) instead of the official downloads")
+	f.StringVar(&k.config, "config", "", "with --kubernetes: cluster configuration whose mirror the nodes download the components from (docs/install-airgapped.md); empty: the official downloads")
 	f.BoolVar(&k.roll.ForceDrain, "force-drain", false, "with --kubernetes: also evict pods no controller manages (kubectl drain --force); without it such a pod stops the roll")
 	f.DurationVar(&k.roll.NodeTimeout, "node-timeout", kuberoll.DefaultNodeTimeout, "with --kubernetes: time one node may take (drain, kubeadm, kubelet, Ready)")
 	f.DurationVar(&k.roll.DrainTimeout, "drain-timeout", kuberoll.DefaultDrainTimeout, "with --kubernetes: time a drain may take (evictions a PodDisruptionBudget refuses are retried until then)")
@@ -141,9 +146,17 @@ func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) 
 	if err != nil {
 		return err
 	}
+	var m *mirror.Mirror
+	if k.config != "" {
+		cfg, err := clusterconfig.Load(k.config)
+		if err != nil {
+			return fmt.Errorf("--config: %w", err)
+		}
+		m = cfg.Mirror
+	}
 	// The nodes install kubelet, kubeadm and kubectl; joiners get the
 	// whole list (crictl and the CNI plugins too, where official).
-	nodeComponents := func(arch string) ([]*componentsv1.Component, error) {
+	officialNodeComponents := func(arch string) ([]*componentsv1.Component, error) {
 		if k.kubeBin != "" {
 			return release.LocalBuild(arch, k.kubeBin)
 		}
@@ -160,6 +173,13 @@ func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) 
 		}
 		return out, nil
 	}
+	nodeComponents := func(arch string) ([]*componentsv1.Component, error) {
+		list, err := officialNodeComponents(arch)
+		if err != nil {
+			return nil, err
+		}
+		return m.Components(list)
+	}
 	// The join configuration holds one architecture's list, as `gatehouse
 	// init --arch` wrote it: the control planes'.
 	arch, err := controlPlaneArch(ctx, client)
@@ -174,6 +194,9 @@ func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) 
 	}
 	list, err := joinComponents()
 	if err != nil {
+		return err
+	}
+	if list, err = m.Components(list); err != nil {
 		return err
 	}
 	encoded, err := components.MarshalList(list)

@@ -14,7 +14,7 @@ import (
 // Down removes the local cluster recorded in dir: every node, newest
 // first, through the provider that made it (Provider.Delete: its
 // processes, network, disks and what its machine left on the host), then
-// the load balancer, the registry, the bridge and the directory. It goes
+// the load balancer, the registry, the mirror, the bridge and the directory. It goes
 // on past errors and reports them all; a missing cluster is not an error.
 func Down(ctx context.Context, dir string, out io.Writer) error {
 	return down(ctx, dir, out, providerFor)
@@ -43,7 +43,8 @@ func down(ctx context.Context, dir string, out io.Writer, providerFor providerLo
 			errs = append(errs, fmt.Errorf("removing node %s: %w", n.Name, err))
 		}
 	}
-	errs = append(errs, stopProcess(ctx, "haproxy", rec.LoadBalancerPID), stopProcess(ctx, "the registry", rec.RegistryPID))
+	errs = append(errs, stopProcess(ctx, "haproxy", rec.LoadBalancerPID), stopProcess(ctx, "the registry", rec.RegistryPID),
+		stopProcess(ctx, "the mirror", rec.MirrorPID))
 	if rec.Bridge != "" {
 		if err := run(ctx, "ip", "link", "del", rec.Bridge); err != nil && !strings.Contains(err.Error(), "Cannot find") {
 			errs = append(errs, err)

@@ -48,8 +48,8 @@ func controlPlaneEnvArgs() []string {
 // kubeletBinary returns the kubelet the agent runs: a host kubelet, the
 // host's pinned Kubernetes build, when the kubelet the bootstrapper
 // installed (installed) has the same bytes, else installed. The installed
-// kubelet is a copy of that very build (miniComponents: a file:// URL and
-// its sha256) in the node's private /usr/local/bin; run from there, every
+// kubelet is a copy of that very build (mirrorComponents: the mirror's URL
+// and its sha256) in the node's private /usr/local/bin; run from there, every
 // node's kubelet would hold its own copy of the 150 MB multi-call
 // binary's code in memory, about 95 MiB per node. Run from the host's
 // file, the nodes' kubelets share one copy, as nodes sharing one kernel

@@ -63,7 +63,13 @@ func (*netnsProvider) Create(ctx context.Context, s *NodeSpec, nr *NodeRecord) e
 		{"-n", s.NetNS, "addr", "add", s.IP + "/24", "dev", "eth0"},
 		{"-n", s.NetNS, "link", "set", "eth0", "up"},
 		{"-n", s.NetNS, "link", "set", "lo", "up"},
-		{"-n", s.NetNS, "route", "add", "default", "via", s.Gateway},
+		// No route out (docs/install-airgapped.md): the node reaches the
+		// cluster bridge (the other nodes, the load balancer, the host's
+		// registry and mirror), the pod ranges (routePods) and the
+		// Service range, which kube-proxy's rules turn into those before
+		// anything leaves; everything else is unreachable at once.
+		{"-n", s.NetNS, "route", "add", serviceCIDR, "via", s.Gateway},
+		{"-n", s.NetNS, "route", "add", "unreachable", "default"},
 	} {
 		if err := run(ctx, "ip", args...); err != nil {
 			return err

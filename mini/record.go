@@ -30,6 +30,9 @@ type Record struct {
 	LoadBalancerPID int `json:"loadBalancerPID,omitempty"`
 	// RegistryPID is the local image registry (Network.RegistryAddress).
 	RegistryPID int `json:"registryPID,omitempty"`
+	// MirrorPID is the mirror's file server the nodes download their
+	// components from (mirror.go).
+	MirrorPID int `json:"mirrorPID,omitempty"`
 	// NodeImage is the node image's directory the cluster's qemu nodes
 	// boot (Options.NodeImage); empty without one.
 	NodeImage string       `json:"nodeImage,omitempty"`

@@ -37,6 +37,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	componentlist "github.com/gatehouse-dev/gatehouse/internal/components"
 	"github.com/gatehouse-dev/gatehouse/internal/helm"
+	"github.com/gatehouse-dev/gatehouse/internal/mirror"
 )
 
 func randRead(b []byte) (int, error) { return rand.Read(b) }
@@ -68,6 +69,8 @@ func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.
 		Name: "mini", KubernetesVersion: opts.KubernetesVersion, ReferenceValues: common, RoleReferenceValues: roles,
 		PCRs: PCRs, EKRoots: string(root), EKIntermediates: string(intermediate), ServiceCIDR: serviceCIDR, PodCIDR: "10.244.0.0/16",
 		ControlPlaneEndpoint: controlPlaneEndpoint, KubeletCertLifetime: opts.KubeletCertLifetime,
+		// The nodes download from the cluster's mirror (mirror.go).
+		Mirror: &mirror.Mirror{Files: opts.Network.mirrorURL()},
 	}
 	if opts.NodeImage != "" {
 		if err := acceptVMNodes(context.Background(), &tv, opts.NodeImage); err != nil {

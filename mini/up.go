@@ -110,10 +110,15 @@ func (u *up) createRecord() error {
 	return u.rec.save()
 }
 
-// startRegistry starts the local image registry every node pulls from.
+// startRegistry starts the local image registry every node pulls from,
+// and the mirror's file server every node downloads its components from.
 func (u *up) startRegistry(ctx context.Context) error {
-	u.p.step("Starting the local image registry at %s (gatehouse mini load pushes to it)", u.opts.Network.RegistryAddress())
-	return startRegistry(ctx, u.rec, u.opts.AddonBinDir)
+	u.p.step("Starting the local image registry at %s (gatehouse mini load pushes to it) and the mirror the nodes download Kubernetes from at %s",
+		u.opts.Network.RegistryAddress(), u.opts.Network.mirrorURL())
+	if err := startRegistry(ctx, u.rec, u.opts.AddonBinDir); err != nil {
+		return err
+	}
+	return startMirror(ctx, u.rec, filepath.Join(u.opts.BinDir, "gatehouse"))
 }
 
 // clusterFiles are the cluster configuration Init is given and the
@@ -126,7 +131,7 @@ type clusterFiles struct {
 // configure writes the cluster configuration: the reference values of an
 // untampered node's boot manifest, the TPM manufacturer, the endpoint.
 func (u *up) configure(manifest []byte, tpmCA swtpm.LocalCA) (clusterFiles, error) {
-	components, err := miniComponents(u.opts.KubernetesVersion, u.opts.KubeBinDir)
+	components, err := mirrorComponents(u.opts.Dir, u.opts.Network, u.opts.KubernetesVersion, u.opts.KubeBinDir)
 	if err != nil {
 		return clusterFiles{}, err
 	}

@@ -69,46 +69,101 @@ func New(opts Options) *Installer {
 	return &Installer{opts: opts}
 }
 
-// Install installs every component in order, after validating them all. It
-// stops at the first component that fails, leaving the ones before it
-// installed and nothing of the failed one. A binary whose URL and digest
-// an earlier component of the list had (one multi-call binary installed
-// under several names) is copied from that one, which was checked, and
-// not fetched again. A binary whose install path already
-// holds the pinned digest (the node image's baked binaries, a link to one
-// multi-call binary, on a read-only root) is left as it is.
-func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component) error {
+// Install installs every component in order, after validating them all.
+// It works in two phases: every component is first downloaded next to
+// its install path and checked against its pinned digest (archives
+// unpacked beside their directory), and only when all of them are is
+// each moved into place. So a component that fails (a mirror serving a
+// changed file, a download that breaks off) installs nothing at all, not
+// even the components before it; the error names the install path, the
+// URL and, for a digest mismatch, the pinned and the received digest. A
+// binary whose digest an earlier component of the list had (one
+// multi-call binary installed under several names, from one URL or from
+// several: a mirror's paths of the official names) is copied from that
+// one, which was checked, and not fetched again: equal SHA-256 digests
+// mean equal bytes. A binary whose install
+// path already holds the pinned digest (the node image's baked binaries,
+// a link to one multi-call binary, on a read-only root) is left as it is.
+func (i *Installer) Install(ctx context.Context, list []*componentsv1.Component) (err error) {
 	for _, c := range list {
 		if err := components.Validate(c); err != nil {
 			return err
 		}
 	}
-	installed := map[string]string{} // URL and digest of a binary → where it was installed
-	held := map[string]bool{}        // real file and digest that holds confirmed in this call
+	var plan []staged
+	defer func() {
+		for _, s := range plan {
+			s.discard()
+		}
+	}()
+	planned := map[string]string{} // digest of a binary → where it is installed
+	held := map[string]bool{}      // real file and digest that holds confirmed in this call
 	for _, c := range list {
-		key := c.GetUrl() + "\x00" + c.GetHash()
-		var err error
+		key := c.GetHash()
 		if !c.GetExtract() && holdsOnce(held, c.GetInstallPath(), c.GetHash()) {
 			// The node image bakes the pinned binaries into its read-only
 			// root (docs/image.md): nothing to fetch, nowhere to write.
-			installed[key] = c.GetInstallPath()
-			i.opts.Log.Info("Component already installed", "path", c.GetInstallPath(), "hash", c.GetHash())
+			planned[key] = c.GetInstallPath()
+			plan = append(plan, staged{c: c, held: true})
 			continue
 		}
-		if from, ok := installed[key]; ok && !c.GetExtract() {
-			err = copyInstalled(from, c.GetInstallPath())
-		} else {
-			err = i.install(ctx, c)
+		if from, ok := planned[key]; ok && !c.GetExtract() {
+			plan = append(plan, staged{c: c, copyFrom: from})
+			continue
+		}
+		s, err := i.stage(ctx, c)
+		if err != nil {
+			return fmt.Errorf("installing %s: %w", c.GetInstallPath(), err)
+		}
+		plan = append(plan, s)
+		if !c.GetExtract() {
+			planned[key] = c.GetInstallPath()
+		}
+	}
+	for _, s := range plan {
+		c := s.c
+		var err error
+		switch {
+		case s.held:
+			i.opts.Log.Info("Component already installed", "path", c.GetInstallPath(), "hash", c.GetHash())
+			continue
+		case s.copyFrom != "":
+			err = copyInstalled(s.copyFrom, c.GetInstallPath())
+		case s.file != "":
+			err = os.Rename(s.file, c.GetInstallPath())
+		default:
+			err = moveEntries(s.dir, c.GetInstallPath())
 		}
 		if err != nil {
 			return fmt.Errorf("installing %s: %w", c.GetInstallPath(), err)
 		}
-		if !c.GetExtract() {
-			installed[key] = c.GetInstallPath()
-		}
 		i.opts.Log.Info("Installed component", "url", c.GetUrl(), "path", c.GetInstallPath(), "extract", c.GetExtract())
 	}
 	return nil
+}
+
+// staged is one component of an Install: downloaded and checked, waiting
+// to be moved into place.
+type staged struct {
+	c *componentsv1.Component
+	// held says the install path holds the pinned digest already.
+	held bool
+	// copyFrom is the install path of an earlier component with the same
+	// URL and digest.
+	copyFrom string
+	// file is the checked binary next to its install path; dir the
+	// unpacked archive next to its install directory.
+	file, dir string
+}
+
+// discard removes what s left staged (nothing once it was moved).
+func (s staged) discard() {
+	if s.file != "" {
+		_ = os.Remove(s.file)
+	}
+	if s.dir != "" {
+		_ = os.RemoveAll(s.dir)
+	}
 }
 
 // holdsOnce is holds, hashing each real file (path with its links
@@ -168,7 +223,10 @@ func copyInstalled(from, dest string) error {
 	})
 }
 
-func (i *Installer) install(ctx context.Context, c *componentsv1.Component) error {
+// stage downloads c next to where it is installed and checks its digest;
+// an archive is unpacked into a fresh directory beside its install
+// directory, so a broken archive stages nothing.
+func (i *Installer) stage(ctx context.Context, c *componentsv1.Component) (staged, error) {
 	want, _ := components.ParseHash(c.GetHash())
 	dir := filepath.Dir(c.GetInstallPath())
 	if c.GetExtract() {
@@ -177,27 +235,39 @@ func (i *Installer) install(ctx context.Context, c *componentsv1.Component) erro
 	// Install directories hold programs every user runs (/usr/local/bin,
 	// /opt/cni/bin): world-readable, as the distribution's own.
 	if err := os.MkdirAll(dir, 0o755); err != nil { //nolint:gosec // see above
-		return err
+		return staged{}, err
 	}
 	// The download lands next to its destination, so moving it into place
 	// is a rename on one file system.
-	if !c.GetExtract() {
-		return atomicfile.WriteFunc(c.GetInstallPath(), 0o755, func(f *os.File) error {
-			return i.download(ctx, c.GetUrl(), f, want)
-		})
-	}
 	tmp, err := os.CreateTemp(dir, ".gatehouse-download-*")
 	if err != nil {
-		return err
+		return staged{}, err
 	}
+	keep := false
 	defer func() {
 		_ = tmp.Close()
-		_ = os.Remove(tmp.Name())
+		if !keep {
+			_ = os.Remove(tmp.Name())
+		}
 	}()
 	if err := i.download(ctx, c.GetUrl(), tmp, want); err != nil {
-		return err
+		return staged{}, err
 	}
-	return extract(tmp, c.GetInstallPath())
+	if !c.GetExtract() {
+		if err := tmp.Chmod(0o755); err != nil {
+			return staged{}, err
+		}
+		if err := tmp.Sync(); err != nil {
+			return staged{}, err
+		}
+		keep = true
+		return staged{c: c, file: tmp.Name()}, nil
+	}
+	unpacked, err := unpackBeside(tmp, c.GetInstallPath())
+	if err != nil {
+		return staged{}, err
+	}
+	return staged{c: c, dir: unpacked}, nil
 }
 
 // download fetches url into f and checks its digest, retrying transient
@@ -301,23 +371,30 @@ func redact(rawURL string) string {
 	return rawURL
 }
 
-// extract unpacks the gzip-compressed tar archive f into a fresh directory
-// next to dest and then moves each entry into dest, so a broken archive
-// installs nothing. Entries may be directories, regular files and symlinks
+// unpackBeside unpacks the gzip-compressed tar archive f into a fresh
+// directory next to dest and returns it; moveEntries then moves each
+// entry into dest. Entries may be directories, regular files and symlinks
 // staying inside the archive; anything else, or a path leaving it, is
 // refused.
-func extract(f *os.File, dest string) error {
+func unpackBeside(f *os.File, dest string) (string, error) {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return err
+		return "", err
 	}
 	staging, err := os.MkdirTemp(filepath.Dir(dest), ".gatehouse-extract-*")
 	if err != nil {
-		return err
+		return "", err
 	}
-	defer os.RemoveAll(staging)
 	if err := unpack(f, staging); err != nil {
-		return err
+		_ = os.RemoveAll(staging)
+		return "", err
 	}
+	return staging, nil
+}
+
+// moveEntries moves every entry of staging into dest, replacing a
+// directory of the same name, and removes staging.
+func moveEntries(staging, dest string) error {
+	defer os.RemoveAll(staging)
 	entries, err := os.ReadDir(staging)
 	if err != nil {
 		return err

@@ -262,15 +262,16 @@ func TestInstallValidatesFirst(t *testing.T) {
 }
 
 // TestInstallSameBinaryOnce: kubelet, kubeadm and kubectl from one
-// multi-call binary (the same URL and digest) are fetched and checked
-// once and installed under each name.
+// multi-call binary (the same digest, at one URL or several) are fetched
+// and checked once and installed under each name.
 func TestInstallSameBinaryOnce(t *testing.T) {
 	content := bytes.Repeat([]byte("kube "), 10000)
 	url, hits := serve(t, content, 0, nil)
 	dir := filepath.Join(t.TempDir(), "bin")
 	var list []*componentsv1.Component
 	for _, name := range []string{"kubelet", "kubeadm", "kubectl"} {
-		list = append(list, &componentsv1.Component{Url: url, Hash: hashOf(content), InstallPath: filepath.Join(dir, name)})
+		// A mirror's paths of the official names: one file at three URLs.
+		list = append(list, &componentsv1.Component{Url: url + "/" + name, Hash: hashOf(content), InstallPath: filepath.Join(dir, name)})
 	}
 	if err := newInstaller().Install(t.Context(), list); err != nil {
 		t.Fatal(err)

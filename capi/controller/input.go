@@ -83,13 +83,18 @@ func (r *Reconciler) commonInput(ctx context.Context, s *scope, role render.Role
 	if in.KubernetesVersion == "" {
 		return in, specErrorf("%s %s has no %s: set the Kubernetes version", s.owner.kind(), s.owner.name(), s.owner.versionField())
 	}
-	if err := render.CheckBaseTemplate(in.KubernetesVersion, in.Arch); err != nil {
+	var err error
+	if in.Components, err = r.templates.Components(ctx, in.KubernetesVersion, in.Arch); err != nil {
 		return in, err
+	}
+	if repo := r.mirror.ImageRepository(); repo != "" && spec.ClusterConfiguration.ImageRepository == "" {
+		// kubeadm pulls the control plane's images from the mirror
+		// (docs/install-airgapped.md); a config's own imageRepository wins.
+		spec.ClusterConfiguration.ImageRepository = repo
 	}
 	if err := r.resolveUsers(ctx, s.config, spec); err != nil {
 		return in, err
 	}
-	var err error
 	in.Files, err = r.resolveFiles(ctx, s.config, s.cluster)
 	return in, err
 }

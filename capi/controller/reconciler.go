@@ -60,7 +60,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/basetemplate"
 	"github.com/gatehouse-dev/gatehouse/capi/render"
+	"github.com/gatehouse-dev/gatehouse/internal/mirror"
 )
 
 // finalizer is set on KubeadmConfigs that own something outside their own
@@ -91,6 +93,8 @@ type Reconciler struct {
 	clock     clock.PassiveClock
 	tokenTTL  time.Duration
 	stores    StoreFactory
+	templates basetemplate.Source
+	mirror    *mirror.Mirror
 	// tokenChecks remembers, per config UID, when its token next needs
 	// looking at, so reconciles in between cost the workload cluster nothing.
 	tokenChecks sync.Map
@@ -116,12 +120,24 @@ type Config struct {
 	TokenTTL time.Duration
 	// Stores opens userDataStore buckets; nil means S3 (userdatastore).
 	Stores StoreFactory
+	// Templates gives each Kubernetes version's base template (the
+	// components a Machine downloads): a template directory or bucket
+	// (package basetemplate); nil means the versions table through
+	// Mirror.
+	Templates basetemplate.Source
+	// Mirror, when set, is where Machines download the versions table's
+	// components and kubeadm pulls the control plane's images
+	// (docs/install-airgapped.md).
+	Mirror *mirror.Mirror
 }
 
 // New returns a Reconciler.
 func New(o Config) *Reconciler {
 	r := &Reconciler{client: o.Client, apiReader: o.APIReader, workload: o.Workload, initLock: o.InitLock,
-		clock: o.Clock, tokenTTL: o.TokenTTL, stores: o.Stores}
+		clock: o.Clock, tokenTTL: o.TokenTTL, stores: o.Stores, templates: o.Templates, mirror: o.Mirror}
+	if r.templates == nil {
+		r.templates = basetemplate.Table{Mirror: o.Mirror}
+	}
 	if r.initLock == nil {
 		r.initLock = locking.NewControlPlaneInitMutex(o.LockClient)
 	}

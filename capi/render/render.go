@@ -133,6 +133,11 @@ type Input struct {
 	ClusterCAHash string
 	// ControlPlane says a joining machine becomes a control plane.
 	ControlPlane bool
+	// Components, when set, are the version's base template (the
+	// provider's template directory or bucket, or the versions table
+	// through a mirror: package capi/basetemplate); nil means the
+	// versions table's.
+	Components []versions.Component
 }
 
 // ErrNoBaseTemplate means the Kubernetes version has no pinned
@@ -194,18 +199,13 @@ func baseTemplate(version, arch string) ([]versions.Component, error) {
 	return components, nil
 }
 
-// CheckBaseTemplate returns an error wrapping ErrNoBaseTemplate, naming the
-// supported versions, when Render would have no components for the
-// version and architecture.
-func CheckBaseTemplate(version, arch string) error {
-	_, err := baseTemplate(version, arch)
-	return err
-}
-
 func plan(in Input) (*steps, error) {
-	components, err := baseTemplate(in.KubernetesVersion, in.Arch)
-	if err != nil {
-		return nil, err
+	components := in.Components
+	if components == nil {
+		var err error
+		if components, err = baseTemplate(in.KubernetesVersion, in.Arch); err != nil {
+			return nil, err
+		}
 	}
 	spec := in.Spec
 	s := &steps{format: spec.Format, files: append([]File(nil), in.Files...), users: spec.Users, ntp: spec.NTP,

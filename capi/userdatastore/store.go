@@ -297,7 +297,7 @@ func s3Code(err error) string {
 }
 
 // sentinels are the errors a redacted error still matches with errors.Is.
-var sentinels = []error{errInvalidConfig, ErrBucketNotFound, errAccessDenied}
+var sentinels = []error{errInvalidConfig, ErrBucketNotFound, errAccessDenied, ErrObjectNotFound}
 
 // redact returns err, or, should its message contain secret, an error with
 // the secret replaced that matches only this package's sentinels: the

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -28,8 +29,11 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	bootstrapv1 "github.com/gatehouse-dev/gatehouse/api/bootstrap/v1alpha1"
+	"github.com/gatehouse-dev/gatehouse/capi/basetemplate"
 	"github.com/gatehouse-dev/gatehouse/capi/controller"
+	"github.com/gatehouse-dev/gatehouse/capi/userdatastore"
 	"github.com/gatehouse-dev/gatehouse/internal/buildinfo"
+	"github.com/gatehouse-dev/gatehouse/internal/mirror"
 )
 
 func main() {
@@ -59,6 +63,11 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		workloadBurst = flag.Int("workload-api-burst", 40, "API request burst to each workload cluster")
 		syncPeriod    = flag.Duration("sync-period", 10*time.Minute, "how often every KubeadmConfig is reconciled anyway")
 		printVersion  = flag.Bool("version", false, "print the version and exit")
+		mirrorFiles   = flag.String("mirror-files", "", "base URL of a file server mirroring the versions table's downloads as <files>/<original host>/<original path> (docs/install-airgapped.md)")
+		mirrorReg     = flag.String("mirror-registry", "", "host[:port][/prefix] of an OCI registry mirroring images as <registry>/<original registry>/<repository>: kubeadm's imageRepository unless a KubeadmConfig sets one")
+		templateDir   = flag.String("template-dir", "", "base templates, one per Kubernetes version (<version>/components.yaml): a directory, or s3://BUCKET/PREFIX/ with --template-s3-endpoint and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; a version is supported exactly when its template exists (docs/capi.md, \"Base templates\"); empty: the compiled versions table")
+		templateS3    = flag.String("template-s3-endpoint", "s3.amazonaws.com", "host[:port] of the S3 API of an s3:// --template-dir")
+		templateS3Reg = flag.String("template-s3-region", "", "region of an s3:// --template-dir's bucket; empty asks the server")
 		leaderElectID = "gatehouse-capi-bootstrap.bootstrap.gatehouse.dev"
 	)
 	flag.Parse()
@@ -74,6 +83,17 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	}
 	if *tokenTTL < time.Minute {
 		return errors.New("--bootstrap-token-ttl must be at least 1m")
+	}
+	var mirrored *mirror.Mirror
+	if *mirrorFiles != "" || *mirrorReg != "" {
+		mirrored = &mirror.Mirror{Files: *mirrorFiles, Registry: *mirrorReg}
+		if err := mirrored.Validate(); err != nil {
+			return fmt.Errorf("--mirror-files, --mirror-registry: %w", err)
+		}
+	}
+	templates, err := templateSource(*templateDir, *templateS3, *templateS3Reg)
+	if err != nil {
+		return fmt.Errorf("--template-dir: %w", err)
 	}
 	// controller-runtime and client-go (leader election, klog) both log
 	// through slog as JSON.
@@ -130,6 +150,8 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 		LockClient: mgr.GetClient(),
 		Workload:   controller.NewKubeconfigClients(mgr.GetClient(), mgr.GetAPIReader(), float32(*workloadQPS), *workloadBurst),
 		TokenTTL:   *tokenTTL,
+		Templates:  templates,
+		Mirror:     mirrored,
 	})
 	if err := r.SetupWithManager(mgr, *concurrency); err != nil {
 		return fmt.Errorf("setting up the KubeadmConfig controller: %w", err)
@@ -143,6 +165,25 @@ func run(log *slog.Logger, level *slog.LevelVar) error {
 	log.Info("Starting the CAPI bootstrap provider", slog.String("version", buildinfo.Read().Version),
 		slog.Bool("leaderElection", *leaderElect), slog.Int("concurrency", *concurrency))
 	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// templateSource is the base templates of --template-dir: nil (the
+// versions table) when empty, a bucket for s3://BUCKET/PREFIX/ (credentials
+// from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), else a directory.
+func templateSource(dir, endpoint, region string) (basetemplate.Source, error) {
+	switch {
+	case dir == "":
+		return nil, nil
+	case strings.HasPrefix(dir, "s3://"):
+		bucket, prefix, _ := strings.Cut(strings.TrimPrefix(dir, "s3://"), "/")
+		store, err := userdatastore.New(userdatastore.Config{Endpoint: endpoint, Bucket: bucket, Region: region,
+			AccessKeyID: os.Getenv("AWS_ACCESS_KEY_ID"), SecretAccessKey: os.Getenv("AWS_SECRET_ACCESS_KEY")})
+		if err != nil {
+			return nil, err
+		}
+		return basetemplate.NewBucket(store, prefix)
+	}
+	return basetemplate.NewDir(dir)
 }
 
 // metricsOptions serves /metrics. Secure, it takes HTTPS and checks every

@@ -21,12 +21,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
+	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/choose"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/measurements"
 	"github.com/gatehouse-dev/gatehouse/internal/attestation/policy"
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+	"github.com/gatehouse-dev/gatehouse/internal/mirror"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 )
 
@@ -67,6 +69,27 @@ type Config struct {
 	// secret with it and stores only the wrapped form. Empty: the master
 	// secret file holds it in plain.
 	MasterSecretKEK string `json:"masterSecretKEK,omitempty"`
+	// Mirror, when set, names the mirror the operator runs for installs
+	// without internet (docs/install-airgapped.md): every Kubernetes
+	// component nodes download comes from its file server, and the
+	// control plane's images from its registry, with the same sha256
+	// checks. Nil: the official downloads.
+	Mirror *mirror.Mirror `json:"mirror,omitempty"`
+}
+
+// Components returns the components nodes of arch (amd64 or arm64)
+// install: the configured release's from the versions table, with their
+// URLs mapped to the mirror when one is set.
+func (c *Config) Components(arch string) ([]*componentsv1.Component, error) {
+	release, err := c.Release()
+	if err != nil {
+		return nil, err
+	}
+	list, err := release.Proto(arch)
+	if err != nil {
+		return nil, err
+	}
+	return c.Mirror.Components(list)
 }
 
 // KubeletCertLifetime is c.KubeletCertificateLifetime, or the default when
@@ -160,6 +183,9 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("masterSecretKEK: %w", err))
 		}
 	}
+	if err := c.Mirror.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("mirror: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -241,6 +267,9 @@ type TemplateValues struct {
 	ControlPlaneEndpoint string
 	// KubeletCertLifetime, when set, is kubeletCertificateLifetime.
 	KubeletCertLifetime time.Duration
+	// Mirror, when set, is the mirror section; else it is written
+	// commented out.
+	Mirror *mirror.Mirror
 }
 
 var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap{
@@ -402,6 +431,27 @@ kubeletCertificateLifetime: {{if .KubeletCertLifetime}}{{.KubeletCertLifetime}}{
 #   kms://vault-transit?address=https://vault.example:8200&key=gatehouse&token-source=file:/run/vault/token
 # Empty: gatehouse init writes the master secret in plain to its file.
 # masterSecretKEK: ""
+
+# Installs without internet (docs/install-airgapped.md): a mirror you run.
+# Every Kubernetes component nodes download comes from the file server at
+#   <files>/<original host>/<original path>
+# and the control plane's images from the registry at
+#   <registry>/<original registry>/<repository>
+# with the same pinned sha256 digests; a changed file is refused.
+# gatehouse mirror list and gatehouse mirror sync fill such a mirror.
+{{- with .Mirror}}
+mirror:
+{{- if .Files}}
+  files: {{json .Files}}
+{{- end}}
+{{- if .Registry}}
+  registry: {{json .Registry}}
+{{- end}}
+{{- else}}
+# mirror:
+#   files: https://mirror.example/files
+#   registry: mirror.example:5000
+{{- end}}
 `))
 
 // Generate renders a commented configuration from v and checks that it

@@ -57,8 +57,13 @@ type InitRequest struct {
 	// "kms://vault-transit?...&wrapped=...&salt=...", with kms_uri's salt. The
 	// node then never stores the secret in plain. Empty: kms_uri is stored.
 	KeyServiceKmsUri string `protobuf:"bytes,12,opt,name=key_service_kms_uri,json=keyServiceKmsUri,proto3" json:"key_service_kms_uri,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// kubeadm's imageRepository for the control plane's images, the cluster
+	// configuration's mirror ("<registry>/registry.k8s.io",
+	// docs/install-airgapped.md). Empty: the node's --image-repository, or
+	// kubeadm's default registry.k8s.io.
+	ImageRepository string `protobuf:"bytes,13,opt,name=image_repository,json=imageRepository,proto3" json:"image_repository,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *InitRequest) Reset() {
@@ -171,6 +176,13 @@ func (x *InitRequest) GetKubeletCertLifetimeSeconds() uint32 {
 func (x *InitRequest) GetKeyServiceKmsUri() string {
 	if x != nil {
 		return x.KeyServiceKmsUri
+	}
+	return ""
+}
+
+func (x *InitRequest) GetImageRepository() string {
+	if x != nil {
+		return x.ImageRepository
 	}
 	return ""
 }
@@ -442,7 +454,7 @@ var File_initservice_v1_initservice_proto protoreflect.FileDescriptor
 
 const file_initservice_v1_initservice_proto_rawDesc = "" +
 	"\n" +
-	" initservice/v1/initservice.proto\x12\x18gatehouse.initservice.v1\x1a\x1ecomponents/v1/components.proto\"\xb4\x04\n" +
+	" initservice/v1/initservice.proto\x12\x18gatehouse.initservice.v1\x1a\x1ecomponents/v1/components.proto\"\xdf\x04\n" +
 	"\vInitRequest\x12\x1f\n" +
 	"\vinit_secret\x18\x01 \x01(\fR\n" +
 	"initSecret\x12\x17\n" +
@@ -457,7 +469,8 @@ const file_initservice_v1_initservice_proto_rawDesc = "" +
 	"\x16control_plane_endpoint\x18\n" +
 	" \x01(\tR\x14controlPlaneEndpoint\x12A\n" +
 	"\x1dkubelet_cert_lifetime_seconds\x18\v \x01(\rR\x1akubeletCertLifetimeSeconds\x12-\n" +
-	"\x13key_service_kms_uri\x18\f \x01(\tR\x10keyServiceKmsUri\"\xe2\x01\n" +
+	"\x13key_service_kms_uri\x18\f \x01(\tR\x10keyServiceKmsUri\x12)\n" +
+	"\x10image_repository\x18\r \x01(\tR\x0fimageRepository\"\xe2\x01\n" +
 	"\fInitResponse\x12D\n" +
 	"\bprogress\x18\x01 \x01(\v2&.gatehouse.initservice.v1.InitProgressH\x00R\bprogress\x12A\n" +
 	"\asuccess\x18\x02 \x01(\v2%.gatehouse.initservice.v1.InitSuccessH\x00R\asuccess\x12A\n" +
