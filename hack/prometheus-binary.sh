@@ -46,16 +46,20 @@ cached
 
 got=$(cd "$src" && go list -m -f '{{.Version}}' github.com/prometheus/prometheus)
 [[ "$got" == "$PROMETHEUS_MODULE_VERSION" ]] || { log "hack/tools/prometheus/go.mod requires github.com/prometheus/prometheus $got, want $PROMETHEUS_MODULE_VERSION"; exit 1; }
-log "building the tests' Prometheus and promtool (module $PROMETHEUS_MODULE_VERSION) into $dir, once (cold: about 5 min on 2 busy cores)"
+log "building the tests' Prometheus and promtool (module $PROMETHEUS_MODULE_VERSION) into $dir, once (cold: about 5 min on 2 cores)"
 tmp="$dir.tmp.$$"
 rm -rf "$tmp"
 mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 cd "$src"
 export CGO_ENABLED=0
-progress_run prometheus-binary "downloading Prometheus's modules" 0 go mod download
 pkgs=(github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool)
-total=$(go list -tags remove_all_sd -deps "${pkgs[@]}" | wc -l)
+# Only the modules the build needs (about 1.1 GB cold, 17 s here), not
+# `go mod download`'s whole graph (1.9 GB: every service discovery's SDK).
+progress_run prometheus-binary "downloading the modules the build needs" 0 \
+	go list -tags remove_all_sd -deps "${pkgs[@]}" >"$tmp/packages"
+total=$(wc -l <"$tmp/packages")
+rm "$tmp/packages"
 progress_run prometheus-binary "compiling prometheus and promtool" "$total" \
 	go build -v "${BUILD_FLAGS[@]}" -o "$tmp/" "${pkgs[@]}"
 touch "$tmp/.complete"

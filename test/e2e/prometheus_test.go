@@ -27,8 +27,9 @@ import (
 // cluster's join services every second and evaluating the join service
 // chart's alert rules, rendered as the chart ships them, every second.
 type promServer struct {
-	api promv1.API
-	log string // its log file
+	api     promv1.API
+	log     string    // its log file
+	started time.Time // when the process started
 }
 
 // startPrometheus starts Prometheus scraping the join service replicas at
@@ -88,7 +89,7 @@ func startPrometheus(ctx context.Context, t *testing.T, targets []string, alerts
 		cancel()
 		t.Fatalf("starting Prometheus: %v", err)
 	}
-	p := &promServer{log: logPath}
+	p := &promServer{log: logPath, started: time.Now()}
 	t.Cleanup(func() {
 		cancel()
 		_ = cmd.Wait()
@@ -158,6 +159,8 @@ func (p *promServer) waitScraped(ctx context.Context, t *testing.T, targets int,
 			t.Fatalf("Prometheus: %s: %s is %s, want %s", c.what, c.query, got, c.want)
 		}
 	}
+	t.Logf("Prometheus scrapes %d join service replicas: one leads, each loaded its certificates, %s is Verified (%s after its start)",
+		targets, node, time.Since(p.started).Round(100*time.Millisecond))
 }
 
 // waitAlert waits until alert is firing for node (firing true), or is
