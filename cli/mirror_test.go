@@ -83,3 +83,25 @@ func TestMirrorTemplate(t *testing.T) {
 		t.Fatalf("a malformed mirror: %v", err)
 	}
 }
+
+// TestMirrorContainerdHosts: one hosts.toml per upstream, sending pulls to
+// the mirror's mapped path (containerd itself pulls through them in
+// internal/mirror's test).
+func TestMirrorContainerdHosts(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := runRoot(t, "mirror", "containerd-hosts", dir, "--registry", "mirror.example:5000", "--plain-http", "--upstream", "registry.k8s.io,ghcr.io"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for upstream, want := range map[string]string{
+		"registry.k8s.io": `[host."http://mirror.example:5000/v2/registry.k8s.io"]`,
+		"ghcr.io":         `[host."http://mirror.example:5000/v2/ghcr.io"]`,
+	} {
+		data, err := os.ReadFile(filepath.Join(dir, upstream, "hosts.toml"))
+		if err != nil || !strings.Contains(string(data), want) {
+			t.Errorf("%s/hosts.toml (%v) lacks %s:\n%s", upstream, err, want, data)
+		}
+	}
+	if _, err := runRoot(t, "mirror", "containerd-hosts", dir, "--registry", "https://mirror.example"); err == nil {
+		t.Error("a registry with a scheme was accepted")
+	}
+}
