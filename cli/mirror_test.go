@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/capi/basetemplate"
+	"github.com/gatehouse-dev/gatehouse/internal/mirror"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 )
@@ -103,5 +104,44 @@ func TestMirrorContainerdHosts(t *testing.T) {
 	}
 	if _, err := runRoot(t, "mirror", "containerd-hosts", dir, "--registry", "https://mirror.example"); err == nil {
 		t.Error("a registry with a scheme was accepted")
+	}
+}
+
+// TestUpgradeComponents: a roll hands the nodes kubelet, kubeadm and
+// kubectl and the join configuration the whole list, through the cluster
+// configuration's mirror when it names one (upgrade apply --config), the
+// table's digests unchanged.
+func TestUpgradeComponents(t *testing.T) {
+	release := versions.Default()
+	table, err := release.Proto("amd64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &mirror.Mirror{Files: "https://m.example/f"}
+	for _, tc := range []struct {
+		name   string
+		m      *mirror.Mirror
+		nodes  bool
+		prefix string
+		count  int
+	}{
+		{"nodes, official", nil, true, "https://dl.k8s.io/", 3},
+		{"nodes, mirrored", m, true, "https://m.example/f/dl.k8s.io/", 3},
+		{"join configuration, mirrored", m, false, "https://m.example/f/", len(table)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := upgradeComponents(release, "", tc.m, "amd64", tc.nodes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != tc.count {
+				t.Fatalf("%d components, want %d", len(got), tc.count)
+			}
+			for i, c := range got {
+				if !strings.HasPrefix(c.GetUrl(), tc.prefix) || c.GetHash() != table[i].GetHash() || c.GetExtract() != table[i].GetExtract() {
+					t.Errorf("component %d = %v, want a URL under %s and the table's %v", i, c, tc.prefix, table[i])
+				}
+			}
+		})
 	}
 }
