@@ -35,7 +35,7 @@ func newMirrorCmd() *cobra.Command {
 			"(<registry>/<original registry>/<repository>), with the pinned sha256 digests\n" +
 			"(docs/install-airgapped.md).",
 	}
-	cmd.AddCommand(newMirrorListCmd(), newMirrorSyncCmd(), newMirrorTemplateCmd())
+	cmd.AddCommand(newMirrorListCmd(), newMirrorSyncCmd(), newMirrorTemplateCmd(), newMirrorContainerdHostsCmd())
 	return cmd
 }
 
@@ -317,6 +317,55 @@ func newMirrorTemplateCmd() *cobra.Command {
 	f.BoolVar(&force, "force", false, "overwrite an existing template")
 	return cmd
 }
+
+func newMirrorContainerdHostsCmd() *cobra.Command {
+	var (
+		registry  string
+		upstreams []string
+		plainHTTP bool
+	)
+	cmd := &cobra.Command{
+		Use:   "containerd-hosts DIR",
+		Short: "Write containerd's hosts.toml files that send a node's image pulls to the mirror's registry",
+		Long: "Write DIR/<upstream>/hosts.toml for each upstream registry: containerd then pulls that\n" +
+			"registry's images (the pause image, the control plane's, workloads') from the mirror's registry\n" +
+			"at <registry>/<upstream>/<repository>, checking every blob's digest. Put DIR at\n" +
+			"/etc/containerd/certs.d on the nodes' image, with containerd's config_path pointing there\n" +
+			"(docs/install-airgapped.md).",
+		Example: "  gatehouse mirror containerd-hosts ./certs.d --registry mirror.example:5000 --upstream ghcr.io",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m := &mirror.Mirror{Registry: registry}
+			if err := m.Validate(); err != nil {
+				return fmt.Errorf("--registry: %w", err)
+			}
+			for _, upstream := range upstreams {
+				data, err := m.ContainerdHosts(upstream, plainHTTP)
+				if err != nil {
+					return err
+				}
+				path := filepath.Join(args[0], upstream, "hosts.toml")
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil { //nolint:gosec // containerd's configuration: public
+					return err
+				}
+				if err := os.WriteFile(path, data, 0o644); err != nil { //nolint:gosec // as above
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "Wrote %s\n", path)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&registry, "registry", "", "host[:port][/prefix] of the mirror's OCI registry (required)")
+	cmd.Flags().StringSliceVar(&upstreams, "upstream", []string{mirrorKubeadmRegistry, "docker.io"}, "registries whose pulls go to the mirror")
+	cmd.Flags().BoolVar(&plainHTTP, "plain-http", false, "speak plain HTTP to the mirror's registry")
+	_ = cmd.MarkFlagRequired("registry")
+	return cmd
+}
+
+// mirrorKubeadmRegistry is where kubeadm names the control plane's
+// images.
+const mirrorKubeadmRegistry = "registry.k8s.io"
 
 // mirrorOf is the mirror of the flags, or nil when both are empty.
 func mirrorOf(files, registry string) *mirror.Mirror {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gatehouse-dev/gatehouse/capi/basetemplate"
+	"github.com/gatehouse-dev/gatehouse/internal/mirror"
 	"github.com/gatehouse-dev/gatehouse/internal/testenv"
 	"github.com/gatehouse-dev/gatehouse/internal/versions"
 )
@@ -81,5 +82,66 @@ func TestMirrorTemplate(t *testing.T) {
 	}
 	if _, err := runRoot(t, "mirror", "template", dir, "--mirror-files", "mirror.example"); err == nil || !strings.Contains(err.Error(), "not an http:// or https:// URL") {
 		t.Fatalf("a malformed mirror: %v", err)
+	}
+}
+
+// TestMirrorContainerdHosts: one hosts.toml per upstream, sending pulls to
+// the mirror's mapped path (containerd itself pulls through them in
+// internal/mirror's test).
+func TestMirrorContainerdHosts(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := runRoot(t, "mirror", "containerd-hosts", dir, "--registry", "mirror.example:5000", "--plain-http", "--upstream", "registry.k8s.io,ghcr.io"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for upstream, want := range map[string]string{
+		"registry.k8s.io": `[host."http://mirror.example:5000/v2/registry.k8s.io"]`,
+		"ghcr.io":         `[host."http://mirror.example:5000/v2/ghcr.io"]`,
+	} {
+		data, err := os.ReadFile(filepath.Join(dir, upstream, "hosts.toml"))
+		if err != nil || !strings.Contains(string(data), want) {
+			t.Errorf("%s/hosts.toml (%v) lacks %s:\n%s", upstream, err, want, data)
+		}
+	}
+	if _, err := runRoot(t, "mirror", "containerd-hosts", dir, "--registry", "https://mirror.example"); err == nil {
+		t.Error("a registry with a scheme was accepted")
+	}
+}
+
+// TestUpgradeComponents: a roll hands the nodes kubelet, kubeadm and
+// kubectl and the join configuration the whole list, through the cluster
+// configuration's mirror when it names one (upgrade apply --config), the
+// table's digests unchanged.
+func TestUpgradeComponents(t *testing.T) {
+	release := versions.Default()
+	table, err := release.Proto("amd64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &mirror.Mirror{Files: "https://m.example/f"}
+	for _, tc := range []struct {
+		name   string
+		m      *mirror.Mirror
+		nodes  bool
+		prefix string
+		count  int
+	}{
+		{"nodes, official", nil, true, "https://dl.k8s.io/", 3},
+		{"nodes, mirrored", m, true, "https://m.example/f/dl.k8s.io/", 3},
+		{"join configuration, mirrored", m, false, "https://m.example/f/", len(table)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := upgradeComponents(release, "", tc.m, "amd64", tc.nodes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != tc.count {
+				t.Fatalf("%d components, want %d", len(got), tc.count)
+			}
+			for i, c := range got {
+				if !strings.HasPrefix(c.GetUrl(), tc.prefix) || c.GetHash() != table[i].GetHash() || c.GetExtract() != table[i].GetExtract() {
+					t.Errorf("component %d = %v, want a URL under %s and the table's %v", i, c, tc.prefix, table[i])
+				}
+			}
+		})
 	}
 }

@@ -154,31 +154,8 @@ func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) 
 		}
 		m = cfg.Mirror
 	}
-	// The nodes install kubelet, kubeadm and kubectl; joiners get the
-	// whole list (crictl and the CNI plugins too, where official).
-	officialNodeComponents := func(arch string) ([]*componentsv1.Component, error) {
-		if k.kubeBin != "" {
-			return release.LocalBuild(arch, k.kubeBin)
-		}
-		list, err := release.Components(arch)
-		if err != nil {
-			return nil, err
-		}
-		var out []*componentsv1.Component
-		for _, c := range list {
-			switch c.Name {
-			case "kubelet", "kubeadm", "kubectl":
-				out = append(out, &componentsv1.Component{Url: c.URL, Hash: c.Hash, InstallPath: c.InstallPath})
-			}
-		}
-		return out, nil
-	}
 	nodeComponents := func(arch string) ([]*componentsv1.Component, error) {
-		list, err := officialNodeComponents(arch)
-		if err != nil {
-			return nil, err
-		}
-		return m.Components(list)
+		return upgradeComponents(release, k.kubeBin, m, arch, true)
 	}
 	// The join configuration holds one architecture's list, as `gatehouse
 	// init --arch` wrote it: the control planes'.
@@ -186,17 +163,8 @@ func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) 
 	if err != nil {
 		return err
 	}
-	joinComponents := func() ([]*componentsv1.Component, error) {
-		if k.kubeBin != "" {
-			return release.LocalBuild(arch, k.kubeBin)
-		}
-		return release.Proto(arch)
-	}
-	list, err := joinComponents()
+	list, err := upgradeComponents(release, k.kubeBin, m, arch, false)
 	if err != nil {
-		return err
-	}
-	if list, err = m.Components(list); err != nil {
 		return err
 	}
 	encoded, err := components.MarshalList(list)
@@ -236,4 +204,32 @@ func controlPlaneArch(ctx context.Context, client kubernetes.Interface) (string,
 		}
 	}
 	return arch, nil
+}
+
+// upgradeComponents returns release's components for arch that a roll
+// hands out: only kubelet, kubeadm and kubectl for a node's upgrade agent
+// (nodes), the whole list (crictl and the CNI plugins too, where
+// official) for the join configuration. With kubeBin they are its local
+// build's (file:// URLs); otherwise the versions table's, through the
+// mirror m when set (docs/install-airgapped.md).
+func upgradeComponents(release versions.Release, kubeBin string, m *mirror.Mirror, arch string, nodes bool) ([]*componentsv1.Component, error) {
+	if kubeBin != "" {
+		return release.LocalBuild(arch, kubeBin)
+	}
+	list, err := release.Components(arch)
+	if err != nil {
+		return nil, err
+	}
+	var out []*componentsv1.Component
+	for _, c := range list {
+		switch c.Name {
+		case "kubelet", "kubeadm", "kubectl":
+		default:
+			if nodes {
+				continue
+			}
+		}
+		out = append(out, &componentsv1.Component{Url: c.URL, Hash: c.Hash, InstallPath: c.InstallPath, Extract: c.Extract})
+	}
+	return m.Components(out)
 }
