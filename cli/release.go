@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gatehouse-dev/gatehouse/internal/cosignformat"
+	"github.com/gatehouse-dev/gatehouse/internal/release"
+)
+
+func newReleaseCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "release",
+		Short: "Verify a Gatehouse release, or make its signing key (docs/install.md)",
+	}
+	cmd.AddCommand(newReleaseVerifyCmd(), newReleaseKeygenCmd())
+	return cmd
+}
+
+func newReleaseVerifyCmd() *cobra.Command {
+	var key string
+	cmd := &cobra.Command{
+		Use:   "verify DIR",
+		Short: "Check every signature, checksum and image digest of the release in DIR",
+		Long: `Checks the release directory DIR (make release; docs/install.md, "Installing
+from a release") with the release's public key: SHA256SUMS's signature, every
+file's sha256 and cosign signature, each image archive's blobs, index digest
+and cosign image signatures, and that each chart runs its image by digest.
+A refusal names the artifact.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			v, err := loadReleaseKey(key)
+			if err != nil {
+				return err
+			}
+			scratch, err := os.MkdirTemp("", "gatehouse-release-verify-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(scratch)
+			fmt.Fprintf(cmd.ErrOrStderr(), "Verifying %s (every file is read and hashed)\n", args[0])
+			rel, err := release.Verify(cmd.Context(), args[0], v, scratch)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "Release %s (commit %s) verified\n", rel.Manifest.Version, rel.Manifest.Commit)
+			for _, img := range rel.Manifest.Images {
+				fmt.Fprintf(out, "Image:\t%s %s %v\n", img.Name, img.Ref(), img.Platforms)
+			}
+			for _, c := range rel.Manifest.Charts {
+				fmt.Fprintf(out, "Chart:\t%s\n", c.Path)
+			}
+			for _, o := range rel.Manifest.Omitted {
+				fmt.Fprintf(out, "Not built:\t%s for %s: %s\n", o.Name, o.Platform, o.Reason)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&key, "key", "", "the release's public key (PKIX PEM, e.g. release.pub)")
+	_ = cmd.MarkFlagRequired("key")
+	return cmd
+}
+
+// loadReleaseKey reads a release's public key file.
+func loadReleaseKey(file string) (*cosignformat.Verifier, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading the release key: %w", err)
+	}
+	v, err := cosignformat.LoadVerifier(pem)
+	if err != nil {
+		return nil, fmt.Errorf("release key %s: %w", file, err)
+	}
+	return v, nil
+}
+
+func newReleaseKeygenCmd() *cobra.Command {
+	var priv, pub string
+	cmd := &cobra.Command{
+		Use:   "keygen",
+		Short: "Make an Ed25519 release signing key pair (the private key file is created with mode 0600)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			privPEM, pubPEM, err := cosignformat.GenerateKey()
+			if err != nil {
+				return err
+			}
+			f, err := os.OpenFile(priv, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+			if err != nil {
+				return fmt.Errorf("creating the private key file (an existing key is never overwritten): %w", err)
+			}
+			if _, err := f.Write(privPEM); err != nil {
+				f.Close()
+				return err
+			}
+			if err := f.Close(); err != nil {
+				return err
+			}
+			if err := os.WriteFile(pub, pubPEM, 0o644); err != nil { //nolint:gosec // a public key
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Private key: %s (keep it offline; make release RELEASE_KEY=%s)\nPublic key: %s (publish it)\n", priv, priv, pub)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&priv, "private-key", "release.key", "private key file to create")
+	cmd.Flags().StringVar(&pub, "public-key", "release.pub", "public key file to create")
+	return cmd
+}
