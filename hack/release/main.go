@@ -59,7 +59,7 @@ func main() {
 // flags are the build's inputs.
 type flags struct {
 	version, commit, out, key, nodeImage, registry, arches, repo string
-	epoch                                                       int64
+	epoch                                                        int64
 }
 
 func parse(args []string) (flags, error) {

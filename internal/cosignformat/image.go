@@ -118,4 +118,3 @@ func readLayer(layer v1.Layer, want v1.Hash) ([]byte, error) {
 	}
 	return payload, nil
 }
-

@@ -159,4 +159,3 @@ func readSmall(file string) ([]byte, error) {
 	defer f.Close()
 	return readAllLimited(f, maxMetadataSize)
 }
-
