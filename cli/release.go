@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/gatehouse-dev/gatehouse/internal/cosignformat"
 	"github.com/gatehouse-dev/gatehouse/internal/release"
+	"github.com/gatehouse-dev/gatehouse/upgrade"
 )
 
 func newReleaseCmd() *cobra.Command {
@@ -109,4 +111,47 @@ func newReleaseKeygenCmd() *cobra.Command {
 	cmd.Flags().StringVar(&priv, "private-key", "release.key", "private key file to create")
 	cmd.Flags().StringVar(&pub, "public-key", "release.pub", "public key file to create")
 	return cmd
+}
+
+// releaseFlags name a release directory and its public key.
+type releaseFlags struct{ dir, key string }
+
+// releaseCharts verifies the release of f and sets opts to upgrade to its
+// charts, each pinned to its image by digest (over any image values the
+// cluster's releases carry). Nothing in the cluster is touched before
+// the whole release verified.
+func releaseCharts(cmd *cobra.Command, f releaseFlags, opts *upgrade.Options) error {
+	if f.key == "" {
+		return errors.New("--release needs --release-key, the release's public key")
+	}
+	v, err := loadReleaseKey(f.key)
+	if err != nil {
+		return err
+	}
+	scratch, err := os.MkdirTemp("", "gatehouse-release-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(scratch)
+	fmt.Fprintf(cmd.ErrOrStderr(), "Verifying the release in %s\n", f.dir)
+	rel, err := release.Verify(cmd.Context(), f.dir, v, scratch)
+	if err != nil {
+		return err
+	}
+	if opts.Values == nil {
+		opts.Values = map[string]map[string]any{}
+	}
+	for _, name := range opts.Order {
+		c, img, err := rel.LoadChart(name)
+		if err != nil {
+			return err
+		}
+		opts.Charts[name] = c
+		if opts.Values[name] == nil {
+			opts.Values[name] = map[string]any{}
+		}
+		opts.Values[name]["image"] = map[string]any{"repository": img.Repository, "digest": img.Digest}
+		fmt.Fprintf(cmd.ErrOrStderr(), "Chart %s %s runs %s\n", name, c.Metadata.Version, img.Ref())
+	}
+	return nil
 }

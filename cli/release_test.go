@@ -2,10 +2,18 @@ package cli
 
 import (
 	"bytes"
+	"io"
+	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/gatehouse-dev/gatehouse/internal/cosignformat"
+	"github.com/gatehouse-dev/gatehouse/internal/release"
 )
 
 func TestReleaseKeygenAndVerifyArguments(t *testing.T) {
@@ -55,5 +63,110 @@ func TestReleaseKeygenAndVerifyArguments(t *testing.T) {
 				t.Errorf("the error holds key material: %v", err)
 			}
 		})
+	}
+}
+
+// smallRelease builds a release of the repository's charts whose images
+// run gatehouse-pause (small and static): what verification checks.
+func smallRelease(t *testing.T) (dir, pub string) {
+	t.Helper()
+	privPEM, pubPEM, err := cosignformat.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := cosignformat.LoadSigner(privPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub = filepath.Join(t.TempDir(), "release.pub")
+	if err := os.WriteFile(pub, pubPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir = filepath.Join(t.TempDir(), "v0.1.0")
+	_, err = release.Build(t.Context(), release.Config{
+		Version: "v0.1.0", Commit: "0123456789abcdef0123456789abcdef01234567", RepoDir: "..", OutDir: dir,
+		Registry: "ghcr.io/gatehouse-dev", Arches: []string{runtime.GOARCH},
+		Commands: []release.Command{{Name: "gatehouse-pause", Package: "./cmd/gatehouse-pause"}},
+		Images: []release.ImageSpec{{Name: "gatehouse-capi-bootstrap", Command: "gatehouse-pause"},
+			{Name: "gatehouse-joinservice", Command: "gatehouse-pause"}, {Name: "gatehouse-keyservice", Command: "gatehouse-pause"}},
+		Charts: []release.ChartSpec{{Name: "gatehouse-joinservice", Image: "gatehouse-joinservice"},
+			{Name: "gatehouse-keyservice", Image: "gatehouse-keyservice"}},
+		ClusterctlImage: "gatehouse-capi-bootstrap", Signer: signer,
+		Epoch: time.Unix(1700000000, 0).UTC(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, pub
+}
+
+// upgrade apply --release verifies the whole release before it reaches
+// the cluster: a refused release stops it before the kubeconfig is even
+// read, so nothing is installed; a verified one goes on to the cluster
+// (here none: the kubeconfig is missing) with the release's charts.
+func TestUpgradeApplyRelease(t *testing.T) {
+	built, pub := smallRelease(t)
+	_, otherPub := smallRelease(t)
+	missingKubeconfig := filepath.Join(t.TempDir(), "admin.conf")
+	tests := []struct {
+		name   string
+		tamper func(t *testing.T, dir string)
+		key    string
+		// wantErr is in the error; refused says it is a refusal.
+		wantErr string
+		refused bool
+	}{
+		{name: "a verified release reaches the cluster", tamper: func(*testing.T, string) {}, wantErr: missingKubeconfig},
+		{name: "a changed chart is refused", tamper: func(t *testing.T, dir string) {
+			flip(t, filepath.Join(dir, "charts", "gatehouse-joinservice-0.1.0.tgz"))
+		}, wantErr: "release refused: charts/gatehouse-joinservice-0.1.0.tgz", refused: true},
+		{name: "a changed image is refused", tamper: func(t *testing.T, dir string) {
+			flip(t, filepath.Join(dir, "images", "gatehouse-keyservice.oci.tar"))
+		}, wantErr: "release refused: images/gatehouse-keyservice.oci.tar", refused: true},
+		{name: "an unsigned chart is refused", tamper: func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, "charts", "gatehouse-keyservice-0.1.0.tgz.sig")); err != nil {
+				t.Fatal(err)
+			}
+		}, wantErr: "release refused: charts/gatehouse-keyservice-0.1.0.tgz: unsigned", refused: true},
+		{name: "another key is refused", tamper: func(*testing.T, string) {}, key: otherPub,
+			wantErr: "release refused: SHA256SUMS: signature does not verify", refused: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "release")
+			if out, err := exec.Command("cp", "-a", built, dir).CombinedOutput(); err != nil {
+				t.Fatalf("cp: %v: %s", err, out)
+			}
+			tt.tamper(t, dir)
+			key := pub
+			if tt.key != "" {
+				key = tt.key
+			}
+			cmd := NewRootCmd()
+			var out bytes.Buffer
+			cmd.SetOut(&out)
+			cmd.SetErr(&out)
+			cmd.SetArgs([]string{"upgrade", "apply", "--release", dir, "--release-key", key, "--kubeconfig", missingKubeconfig, "--backup-dir", t.TempDir()})
+			err := cmd.Execute()
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("upgrade apply = %v, want an error containing %q\n%s", err, tt.wantErr, out.String())
+			}
+			charts := strings.Contains(out.String(), "Chart gatehouse-joinservice 0.1.0 runs ghcr.io/gatehouse-dev/gatehouse-joinservice@sha256:")
+			if tt.refused == charts {
+				t.Errorf("refused %t, but the release's charts were loaded %t:\n%s", tt.refused, charts, out.String())
+			}
+		})
+	}
+}
+
+func flip(t *testing.T, file string) {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 1
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,6 +1,7 @@
 package release
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"slices"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 
 	"github.com/gatehouse-dev/gatehouse/internal/cosignformat"
@@ -30,6 +32,38 @@ type Verified struct {
 	Manifest Manifest
 	// Images are its images, verified and extracted, by name.
 	Images map[string]*VerifiedImage
+	// sums are SHA256SUMS's verified checksums.
+	sums map[string]string
+}
+
+// LoadChart returns the release's chart name (the Helm SDK's loader over
+// the archive's bytes), after checking those bytes against the verified
+// SHA256SUMS again: what is loaded is what was verified, even if the file
+// changed since Verify. It also returns the image the chart runs.
+func (r *Verified) LoadChart(name string) (*chart.Chart, Image, error) {
+	for _, c := range r.Manifest.Charts {
+		if c.Name != name {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(r.Dir, filepath.FromSlash(c.Path)))
+		if err != nil {
+			return nil, Image{}, err
+		}
+		if got := sha256Hex(data); got != r.sums[c.Path] {
+			return nil, Image{}, fmt.Errorf("%w: %s: changed since it was verified (sha256 %s)", errRefused, c.Path, got)
+		}
+		ch, err := loader.LoadArchive(bytes.NewReader(data))
+		if err != nil {
+			return nil, Image{}, fmt.Errorf("%s: %w", c.Path, err)
+		}
+		for _, img := range r.Manifest.Images {
+			if slices.Contains(c.Images, img.Ref()) {
+				return ch, img, nil
+			}
+		}
+		return nil, Image{}, fmt.Errorf("%w: %s: runs no image of the release", errRefused, c.Path)
+	}
+	return nil, Image{}, fmt.Errorf("the release has no chart %s", name)
 }
 
 // Verify checks the release in dir with the public key v, in this order:
@@ -91,7 +125,7 @@ func Verify(ctx context.Context, dir string, v *cosignformat.Verifier, scratch s
 	if err := json.Unmarshal(data, &m); err != nil {
 		return refuse(manifestFile, err)
 	}
-	out := &Verified{Dir: dir, Manifest: m, Images: map[string]*VerifiedImage{}}
+	out := &Verified{Dir: dir, Manifest: m, Images: map[string]*VerifiedImage{}, sums: sums}
 	for _, img := range m.Images {
 		want, err := v1.NewHash(img.Digest)
 		if err != nil {
