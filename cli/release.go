@@ -95,8 +95,7 @@ func newReleaseKeygenCmd() *cobra.Command {
 				return fmt.Errorf("creating the private key file (an existing key is never overwritten): %w", err)
 			}
 			if _, err := f.Write(privPEM); err != nil {
-				f.Close()
-				return err
+				return errors.Join(err, f.Close())
 			}
 			if err := f.Close(); err != nil {
 				return err

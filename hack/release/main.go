@@ -47,13 +47,16 @@ var (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := build(ctx, log, os.Args[1:]); err != nil {
+	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "release:", err)
 		os.Exit(1)
 	}
+}
+
+func run() error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	return build(ctx, slog.New(slog.NewTextHandler(os.Stderr, nil)), os.Args[1:])
 }
 
 // flags are the build's inputs.

@@ -133,10 +133,10 @@ func LoadVerifier(publicPEM []byte) (*Verifier, error) {
 func (v *Verifier) VerifyBlob(r io.Reader, sigFile []byte) error {
 	sig, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(sigFile)))
 	if err != nil {
-		return fmt.Errorf("%w: the signature is not base64: %v", errBadSignature, err)
+		return fmt.Errorf("%w: the signature is not base64: %w", errBadSignature, err)
 	}
 	if err := v.v.VerifySignature(bytes.NewReader(sig), r); err != nil {
-		return fmt.Errorf("%w: %v", errBadSignature, err)
+		return fmt.Errorf("%w: %w", errBadSignature, err)
 	}
 	return nil
 }

@@ -66,16 +66,17 @@ func chartMetadata(chartYAML []byte, version string) ([]byte, error) {
 // and times, and a gzip header without name or time.
 func packageChart(src, name, version, repository, digest, out string, epoch time.Time) error {
 	files := map[string][]byte{}
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+	root, err := os.OpenRoot(src)
+	if err != nil {
+		return fmt.Errorf("reading chart %s: %w", name, err)
+	}
+	defer root.Close()
+	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
-			return err
-		}
-		data, err := os.ReadFile(p)
-		files[filepath.ToSlash(rel)] = data
+		data, err := fs.ReadFile(root.FS(), p)
+		files[p] = data
 		return err
 	})
 	if err != nil {

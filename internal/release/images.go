@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -217,11 +218,11 @@ func untar(r io.Reader, dir string) error {
 		}
 		switch h.Typeflag {
 		case tar.TypeDir:
-			if err := os.MkdirAll(filepath.Join(dir, name), 0o755); err != nil {
+			if err := os.MkdirAll(filepath.Join(dir, name), 0o750); err != nil {
 				return err
 			}
 		case tar.TypeReg:
-			if err := os.MkdirAll(filepath.Join(dir, path.Dir(name)), 0o755); err != nil {
+			if err := os.MkdirAll(filepath.Join(dir, path.Dir(name)), 0o750); err != nil {
 				return err
 			}
 			if err := writeFrom(filepath.Join(dir, name), tr); err != nil {
@@ -234,15 +235,12 @@ func untar(r io.Reader, dir string) error {
 }
 
 func writeFrom(name string, r io.Reader) error {
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, r); err != nil { //nolint:gosec // the layout's blobs are checked against their digests after extraction
-		f.Close()
-		return err
-	}
-	return f.Close()
+	_, err = io.Copy(f, r)
+	return errors.Join(err, f.Close())
 }
 
 // readAllLimited reads at most limit bytes of r.

@@ -104,8 +104,7 @@ func verifyImageArchive(ctx context.Context, file, scratch, repository string, w
 	if err != nil {
 		return refuse(err)
 	}
-	err = untar(f, dir)
-	f.Close()
+	err = errors.Join(untar(f, dir), f.Close())
 	if err != nil {
 		return refuse(err)
 	}
