@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"os"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/spf13/cobra"
+	"helm.sh/helm/v3/pkg/chart"
 
+	"github.com/gatehouse-dev/gatehouse/charts"
 	"github.com/gatehouse-dev/gatehouse/internal/cosignformat"
 	"github.com/gatehouse-dev/gatehouse/internal/release"
+	"github.com/gatehouse-dev/gatehouse/mini"
 	"github.com/gatehouse-dev/gatehouse/upgrade"
 )
 
@@ -153,4 +157,62 @@ func releaseCharts(cmd *cobra.Command, f releaseFlags, opts *upgrade.Options) er
 		fmt.Fprintf(cmd.ErrOrStderr(), "Chart %s %s runs %s\n", name, c.Metadata.Version, img.Ref())
 	}
 	return nil
+}
+
+// releaseServices verifies the release of f and returns its join and key
+// services for the local cluster: the charts loaded from the verified
+// bytes, the linux/amd64 images of the verified archives (read from the
+// scratch directory cleanup removes, once the cluster is up). Nothing is
+// loaded before the whole release verified.
+func releaseServices(cmd *cobra.Command, f releaseFlags) (*mini.ReleaseServices, func(), error) {
+	if f.key == "" {
+		return nil, nil, errors.New("--release needs --release-key, the release's public key")
+	}
+	v, err := loadReleaseKey(f.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	scratch, err := os.MkdirTemp("", "gatehouse-release-")
+	if err != nil {
+		return nil, nil, err
+	}
+	cleanup := func() { os.RemoveAll(scratch) }
+	fail := func(err error) (*mini.ReleaseServices, func(), error) {
+		cleanup()
+		return nil, nil, err
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "Verifying the release in %s\n", f.dir)
+	rel, err := release.Verify(cmd.Context(), f.dir, v, scratch)
+	if err != nil {
+		return fail(err)
+	}
+	services := &mini.ReleaseServices{Version: rel.Manifest.Version, Images: map[string]mini.ReleaseImage{}, Charts: map[string]*chart.Chart{}}
+	for _, name := range charts.Names {
+		c, img, err := rel.LoadChart(name)
+		if err != nil {
+			return fail(err)
+		}
+		vi := rel.Images[img.Name]
+		m, err := vi.Index.IndexManifest()
+		if err != nil {
+			return fail(err)
+		}
+		var amd64 *v1.Image
+		for _, d := range m.Manifests {
+			if d.Platform != nil && d.Platform.OS == "linux" && d.Platform.Architecture == "amd64" {
+				i, err := vi.Index.Image(d.Digest)
+				if err != nil {
+					return fail(err)
+				}
+				amd64 = &i
+			}
+		}
+		if amd64 == nil {
+			return fail(fmt.Errorf("the release's image %s has no linux/amd64 manifest, which the local cluster runs", img.Ref()))
+		}
+		services.Charts[name] = c
+		services.Images[name] = mini.ReleaseImage{Repository: img.Repository, Image: *amd64}
+		fmt.Fprintf(cmd.ErrOrStderr(), "Chart %s %s runs %s\n", name, c.Metadata.Version, img.Ref())
+	}
+	return services, cleanup, nil
 }

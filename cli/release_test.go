@@ -170,3 +170,56 @@ func flip(t *testing.T, file string) {
 		t.Fatal(err)
 	}
 }
+
+// mini up --release verifies the whole release before the cluster is
+// made: a refused release leaves no cluster directory and loads nothing;
+// a verified one goes on to mini's own checks (here refused by an
+// out-of-range --workers, so no cluster starts in a unit test).
+func TestMiniUpRelease(t *testing.T) {
+	built, pub := smallRelease(t)
+	tests := []struct {
+		name    string
+		tamper  func(t *testing.T, dir string)
+		wantErr string
+		refused bool
+	}{
+		{name: "a verified release reaches mini's checks", tamper: func(*testing.T, string) {}, wantErr: "--workers 999"},
+		{name: "a changed image layer is refused", tamper: func(t *testing.T, dir string) {
+			flip(t, filepath.Join(dir, "images", "gatehouse-joinservice.oci.tar"))
+		}, wantErr: "release refused: images/gatehouse-joinservice.oci.tar", refused: true},
+		{name: "a changed chart is refused", tamper: func(t *testing.T, dir string) {
+			flip(t, filepath.Join(dir, "charts", "gatehouse-keyservice-0.1.0.tgz"))
+		}, wantErr: "release refused: charts/gatehouse-keyservice-0.1.0.tgz", refused: true},
+		{name: "an unsigned image archive is refused", tamper: func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, "images", "gatehouse-keyservice.oci.tar.sig")); err != nil {
+				t.Fatal(err)
+			}
+		}, wantErr: "release refused: images/gatehouse-keyservice.oci.tar: unsigned", refused: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "release")
+			if out, err := exec.Command("cp", "-a", built, dir).CombinedOutput(); err != nil {
+				t.Fatalf("cp: %v: %s", err, out)
+			}
+			tt.tamper(t, dir)
+			clusterDir := filepath.Join(t.TempDir(), "cluster")
+			cmd := NewRootCmd()
+			var out bytes.Buffer
+			cmd.SetOut(&out)
+			cmd.SetErr(&out)
+			cmd.SetArgs([]string{"mini", "up", "--release", dir, "--release-key", pub, "--dir", clusterDir, "--workers", "999"})
+			err := cmd.Execute()
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("mini up = %v, want an error containing %q\n%s", err, tt.wantErr, out.String())
+			}
+			loaded := strings.Contains(out.String(), "Chart gatehouse-joinservice 0.1.0 runs ghcr.io/gatehouse-dev/gatehouse-joinservice@sha256:")
+			if tt.refused == loaded {
+				t.Errorf("refused %t, but the release's charts and images were loaded %t:\n%s", tt.refused, loaded, out.String())
+			}
+			if _, err := os.Stat(clusterDir); !os.IsNotExist(err) {
+				t.Errorf("the cluster directory exists (%v): something was made", err)
+			}
+		})
+	}
+}

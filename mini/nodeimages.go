@@ -180,6 +180,14 @@ func imageSpecs(ctx context.Context, opts Options) (specs []images.Spec, pause s
 		}
 	}
 	for _, svc := range []string{"gatehouse-joinservice", "gatehouse-keyservice"} {
+		if opts.Release != nil {
+			s, err := opts.Release.imageSpec(svc)
+			if err != nil {
+				return nil, "", nil, err
+			}
+			specs = append(specs, s)
+			continue
+		}
 		specs = append(specs, images.Spec{Ref: ImageRepository + "/" + svc + ":local", Files: map[string]string{svc: filepath.Join(opts.BinDir, svc)}})
 	}
 	return specs, pause, versions, nil

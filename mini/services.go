@@ -215,7 +215,7 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 		return nil, err
 	}
 	for _, r := range releases {
-		c, err := charts.Load(r.name)
+		c, err := opts.Release.chart(r.name, r.values)
 		if err != nil {
 			return nil, err
 		}
