@@ -176,7 +176,7 @@ func releaseServices(cmd *cobra.Command, f releaseFlags) (*mini.ReleaseServices,
 	if err != nil {
 		return nil, nil, err
 	}
-	cleanup := func() { os.RemoveAll(scratch) }
+	cleanup := func() { _ = os.RemoveAll(scratch) }
 	fail := func(err error) (*mini.ReleaseServices, func(), error) {
 		cleanup()
 		return nil, nil, err
