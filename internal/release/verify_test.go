@@ -180,6 +180,11 @@ func TestVerify(t *testing.T) {
 		{name: "changed node image", tamper: func(t *testing.T, dir string) {
 			flipByte(t, filepath.Join(dir, nodeImageDir, "node-worker.raw"), 0)
 		}, wantIn: "node-image/node-worker.raw: sha256"},
+		{name: "changed clusterctl file", tamper: func(t *testing.T, dir string) {
+			flipByte(t, filepath.Join(dir, clusterctlDir, clusterctlComponents), -30)
+		}, wantIn: "clusterctl/bootstrap-components.yaml: sha256"},
+		{name: "changed release.json", tamper: func(t *testing.T, dir string) { flipByte(t, filepath.Join(dir, manifestFile), 5) },
+			wantIn: manifestFile + ": sha256"},
 		{name: "SHA256SUMS changed to match a changed binary", tamper: func(t *testing.T, dir string) {
 			flipByte(t, filepath.Join(dir, bin), 100)
 			files, _ := listFiles(dir)
