@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/spf13/cobra"
@@ -116,8 +117,9 @@ func newReleaseKeygenCmd() *cobra.Command {
 	return cmd
 }
 
-// releaseFlags name a release directory and its public key.
-type releaseFlags struct{ dir, key string }
+// releaseFlags name a release directory and its public key, and (for
+// upgrade apply) a registry holding copies of its images.
+type releaseFlags struct{ dir, key, registry string }
 
 // releaseCharts verifies the release of f and sets opts to upgrade to its
 // charts, each pinned to its image by digest (over any image values the
@@ -153,15 +155,21 @@ func releaseCharts(cmd *cobra.Command, f releaseFlags, opts *upgrade.Options) er
 		if opts.Values[name] == nil {
 			opts.Values[name] = map[string]any{}
 		}
-		opts.Values[name]["image"] = map[string]any{"repository": img.Repository, "digest": img.Digest}
-		fmt.Fprintf(cmd.ErrOrStderr(), "Chart %s %s runs %s\n", name, c.Metadata.Version, img.Ref())
+		repo := img.Repository
+		if f.registry != "" {
+			// A copy of the image keeps its digest: the pods still run
+			// exactly the verified image, containerd checks it on pull.
+			repo = f.registry + "/" + img.Name
+		}
+		opts.Values[name]["image"] = map[string]any{"repository": repo, "digest": img.Digest}
+		fmt.Fprintf(cmd.ErrOrStderr(), "Chart %s %s runs %s@%s\n", name, c.Metadata.Version, repo, img.Digest)
 	}
 	return nil
 }
 
 // releaseServices verifies the release of f and returns its join and key
 // services for the local cluster: the charts loaded from the verified
-// bytes, the linux/amd64 images of the verified archives (read from the
+// bytes, the image indexes of the verified archives (read from the
 // scratch directory cleanup removes, once the cluster is up). Nothing is
 // loaded before the whole release verified.
 func releaseServices(cmd *cobra.Command, f releaseFlags) (*mini.ReleaseServices, func(), error) {
@@ -186,32 +194,18 @@ func releaseServices(cmd *cobra.Command, f releaseFlags) (*mini.ReleaseServices,
 	if err != nil {
 		return fail(err)
 	}
-	services := &mini.ReleaseServices{Version: rel.Manifest.Version, Images: map[string]mini.ReleaseImage{}, Charts: map[string]*chart.Chart{}}
+	services := &mini.ReleaseServices{Version: rel.Manifest.Version, Images: map[string]v1.ImageIndex{}, Charts: map[string]*chart.Chart{}}
 	for _, name := range charts.Names {
 		c, img, err := rel.LoadChart(name)
 		if err != nil {
 			return fail(err)
 		}
 		vi := rel.Images[img.Name]
-		m, err := vi.Index.IndexManifest()
-		if err != nil {
-			return fail(err)
-		}
-		var amd64 *v1.Image
-		for _, d := range m.Manifests {
-			if d.Platform != nil && d.Platform.OS == "linux" && d.Platform.Architecture == "amd64" {
-				i, err := vi.Index.Image(d.Digest)
-				if err != nil {
-					return fail(err)
-				}
-				amd64 = &i
-			}
-		}
-		if amd64 == nil {
+		if !slices.Contains(img.Platforms, "linux/amd64") {
 			return fail(fmt.Errorf("the release's image %s has no linux/amd64 manifest, which the local cluster runs", img.Ref()))
 		}
 		services.Charts[name] = c
-		services.Images[name] = mini.ReleaseImage{Repository: img.Repository, Image: *amd64}
+		services.Images[name] = vi.Index
 		fmt.Fprintf(cmd.ErrOrStderr(), "Chart %s %s runs %s\n", name, c.Metadata.Version, img.Ref())
 	}
 	return services, cleanup, nil

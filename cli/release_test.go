@@ -112,11 +112,18 @@ func TestUpgradeApplyRelease(t *testing.T) {
 		name   string
 		tamper func(t *testing.T, dir string)
 		key    string
+		args   []string
 		// wantErr is in the error; refused says it is a refusal.
 		wantErr string
 		refused bool
+		// wantOut is in the output.
+		wantOut string
 	}{
-		{name: "a verified release reaches the cluster", tamper: func(*testing.T, string) {}, wantErr: missingKubeconfig},
+		{name: "a verified release reaches the cluster", tamper: func(*testing.T, string) {}, wantErr: missingKubeconfig,
+			wantOut: "runs ghcr.io/gatehouse-dev/gatehouse-keyservice@sha256:"},
+		{name: "copies of the images in another registry, by the same digest", tamper: func(*testing.T, string) {},
+			args: []string{"--release-registry", "registry.example:5000/mirror"}, wantErr: missingKubeconfig,
+			wantOut: "runs registry.example:5000/mirror/gatehouse-keyservice@sha256:"},
 		{name: "a changed chart is refused", tamper: func(t *testing.T, dir string) {
 			flip(t, filepath.Join(dir, "charts", "gatehouse-joinservice-0.1.0.tgz"))
 		}, wantErr: "release refused: charts/gatehouse-joinservice-0.1.0.tgz", refused: true},
@@ -146,12 +153,15 @@ func TestUpgradeApplyRelease(t *testing.T) {
 			var out bytes.Buffer
 			cmd.SetOut(&out)
 			cmd.SetErr(&out)
-			cmd.SetArgs([]string{"upgrade", "apply", "--release", dir, "--release-key", key, "--kubeconfig", missingKubeconfig, "--backup-dir", t.TempDir()})
+			cmd.SetArgs(append([]string{"upgrade", "apply", "--release", dir, "--release-key", key, "--kubeconfig", missingKubeconfig, "--backup-dir", t.TempDir()}, tt.args...))
 			err := cmd.Execute()
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("upgrade apply = %v, want an error containing %q\n%s", err, tt.wantErr, out.String())
 			}
-			charts := strings.Contains(out.String(), "Chart gatehouse-joinservice 0.1.0 runs ghcr.io/gatehouse-dev/gatehouse-joinservice@sha256:")
+			charts := strings.Contains(out.String(), "Chart gatehouse-joinservice 0.1.0 runs ")
+			if tt.wantOut != "" && !strings.Contains(out.String(), tt.wantOut) {
+				t.Errorf("the output lacks %q:\n%s", tt.wantOut, out.String())
+			}
 			if tt.refused == charts {
 				t.Errorf("refused %t, but the release's charts were loaded %t:\n%s", tt.refused, charts, out.String())
 			}

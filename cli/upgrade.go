@@ -116,6 +116,7 @@ func newUpgradeApplyCmd() *cobra.Command {
 	f.StringVar(&chartsDir, "charts-dir", "", "directory holding gatehouse-joinservice/ and gatehouse-keyservice/ charts to use instead of the built-in ones")
 	f.StringVar(&rel.dir, "release", "", "a release directory (make release; docs/install.md): upgrade to its charts, which run its images by digest, after every signature and digest of the release verifies with --release-key")
 	f.StringVar(&rel.key, "release-key", "", "with --release: the release's public key (PKIX PEM)")
+	f.StringVar(&rel.registry, "release-registry", "", "with --release: run the images from this registry (host[:port][/path]) holding copies of the release's images, still by the release's digests (default: the registry the release names)")
 	f.BoolVar(&opts.Wait, "wait", true, "wait for upgraded resources to be ready (a release that does not become ready is rolled back)")
 	f.StringVar(&k.version, "kubernetes", "", "move the cluster to this Kubernetes release first: 1.MINOR (its patch release from the versions table) or v1.MINOR.PATCH; supported: "+strings.Join(versions.Supported(), ", "))
 	f.StringVar(&k.kubeBin, "kube-bin", "", "with --kubernetes: take kubelet, kubeadm and kubectl from this local build (hack/kube-binaries.sh; file:// URLs the nodes can read, sha256 computed) instead of the official downloads")

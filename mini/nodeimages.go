@@ -181,12 +181,7 @@ func imageSpecs(ctx context.Context, opts Options) (specs []images.Spec, pause s
 	}
 	for _, svc := range []string{"gatehouse-joinservice", "gatehouse-keyservice"} {
 		if opts.Release != nil {
-			s, err := opts.Release.imageSpec(svc)
-			if err != nil {
-				return nil, "", nil, err
-			}
-			specs = append(specs, s)
-			continue
+			continue // pulled by digest from the cluster's registry (ReleaseServices.push)
 		}
 		specs = append(specs, images.Spec{Ref: ImageRepository + "/" + svc + ":local", Files: map[string]string{svc: filepath.Join(opts.BinDir, svc)}})
 	}

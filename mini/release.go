@@ -1,65 +1,77 @@
 package mini
 
 import (
+	"context"
 	"fmt"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"helm.sh/helm/v3/pkg/chart"
 
 	"github.com/gatehouse-dev/gatehouse/charts"
-	"github.com/gatehouse-dev/gatehouse/mini/images"
 )
 
 // ReleaseServices are the join and key services of a release whose
 // signatures and digests verified (internal/release; docs/install.md):
-// the local cluster loads these images into its nodes and installs these
-// charts, instead of images of BinDir's binaries and the CLI's charts.
+// the local cluster runs these images, by digest from its own registry,
+// with these charts, instead of images of BinDir's binaries and the CLI's
+// charts.
 type ReleaseServices struct {
-	// Version is the release's version, the images' tag in the nodes.
+	// Version is the release's version: the images' tag in the registry.
 	Version string
-	// Images are the services' linux/amd64 images by service name
+	// Images are the services' verified image indexes by service name
 	// (gatehouse-joinservice, gatehouse-keyservice).
-	Images map[string]ReleaseImage
+	Images map[string]v1.ImageIndex
 	// Charts are the release's charts by name.
 	Charts map[string]*chart.Chart
 }
 
-// ReleaseImage is one verified image: its repository and its linux/amd64
-// manifest's image.
-type ReleaseImage struct {
-	Repository string
-	Image      v1.Image
-}
-
-// imageSpec is the node image of service svc: the release's image, tagged
-// with the release's version. The nodes import a docker archive, which
-// keeps the image's config and layers (the image ID is the verified
-// config's digest) but not its manifest digest, so the charts run it by
-// that tag (chart).
-func (r *ReleaseServices) imageSpec(svc string) (images.Spec, error) {
-	img, ok := r.Images[svc]
-	if !ok {
-		return images.Spec{}, fmt.Errorf("the release has no image %s", svc)
+// push writes each image index to the cluster's registry (plain HTTP on
+// the cluster bridge, which every node's containerd pulls from) as
+// <registry>/<service>:<version>. The index keeps its digest, which the
+// charts run it by and containerd checks on pull. A nil r pushes nothing.
+func (r *ReleaseServices) push(ctx context.Context, registry string) error {
+	if r == nil {
+		return nil
 	}
-	return images.Spec{Ref: img.Repository + ":" + r.Version, Image: img.Image}, nil
+	for _, svc := range []string{"gatehouse-joinservice", "gatehouse-keyservice"} {
+		idx, ok := r.Images[svc]
+		if !ok {
+			return fmt.Errorf("the release has no image %s", svc)
+		}
+		tag, err := name.NewTag(registry+"/"+svc+":"+r.Version, name.Insecure)
+		if err != nil {
+			return err
+		}
+		if err := remote.WriteIndex(tag, idx, remote.WithContext(ctx)); err != nil {
+			return fmt.Errorf("pushing the release's %s to the cluster's registry: %w", svc, err)
+		}
+	}
+	return nil
 }
 
 // chart is the chart to install for release name, and sets values to run
-// the release's image by tag (imageSpec); without a release, the CLI's.
-func (r *ReleaseServices) chart(name string, values map[string]any) (*chart.Chart, error) {
+// the release's image by digest from the cluster's registry (push);
+// without a release, the CLI's chart and values as they are.
+func (r *ReleaseServices) chart(name string, values map[string]any, registry string) (*chart.Chart, error) {
 	if r == nil {
 		return charts.Load(name)
 	}
 	c, ok := r.Charts[name]
-	img, hasImage := r.Images[name]
+	idx, hasImage := r.Images[name]
 	if !ok || !hasImage {
 		return nil, fmt.Errorf("the release has no chart and image %s", name)
+	}
+	digest, err := idx.Digest()
+	if err != nil {
+		return nil, err
 	}
 	image, _ := values["image"].(map[string]any)
 	if image == nil {
 		image = map[string]any{}
 	}
-	image["repository"], image["tag"], image["digest"] = img.Repository, r.Version, ""
+	image["repository"], image["digest"], image["pullPolicy"] = registry+"/"+name, digest.String(), "IfNotPresent"
 	values["image"] = image
 	return c, nil
 }

@@ -60,14 +60,6 @@ func cacheKey(arch string, specs []Spec) (string, error) {
 		return "", err
 	}
 	for i, s := range specs {
-		if s.Image != nil {
-			d, err := s.Image.Digest()
-			if err != nil {
-				return "", fmt.Errorf("image %s: %w", s.Ref, err)
-			}
-			fmt.Fprintf(h, "image %q built %s\n", s.Ref, d)
-			continue
-		}
 		fmt.Fprintf(h, "image %q entrypoint %q\n", s.Ref, s.Entrypoint)
 		for _, n := range sortedKeys(s.Links) {
 			fmt.Fprintf(h, "link %q -> %q\n", n, s.Links[n])

@@ -47,11 +47,6 @@ type Spec struct {
 	// Dirs are host directories copied to the same path with their files
 	// (e.g. the iptables extensions a binary loads at run time).
 	Dirs []string
-	// Image, if set, is the image itself, built elsewhere (a verified
-	// release's: gatehouse mini up --release): Files, Links, Entrypoint
-	// and Dirs are then unused, and its layers and config go into the
-	// archive as they are.
-	Image v1.Image
 }
 
 // epoch is every file's and image's timestamp, so identical inputs give
@@ -86,9 +81,6 @@ type layerGroup struct {
 // of Dirs and their libraries.
 func layerGroups(s Spec) []layerGroup {
 	var groups []layerGroup
-	if s.Image != nil {
-		return nil
-	}
 	for _, n := range sortedKeys(s.Files) {
 		groups = append(groups, layerGroup{files: map[string]string{n: s.Files[n]}})
 	}
@@ -102,16 +94,6 @@ func layerGroups(s Spec) []layerGroup {
 // layer per binary (with its libraries), one with the files of its
 // directories, and one with the links.
 func (l *layerBuilder) Build(s Spec, arch string) (v1.Image, error) {
-	if s.Image != nil {
-		cfg, err := s.Image.ConfigFile()
-		if err != nil {
-			return nil, fmt.Errorf("image %s: %w", s.Ref, err)
-		}
-		if cfg.Architecture != arch {
-			return nil, fmt.Errorf("image %s is for %s, not %s", s.Ref, cfg.Architecture, arch)
-		}
-		return s.Image, nil
-	}
 	var layers []v1.Layer
 	for _, g := range layerGroups(s) {
 		layer, err := l.filesLayer(g.files, g.dirs)
