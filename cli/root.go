@@ -16,6 +16,7 @@ func NewRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newVersionCmd(), newConfigCmd(), newInitCmd(), newVerifyCmd(), newRecoverCmd(), newReferenceValuesCmd(), newMiniCmd(), newUpgradeCmd(), newNodeCmd(), newImageCmd(), newKMSCmd(), newReleaseCmd())
+	root.AddCommand(newVersionCmd(), newConfigCmd(), newInitCmd(), newVerifyCmd(), newRecoverCmd(), newReferenceValuesCmd(), newMiniCmd(), newUpgradeCmd(), newNodeCmd(), newImageCmd(), newKMSCmd())
+	root.AddCommand(newReleaseCmd())
 	return root
 }
