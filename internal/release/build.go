@@ -169,7 +169,10 @@ func (b *builder) binaries(ctx context.Context, inImages bool, images []string) 
 			}
 			sum := (*comp.Hashes)[0].Value
 			comp.Properties = &[]cdx.Property{{Name: "platform", Value: platform}}
-			if err := writeSBOM(out+sbomSuffix, comp, sum, *comp.Components); err != nil {
+			// The modules are the SBOM's components, once: a bom-ref is unique.
+			modules := *comp.Components
+			comp.Components = nil
+			if err := writeSBOM(out+sbomSuffix, comp, sum, modules); err != nil {
 				return err
 			}
 		}

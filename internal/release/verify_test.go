@@ -2,6 +2,7 @@ package release
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	cdx "github.com/CycloneDX/cyclonedx-go"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 
@@ -318,5 +320,66 @@ func TestVerifyImageArchive(t *testing.T) {
 				t.Fatalf("verifyImageArchive = %v, want a refusal naming %s and %q", err, archive, tt.wantIn)
 			}
 		})
+	}
+}
+
+// Every SBOM is CycloneDX JSON whose bom-refs are unique (the
+// specification's rule) and whose subject carries the artifact's sha256.
+func TestSBOMs(t *testing.T) {
+	signer, _ := keys(t)
+	dir := filepath.Join(t.TempDir(), "release")
+	smallRelease(t, dir, signer)
+	files, err := listFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range files {
+		if !strings.HasSuffix(f, sbomSuffix) {
+			continue
+		}
+		n++
+		data, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var bom cdx.BOM
+		if err := json.Unmarshal(data, &bom); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if bom.SpecVersion != cdx.SpecVersion1_6 || bom.Metadata == nil || bom.Metadata.Component == nil || bom.Metadata.Component.Hashes == nil {
+			t.Errorf("%s: spec %v, metadata %+v", f, bom.SpecVersion, bom.Metadata)
+			continue
+		}
+		artifact := strings.TrimSuffix(f, sbomSuffix)
+		if sum, err := fileSHA256(filepath.Join(dir, artifact)); err == nil && !strings.HasPrefix(artifact, imagesDir) {
+			if got := (*bom.Metadata.Component.Hashes)[0].Value; got != sum {
+				t.Errorf("%s: subject sha256 %s, the artifact's is %s", f, got, sum)
+			}
+		}
+		refs := map[string]bool{}
+		var walk func(cs *[]cdx.Component)
+		walk = func(cs *[]cdx.Component) {
+			if cs == nil {
+				return
+			}
+			for _, c := range *cs {
+				if c.BOMRef != "" {
+					if refs[c.BOMRef] {
+						t.Errorf("%s: bom-ref %s twice", f, c.BOMRef)
+					}
+					refs[c.BOMRef] = true
+				}
+				walk(c.Components)
+			}
+		}
+		walk(&[]cdx.Component{*bom.Metadata.Component})
+		walk(bom.Components)
+		if bom.Components == nil || len(*bom.Components) == 0 {
+			t.Errorf("%s lists no components", f)
+		}
+	}
+	if n < 8 {
+		t.Errorf("%d SBOMs, want one per binary, image, chart, the clusterctl files and the node image", n)
 	}
 }
