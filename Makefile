@@ -135,6 +135,14 @@ mini-down: build-mini ## Remove the local cluster and everything it made
 image: setup-vm ## Build the node image (docs/image.md) from this checkout and print its directory
 	hack/node-image.sh
 
+.PHONY: release
+release: ## Build the release artifacts of VERSION (vX.Y.Z) into _output/release/VERSION, signed with RELEASE_KEY (docs/development.md, "Releases"); NODE_IMAGE=dir adds a node image, REGISTRY the images' registry (ghcr.io/gatehouse-dev)
+	@[[ -n "$(VERSION)" ]] || { echo "usage: make release VERSION=vX.Y.Z RELEASE_KEY=release.key [NODE_IMAGE=dir]" >&2; exit 1; }
+	@[[ -n "$(RELEASE_KEY)" ]] || { echo "RELEASE_KEY: the Ed25519 private key file (docs/install.md, \"Signed artifacts\")" >&2; exit 1; }
+	@git diff --quiet HEAD || echo "warning: uncommitted changes: the release is built from the working tree, not from commit $$(git rev-parse --short HEAD)" >&2
+	go run ./hack/release -version $(VERSION) -commit $$(git rev-parse HEAD) -epoch $$(git log -1 --format=%ct) \
+		-key $(RELEASE_KEY) -out _output/release/$(VERSION) $(if $(NODE_IMAGE),-node-image $(NODE_IMAGE)) $(if $(REGISTRY),-registry $(REGISTRY))
+
 .PHONY: clean
 clean: ## Remove build outputs (not the caches)
 	rm -rf bin/

@@ -37,6 +37,7 @@ func newMiniUpCmd() *cobra.Command {
 	opts := mini.Options{}
 	var tampered []string
 	var kubernetesVersion string
+	var rel releaseFlags
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Create a local cluster: one control plane and --workers workers",
@@ -86,11 +87,21 @@ func newMiniUpCmd() *cobra.Command {
 			if len(tampered) > 0 {
 				opts.BootManifest = tamper(tampered)
 			}
+			if rel.dir != "" {
+				services, cleanup, err := releaseServices(cmd, rel)
+				if err != nil {
+					return err
+				}
+				defer cleanup()
+				opts.Release = services
+			}
 			return mini.Up(cmd.Context(), opts)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Dir, "dir", mini.DefaultDir, "directory for the cluster's state")
+	f.StringVar(&rel.dir, "release", "", "a release directory (make release; docs/install.md): run its join and key service images and charts, after every signature and digest of the release verifies with --release-key")
+	f.StringVar(&rel.key, "release-key", "", "with --release: the release's public key (PKIX PEM)")
 	f.IntVar((*int)(&opts.Network), "network", int(mini.DefaultNetwork), fmt.Sprintf("the cluster's network on this machine (0 to %d): bridge ghmini<network>, 10.88.<network>.0/24; clusters on different networks (and directories) run side by side", mini.MaxNetwork))
 	f.IntVar(&opts.ControlPlanes, "control-planes", 1, fmt.Sprintf("number of control planes (1 to %d; more than one puts haproxy in front of the API servers)", mini.MaxControlPlanes))
 	f.IntVar(&opts.Workers, "workers", 2, fmt.Sprintf("number of worker nodes (0 to %d)", mini.MaxWorkers))

@@ -16,6 +16,6 @@ func NewRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newVersionCmd(), newConfigCmd(), newInitCmd(), newVerifyCmd(), newRecoverCmd(), newReferenceValuesCmd(), newMiniCmd(), newUpgradeCmd(), newNodeCmd(), newImageCmd(), newKMSCmd(), newMirrorCmd())
+	root.AddCommand(newVersionCmd(), newConfigCmd(), newInitCmd(), newVerifyCmd(), newRecoverCmd(), newReferenceValuesCmd(), newMiniCmd(), newUpgradeCmd(), newNodeCmd(), newImageCmd(), newKMSCmd(), newMirrorCmd(), newReleaseCmd())
 	return root
 }

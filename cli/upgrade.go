@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -50,6 +51,7 @@ func newUpgradeApplyCmd() *cobra.Command {
 	opts := upgrade.Options{}
 	var chartsDir string
 	var k kubeRollFlags
+	var rel releaseFlags
 	cmd := &cobra.Command{
 		Use:   "apply",
 		Short: "Upgrade Kubernetes (--kubernetes) and the join and key service releases to this CLI's charts",
@@ -74,7 +76,18 @@ func newUpgradeApplyCmd() *cobra.Command {
 			opts.Out = out
 			opts.Charts = map[string]*chart.Chart{}
 			opts.Order = charts.Names
+			if rel.dir != "" {
+				if chartsDir != "" {
+					return errors.New("--release and --charts-dir both name the charts: give one")
+				}
+				if err := releaseCharts(cmd, rel, &opts); err != nil {
+					return err
+				}
+			}
 			for _, name := range charts.Names {
+				if opts.Charts[name] != nil {
+					continue
+				}
 				load := charts.Load
 				if chartsDir != "" {
 					load = func(name string) (*chart.Chart, error) { return loader.Load(filepath.Join(chartsDir, name)) }
@@ -105,6 +118,9 @@ func newUpgradeApplyCmd() *cobra.Command {
 	f.BoolVar(&opts.DryRun, "dry-run", false, "print the plan and what would change; change nothing")
 	f.DurationVar(&opts.Timeout, "timeout", 5*time.Minute, "time each release may take, waiting included")
 	f.StringVar(&chartsDir, "charts-dir", "", "directory holding gatehouse-joinservice/ and gatehouse-keyservice/ charts to use instead of the built-in ones")
+	f.StringVar(&rel.dir, "release", "", "a release directory (make release; docs/install.md): upgrade to its charts, which run its images by digest, after every signature and digest of the release verifies with --release-key")
+	f.StringVar(&rel.key, "release-key", "", "with --release: the release's public key (PKIX PEM)")
+	f.StringVar(&rel.registry, "release-registry", "", "with --release: run the images from this registry (host[:port][/path]) holding copies of the release's images, still by the release's digests (default: the registry the release names)")
 	f.BoolVar(&opts.Wait, "wait", true, "wait for upgraded resources to be ready (a release that does not become ready is rolled back)")
 	f.StringVar(&k.version, "kubernetes", "", "move the cluster to this Kubernetes release first: 1.MINOR (its patch release from the versions table) or v1.MINOR.PATCH; supported: "+strings.Join(versions.Supported(), ", "))
 	f.StringVar(&k.kubeBin, "kube-bin", "", "with --kubernetes: take kubelet, kubeadm and kubectl from this local build (hack/kube-binaries.sh; file:// URLs the nodes can read, sha256 computed) instead of the official downloads")
@@ -171,9 +187,16 @@ func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) 
 	if err != nil {
 		return err
 	}
-	opts.Values = map[string]map[string]any{joinServiceRelease: {"joinConfig": map[string]any{
+	// Kept beside the image a --release pins (releaseCharts).
+	if opts.Values == nil {
+		opts.Values = map[string]map[string]any{}
+	}
+	if opts.Values[joinServiceRelease] == nil {
+		opts.Values[joinServiceRelease] = map[string]any{}
+	}
+	opts.Values[joinServiceRelease]["joinConfig"] = map[string]any{
 		"kubernetesVersion": release.Version, "kubernetesComponents": encoded,
-	}}}
+	}
 	roll := k.roll
 	roll.Client, roll.Agent, roll.Release, roll.Components, roll.DryRun, roll.Out = client, agents, release, nodeComponents, opts.DryRun, opts.Out
 	roll.SwitchJoinConfig = func(ctx context.Context) error {

@@ -29,6 +29,12 @@ func newVersionCmd() *cobra.Command {
 					fmt.Fprintf(out, "Revision:\t%s (modified: %t)\n", info.Revision, info.Modified)
 				}
 				fmt.Fprintf(out, "Go version:\t%s\nPlatform:\t%s\n", info.GoVersion, info.Platform)
+				if len(info.Images) == 0 {
+					fmt.Fprintf(out, "Images:\tnone (a development build: make release sets them)\n")
+				}
+				for _, img := range info.Images {
+					fmt.Fprintf(out, "Image:\t%s %s\n", img.Name, img.Ref)
+				}
 				return nil
 			default:
 				return fmt.Errorf("unknown --output %q: use text or json", output)

@@ -40,6 +40,15 @@ func TestVersion(t *testing.T) {
 			},
 		},
 		{
+			name: "a development build has no release images",
+			args: []string{"version"},
+			check: func(t *testing.T, out string) {
+				if !strings.Contains(out, "Images:\tnone (a development build") {
+					t.Errorf("output %q does not say the build has no release images", out)
+				}
+			},
+		},
+		{
 			name:    "unknown output format is refused",
 			args:    []string{"version", "-o", "yaml"},
 			wantErr: `unknown --output "yaml": use text or json`,

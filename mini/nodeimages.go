@@ -180,6 +180,9 @@ func imageSpecs(ctx context.Context, opts Options) (specs []images.Spec, pause s
 		}
 	}
 	for _, svc := range []string{"gatehouse-joinservice", "gatehouse-keyservice"} {
+		if opts.Release != nil {
+			continue // pulled by digest from the cluster's registry (ReleaseServices.push)
+		}
 		specs = append(specs, images.Spec{Ref: ImageRepository + "/" + svc + ":local", Files: map[string]string{svc: filepath.Join(opts.BinDir, svc)}})
 	}
 	return specs, pause, versions, nil

@@ -15,6 +15,10 @@ const DefaultDir = "/var/lib/gatehouse-mini"
 type Options struct {
 	// Dir is the cluster directory (DefaultDir).
 	Dir string
+	// Release, if set, are a verified release's service images and charts
+	// (gatehouse mini up --release): used instead of images built from
+	// BinDir's binaries and the charts built into the CLI.
+	Release *ReleaseServices
 	// Network is where the cluster lives on the host (DefaultNetwork): its
 	// bridge, addresses and host-wide names. Clusters on different networks
 	// run side by side.

@@ -217,8 +217,12 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 	if err != nil {
 		return nil, err
 	}
+	registry := cp.Network.RegistryAddress()
+	if err := opts.Release.push(ctx, registry); err != nil {
+		return nil, err
+	}
 	for _, r := range releases {
-		c, err := charts.Load(r.name)
+		c, err := opts.Release.chart(r.name, r.values, registry)
 		if err != nil {
 			return nil, err
 		}

@@ -21,3 +21,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- with regexFind "\\[\\[ [A-Za-z]+ \\]\\]" $rules }}{{ fail (printf "files/alerts.yaml uses %s, which monitoring.alerts does not set" .) }}{{ end -}}
 {{- $rules -}}
 {{- end -}}
+
+{{- /* The image by digest when image.digest is set (a release's charts: docs/install.md), else by tag (`gatehouse mini`'s local images). */ -}}
+{{- define "joinservice.image" -}}
+{{- if .Values.image.digest -}}{{ .Values.image.repository }}@{{ .Values.image.digest }}{{- else -}}{{ .Values.image.repository }}:{{ .Values.image.tag }}{{- end -}}
+{{- end -}}
