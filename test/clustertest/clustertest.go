@@ -32,11 +32,14 @@ func repoRoot(t *testing.T) string {
 }
 
 // Binaries builds every binary of cmd/ into a directory of the test and
-// returns it.
+// returns it. It compiles with -trimpath as `make release`
+// (internal/release) and the node image build do, so the three share the
+// Go build cache's compiled packages instead of compiling the tree once
+// more each.
 func Binaries(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", dir+"/", "./cmd/...")
 	cmd.Dir = repoRoot(t)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building the binaries: %v\n%s", err, out)
