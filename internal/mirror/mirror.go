@@ -48,6 +48,10 @@ type Mirror struct {
 	// optional repository prefix, without a scheme (e.g.
 	// mirror.example:5000 or mirror.example/k8s).
 	Registry string `json:"registry,omitempty"`
+	// PlainHTTP makes the nodes' containerd speak plain HTTP to Registry
+	// instead of HTTPS (a registry on the cluster's own network; digests
+	// are checked either way). Needs Registry.
+	PlainHTTP bool `json:"plainHTTP,omitempty"`
 }
 
 // Validate checks both fields; the error names each field that is wrong
@@ -68,6 +72,9 @@ func (m *Mirror) Validate() error {
 		case u.Scheme != "http" && u.Scheme != "https", u.Host == "", u.RawQuery != "", u.Fragment != "", u.User != nil:
 			errs = append(errs, fmt.Errorf("files %q is not an http:// or https:// URL with a host and no query, fragment or user, such as https://mirror.example/files", m.Files))
 		}
+	}
+	if m.PlainHTTP && m.Registry == "" {
+		errs = append(errs, errors.New("plainHTTP is set without registry: set registry (host[:port] of the OCI registry) or remove plainHTTP"))
 	}
 	if m.Registry != "" {
 		if strings.Contains(m.Registry, "://") || strings.HasSuffix(m.Registry, "/") {
