@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 )
@@ -92,4 +93,36 @@ func (m *Mirror) ChartImageValues(values map[string]any) (map[string]any, error)
 		return nil, fmt.Errorf("mirroring image.repository %q: %w", repo, err)
 	}
 	return map[string]any{"image": map[string]any{"repository": m.Repository(parsed)}}, nil
+}
+
+// MarshalImageMirror is im in protobuf JSON form, one line, for the join
+// config's imageMirror key (docs/joinservice.md): {"registry":
+// "mirror.example:5000","plainHttp":true,"upstreams":["registry.k8s.io",
+// "docker.io"]}. "" for a nil im.
+func MarshalImageMirror(im *componentsv1.ImageMirror) (string, error) {
+	if im == nil {
+		return "", nil
+	}
+	data, err := protojson.Marshal(im)
+	if err != nil {
+		return "", fmt.Errorf("encoding the image mirror: %w", err)
+	}
+	return string(data), nil
+}
+
+// ParseImageMirror reads data in MarshalImageMirror's form and checks it as
+// ContainerdHostsFiles does; blank data is no mirror (nil). Unknown fields
+// are refused.
+func ParseImageMirror(data string) (*componentsv1.ImageMirror, error) {
+	if strings.TrimSpace(data) == "" {
+		return nil, nil
+	}
+	im := &componentsv1.ImageMirror{}
+	if err := protojson.Unmarshal([]byte(data), im); err != nil {
+		return nil, fmt.Errorf(`not an image mirror such as {"registry":"mirror.example:5000","upstreams":["registry.k8s.io","docker.io"]}: %w`, err)
+	}
+	if _, err := ContainerdHostsFiles(im); err != nil {
+		return nil, err
+	}
+	return im, nil
 }
