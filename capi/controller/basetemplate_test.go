@@ -154,5 +154,10 @@ func TestMirror(t *testing.T) {
 	if !strings.Contains(string(config), "imageRepository: mirror.example:5000/registry.k8s.io") {
 		t.Fatalf("the kubeadm configuration does not pull from the mirror:\n%s", config)
 	}
+	// kubeadm names CoreDNS <imageRepository>/coredns unless told: the
+	// mirror keeps its coredns/coredns path.
+	if !strings.Contains(string(config), "imageRepository: mirror.example:5000/registry.k8s.io/coredns") {
+		t.Fatalf("the kubeadm configuration does not pull CoreDNS from its mirrored path:\n%s", config)
+	}
 	kubeadmValidate(t, config)
 }

@@ -174,6 +174,19 @@ func (m *Mirror) ImageRepository() string {
 	return m.Registry + "/" + kubeadmRegistry
 }
 
+// DNSImageRepository returns kubeadm's dns.imageRepository for the
+// mirror (<registry>/registry.k8s.io/coredns), or "" without Registry.
+// kubeadm names CoreDNS registry.k8s.io/coredns/coredns only for its
+// default imageRepository and <imageRepository>/coredns for any other
+// (kubeadm's images.GetDNSImage): without this, a mirrored cluster would
+// pull <registry>/registry.k8s.io/coredns, which is not the mapped name.
+func (m *Mirror) DNSImageRepository() string {
+	if repo := m.ImageRepository(); repo != "" {
+		return repo + "/coredns"
+	}
+	return ""
+}
+
 // registryName is a registry's part of a mirrored repository: Docker Hub
 // spelled as users do (go-containerregistry names it index.docker.io), and
 // a port's ':' as '_' (a repository path has no colon).
