@@ -27,6 +27,8 @@ func TestJoinImageMirror(t *testing.T) {
 		{name: "plain http", im: &componentsv1.ImageMirror{Registry: "10.88.1.1:5000", PlainHttp: true, Upstreams: []string{"registry.k8s.io", "docker.io"}}, want: map[string]string{
 			"registry.k8s.io": `[host."http://10.88.1.1:5000/v2/registry.k8s.io"]`,
 			"docker.io":       `[host."http://10.88.1.1:5000/v2/docker.io"]`,
+			// kubeadm's images, named by the mirror, over HTTP too.
+			"10.88.1.1:5000": `server = "http://10.88.1.1:5000"`,
 		}},
 		{name: "escaping upstream", im: &componentsv1.ImageMirror{Registry: "10.88.1.1:5000", Upstreams: []string{"docker.io", "../../../etc/kubernetes"}}, wantErr: `upstream "../../../etc/kubernetes"`},
 		{name: "no registry", im: &componentsv1.ImageMirror{Upstreams: []string{"docker.io"}}, wantErr: "registry is empty"},

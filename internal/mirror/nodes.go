@@ -34,8 +34,11 @@ func (m *Mirror) NodeImageMirror() *componentsv1.ImageMirror {
 // ContainerdHostsFiles checks im (a node's ImageMirror, from its InitRequest
 // or join ticket) and returns containerd's hosts.toml for each upstream,
 // keyed by the upstream's directory name under containerd's config_path
-// (<config_path>/<upstream>/hosts.toml; containerd docs/hosts.md). A nil im
-// returns no files. Errors name the field that is wrong.
+// (<config_path>/<upstream>/hosts.toml; containerd docs/hosts.md), and
+// with PlainHttp one for the mirror's own host[:port] (server
+// http://<host>), so images named by the mirror itself, as kubeadm names
+// the control plane's, are pulled over HTTP too. A nil im returns no
+// files. Errors name the field that is wrong.
 func ContainerdHostsFiles(im *componentsv1.ImageMirror) (map[string][]byte, error) {
 	if im == nil {
 		return nil, nil
@@ -65,6 +68,18 @@ func ContainerdHostsFiles(im *componentsv1.ImageMirror) (map[string][]byte, erro
 			return nil, fmt.Errorf("image mirror: %w", err)
 		}
 		files[upstream] = data
+	}
+	if im.GetPlainHttp() {
+		// Images named by the mirror itself (kubeadm's, through
+		// imageRepository) are pulled from it over HTTP too.
+		host, _, _ := strings.Cut(im.GetRegistry(), "/")
+		if _, dup := files[host]; dup {
+			return nil, fmt.Errorf("image mirror: upstream %q is the mirror itself", host)
+		}
+		files[host] = fmt.Appendf(nil, `# Pulls of images named by the mirror come from it over plain HTTP
+# (docs/install-airgapped.md). containerd checks every blob's digest.
+server = "http://%s"
+`, host)
 	}
 	return files, nil
 }

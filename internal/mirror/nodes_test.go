@@ -43,7 +43,9 @@ func TestContainerdHostsFiles(t *testing.T) {
 		}},
 		{name: "plain http with prefix", im: &componentsv1.ImageMirror{Registry: "10.88.1.1:5000/m", PlainHttp: true, Upstreams: []string{"registry.k8s.io"}}, want: map[string][]string{
 			"registry.k8s.io": {`[host."http://10.88.1.1:5000/v2/m/registry.k8s.io"]`},
+			"10.88.1.1:5000":  {`server = "http://10.88.1.1:5000"`},
 		}},
+		{name: "plain http mirror as its own upstream", im: &componentsv1.ImageMirror{Registry: "10.88.1.1:5000", PlainHttp: true, Upstreams: []string{"10.88.1.1:5000"}}, wantErr: "is the mirror itself"},
 		{name: "empty registry", im: &componentsv1.ImageMirror{Upstreams: upstreams}, wantErr: "registry is empty"},
 		{name: "registry with scheme", im: &componentsv1.ImageMirror{Registry: "https://mirror.example", Upstreams: upstreams}, wantErr: `registry "https://mirror.example"`},
 		{name: "no upstream", im: &componentsv1.ImageMirror{Registry: "mirror.example:5000"}, wantErr: "0 upstreams"},
