@@ -76,9 +76,13 @@ func ContainerdHostsFiles(im *componentsv1.ImageMirror) (map[string][]byte, erro
 		if _, dup := files[host]; dup {
 			return nil, fmt.Errorf("image mirror: upstream %q is the mirror itself", host)
 		}
+		// containerd 1.6 refuses a hosts.toml without a host table.
 		files[host] = fmt.Appendf(nil, `# Pulls of images named by the mirror come from it over plain HTTP
 # (docs/install-airgapped.md). containerd checks every blob's digest.
-server = "http://%s"
+server = "http://%[1]s"
+
+[host."http://%[1]s"]
+  capabilities = ["pull", "resolve"]
 `, host)
 	}
 	return files, nil

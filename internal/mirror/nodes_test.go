@@ -43,7 +43,7 @@ func TestContainerdHostsFiles(t *testing.T) {
 		}},
 		{name: "plain http with prefix", im: &componentsv1.ImageMirror{Registry: "10.88.1.1:5000/m", PlainHttp: true, Upstreams: []string{"registry.k8s.io"}}, want: map[string][]string{
 			"registry.k8s.io": {`[host."http://10.88.1.1:5000/v2/m/registry.k8s.io"]`},
-			"10.88.1.1:5000":  {`server = "http://10.88.1.1:5000"`},
+			"10.88.1.1:5000":  {`server = "http://10.88.1.1:5000"`, `[host."http://10.88.1.1:5000"]`},
 		}},
 		{name: "plain http mirror as its own upstream", im: &componentsv1.ImageMirror{Registry: "10.88.1.1:5000", PlainHttp: true, Upstreams: []string{"10.88.1.1:5000"}}, wantErr: "is the mirror itself"},
 		{name: "empty registry", im: &componentsv1.ImageMirror{Upstreams: upstreams}, wantErr: "registry is empty"},
@@ -71,6 +71,13 @@ func TestContainerdHostsFiles(t *testing.T) {
 			}
 			if len(files) != len(tc.want) {
 				t.Fatalf("files for %d upstreams, want %d: %v", len(files), len(tc.want), files)
+			}
+			for upstream, data := range files {
+				// containerd 1.6 refuses a hosts.toml without a host table
+				// ("invalid `host` tree").
+				if !strings.Contains(string(data), "\n[host.\"") {
+					t.Errorf("%s/hosts.toml has no host table:\n%s", upstream, data)
+				}
 			}
 			for upstream, lines := range tc.want {
 				for _, line := range lines {
