@@ -68,12 +68,13 @@ type options struct {
 	// imageRepository, skipPhases, kubeProxy and controlPlaneEnv shape
 	// kubeadm init.
 	imageRepository string
-	// containerdHostsDir is containerd's config_path, where an image
-	// mirror's hosts.toml files go.
-	containerdHostsDir string
 	skipPhases      []string
 	kubeProxy       kubeadm.KubeProxyOptions
 	controlPlaneEnv []kubeadm.ComponentEnv
+
+	// containerdHostsDir is containerd's config_path, where an image
+	// mirror's hosts.toml files go.
+	containerdHostsDir string
 	// controlPlaneWait is kubeadm init's wait for the control plane.
 	controlPlaneWait time.Duration
 	// encryptSecrets makes a cluster this node initialises encrypt Secrets

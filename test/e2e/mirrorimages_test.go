@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -141,13 +142,17 @@ func assertChangedImageRefused(ctx context.Context, t *testing.T, dir string, ne
 		t.Fatalf("cp-0 did not refuse the changed image: %v", err)
 	}
 	t.Logf("cp-0 refused the changed image: %s", refusal)
-	for _, want := range []string{pinned, digest.String()} {
+	// containerd names the image by its digest (a tag beside it is
+	// dropped), and both digests.
+	changedDigest := fmt.Sprintf("sha256:%x", sha256.Sum256(changed))
+	for _, want := range []string{"docker.io/library/gatehouse-mirror-tamper@" + digest.String(), "unexpected commit digest " + changedDigest + ", expected " + digest.String()} {
 		if !strings.Contains(refusal, want) {
 			t.Errorf("the refusal %q does not name %s", refusal, want)
 		}
 	}
 	if strings.Contains(refusal, "not found") {
 		t.Errorf("the refusal %q is for a missing image, not a changed one", refusal)
+		return
 	}
 	out, err := mini.Exec(ctx, dir, "cp-0", "ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io", "images", "ls", "-q")
 	if err != nil {
