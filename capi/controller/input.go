@@ -98,7 +98,11 @@ func (r *Reconciler) commonInput(ctx context.Context, s *scope, role render.Role
 	if err := r.resolveUsers(ctx, s.config, spec); err != nil {
 		return in, err
 	}
-	in.Files, err = r.resolveFiles(ctx, s.config, s.cluster)
+	if in.Files, err = r.resolveFiles(ctx, s.config, s.cluster); err != nil {
+		return in, err
+	}
+	hosts, err := containerdHostsFiles(r.mirror)
+	in.Files = append(in.Files, hosts...)
 	return in, err
 }
 
