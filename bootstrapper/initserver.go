@@ -36,6 +36,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/kms"
 	"github.com/gatehouse-dev/gatehouse/internal/kmsplugin"
 	"github.com/gatehouse-dev/gatehouse/internal/kubeadm"
+	"github.com/gatehouse-dev/gatehouse/internal/mirror"
 )
 
 // defaultAdminName is the user name of the admin kubeconfig Init returns.
@@ -333,6 +334,9 @@ func (s *InitServer) plan(req *initservicev1.InitRequest) (*initPlan, error) {
 			return nil, fmt.Errorf("kubernetes_components[%d]: %w", i, err)
 		}
 	}
+	if _, err := mirror.ContainerdHostsFiles(req.GetImageMirror()); err != nil {
+		return nil, fmt.Errorf("image_mirror: %w", err)
+	}
 	secret, err := derive.GetDataKey(context.Background(), keys.MeasurementSecretID, keys.MeasurementSecretSize)
 	if err != nil {
 		return nil, err
@@ -465,6 +469,12 @@ func (s *InitServer) execute(ctx context.Context, j *initJob, p *initPlan, log *
 	step("install-components", fmt.Sprintf("Installing the %d pinned components of Kubernetes %s", len(p.req.GetKubernetesComponents()), p.req.GetKubernetesVersion()))
 	if err := machine.Installer.Install(ctx, p.req.GetKubernetesComponents()); err != nil {
 		return nil, err
+	}
+	if im := p.req.GetImageMirror(); im != nil {
+		step("image-mirror", "Pulling images from the mirror "+im.GetRegistry())
+		if err := machine.writeImageMirror(im); err != nil {
+			return nil, err
+		}
 	}
 
 	step("pki", "Generating the cluster CA and this node's kubelet serving certificate")

@@ -190,14 +190,20 @@ func TestInit(t *testing.T) {
 	ctx := t.Context()
 	first := f.node.machine.FirstBootKey
 	var initConfig string // what kubeadm init was given (removed after it)
+	// containerd's hosts.toml for the image mirror, as kubeadm init found it.
+	pauseHosts := filepath.Join(f.node.machine.Root, DefaultContainerdHostsDir, "registry.k8s.io", "hosts.toml")
+	var hostsAtInit string
 	f.node.runner.onRun = func(args []string) {
 		if i := slices.Index(args, "--config"); args[0] == "init" && i >= 0 && i+1 < len(args) {
 			data, _ := os.ReadFile(args[i+1])
 			initConfig = string(data)
+			hosts, _ := os.ReadFile(pauseHosts)
+			hostsAtInit = string(hosts)
 		}
 	}
 	// The cluster configuration's mirror (docs/install-airgapped.md).
 	f.req.ImageRepository = "mirror.example:5000/registry.k8s.io"
+	f.req.ImageMirror = &componentsv1.ImageMirror{Registry: "mirror.example:5000", Upstreams: []string{"registry.k8s.io", "docker.io"}}
 	stream, err := f.client.Init(ctx, f.req)
 	if err != nil {
 		t.Fatal(err)
@@ -209,9 +215,17 @@ func TestInit(t *testing.T) {
 	if failure := final.GetFailure(); failure != nil {
 		t.Fatalf("init failed: %s\n%s", failure.GetError(), gunzip(t, failure.GetLogsGzip()))
 	}
-	want := "node-lock,rekey-state-disk,install-components,pki,kubeadm-config,kubeadm-init,node-binding,admin-kubeconfig"
+	want := "node-lock,rekey-state-disk,install-components,image-mirror,pki,kubeadm-config,kubeadm-init,node-binding,admin-kubeconfig"
 	if got := strings.Join(steps, ","); got != want {
 		t.Fatalf("progress steps %s, want %s", got, want)
+	}
+	// containerd pulls the pause image (and every registry.k8s.io and
+	// docker.io image) from the mirror, configured before kubeadm pulls.
+	if !strings.Contains(hostsAtInit, `[host."https://mirror.example:5000/v2/registry.k8s.io"]`) {
+		t.Errorf("when kubeadm init ran, %s held %q, want the mirror's host", pauseHosts, hostsAtInit)
+	}
+	if data, err := os.ReadFile(filepath.Join(f.node.machine.Root, DefaultContainerdHostsDir, "docker.io", "hosts.toml")); err != nil || !strings.Contains(string(data), `[host."https://mirror.example:5000/v2/docker.io"]`) {
+		t.Errorf("docker.io's hosts.toml: %v\n%s", err, data)
 	}
 	wantID, diskKey := f.expected(t)
 	if got := f.bindings.of(f.node.machine.Node.Name); got != f.node.identity(t) {
@@ -422,6 +436,12 @@ func TestInitInvalidRequest(t *testing.T) {
 		"components": {func(r *initservicev1.InitRequest) { r.KubernetesComponents[0].Hash = "md5:x" }, "kubernetes_components[0]"},
 		"version":    {func(r *initservicev1.InitRequest) { r.KubernetesVersion = "latest" }, "kubernetes version"},
 		"cidr":       {func(r *initservicev1.InitRequest) { r.PodCidr = "10.244.0.0" }, "pod CIDR"},
+		"image mirror registry": {func(r *initservicev1.InitRequest) {
+			r.ImageMirror = &componentsv1.ImageMirror{Registry: "https://mirror.example", Upstreams: []string{"registry.k8s.io"}}
+		}, `image_mirror: image mirror: registry "https://mirror.example"`},
+		"image mirror upstream": {func(r *initservicev1.InitRequest) {
+			r.ImageMirror = &componentsv1.ImageMirror{Registry: "mirror.example:5000", Upstreams: []string{"../../etc/kubernetes"}}
+		}, `image_mirror: image mirror: upstream "../../etc/kubernetes"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newInitFixture(t)

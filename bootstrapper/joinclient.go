@@ -177,6 +177,9 @@ func (c *JoinClient) setUp(ctx context.Context, t *joinservicev1.IssueJoinTicket
 	if err := machine.Installer.Install(ctx, t.GetKubernetesComponents()); err != nil {
 		return err
 	}
+	if err := machine.writeImageMirror(t.GetImageMirror()); err != nil {
+		return err
+	}
 	params := kubeadm.JoinParams{
 		Node:              machine.Node,
 		Kubelet:           machine.Kubelet,

@@ -77,6 +77,10 @@ type Machine struct {
 	// KubeletLogs returns the kubelet's recent log for failure reports;
 	// nil reports none. JournalKubeletLogs reads systemd's journal.
 	KubeletLogs func(ctx context.Context) ([]byte, error)
+	// ContainerdHostsDir is containerd's config_path on the node, where
+	// an ImageMirror's hosts.toml files go (writeImageMirror); ""
+	// is DefaultContainerdHostsDir.
+	ContainerdHostsDir string
 }
 
 // JournalKubeletLogs returns the last 200 lines of kubelet.service's log.

@@ -122,6 +122,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 		PodCidr:                    cfg.Networking.PodCIDR,
 		KubeletCertLifetimeSeconds: uint32(cfg.KubeletCertLifetime() / time.Second),
 		ImageRepository:            cfg.Mirror.ImageRepository(),
+		ImageMirror:                cfg.Mirror.NodeImageMirror(),
 	}
 	appraisal, err := cfg.Appraisal(nil)
 	if err != nil {

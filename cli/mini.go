@@ -115,6 +115,7 @@ func newMiniUpCmd() *cobra.Command {
 	f.StringVar(&opts.Provider, "provider", mini.ProviderNetNS, "what every node is: "+mini.ProviderNetNS+" (namespaces on this machine) or "+mini.ProviderQEMU+" (a VM of the node image)")
 	f.IntVar(&opts.VMWorkers, "vm-workers", 0, "how many of the workers (the last ones) are VMs of the node image, the rest "+mini.ProviderNetNS+" nodes")
 	f.StringVar(&opts.NodeImage, "node-image", "", "directory of the node image VMs boot, as `make image` or hack/node-image.sh prints it; also for VM workers added later, whose signed values the join policy then accepts")
+	f.BoolVar(&opts.MirrorImages, "mirror-images", false, "install images as a cluster without internet does: the configuration's mirror names the cluster's registry, the local images are pushed there at the mirror's paths, and the nodes pull every image from it (docs/install-airgapped.md)")
 	f.StringSliceVar(&tampered, "tamper", nil, "workers that measure a changed boot manifest (to see a refusal)")
 	_ = f.MarkHidden("tamper")
 	return cmd

@@ -233,3 +233,23 @@ func TestMiniUpRelease(t *testing.T) {
 		})
 	}
 }
+
+// Two answers to where the images come from are refused, not merged: a
+// --release-registry and the cluster configuration's mirror.registry.
+func TestUpgradeApplyReleaseRegistryAndMirror(t *testing.T) {
+	built, pub := smallRelease(t)
+	n := startNode(t)
+	n.patch = func(config string) string { return config + "\nmirror:\n  registry: mirror.example:5000\n" }
+	dir := t.TempDir()
+	config := writeConfig(t, dir, n, false)
+	cmd := NewRootCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs([]string{"upgrade", "apply", "--release", built, "--release-key", pub, "--release-registry", "registry.example:5000/copies",
+		"--config", config, "--kubeconfig", filepath.Join(dir, "admin.conf"), "--backup-dir", t.TempDir()})
+	err := cmd.Execute()
+	if err == nil || !strings.Contains(err.Error(), "--release-registry and the configuration's mirror.registry both say where the images come from") {
+		t.Fatalf("upgrade apply = %v, want the two registries refused\n%s", err, out.String())
+	}
+}

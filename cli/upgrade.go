@@ -105,6 +105,26 @@ func newUpgradeApplyCmd() *cobra.Command {
 				}
 				opts.BackupRoot = wd
 			}
+			if k.config != "" {
+				cfg, err := clusterconfig.Load(k.config)
+				if err != nil {
+					return fmt.Errorf("--config: %w", err)
+				}
+				mirrored, err := mirrorReleaseValues(cfg.Mirror, opts.Charts)
+				if err != nil {
+					return err
+				}
+				if mirrored != nil && rel.registry != "" {
+					return errors.New("--release-registry and the configuration's mirror.registry both say where the images come from: give one")
+				}
+				// The mirror's repositories over a --release's (its digests kept).
+				for name, v := range mirrored {
+					if opts.Values == nil {
+						opts.Values = map[string]map[string]any{}
+					}
+					opts.Values[name] = mergeReleaseValues(opts.Values[name], v)
+				}
+			}
 			if k.version != "" {
 				return rollKubernetes(cmd.Context(), k, opts)
 			}
@@ -124,7 +144,7 @@ func newUpgradeApplyCmd() *cobra.Command {
 	f.BoolVar(&opts.Wait, "wait", true, "wait for upgraded resources to be ready (a release that does not become ready is rolled back)")
 	f.StringVar(&k.version, "kubernetes", "", "move the cluster to this Kubernetes release first: 1.MINOR (its patch release from the versions table) or v1.MINOR.PATCH; supported: "+strings.Join(versions.Supported(), ", "))
 	f.StringVar(&k.kubeBin, "kube-bin", "", "with --kubernetes: take kubelet, kubeadm and kubectl from this local build (hack/kube-binaries.sh; file:// URLs the nodes can read, sha256 computed) instead of the official downloads")
-	f.StringVar(&k.config, "config", "", "with --kubernetes: cluster configuration whose mirror the nodes download the components from (docs/install-airgapped.md); empty: the official downloads")
+	f.StringVar(&k.config, "config", "", "cluster configuration whose mirror is used (docs/install-airgapped.md): with --kubernetes the nodes download the components from it; its registry gives the Gatehouse releases' images and the join config's imageMirror; empty: the official downloads and registries")
 	f.BoolVar(&k.roll.ForceDrain, "force-drain", false, "with --kubernetes: also evict pods no controller manages (kubectl drain --force); without it such a pod stops the roll")
 	f.DurationVar(&k.roll.NodeTimeout, "node-timeout", kuberoll.DefaultNodeTimeout, "with --kubernetes: time one node may take (drain, kubeadm, kubelet, Ready)")
 	f.DurationVar(&k.roll.DrainTimeout, "drain-timeout", kuberoll.DefaultDrainTimeout, "with --kubernetes: time a drain may take (evictions a PodDisruptionBudget refuses are retried until then)")
@@ -187,16 +207,12 @@ func rollKubernetes(ctx context.Context, k kubeRollFlags, opts upgrade.Options) 
 	if err != nil {
 		return err
 	}
-	// Kept beside the image a --release pins (releaseCharts).
 	if opts.Values == nil {
 		opts.Values = map[string]map[string]any{}
 	}
-	if opts.Values[joinServiceRelease] == nil {
-		opts.Values[joinServiceRelease] = map[string]any{}
-	}
-	opts.Values[joinServiceRelease]["joinConfig"] = map[string]any{
+	opts.Values[joinServiceRelease] = mergeReleaseValues(opts.Values[joinServiceRelease], map[string]any{"joinConfig": map[string]any{
 		"kubernetesVersion": release.Version, "kubernetesComponents": encoded,
-	}
+	}})
 	roll := k.roll
 	roll.Client, roll.Agent, roll.Release, roll.Components, roll.DryRun, roll.Out = client, agents, release, nodeComponents, opts.DryRun, opts.Out
 	roll.SwitchJoinConfig = func(ctx context.Context) error {

@@ -548,8 +548,13 @@ func (h *harness) joinConfigData(t testing.TB, override map[uint32]string) map[s
 		joinconfig.KeyKubernetesVersion:    "v1.36.4",
 		joinconfig.KeyKubernetesComponents: string(components),
 		joinconfig.KeyNodeCIDRs:            testNodeCIDR,
+		joinconfig.KeyImageMirror:          testImageMirror,
 	}
 }
+
+// testImageMirror is the join config's image mirror, which every ticket
+// carries.
+const testImageMirror = `{"registry":"mirror.example:5000","plainHttp":true,"upstreams":["registry.k8s.io","docker.io"]}`
 
 // referenceValues returns, in the policy's file form, the values artefacts
 // leave in pcrs.

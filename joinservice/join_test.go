@@ -87,6 +87,9 @@ func (h *harness) checkTicket(t testing.TB, resp *joinservicev1.IssueJoinTicketR
 	if resp.GetKubernetesVersion() != "v1.36.4" || len(resp.GetKubernetesComponents()) != 1 {
 		t.Errorf("version %q with %d components", resp.GetKubernetesVersion(), len(resp.GetKubernetesComponents()))
 	}
+	if im := resp.GetImageMirror(); im.GetRegistry() != "mirror.example:5000" || !im.GetPlainHttp() || !slices.Equal(im.GetUpstreams(), []string{"registry.k8s.io", "docker.io"}) {
+		t.Errorf("image mirror %v, want the join config's %s", im, testImageMirror)
+	}
 }
 
 // checkTokenSecret asserts the bootstrap token Secret of token is kubeadm's.

@@ -266,6 +266,7 @@ func (s *Server) issueJoinTicket(ctx context.Context, req *joinservicev1.IssueJo
 		DiscoveryTokenCaCertHash: s.cfg.CA.DiscoveryTokenCACertHash(),
 		KubernetesVersion:        join.KubernetesVersion,
 		KubernetesComponents:     join.Components,
+		ImageMirror:              join.ImageMirror,
 	}
 	if role == policy.RoleControlPlane {
 		if resp.ControlPlaneFiles, err = s.controlPlaneFiles(); err != nil {

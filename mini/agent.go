@@ -196,6 +196,10 @@ func startRuntime(ctx context.Context, spec *NodeSpec, procs *processes, log *sl
 	if err := startContainerd(ctx, spec, procs); err != nil {
 		return err
 	}
+	if spec.MirrorImages {
+		log.Info("The node imports no images: it pulls every one from the mirror")
+		return nil
+	}
 	marker := filepath.Join(spec.Dir, imagesImportedFile)
 	if have, err := os.ReadFile(marker); err == nil && spec.ImagesDigest != "" && strings.TrimSpace(string(have)) == spec.ImagesDigest {
 		log.Info("The node's images are in its containerd (from the cluster's containerd seed, or imported at an earlier boot)")
@@ -388,7 +392,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 func startContainerd(ctx context.Context, spec *NodeSpec, procs *processes) error {
 	cfg := filepath.Join(spec.Dir, "containerd.toml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, containerdConfig, spec.PauseImage, spec.Network.RegistryAddress()), 0o644); err != nil { //nolint:gosec // not secret
+	data, err := nodeContainerdConfig(spec)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(cfg, data, 0o644); err != nil { //nolint:gosec // not secret
 		return err
 	}
 	procs.start(ctx, "containerd", "containerd", "--config", cfg)
@@ -520,6 +528,7 @@ func runBootstrapper(ctx context.Context, spec *NodeSpec) error {
 		"--kubelet-service", "none",
 	)
 	args = append(args, controlPlaneEnvArgs()...)
+	args = append(args, mirrorImagesArgs(spec)...)
 	if len(spec.JoinEndpoints) > 0 {
 		// A local cluster's nodes ask again soon: the join service starts
 		// while they wait (the default backoff grows to a minute).

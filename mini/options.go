@@ -60,6 +60,10 @@ type Options struct {
 	BootManifest func(node string, manifest []byte) []byte
 	// Out receives progress.
 	Out io.Writer
+	// MirrorImages makes the nodes pull every image from the cluster's
+	// registry as the mirror of the cluster configuration
+	// (mirrorimages.go), instead of importing the local images.
+	MirrorImages bool
 	// Provider names the node provider of every node (ProviderNetNS when
 	// empty, or ProviderQEMU).
 	Provider string

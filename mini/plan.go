@@ -93,6 +93,7 @@ func (u *up) newSpec(base nodeBase, i int, name string) *NodeSpec {
 		BootManifest: manifest, InitSecretHashFile: base.hashFile, TPMCA: base.tpmCA.Dir,
 	}
 	s.place(u.opts.Dir, i, name)
+	u.mirrorImagesSpec(s)
 	return s
 }
 

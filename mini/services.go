@@ -37,7 +37,6 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	componentlist "github.com/gatehouse-dev/gatehouse/internal/components"
 	"github.com/gatehouse-dev/gatehouse/internal/helm"
-	"github.com/gatehouse-dev/gatehouse/internal/mirror"
 )
 
 func randRead(b []byte) (int, error) { return rand.Read(b) }
@@ -70,7 +69,7 @@ func writeClusterConfig(path string, opts Options, manifest []byte, tpmCA swtpm.
 		PCRs: PCRs, EKRoots: string(root), EKIntermediates: string(intermediate), ServiceCIDR: serviceCIDR, PodCIDR: "10.244.0.0/16",
 		ControlPlaneEndpoint: controlPlaneEndpoint, KubeletCertLifetime: opts.KubeletCertLifetime,
 		// The nodes download from the cluster's mirror (mirror.go).
-		Mirror: &mirror.Mirror{Files: opts.Network.mirrorURL()},
+		Mirror: opts.clusterMirror(),
 	}
 	if opts.NodeImage != "" {
 		if err := acceptVMNodes(context.Background(), &tv, opts.NodeImage); err != nil {
@@ -232,7 +231,11 @@ func deployServices(ctx context.Context, opts Options, cp *NodeSpec, kubeconfig,
 		// nodes retry until a join service answers.
 		install.ReleaseName, install.Namespace = r.name, charts.Namespace
 		install.Timeout = 3 * time.Minute
-		if _, err := install.RunWithContext(ctx, c, r.values); err != nil {
+		values, err := mirrorChartValues(opts, c, r.name, r.values)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := install.RunWithContext(ctx, c, values); err != nil {
 			return nil, fmt.Errorf("installing the %s chart: %w", r.name, err)
 		}
 	}

@@ -51,6 +51,9 @@ type NodeSpec struct {
 	// empty without one.
 	ImagesDigest string `json:"imagesDigest,omitempty"`
 	ImagesSeed   string `json:"imagesSeed,omitempty"`
+	// MirrorImages: the node imports no images and pulls every one from
+	// the cluster's mirror registry (mirrorimages.go).
+	MirrorImages bool `json:"mirrorImages,omitempty"`
 	// PodCIDR is the node's pod range for its CNI bridge.
 	PodCIDR string `json:"podCIDR"`
 	// CgroupRoot is the node's kubelet cgroup root.

@@ -56,6 +56,9 @@ func Up(ctx context.Context, opts Options) (err error) {
 	if err := u.startRegistry(ctx); err != nil {
 		return err
 	}
+	if err := u.pushMirrorImages(ctx, images); err != nil {
+		return err
+	}
 	plan := u.planNodes(nodeBase{images: images, tpmCA: tpmCA, hashFile: secret.hashFile})
 	// The first control plane boots; the other nodes are made meanwhile,
 	// and those that may boot before the cluster exists boot.

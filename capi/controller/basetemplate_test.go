@@ -154,5 +154,17 @@ func TestMirror(t *testing.T) {
 	if !strings.Contains(string(config), "imageRepository: mirror.example:5000/registry.k8s.io") {
 		t.Fatalf("the kubeadm configuration does not pull from the mirror:\n%s", config)
 	}
+	// kubeadm names CoreDNS <imageRepository>/coredns unless told: the
+	// mirror keeps its coredns/coredns path.
+	if !strings.Contains(string(config), "imageRepository: mirror.example:5000/registry.k8s.io/coredns") {
+		t.Fatalf("the kubeadm configuration does not pull CoreDNS from its mirrored path:\n%s", config)
+	}
 	kubeadmValidate(t, config)
+	// containerd pulls the pause image and every registry.k8s.io and
+	// docker.io image from the mirror.
+	for upstream, host := range map[string]string{"registry.k8s.io": "https://mirror.example:5000/v2/registry.k8s.io", "docker.io": "https://mirror.example:5000/v2/docker.io"} {
+		if hosts := string(files["/etc/containerd/certs.d/"+upstream+"/hosts.toml"]); !strings.Contains(hosts, `[host."`+host+`"]`) {
+			t.Errorf("the machine's containerd hosts file for %s:\n%s", upstream, hosts)
+		}
+	}
 }

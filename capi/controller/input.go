@@ -91,11 +91,18 @@ func (r *Reconciler) commonInput(ctx context.Context, s *scope, role render.Role
 		// kubeadm pulls the control plane's images from the mirror
 		// (docs/install-airgapped.md); a config's own imageRepository wins.
 		spec.ClusterConfiguration.ImageRepository = repo
+		if spec.ClusterConfiguration.DNS.ImageRepository == "" {
+			spec.ClusterConfiguration.DNS.ImageRepository = r.mirror.DNSImageRepository()
+		}
 	}
 	if err := r.resolveUsers(ctx, s.config, spec); err != nil {
 		return in, err
 	}
-	in.Files, err = r.resolveFiles(ctx, s.config, s.cluster)
+	if in.Files, err = r.resolveFiles(ctx, s.config, s.cluster); err != nil {
+		return in, err
+	}
+	hosts, err := containerdHostsFiles(r.mirror)
+	in.Files = append(in.Files, hosts...)
 	return in, err
 }
 

@@ -71,6 +71,10 @@ type options struct {
 	skipPhases      []string
 	kubeProxy       kubeadm.KubeProxyOptions
 	controlPlaneEnv []kubeadm.ComponentEnv
+
+	// containerdHostsDir is containerd's config_path, where an image
+	// mirror's hosts.toml files go.
+	containerdHostsDir string
 	// controlPlaneWait is kubeadm init's wait for the control plane.
 	controlPlaneWait time.Duration
 	// encryptSecrets makes a cluster this node initialises encrypt Secrets
@@ -122,6 +126,7 @@ func parseFlags(name string, args []string, hostname string) (*options, error) {
 	fs.BoolVar(&o.kubelet.SharedDisk, "kubelet-shared-disk", false, "the kubelet shares the host's disk and cannot pull its images again (local cluster nodes): no image garbage collection, eviction for memory only")
 	fs.BoolVar(&o.kubelet.ServingCert, "kubelet-serving-cert", true, "serve the kubelet with a cluster-CA-signed certificate and verify kubelets in the API server")
 	fs.StringVar(&o.imageRepository, "image-repository", "", "control-plane image repository for kubeadm init")
+	fs.StringVar(&o.containerdHostsDir, "containerd-hosts-dir", bootstrapper.DefaultContainerdHostsDir, "containerd's config_path: where the cluster's image mirror is written as <upstream>/hosts.toml (docs/install-airgapped.md)")
 	pullPolicy := fs.String("image-pull-policy", "", "control-plane image pull policy: Always, IfNotPresent or Never")
 	skipPhases := fs.String("skip-phases", "", "comma-separated kubeadm init phases to skip")
 	fs.BoolVar(&o.kubeProxy.MasqueradeAll, "kube-proxy-masquerade-all", false, "kube-proxy SNATs all Service traffic (nodes whose pod bridge bypasses iptables)")

@@ -173,6 +173,8 @@ func newMachine(log *slog.Logger, o *options, disk *statedisk.Disk, deviceMapper
 		Kubelet:     o.kubelet,
 		Log:         log,
 		KubeletLogs: bootstrapper.JournalKubeletLogs,
+
+		ContainerdHostsDir: o.containerdHostsDir,
 	}
 	ok, why := deviceMapper()
 	switch {

@@ -435,7 +435,9 @@ kubeletCertificateLifetime: {{if .KubeletCertLifetime}}{{.KubeletCertLifetime}}{
 # Installs without internet (docs/install-airgapped.md): a mirror you run.
 # Every Kubernetes component nodes download comes from the file server at
 #   <files>/<original host>/<original path>
-# and the control plane's images from the registry at
+# and every image the nodes pull (the control plane's, the pause image, the
+# Gatehouse services', workloads' of registry.k8s.io and docker.io) from the
+# registry at
 #   <registry>/<original registry>/<repository>
 # with the same pinned sha256 digests; a changed file is refused.
 # gatehouse mirror list and gatehouse mirror sync fill such a mirror.
@@ -447,10 +449,14 @@ mirror:
 {{- if .Registry}}
   registry: {{json .Registry}}
 {{- end}}
+{{- if .PlainHTTP}}
+  plainHTTP: true
+{{- end}}
 {{- else}}
 # mirror:
 #   files: https://mirror.example/files
 #   registry: mirror.example:5000
+#   plainHTTP: false   # true: the nodes' containerd speaks HTTP to the registry
 {{- end}}
 `))
 

@@ -27,8 +27,10 @@ import (
 // "kube-apiserver Audit Configuration (v1)").
 const (
 	kubeadmAPIVersion = "kubeadm.k8s.io/v1beta4"
-	kubeletAPIVersion = "kubelet.config.k8s.io/v1beta1"
-	auditAPIVersion   = "audit.k8s.io/v1"
+	// defaultImageRepository is kubeadm's default imageRepository.
+	defaultImageRepository = "registry.k8s.io"
+	kubeletAPIVersion      = "kubelet.config.k8s.io/v1beta1"
+	auditAPIVersion        = "audit.k8s.io/v1"
 )
 
 // Paths the generated configuration refers to on the node.
@@ -494,6 +496,13 @@ func (p InitParams) Render() ([]byte, error) {
 			{Name: "controllers", Value: controllerManagerControllers},
 		}, p.leaderElectionArgs()...)...)},
 		Scheduler: kubeadmv1beta4.ControlPlaneComponent{ExtraArgs: hardenedArgs(p.leaderElectionArgs()...)},
+	}
+	if strings.HasSuffix(p.ImageRepository, "/"+defaultImageRepository) {
+		// A mirror of registry.k8s.io (<registry>/registry.k8s.io,
+		// docs/install-airgapped.md) keeps CoreDNS's coredns/coredns
+		// path: kubeadm adds the extra coredns/ only for its default
+		// registry (kubeadm's images.GetDNSImage).
+		cluster.DNS.ImageRepository = p.ImageRepository + "/coredns"
 	}
 	setComponentEnv(cluster, p.ControlPlaneEnv)
 	docs := []any{init, cluster, p.Kubelet.kubeletConfiguration()}

@@ -48,6 +48,10 @@ type Mirror struct {
 	// optional repository prefix, without a scheme (e.g.
 	// mirror.example:5000 or mirror.example/k8s).
 	Registry string `json:"registry,omitempty"`
+	// PlainHTTP makes the nodes' containerd speak plain HTTP to Registry
+	// instead of HTTPS (a registry on the cluster's own network; digests
+	// are checked either way). Needs Registry.
+	PlainHTTP bool `json:"plainHTTP,omitempty"`
 }
 
 // Validate checks both fields; the error names each field that is wrong
@@ -68,6 +72,9 @@ func (m *Mirror) Validate() error {
 		case u.Scheme != "http" && u.Scheme != "https", u.Host == "", u.RawQuery != "", u.Fragment != "", u.User != nil:
 			errs = append(errs, fmt.Errorf("files %q is not an http:// or https:// URL with a host and no query, fragment or user, such as https://mirror.example/files", m.Files))
 		}
+	}
+	if m.PlainHTTP && m.Registry == "" {
+		errs = append(errs, errors.New("plainHTTP is set without registry: set registry (host[:port] of the OCI registry) or remove plainHTTP"))
 	}
 	if m.Registry != "" {
 		if strings.Contains(m.Registry, "://") || strings.HasSuffix(m.Registry, "/") {
@@ -165,6 +172,19 @@ func (m *Mirror) ImageRepository() string {
 		return ""
 	}
 	return m.Registry + "/" + kubeadmRegistry
+}
+
+// DNSImageRepository returns kubeadm's dns.imageRepository for the
+// mirror (<registry>/registry.k8s.io/coredns), or "" without Registry.
+// kubeadm names CoreDNS registry.k8s.io/coredns/coredns only for its
+// default imageRepository and <imageRepository>/coredns for any other
+// (kubeadm's images.GetDNSImage): without this, a mirrored cluster would
+// pull <registry>/registry.k8s.io/coredns, which is not the mapped name.
+func (m *Mirror) DNSImageRepository() string {
+	if repo := m.ImageRepository(); repo != "" {
+		return repo + "/coredns"
+	}
+	return ""
 }
 
 // registryName is a registry's part of a mirrored repository: Docker Hub

@@ -29,6 +29,8 @@ func TestValidate(t *testing.T) {
 		{"registry with a trailing slash", &Mirror{Registry: "mirror.example/"}, "trailing slash"},
 		{"registry that is a Docker Hub user", &Mirror{Registry: "mirror"}, "not a host"},
 		{"registry with upper case", &Mirror{Registry: "mirror.example/K8S"}, "not host[:port][/prefix]"},
+		{"plain http registry", &Mirror{Registry: "10.88.1.1:5000", PlainHTTP: true}, ""},
+		{"plain http without a registry", &Mirror{Files: "http://10.88.0.1:5080", PlainHTTP: true}, "plainHTTP is set without registry"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.m.Validate()

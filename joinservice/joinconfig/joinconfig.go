@@ -25,6 +25,7 @@ import (
 	"github.com/gatehouse-dev/gatehouse/internal/clusterpki"
 	"github.com/gatehouse-dev/gatehouse/internal/components"
 	"github.com/gatehouse-dev/gatehouse/internal/keys"
+	"github.com/gatehouse-dev/gatehouse/internal/mirror"
 )
 
 // Keys of the join config ConfigMap (docs/joinservice.md shows an example).
@@ -51,6 +52,11 @@ const (
 	// attestation does about a node that stops proving itself, as YAML
 	// (ContinuousAttestation; docs/continuous-attestation.md).
 	KeyContinuousAttestation = "continuousAttestation"
+	// KeyImageMirror optionally holds the registry joiners' containerd
+	// pulls every image from, gatehouse.components.v1.ImageMirror in
+	// protobuf JSON form (the cluster configuration's mirror.registry;
+	// docs/install-airgapped.md).
+	KeyImageMirror = "imageMirror"
 )
 
 // ContinuousAttestation is what continuous attestation does about a node
@@ -141,6 +147,9 @@ type JoinConfig struct {
 	KubernetesVersion string
 	// Components are what a node installs for KubernetesVersion.
 	Components []*componentsv1.Component
+	// ImageMirror is where joiners' containerd pulls images from; nil
+	// leaves their containerd's configuration as it is.
+	ImageMirror *componentsv1.ImageMirror
 	// Summary describes the config for logs: variant, PCRs, a digest of the
 	// reference values.
 	Summary string
@@ -192,6 +201,9 @@ func ParseJoinConfig(data map[string]string, variant attestation.Variant, now fu
 	}
 	if cfg.Components, err = parseComponents([]byte(data[KeyKubernetesComponents])); err != nil {
 		return nil, fmt.Errorf("join config: %s: %w", KeyKubernetesComponents, err)
+	}
+	if cfg.ImageMirror, err = mirror.ParseImageMirror(data[KeyImageMirror]); err != nil {
+		return nil, fmt.Errorf("join config: %s: %w", KeyImageMirror, err)
 	}
 	if cfg.NodeCIDRs, err = parseNodeCIDRs(data[KeyNodeCIDRs]); err != nil {
 		return nil, fmt.Errorf("join config: %s: %w", KeyNodeCIDRs, err)

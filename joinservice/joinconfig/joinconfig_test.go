@@ -111,6 +111,10 @@ func TestParseJoinConfig(t *testing.T) {
 		{name: "node CIDR not a CIDR", data: change(KeyNodeCIDRs, "10.0.0.0/8, nope"), wantErr: `nodeCIDRs: "nope" is not a CIDR`},
 		{name: "node CIDR covering everything", data: change(KeyNodeCIDRs, "0.0.0.0/0"), wantErr: "covers every address"},
 		{name: "DNS suffix invalid", data: change(KeyNodeDNSSuffixes, "Example_Com"), wantErr: "is not a DNS suffix"},
+		{name: "image mirror not JSON", data: change(KeyImageMirror, "mirror.example:5000"), wantErr: "imageMirror: not an image mirror"},
+		{name: "image mirror unknown field", data: change(KeyImageMirror, `{"registry":"mirror.example:5000","upstreams":["docker.io"],"insecure":true}`), wantErr: "imageMirror: not an image mirror"},
+		{name: "image mirror escaping upstream", data: change(KeyImageMirror, `{"registry":"mirror.example:5000","upstreams":["../x"]}`), wantErr: `imageMirror: image mirror: upstream "../x"`},
+		{name: "image mirror registry with scheme", data: change(KeyImageMirror, `{"registry":"http://mirror.example:5000","upstreams":["docker.io"]}`), wantErr: `imageMirror: image mirror: registry "http://mirror.example:5000"`},
 		{name: "reference value for the node-lock PCR", data: policy(func(s string) string {
 			return strings.Replace(s, "referenceValues:\n", "referenceValues:\n  15: {expected: \""+strings.Repeat("00", 32)+"\"}\n", 1)
 		}), wantErr: "must not set PCR 15"},
@@ -199,6 +203,37 @@ func TestContinuousAttestation(t *testing.T) {
 			}
 			if cfg.ContinuousAttestation != tc.want {
 				t.Fatalf("got %+v, want %+v", cfg.ContinuousAttestation, tc.want)
+			}
+		})
+	}
+}
+
+// TestParseJoinConfigImageMirror: the optional imageMirror key reaches the
+// JoinConfig as written; without it joiners get none.
+func TestParseJoinConfigImageMirror(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		want        string // the registry; "" for none
+		plainHTTP   bool
+	}{
+		{name: "absent"},
+		{name: "blank", value: " \n"},
+		{name: "set", value: `{"registry":"10.88.1.1:5000","plainHttp":true,"upstreams":["registry.k8s.io","docker.io"]}`, want: "10.88.1.1:5000", plainHTTP: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := validData(t)
+			if tc.value != "" {
+				d[KeyImageMirror] = tc.value
+			}
+			cfg, err := ParseJoinConfig(d, attestation.VariantTPM, time.Now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.ImageMirror.GetRegistry(); got != tc.want || cfg.ImageMirror.GetPlainHttp() != tc.plainHTTP {
+				t.Errorf("image mirror %v, want registry %q plainHttp %v", cfg.ImageMirror, tc.want, tc.plainHTTP)
+			}
+			if tc.want != "" && len(cfg.ImageMirror.GetUpstreams()) != 2 {
+				t.Errorf("upstreams %v", cfg.ImageMirror.GetUpstreams())
 			}
 		})
 	}

@@ -34,7 +34,12 @@ import (
 // while the mirror answers. Then the mirror serves a changed kubelet: a
 // worker that joins refuses it, its bootstrap fails naming the file, its
 // mirror URL and both digests, nothing is installed on it and it is no
-// Node. One control plane, no worker at first: about a minute.
+// Node. Its images come from the mirror too (mini up --mirror-images): the
+// cluster's registry as the configuration's mirror.registry, the nodes
+// seeded with no image; cp-0 pulled every image it runs from the mirror's
+// paths, and an image the mirror serves changed under its pinned digest is
+// refused (mirrorimages_test.go). One control plane, no worker at first:
+// about a minute and a half.
 func TestMirrorInstall(t *testing.T) {
 	testenv.RequireRoot(t)
 	if err := mini.CheckPrerequisites(); err != nil {
@@ -52,7 +57,7 @@ func TestMirrorInstall(t *testing.T) {
 		}
 	})
 	start := time.Now()
-	out, err := clustertest.Gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)), "--control-planes", "1", "--workers", "0")
+	out, err := clustertest.Gatehouse(t, bin, "mini", "up", "--dir", dir, "--network", strconv.Itoa(int(network)), "--control-planes", "1", "--workers", "0", "--mirror-images")
 	if err != nil {
 		t.Fatalf("mini up: %v\n%s\n%s", err, out, nodeLogs(dir))
 	}
@@ -64,8 +69,8 @@ func TestMirrorInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Mirror == nil || cfg.Mirror.Files != files {
-		t.Fatalf("the cluster configuration's mirror is %+v, want files %s", cfg.Mirror, files)
+	if cfg.Mirror == nil || cfg.Mirror.Files != files || cfg.Mirror.Registry != network.RegistryAddress() || !cfg.Mirror.PlainHTTP {
+		t.Fatalf("the cluster configuration's mirror is %+v, want files %s and registry %s (plain HTTP)", cfg.Mirror, files, network.RegistryAddress())
 	}
 	client := clustertest.Client(t, filepath.Join(dir, clusterconfig.DefaultKubeconfig))
 	joinConfig, err := client.CoreV1().ConfigMaps(charts.Namespace).Get(ctx, "gatehouse-join-config", metav1.GetOptions{})
@@ -97,6 +102,14 @@ func TestMirrorInstall(t *testing.T) {
 
 	t.Run("no route out: only the cluster network and the mirror", func(t *testing.T) {
 		assertNoRouteOut(ctx, t, dir, network, "cp-0")
+	})
+
+	t.Run("every image from the mirror registry", func(t *testing.T) {
+		assertImagesFromMirror(ctx, t, dir, network, joinConfig.Data["imageMirror"])
+	})
+
+	t.Run("a mirror serving a changed image is refused", func(t *testing.T) {
+		assertChangedImageRefused(ctx, t, dir, network, client)
 	})
 
 	t.Run("a mirror serving a changed kubelet is refused", func(t *testing.T) {

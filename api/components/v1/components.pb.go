@@ -96,6 +96,76 @@ func (x *Component) GetExtract() bool {
 	return false
 }
 
+// ImageMirror is the OCI registry a node's containerd pulls images from in
+// place of their own registries (docs/install-airgapped.md): the cluster
+// configuration's mirror.registry. The node writes containerd's hosts.toml
+// for each upstream, sending its pulls to <registry>/<upstream>/<repository>;
+// containerd checks every blob against its digest, whatever the host.
+type ImageMirror struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The mirror registry, host[:port][/prefix] without a scheme, e.g.
+	// "mirror.example:5000".
+	Registry string `protobuf:"bytes,1,opt,name=registry,proto3" json:"registry,omitempty"`
+	// Whether the mirror speaks plain HTTP instead of HTTPS.
+	PlainHttp bool `protobuf:"varint,2,opt,name=plain_http,json=plainHttp,proto3" json:"plain_http,omitempty"`
+	// Registries whose pulls go to the mirror, host[:port] each, e.g.
+	// "registry.k8s.io", "docker.io". At most 16.
+	Upstreams     []string `protobuf:"bytes,3,rep,name=upstreams,proto3" json:"upstreams,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageMirror) Reset() {
+	*x = ImageMirror{}
+	mi := &file_components_v1_components_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageMirror) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageMirror) ProtoMessage() {}
+
+func (x *ImageMirror) ProtoReflect() protoreflect.Message {
+	mi := &file_components_v1_components_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageMirror.ProtoReflect.Descriptor instead.
+func (*ImageMirror) Descriptor() ([]byte, []int) {
+	return file_components_v1_components_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ImageMirror) GetRegistry() string {
+	if x != nil {
+		return x.Registry
+	}
+	return ""
+}
+
+func (x *ImageMirror) GetPlainHttp() bool {
+	if x != nil {
+		return x.PlainHttp
+	}
+	return false
+}
+
+func (x *ImageMirror) GetUpstreams() []string {
+	if x != nil {
+		return x.Upstreams
+	}
+	return nil
+}
+
 var File_components_v1_components_proto protoreflect.FileDescriptor
 
 const file_components_v1_components_proto_rawDesc = "" +
@@ -105,7 +175,12 @@ const file_components_v1_components_proto_rawDesc = "" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\tR\x04hash\x12!\n" +
 	"\finstall_path\x18\x03 \x01(\tR\vinstallPath\x12\x18\n" +
-	"\aextract\x18\x04 \x01(\bR\aextractBCZAgithub.com/gatehouse-dev/gatehouse/api/components/v1;componentsv1b\x06proto3"
+	"\aextract\x18\x04 \x01(\bR\aextract\"f\n" +
+	"\vImageMirror\x12\x1a\n" +
+	"\bregistry\x18\x01 \x01(\tR\bregistry\x12\x1d\n" +
+	"\n" +
+	"plain_http\x18\x02 \x01(\bR\tplainHttp\x12\x1c\n" +
+	"\tupstreams\x18\x03 \x03(\tR\tupstreamsBCZAgithub.com/gatehouse-dev/gatehouse/api/components/v1;componentsv1b\x06proto3"
 
 var (
 	file_components_v1_components_proto_rawDescOnce sync.Once
@@ -119,9 +194,10 @@ func file_components_v1_components_proto_rawDescGZIP() []byte {
 	return file_components_v1_components_proto_rawDescData
 }
 
-var file_components_v1_components_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_components_v1_components_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_components_v1_components_proto_goTypes = []any{
-	(*Component)(nil), // 0: gatehouse.components.v1.Component
+	(*Component)(nil),   // 0: gatehouse.components.v1.Component
+	(*ImageMirror)(nil), // 1: gatehouse.components.v1.ImageMirror
 }
 var file_components_v1_components_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -142,7 +218,7 @@ func file_components_v1_components_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_components_v1_components_proto_rawDesc), len(file_components_v1_components_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

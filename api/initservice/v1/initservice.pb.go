@@ -62,8 +62,13 @@ type InitRequest struct {
 	// docs/install-airgapped.md). Empty: the node's --image-repository, or
 	// kubeadm's default registry.k8s.io.
 	ImageRepository string `protobuf:"bytes,13,opt,name=image_repository,json=imageRepository,proto3" json:"image_repository,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The registry the node's containerd pulls every image from (the pause
+	// image, the Gatehouse services', workloads'), the cluster
+	// configuration's mirror.registry (docs/install-airgapped.md). Unset:
+	// containerd's own configuration.
+	ImageMirror   *v1.ImageMirror `protobuf:"bytes,14,opt,name=image_mirror,json=imageMirror,proto3" json:"image_mirror,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InitRequest) Reset() {
@@ -185,6 +190,13 @@ func (x *InitRequest) GetImageRepository() string {
 		return x.ImageRepository
 	}
 	return ""
+}
+
+func (x *InitRequest) GetImageMirror() *v1.ImageMirror {
+	if x != nil {
+		return x.ImageMirror
+	}
+	return nil
 }
 
 type InitResponse struct {
@@ -454,7 +466,7 @@ var File_initservice_v1_initservice_proto protoreflect.FileDescriptor
 
 const file_initservice_v1_initservice_proto_rawDesc = "" +
 	"\n" +
-	" initservice/v1/initservice.proto\x12\x18gatehouse.initservice.v1\x1a\x1ecomponents/v1/components.proto\"\xdf\x04\n" +
+	" initservice/v1/initservice.proto\x12\x18gatehouse.initservice.v1\x1a\x1ecomponents/v1/components.proto\"\xa8\x05\n" +
 	"\vInitRequest\x12\x1f\n" +
 	"\vinit_secret\x18\x01 \x01(\fR\n" +
 	"initSecret\x12\x17\n" +
@@ -470,7 +482,8 @@ const file_initservice_v1_initservice_proto_rawDesc = "" +
 	" \x01(\tR\x14controlPlaneEndpoint\x12A\n" +
 	"\x1dkubelet_cert_lifetime_seconds\x18\v \x01(\rR\x1akubeletCertLifetimeSeconds\x12-\n" +
 	"\x13key_service_kms_uri\x18\f \x01(\tR\x10keyServiceKmsUri\x12)\n" +
-	"\x10image_repository\x18\r \x01(\tR\x0fimageRepository\"\xe2\x01\n" +
+	"\x10image_repository\x18\r \x01(\tR\x0fimageRepository\x12G\n" +
+	"\fimage_mirror\x18\x0e \x01(\v2$.gatehouse.components.v1.ImageMirrorR\vimageMirror\"\xe2\x01\n" +
 	"\fInitResponse\x12D\n" +
 	"\bprogress\x18\x01 \x01(\v2&.gatehouse.initservice.v1.InitProgressH\x00R\bprogress\x12A\n" +
 	"\asuccess\x18\x02 \x01(\v2%.gatehouse.initservice.v1.InitSuccessH\x00R\asuccess\x12A\n" +
@@ -505,25 +518,27 @@ func file_initservice_v1_initservice_proto_rawDescGZIP() []byte {
 
 var file_initservice_v1_initservice_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_initservice_v1_initservice_proto_goTypes = []any{
-	(*InitRequest)(nil),  // 0: gatehouse.initservice.v1.InitRequest
-	(*InitResponse)(nil), // 1: gatehouse.initservice.v1.InitResponse
-	(*InitProgress)(nil), // 2: gatehouse.initservice.v1.InitProgress
-	(*InitSuccess)(nil),  // 3: gatehouse.initservice.v1.InitSuccess
-	(*InitFailure)(nil),  // 4: gatehouse.initservice.v1.InitFailure
-	(*v1.Component)(nil), // 5: gatehouse.components.v1.Component
+	(*InitRequest)(nil),    // 0: gatehouse.initservice.v1.InitRequest
+	(*InitResponse)(nil),   // 1: gatehouse.initservice.v1.InitResponse
+	(*InitProgress)(nil),   // 2: gatehouse.initservice.v1.InitProgress
+	(*InitSuccess)(nil),    // 3: gatehouse.initservice.v1.InitSuccess
+	(*InitFailure)(nil),    // 4: gatehouse.initservice.v1.InitFailure
+	(*v1.Component)(nil),   // 5: gatehouse.components.v1.Component
+	(*v1.ImageMirror)(nil), // 6: gatehouse.components.v1.ImageMirror
 }
 var file_initservice_v1_initservice_proto_depIdxs = []int32{
 	5, // 0: gatehouse.initservice.v1.InitRequest.kubernetes_components:type_name -> gatehouse.components.v1.Component
-	2, // 1: gatehouse.initservice.v1.InitResponse.progress:type_name -> gatehouse.initservice.v1.InitProgress
-	3, // 2: gatehouse.initservice.v1.InitResponse.success:type_name -> gatehouse.initservice.v1.InitSuccess
-	4, // 3: gatehouse.initservice.v1.InitResponse.failure:type_name -> gatehouse.initservice.v1.InitFailure
-	0, // 4: gatehouse.initservice.v1.InitService.Init:input_type -> gatehouse.initservice.v1.InitRequest
-	1, // 5: gatehouse.initservice.v1.InitService.Init:output_type -> gatehouse.initservice.v1.InitResponse
-	5, // [5:6] is the sub-list for method output_type
-	4, // [4:5] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	6, // 1: gatehouse.initservice.v1.InitRequest.image_mirror:type_name -> gatehouse.components.v1.ImageMirror
+	2, // 2: gatehouse.initservice.v1.InitResponse.progress:type_name -> gatehouse.initservice.v1.InitProgress
+	3, // 3: gatehouse.initservice.v1.InitResponse.success:type_name -> gatehouse.initservice.v1.InitSuccess
+	4, // 4: gatehouse.initservice.v1.InitResponse.failure:type_name -> gatehouse.initservice.v1.InitFailure
+	0, // 5: gatehouse.initservice.v1.InitService.Init:input_type -> gatehouse.initservice.v1.InitRequest
+	1, // 6: gatehouse.initservice.v1.InitService.Init:output_type -> gatehouse.initservice.v1.InitResponse
+	6, // [6:7] is the sub-list for method output_type
+	5, // [5:6] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_initservice_v1_initservice_proto_init() }

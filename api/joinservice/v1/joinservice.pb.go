@@ -119,8 +119,12 @@ type IssueJoinTicketResponse struct {
 	// encrypts Secrets in etcd (docs/keys.md, "Secrets encrypted in etcd"),
 	// one per generation, derived from the master secret. Secret.
 	EtcdEncryptionKeys []*EtcdEncryptionKey `protobuf:"bytes,12,rep,name=etcd_encryption_keys,json=etcdEncryptionKeys,proto3" json:"etcd_encryption_keys,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The registry the node's containerd pulls every image from, the join
+	// config's imageMirror (the cluster configuration's mirror.registry,
+	// docs/install-airgapped.md). Unset: containerd's own configuration.
+	ImageMirror   *v1.ImageMirror `protobuf:"bytes,13,opt,name=image_mirror,json=imageMirror,proto3" json:"image_mirror,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *IssueJoinTicketResponse) Reset() {
@@ -233,6 +237,13 @@ func (x *IssueJoinTicketResponse) GetControlPlaneFiles() []*ControlPlaneFile {
 func (x *IssueJoinTicketResponse) GetEtcdEncryptionKeys() []*EtcdEncryptionKey {
 	if x != nil {
 		return x.EtcdEncryptionKeys
+	}
+	return nil
+}
+
+func (x *IssueJoinTicketResponse) GetImageMirror() *v1.ImageMirror {
+	if x != nil {
+		return x.ImageMirror
 	}
 	return nil
 }
@@ -477,7 +488,7 @@ const file_joinservice_v1_joinservice_proto_rawDesc = "" +
 	"\x16IssueJoinTicketRequest\x12\x1b\n" +
 	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\x12/\n" +
 	"\x13certificate_request\x18\x02 \x01(\fR\x12certificateRequest\x12(\n" +
-	"\x10is_control_plane\x18\x03 \x01(\bR\x0eisControlPlane\"\xcc\x05\n" +
+	"\x10is_control_plane\x18\x03 \x01(\bR\x0eisControlPlane\"\x95\x06\n" +
 	"\x17IssueJoinTicketResponse\x12$\n" +
 	"\x0estate_disk_key\x18\x01 \x01(\fR\fstateDiskKey\x12-\n" +
 	"\x12measurement_secret\x18\x02 \x01(\fR\x11measurementSecret\x12)\n" +
@@ -491,7 +502,8 @@ const file_joinservice_v1_joinservice_proto_rawDesc = "" +
 	"\x15kubernetes_components\x18\n" +
 	" \x03(\v2\".gatehouse.components.v1.ComponentR\x14kubernetesComponents\x12Z\n" +
 	"\x13control_plane_files\x18\v \x03(\v2*.gatehouse.joinservice.v1.ControlPlaneFileR\x11controlPlaneFiles\x12]\n" +
-	"\x14etcd_encryption_keys\x18\f \x03(\v2+.gatehouse.joinservice.v1.EtcdEncryptionKeyR\x12etcdEncryptionKeys\"E\n" +
+	"\x14etcd_encryption_keys\x18\f \x03(\v2+.gatehouse.joinservice.v1.EtcdEncryptionKeyR\x12etcdEncryptionKeys\x12G\n" +
+	"\fimage_mirror\x18\r \x01(\v2$.gatehouse.components.v1.ImageMirrorR\vimageMirror\"E\n" +
 	"\x11EtcdEncryptionKey\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\rR\n" +
@@ -533,21 +545,23 @@ var file_joinservice_v1_joinservice_proto_goTypes = []any{
 	(*IssueRejoinTicketResponse)(nil), // 5: gatehouse.joinservice.v1.IssueRejoinTicketResponse
 	(*timestamppb.Timestamp)(nil),     // 6: google.protobuf.Timestamp
 	(*v1.Component)(nil),              // 7: gatehouse.components.v1.Component
+	(*v1.ImageMirror)(nil),            // 8: gatehouse.components.v1.ImageMirror
 }
 var file_joinservice_v1_joinservice_proto_depIdxs = []int32{
 	6, // 0: gatehouse.joinservice.v1.IssueJoinTicketResponse.token_expiration:type_name -> google.protobuf.Timestamp
 	7, // 1: gatehouse.joinservice.v1.IssueJoinTicketResponse.kubernetes_components:type_name -> gatehouse.components.v1.Component
 	3, // 2: gatehouse.joinservice.v1.IssueJoinTicketResponse.control_plane_files:type_name -> gatehouse.joinservice.v1.ControlPlaneFile
 	2, // 3: gatehouse.joinservice.v1.IssueJoinTicketResponse.etcd_encryption_keys:type_name -> gatehouse.joinservice.v1.EtcdEncryptionKey
-	0, // 4: gatehouse.joinservice.v1.JoinService.IssueJoinTicket:input_type -> gatehouse.joinservice.v1.IssueJoinTicketRequest
-	4, // 5: gatehouse.joinservice.v1.JoinService.IssueRejoinTicket:input_type -> gatehouse.joinservice.v1.IssueRejoinTicketRequest
-	1, // 6: gatehouse.joinservice.v1.JoinService.IssueJoinTicket:output_type -> gatehouse.joinservice.v1.IssueJoinTicketResponse
-	5, // 7: gatehouse.joinservice.v1.JoinService.IssueRejoinTicket:output_type -> gatehouse.joinservice.v1.IssueRejoinTicketResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	8, // 4: gatehouse.joinservice.v1.IssueJoinTicketResponse.image_mirror:type_name -> gatehouse.components.v1.ImageMirror
+	0, // 5: gatehouse.joinservice.v1.JoinService.IssueJoinTicket:input_type -> gatehouse.joinservice.v1.IssueJoinTicketRequest
+	4, // 6: gatehouse.joinservice.v1.JoinService.IssueRejoinTicket:input_type -> gatehouse.joinservice.v1.IssueRejoinTicketRequest
+	1, // 7: gatehouse.joinservice.v1.JoinService.IssueJoinTicket:output_type -> gatehouse.joinservice.v1.IssueJoinTicketResponse
+	5, // 8: gatehouse.joinservice.v1.JoinService.IssueRejoinTicket:output_type -> gatehouse.joinservice.v1.IssueRejoinTicketResponse
+	7, // [7:9] is the sub-list for method output_type
+	5, // [5:7] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_joinservice_v1_joinservice_proto_init() }
