@@ -361,12 +361,12 @@ func routePods(ctx context.Context, spec *NodeSpec) error {
 // serviceCIDR is the local cluster's Service range.
 const serviceCIDR = "10.96.0.0/12"
 
-// containerdConfig is containerd 1.6's configuration for a node: its own
-// paths, the local pause image, Debian's CNI plugins, the local registry
-// (plain HTTP on the cluster bridge), and restrict_oom_score_adj, without
+// containerdBaseConfig is containerd 1.6's configuration for a node: its own
+// paths, the pause image (%[1]s), Debian's CNI plugins, and
+// restrict_oom_score_adj, without
 // which runc fails when root lacks CAP_SYS_RESOURCE
 // (docs/development.md, "Real kubelets in namespaces").
-const containerdConfig = `version = 2
+const containerdBaseConfig = `version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
@@ -386,7 +386,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     runtime_type = "io.containerd.runc.v2"
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
     SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."%[2]s"]
+`
+
+// containerdConfig is containerdBaseConfig pulling through the local
+// registry (%[2]s) as a mirror of every registry.
+const containerdConfig = containerdBaseConfig + `  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."%[2]s"]
     endpoint = ["http://%[2]s"]
 `
 

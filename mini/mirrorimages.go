@@ -125,27 +125,7 @@ func (u *up) mirrorImagesSpec(s *NodeSpec) {
 // containerdMirrorConfig is containerdConfig for a node that pulls from
 // the mirror: the upstream pause image, and containerd's hosts files in
 // config_path instead of the registry mirror.
-const containerdMirrorConfig = `version = 2
-root = "/var/lib/containerd"
-state = "/run/containerd"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
-
-[grpc]
-  address = "/run/containerd/containerd.sock"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "%[1]s"
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "/etc/cni/net.d"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    default_runtime_name = "runc"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-    SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".registry]
+const containerdMirrorConfig = containerdBaseConfig + `  [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "%[2]s"
 `
 

@@ -52,14 +52,7 @@ func TestContainerdHostsFile(t *testing.T) {
 // serve; without the hosts file the same name cannot be fetched.
 func TestContainerdPullsFromTheMirror(t *testing.T) {
 	testenv.RequireRoot(t)
-	for _, tool := range []string{"containerd", "ctr"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s is missing: apt-get install containerd (make setup does)", tool)
-			}
-			t.Skipf("%s is missing: apt-get install containerd (make setup does)", tool)
-		}
-	}
+	requireContainerd(t)
 	reg := testenv.StartRegistry(t)
 	m := &Mirror{Registry: reg + "/mirror"}
 	const ref = "registry.k8s.io/pause:gatehouse-mirror-test"
@@ -175,14 +168,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 // real CNCF registry over HTTP.
 func TestContainerdPullsWithNodeFiles(t *testing.T) {
 	testenv.RequireRoot(t)
-	for _, tool := range []string{"containerd", "ctr"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s is missing: apt-get install containerd (make setup does)", tool)
-			}
-			t.Skipf("%s is missing: apt-get install containerd (make setup does)", tool)
-		}
-	}
+	requireContainerd(t)
 	reg := testenv.StartRegistry(t)
 	m := &Mirror{Registry: reg, PlainHTTP: true}
 	const upstreamRef = "registry.k8s.io/kube-apiserver:gatehouse-node-files-test"
@@ -238,4 +224,18 @@ func TestContainerdPullsWithNodeFiles(t *testing.T) {
 	// so the mirror's own file is checked by the hosts it holds, in
 	// TestContainerdHostsFiles, and on the local cluster's bridge address
 	// by test/e2e's TestMirrorInstall.)
+}
+
+// requireContainerd fails (in CI) or skips the test when containerd or
+// ctr is missing.
+func requireContainerd(t *testing.T) {
+	t.Helper()
+	for _, tool := range []string{"containerd", "ctr"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s is missing: apt-get install containerd (make setup does)", tool)
+			}
+			t.Skipf("%s is missing: apt-get install containerd (make setup does)", tool)
+		}
+	}
 }
