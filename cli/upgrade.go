@@ -18,6 +18,7 @@ import (
 
 	componentsv1 "github.com/gatehouse-dev/gatehouse/api/components/v1"
 	"github.com/gatehouse-dev/gatehouse/charts"
+	"github.com/gatehouse-dev/gatehouse/internal/attestation/signedvalues"
 	"github.com/gatehouse-dev/gatehouse/internal/clusterconfig"
 	"github.com/gatehouse-dev/gatehouse/internal/components"
 	"github.com/gatehouse-dev/gatehouse/internal/mirror"
@@ -52,6 +53,7 @@ func newUpgradeApplyCmd() *cobra.Command {
 	var chartsDir string
 	var k kubeRollFlags
 	var rel releaseFlags
+	var nv nodeValuesFlags
 	cmd := &cobra.Command{
 		Use:   "apply",
 		Short: "Upgrade Kubernetes (--kubernetes) and the join and key service releases to this CLI's charts",
@@ -69,7 +71,12 @@ func newUpgradeApplyCmd() *cobra.Command {
 			"the chart built into this CLI, one at a time and atomically: a release that fails is\n" +
 			"rolled back. The cluster's own values are applied over the new chart's defaults. A chart\n" +
 			"may advance one minor version at a time. --dry-run prints the plan and what would change\n" +
-			"and changes nothing. Running it again after an interruption is safe (docs/upgrades.md).",
+			"and changes nothing. Running it again after an interruption is safe (docs/upgrades.md).\n\n" +
+			"With --node-values FILE (new node software's signed reference values, checked with\n" +
+			"--node-values-key), the join policy first accepts them beside the values the nodes prove\n" +
+			"now, and at the end every node's fresh evidence is fetched: the values they replace (the\n" +
+			"role's sets over the same PCRs) that no node proves anymore are retired. Nodes still\n" +
+			"running the old software are named; replace them and run the command again.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
@@ -125,10 +132,26 @@ func newUpgradeApplyCmd() *cobra.Command {
 					opts.Values[name] = mergeReleaseValues(opts.Values[name], v)
 				}
 			}
-			if k.version != "" {
-				return rollKubernetes(cmd.Context(), k, opts)
+			var values signedvalues.Values
+			if nv.enabled() {
+				var err error
+				if values, err = nv.load(cmd.Context()); err != nil {
+					return err
+				}
+				if err := acceptNodeValues(cmd.Context(), opts, values); err != nil {
+					return err
+				}
 			}
-			return applyReleases(cmd.Context(), opts)
+			var err error
+			if k.version != "" {
+				err = rollKubernetes(cmd.Context(), k, opts)
+			} else {
+				err = applyReleases(cmd.Context(), opts)
+			}
+			if err != nil || !nv.enabled() {
+				return err
+			}
+			return retireNodeValues(cmd.Context(), opts, nv, values)
 		},
 	}
 	f := cmd.Flags()
@@ -145,6 +168,10 @@ func newUpgradeApplyCmd() *cobra.Command {
 	f.StringVar(&k.version, "kubernetes", "", "move the cluster to this Kubernetes release first: 1.MINOR (its patch release from the versions table) or v1.MINOR.PATCH; supported: "+strings.Join(versions.Supported(), ", "))
 	f.StringVar(&k.kubeBin, "kube-bin", "", "with --kubernetes: take kubelet, kubeadm and kubectl from this local build (hack/kube-binaries.sh; file:// URLs the nodes can read, sha256 computed) instead of the official downloads")
 	f.StringVar(&k.config, "config", "", "cluster configuration whose mirror is used (docs/install-airgapped.md): with --kubernetes the nodes download the components from it; its registry gives the Gatehouse releases' images and the join config's imageMirror; empty: the official downloads and registries")
+	f.StringVar(&nv.file, "node-values", "", "new node software's signed reference values (reference-values.signed.json of a node image): accepted before anything moves; the values they replace are retired once no node proves them (docs/upgrades.md)")
+	f.StringVar(&nv.key, "node-values-key", "", "with --node-values: the public key (PEM) the values are signed with")
+	f.StringVar(&nv.stateFile, "state-file", clusterconfig.DefaultStateFile, "with --node-values: cluster state file (the cluster ID the nodes' evidence shows)")
+	f.IntVar(&nv.evidencePort, "evidence-port", 9001, "with --node-values: the nodes' evidence endpoint port (gatehouse-bootstrapper serve-evidence), where fresh evidence is fetched")
 	f.BoolVar(&k.roll.ForceDrain, "force-drain", false, "with --kubernetes: also evict pods no controller manages (kubectl drain --force); without it such a pod stops the roll")
 	f.DurationVar(&k.roll.NodeTimeout, "node-timeout", kuberoll.DefaultNodeTimeout, "with --kubernetes: time one node may take (drain, kubeadm, kubelet, Ready)")
 	f.DurationVar(&k.roll.DrainTimeout, "drain-timeout", kuberoll.DefaultDrainTimeout, "with --kubernetes: time a drain may take (evictions a PodDisruptionBudget refuses are retried until then)")

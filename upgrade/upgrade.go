@@ -51,6 +51,11 @@ type Options struct {
 	// merge key by key; anything else replaces. A release whose chart and
 	// values already match is unchanged.
 	Values map[string]map[string]any
+	// KeepCharts upgrades values only: each installed release keeps its
+	// deployed chart (Charts may be empty), e.g. a join policy change
+	// before the Kubernetes roll, which must not bring a chart that needs
+	// the new Kubernetes version early.
+	KeepCharts bool
 	// Out receives progress and the summary.
 	Out io.Writer
 	// Now is the clock; nil is time.Now.
@@ -146,11 +151,17 @@ func planReleases(cfg *action.Configuration, opts Options) ([]planned, error) {
 		rel, err := cfg.Releases.Last(name)
 		switch {
 		case errors.Is(err, driver.ErrReleaseNotFound):
-			p.result = Result{Release: name, To: c.Metadata.Version, Outcome: "not installed"}
+			p.result = Result{Release: name, Outcome: "not installed"}
+			if c != nil {
+				p.result.To = c.Metadata.Version
+			}
 		case err != nil:
 			return nil, fmt.Errorf("reading release %s: %w", name, err)
 		default:
 			p.current = rel
+			if opts.KeepCharts {
+				c, p.chart = rel.Chart, rel.Chart
+			}
 			from, to := rel.Chart.Metadata.Version, c.Metadata.Version
 			if err := checkStep(from, to); err != nil {
 				return nil, fmt.Errorf("release %s: %w", name, err)
@@ -162,6 +173,21 @@ func planReleases(cfg *action.Configuration, opts Options) ([]planned, error) {
 		plan = append(plan, p)
 	}
 	return plan, nil
+}
+
+// ReleaseValues returns the values the cluster set on release name (its
+// last deployed revision's, not the chart's defaults): what Apply keeps.
+// The release must be deployed.
+func ReleaseValues(kubeconfig, namespace, name string) (map[string]any, error) {
+	cfg, err := helm.Config(kubeconfig, namespace)
+	if err != nil {
+		return nil, err
+	}
+	rel, err := cfg.Releases.Deployed(name)
+	if err != nil {
+		return nil, fmt.Errorf("reading release %s in %s: %w", name, namespace, err)
+	}
+	return rel.Config, nil
 }
 
 // checkStep allows the same version, a patch, or one minor version

@@ -324,3 +324,46 @@ func TestMergeValues(t *testing.T) {
 		t.Error("changesValues")
 	}
 }
+
+// TestKeepCharts: a values-only upgrade (a join policy change before the
+// Kubernetes roll) sets the values and keeps the deployed chart, even
+// when a newer chart is at hand; ReleaseValues reads the values back.
+func TestKeepCharts(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	var out bytes.Buffer
+	opts := Options{Kubeconfig: env.KubeconfigPath, Namespace: "default", BackupRoot: t.TempDir(),
+		Order: []string{"demo"}, Timeout: time.Minute, Out: &out, KeepCharts: true,
+		Charts: map[string]*chart.Chart{"demo": demoChart("0.2.0", "green", false)},
+		Values: map[string]map[string]any{"demo": {"greeting": "moved"}}}
+	cfg, err := helm.Config(opts.Kubeconfig, opts.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	install := action.NewInstall(cfg)
+	install.ReleaseName, install.Namespace = "demo", "default"
+	if _, err := install.Run(demoChart("0.1.0", "blue", false), map[string]any{"greeting": "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	results, err := Apply(t.Context(), opts)
+	if err != nil || outcome(results) != "upgraded" || results[0].To != "0.1.0" {
+		t.Fatalf("values-only upgrade: %+v, %v\n%s", results, err, out.String())
+	}
+	client, err := env.Clientset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := client.CoreV1().ConfigMaps("default").Get(t.Context(), "demo", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cm.Data["greeting"] != "moved" || cm.Data["color"] != "blue" {
+		t.Errorf("after a values-only upgrade the ConfigMap says %v: want the new greeting and the deployed chart's color", cm.Data)
+	}
+	values, err := ReleaseValues(opts.Kubeconfig, opts.Namespace, "demo")
+	if err != nil || values["greeting"] != "moved" {
+		t.Errorf("ReleaseValues = %v, %v; want the greeting set", values, err)
+	}
+	if results, err := Apply(t.Context(), opts); err != nil || outcome(results) != "unchanged" {
+		t.Errorf("the same values again: %+v, %v; want unchanged", results, err)
+	}
+}

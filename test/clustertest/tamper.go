@@ -20,8 +20,9 @@ const (
 // whose boot loader is uki with one character of its kernel command line
 // changed (panic=10 → panic=11): it boots, and PCR 11's .cmdline event
 // differs from the image's signed values. It uses objcopy (binutils),
-// mcopy (mtools) and sfdisk (fdisk).
-func ChangedCommandLine(t *testing.T, uki, disk, out string) {
+// mcopy (mtools) and sfdisk (fdisk). It returns the changed UKI's path
+// (in a test directory).
+func ChangedCommandLine(t *testing.T, uki, disk, out string) string {
 	t.Helper()
 	work := t.TempDir()
 	changedUKI := filepath.Join(work, "uki.efi")
@@ -39,6 +40,7 @@ func ChangedCommandLine(t *testing.T, uki, disk, out string) {
 	RunTool(t, "cp", "--sparse=always", disk, out)
 	esp := PartitionOffset(t, out, PartitionESP)
 	RunTool(t, "mcopy", "-o", "-i", out+"@@"+strconv.FormatInt(esp, 10), changedUKI, "::/EFI/BOOT/BOOTX64.EFI")
+	return changedUKI
 }
 
 // RunTool runs name with args and returns its combined output; it fails

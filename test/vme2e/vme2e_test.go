@@ -119,16 +119,11 @@ func TestVMWorker(t *testing.T) {
 		}
 	}
 
-	// The same VM booted with one character of its kernel command line
-	// changed: the rejoin is refused naming the .cmdline event, and
-	// continuous attestation taints the Node that had been running.
-	tampered := tamperedImage(t, image)
-	if err := mini.RestartVMNode(ctx, clusterDir, name, tampered); err != nil {
-		t.Fatal(err)
-	}
-	waitTainted(ctx, t, client, name)
-	refusal := waitLog(ctx, t, func() string { return clustertest.JoinServiceLog(t, clusterDir, "cp-0") }, regexp.MustCompile(`.*\.cmdline.*`))
-	t.Logf("the join service's refusal: %.600s", refusal)
+	// The node software moves (docs/upgrades.md): the policy accepts the
+	// next software's signed values, the worker restarts on it and stays
+	// Verified, the old values are retired, and the worker restarted on the
+	// old software is tainted and refused naming the .cmdline event.
+	moveNodeSoftware(ctx, t, client, bin, clusterDir, name, image)
 }
 
 // record is what the bootstrapper logs when it opened the state disk.
@@ -314,22 +309,4 @@ func rss(pid int) string {
 		}
 	}
 	return "?"
-}
-
-// tamperedImage is a node image directory whose worker disk's UKI has one
-// character of its kernel command line changed (clustertest.ChangedCommandLine);
-// everything else is the image's.
-func tamperedImage(t *testing.T, image testenv.NodeImage) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "image")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{"node-controlplane.raw", "reference-values.signed.json", "signing-key.pub"} {
-		if err := os.Symlink(filepath.Join(image.Dir, f), filepath.Join(dir, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	clustertest.ChangedCommandLine(t, image.WorkerUKI, image.WorkerDisk, filepath.Join(dir, "node-worker.raw"))
-	return dir
 }

@@ -56,11 +56,12 @@ type Report struct {
 // role's alsoAccepted unless the role already accepts exactly them. It
 // returns what it changed (empty when nothing: Accept is idempotent).
 //
-// When p has common referenceValues that some role's new values do not
-// repeat exactly, every evidence would still have to show the old common values;
-// they are then moved into each of the role's existing sets (the same
-// policy: common ∧ (A ∨ B) = (common ∧ A) ∨ (common ∧ B)) and the common
-// values emptied, so the new sets stand alone.
+// When p has common referenceValues (a policy `gatehouse config
+// generate` made from signed values keeps what both roles share there),
+// they are moved into each of the roles' existing sets first and emptied
+// (the same policy: common ∧ (A ∨ B) = (common ∧ A) ∨ (common ∧ B)):
+// every set then stands alone, so the new sets are not held to the old
+// common values and Retire compares whole sets.
 //
 // Errors: a role of v that p has no roles.<role> for, a PCR of v that p
 // does not quote, a set whose own values contradict the common ones, and
@@ -77,14 +78,14 @@ func Accept(p policy.Policy, v signedvalues.Values) (policy.Policy, []string, er
 	}
 	var changed []string
 	roles := slices.Sorted(maps.Keys(v.Roles))
-	if len(common) > 0 && slices.ContainsFunc(roles, func(r policy.Role) bool { return !covers(v.Roles[r], common) }) {
+	if len(common) > 0 {
 		for _, r := range slices.Sorted(maps.Keys(p.Roles)) {
 			if err := foldCommon(&p, r, common); err != nil {
 				return p, nil, err
 			}
 		}
 		p.ReferenceValues = json.RawMessage("{}")
-		changed = append(changed, "the common referenceValues moved into each role's sets (the new values do not repeat them)")
+		changed = append(changed, "referenceValues moved into each role's sets, which now stand alone")
 	}
 	for _, r := range roles {
 		rp, ok := p.Roles[r]
@@ -233,17 +234,6 @@ func encode(m measurements.M) (json.RawMessage, error) {
 		return nil, err
 	}
 	return json.RawMessage(j), nil
-}
-
-// covers reports whether m holds every value of common, the same.
-func covers(m, common measurements.M) bool {
-	for i, c := range common {
-		got, ok := m[i]
-		if !ok || !sameValues(got, c) {
-			return false
-		}
-	}
-	return true
 }
 
 // sameValues compares what two measurements accept and enforce.

@@ -194,34 +194,60 @@ func TestMove(t *testing.T) {
 	}
 }
 
-// TestAcceptCommonValues: common referenceValues the new values do not
-// repeat move into each role's sets, so a v2 node is not held to v1's
-// common PCR; the policy admits exactly what it did before besides v2.
+// TestAcceptCommonValues: a policy with common referenceValues (as
+// `gatehouse config generate` writes from signed values: what both roles
+// share) has them moved into each role's sets, so a v2 node is not held to
+// v1's common PCR, the policy admits what it did before besides v2, and
+// the v1 sets are retired once no node proves them (whole sets compared).
 func TestAcceptCommonValues(t *testing.T) {
-	p := basePolicy(t)
-	p.ReferenceValues = raw(t, map[uint32]byte{8: 0x81})
-	p.Roles[policy.RoleWorker] = policy.RolePolicy{ReferenceValues: raw(t, imageV1Worker)}
-	accepted, _, err := nodevalues.Accept(p, imageV2())
-	if err != nil {
-		t.Fatal(err)
-	}
 	with8 := func(m map[uint32]byte, b byte) map[uint32]byte {
 		out := maps.Clone(m)
 		out[8] = b
 		return out
 	}
 	for _, tt := range []struct {
-		name string
-		m    map[uint32]byte
-		want []policy.Role
+		name   string
+		v2PCR8 byte
 	}{
-		{"v1 worker with the common PCR 8", with8(imageV1Worker, 0x81), []policy.Role{policy.RoleWorker}},
-		{"v1 worker without it", with8(imageV1Worker, 0x99), nil},
-		{"v2 worker, any PCR 8", with8(imageV2Worker, 0x99), []policy.Role{policy.RoleWorker}},
+		{"v2 changes the common PCR", 0x82},
+		{"v2 repeats the common PCR", 0x81},
 	} {
-		if got := roles(t, accepted, tt.m); !slices.Equal(got, tt.want) {
-			t.Errorf("%s: roles %v, want %v", tt.name, got, tt.want)
-		}
+		t.Run(tt.name, func(t *testing.T) {
+			p := basePolicy(t)
+			p.ReferenceValues = raw(t, map[uint32]byte{8: 0x81})
+			p.Roles[policy.RoleWorker] = policy.RolePolicy{ReferenceValues: raw(t, imageV1Worker)}
+			v := imageV2()
+			v.Roles = map[policy.Role]measurements.M{policy.RoleControlPlane: values(with8(imageV2CP, tt.v2PCR8)), policy.RoleWorker: values(with8(imageV2Worker, tt.v2PCR8))}
+			accepted, _, err := nodevalues.Accept(p, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				name string
+				m    map[uint32]byte
+				want []policy.Role
+			}{
+				{"v1 worker with the common PCR 8", with8(imageV1Worker, 0x81), []policy.Role{policy.RoleWorker}},
+				{"v1 worker without it", with8(imageV1Worker, 0x99), nil},
+				{"v2 worker", with8(imageV2Worker, tt.v2PCR8), []policy.Role{policy.RoleWorker}},
+				{"v2 worker, another PCR 8", with8(imageV2Worker, 0x99), nil},
+			} {
+				if got := roles(t, accepted, c.m); !slices.Equal(got, c.want) {
+					t.Errorf("%s: roles %v, want %v", c.name, got, c.want)
+				}
+			}
+			proofs := []nodevalues.Proof{{Node: "cp", Measured: measured(with8(imageV2CP, tt.v2PCR8))}, {Node: "w", Measured: measured(with8(imageV2Worker, tt.v2PCR8))}}
+			done, rep, err := nodevalues.Retire(accepted, v, proofs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Retired) != 2 {
+				t.Errorf("retired %q, want both roles' v1 sets", rep.Retired)
+			}
+			if got := roles(t, done, with8(imageV1Worker, 0x81)); got != nil {
+				t.Errorf("a v1 worker after the move: roles %v, want none", got)
+			}
+		})
 	}
 }
 
