@@ -133,6 +133,9 @@ func newUpgradeApplyCmd() *cobra.Command {
 				}
 			}
 			var values signedvalues.Values
+			if nv.key != "" && !nv.enabled() {
+				return errors.New("--node-values-key without --node-values: give the signed values the key checks")
+			}
 			if nv.enabled() {
 				var err error
 				if values, err = nv.load(cmd.Context()); err != nil {
@@ -140,6 +143,11 @@ func newUpgradeApplyCmd() *cobra.Command {
 				}
 				if err := acceptNodeValues(cmd.Context(), opts, values); err != nil {
 					return err
+				}
+				if k.version != "" {
+					if k.roll.Replace, err = nodesToReplace(cmd.Context(), opts, nv, values); err != nil {
+						return err
+					}
 				}
 			}
 			var err error

@@ -121,47 +121,84 @@ func acceptNodeValues(ctx context.Context, opts upgrade.Options, v signedvalues.
 	return setJoinPolicy(ctx, opts, accepted)
 }
 
+// movingPolicy is the join policy with v's values accepted: the
+// cluster's, or in a dry run (which accepted nothing) what the real run
+// makes it.
+func movingPolicy(opts upgrade.Options, v signedvalues.Values) (policy.Policy, error) {
+	p, err := joinPolicy(opts)
+	if err != nil || !opts.DryRun {
+		return p, err
+	}
+	p, _, err = nodevalues.Accept(p, v)
+	return p, err
+}
+
+// proofs fetches fresh evidence from every Node, verified under p with
+// the cluster's node lock.
+func proofs(ctx context.Context, opts upgrade.Options, f nodeValuesFlags, p policy.Policy) ([]nodevalues.Proof, error) {
+	lockPCR, err := clusterLockPCR(f.stateFile)
+	if err != nil {
+		return nil, err
+	}
+	appraisal, err := p.Appraisal(time.Now, lockPCR)
+	if err != nil {
+		return nil, err
+	}
+	fetcher, err := evidenceFetcher(opts.Kubeconfig, true)
+	if err != nil {
+		return nil, err
+	}
+	restCfg, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("reading the kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return nil, err
+	}
+	return nodeProofs(ctx, client, fetcher, appraisal, opts.Kubeconfig, f.evidencePort)
+}
+
+// nodesToReplace names the nodes whose fresh evidence proves a set v's
+// values replace: they run the old node software, which a Kubernetes roll
+// does not move in place (kuberoll.Options.Replace).
+func nodesToReplace(ctx context.Context, opts upgrade.Options, f nodeValuesFlags, v signedvalues.Values) (map[string]string, error) {
+	p, err := movingPolicy(opts, v)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := proofs(ctx, opts, f, p)
+	if err != nil {
+		return nil, fmt.Errorf("finding the nodes that run the software %s %s replaces (nothing was moved): %w", v.Image.Name, v.Image.Version, err)
+	}
+	_, rep, err := nodevalues.Retire(p, v, ps)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for set, nodes := range rep.Pending {
+		for _, n := range nodes {
+			out[n] = "it proves " + set + ", which the reference values of " + v.Image.Name + " " + v.Image.Version + " replace"
+		}
+	}
+	return out, nil
+}
+
 // retireNodeValues fetches fresh evidence from every Node, verified under
 // the join policy, and retires the sets v's values replace that no node
 // proves anymore. A node whose evidence cannot be fetched or does not
 // verify retires nothing. Nodes still proving a replaced set are named:
 // replace them and run again.
 func retireNodeValues(ctx context.Context, opts upgrade.Options, f nodeValuesFlags, v signedvalues.Values) error {
-	p, err := joinPolicy(opts)
+	p, err := movingPolicy(opts, v)
 	if err != nil {
 		return err
 	}
-	if opts.DryRun {
-		// The dry run changed nothing: retire from what the real run accepts.
-		if p, _, err = nodevalues.Accept(p, v); err != nil {
-			return err
-		}
-	}
-	lockPCR, err := clusterLockPCR(f.stateFile)
-	if err != nil {
-		return err
-	}
-	appraisal, err := p.Appraisal(time.Now, lockPCR)
-	if err != nil {
-		return err
-	}
-	fetcher, err := evidenceFetcher(opts.Kubeconfig, true)
-	if err != nil {
-		return err
-	}
-	restCfg, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
-	if err != nil {
-		return fmt.Errorf("reading the kubeconfig: %w", err)
-	}
-	client, err := kubernetes.NewForConfig(restCfg)
-	if err != nil {
-		return err
-	}
-	proofs, err := nodeProofs(ctx, client, fetcher, appraisal, opts.Kubeconfig, f.evidencePort)
+	ps, err := proofs(ctx, opts, f, p)
 	if err != nil {
 		return fmt.Errorf("nothing was retired: %w", err)
 	}
-	retired, rep, err := nodevalues.Retire(p, v, proofs)
+	retired, rep, err := nodevalues.Retire(p, v, ps)
 	if err != nil {
 		return fmt.Errorf("nothing was retired: %w", err)
 	}
@@ -169,14 +206,14 @@ func retireNodeValues(ctx context.Context, opts upgrade.Options, f nodeValuesFla
 		fmt.Fprintf(opts.Out, "Kept %s: %s still prove it (they run the software %s %s replaces): replace them (docs/upgrades.md), then run this again\n", set, strings.Join(rep.Pending[set], ", "), v.Image.Name, v.Image.Version)
 	}
 	if len(rep.Retired) == 0 {
-		fmt.Fprintf(opts.Out, "No reference values to retire: every node of %d proves a set still needed\n", len(proofs))
+		fmt.Fprintf(opts.Out, "No reference values to retire: every node of %d proves a set still needed\n", len(ps))
 		return nil
 	}
 	verb := "Retiring"
 	if opts.DryRun {
 		verb = "Would retire"
 	}
-	fmt.Fprintf(opts.Out, "%s what no node of %d proves anymore:\n", verb, len(proofs))
+	fmt.Fprintf(opts.Out, "%s what no node of %d proves anymore:\n", verb, len(ps))
 	for _, r := range rep.Retired {
 		fmt.Fprintf(opts.Out, "  %s\n", r)
 	}

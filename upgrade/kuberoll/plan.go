@@ -51,6 +51,10 @@ type nodeStep struct {
 	Done bool
 	// Address is the node's InternalIP; Arch its CPU architecture.
 	Address, Arch string
+	// Replace, when set, says why the node is not moved in place: it runs
+	// node software that is being replaced (Options.Replace), so a new
+	// machine with the new software takes its place.
+	Replace string
 }
 
 // rollPlan is what a roll does, in order.
@@ -65,11 +69,22 @@ type rollPlan struct {
 func (p *rollPlan) Pending() int {
 	n := 0
 	for _, s := range p.Steps {
-		if !s.Done {
+		if !s.Done && s.Replace == "" {
 			n++
 		}
 	}
 	return n
+}
+
+// replaced names the nodes to replace rather than move.
+func (p *rollPlan) replaced() []string {
+	var out []string
+	for _, s := range p.Steps {
+		if s.Replace != "" {
+			out = append(out, s.Node)
+		}
+	}
+	return out
 }
 
 // Print writes the plan for a person.
@@ -82,6 +97,8 @@ func (p *rollPlan) Print(w io.Writer) {
 		}
 		var what string
 		switch {
+		case s.Replace != "":
+			what = fmt.Sprintf("not moved in place: %s; replace it with a machine of the new software, which joins at %s (docs/upgrades.md)", s.Replace, p.To)
 		case s.Done:
 			what = "already at " + p.To
 		case s.Apply:
@@ -117,8 +134,9 @@ func clusterVersion(ctx context.Context, client kubernetes.Interface) (string, e
 
 // makePlan reads the cluster and plans the roll to release; a release
 // the cluster may not move to (versions.CheckUpgrade) is refused before
-// anything changes, and so is a node without an InternalIP.
-func makePlan(ctx context.Context, client kubernetes.Interface, release versions.Release) (*rollPlan, error) {
+// anything changes, and so is a node without an InternalIP. Nodes in
+// replace (name → why) are planned for replacement, not moved.
+func makePlan(ctx context.Context, client kubernetes.Interface, release versions.Release, replace map[string]string) (*rollPlan, error) {
 	from, err := clusterVersion(ctx, client)
 	if err != nil {
 		return nil, err
@@ -136,12 +154,15 @@ func makePlan(ctx context.Context, client kubernetes.Interface, release versions
 		s := nodeStep{Node: n.Name, Kubelet: n.Status.NodeInfo.KubeletVersion, Arch: n.Status.NodeInfo.Architecture}
 		_, s.ControlPlane = n.Labels[controlPlaneLabel]
 		s.Done = n.Annotations[annotationVersion] == release.Version && s.Kubelet == release.Version
+		if !s.Done {
+			s.Replace = replace[n.Name]
+		}
 		for _, a := range n.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP && s.Address == "" {
 				s.Address = a.Address
 			}
 		}
-		if s.Address == "" && !s.Done {
+		if s.Address == "" && !s.Done && s.Replace == "" {
 			return nil, fmt.Errorf("node %s reports no InternalIP: its upgrade agent cannot be reached", n.Name)
 		}
 		if newer, err := versions.Newer(s.Kubelet, release.Version); err == nil && newer {
@@ -149,8 +170,9 @@ func makePlan(ctx context.Context, client kubernetes.Interface, release versions
 		}
 		p.Steps = append(p.Steps, s)
 	}
-	// Control planes first, each group by name; the first control plane
-	// still to move applies the cluster configuration.
+	// Control planes first, in each group the nodes that move in place
+	// before those to replace, then by name; the first control plane
+	// that moves in place applies the cluster configuration.
 	slices.SortFunc(p.Steps, func(a, b nodeStep) int {
 		if a.ControlPlane != b.ControlPlane {
 			if a.ControlPlane {
@@ -158,18 +180,19 @@ func makePlan(ctx context.Context, client kubernetes.Interface, release versions
 			}
 			return 1
 		}
+		if (a.Replace == "") != (b.Replace == "") {
+			if a.Replace == "" {
+				return -1
+			}
+			return 1
+		}
 		return strings.Compare(a.Node, b.Node)
 	})
 	if !applied {
-		for i := range p.Steps {
-			if p.Steps[i].ControlPlane {
-				p.Steps[i].Apply, p.Steps[i].Done = true, false
-				break
-			}
+		if len(p.Steps) == 0 || !p.Steps[0].ControlPlane || p.Steps[0].Replace != "" {
+			return nil, fmt.Errorf("the cluster has no control-plane node (label %s) that moves in place to run kubeadm upgrade apply: replace the control planes before the roll (docs/upgrades.md)", controlPlaneLabel)
 		}
-		if len(p.Steps) == 0 || !p.Steps[0].Apply {
-			return nil, fmt.Errorf("the cluster has no control-plane node (label %s) to run kubeadm upgrade apply", controlPlaneLabel)
-		}
+		p.Steps[0].Apply, p.Steps[0].Done = true, false
 	}
 	return p, nil
 }

@@ -44,6 +44,11 @@ type Options struct {
 	// once per run, as soon as the cluster configuration is at the
 	// release. It must be idempotent: a resumed roll calls it again.
 	SwitchJoinConfig func(ctx context.Context) error
+	// Replace names nodes not to move in place, with the reason: they run
+	// node software whose reference values are being replaced
+	// (upgrade/nodevalues), whose binaries the node's image holds. A new
+	// machine with the new software replaces each; the roll names them.
+	Replace map[string]string
 	// DryRun prints the plan and changes nothing.
 	DryRun bool
 	// ForceDrain evicts pods no controller manages too (kubectl drain
@@ -69,7 +74,7 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.DrainTimeout == 0 {
 		opts.DrainTimeout = DefaultDrainTimeout
 	}
-	plan, err := makePlan(ctx, opts.Client, opts.Release)
+	plan, err := makePlan(ctx, opts.Client, opts.Release, opts.Replace)
 	if err != nil {
 		return err
 	}
@@ -98,6 +103,10 @@ func Run(ctx context.Context, opts Options) error {
 			}
 		}
 		if plan.Pending() == 0 {
+			if r := plan.replaced(); len(r) > 0 {
+				fmt.Fprintf(opts.Out, "Every node that moves in place runs Kubernetes %s; to replace with the new node software: %s\n", plan.To, strings.Join(r, ", "))
+				return nil
+			}
 			fmt.Fprintf(opts.Out, "Every node runs Kubernetes %s\n", plan.To)
 			return nil
 		}
@@ -105,7 +114,7 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("nodes keep joining at an older version than %s: run the upgrade again", plan.To)
 		}
 		for i, s := range plan.Steps {
-			if s.Done {
+			if s.Done || s.Replace != "" {
 				continue
 			}
 			start := time.Now()
@@ -121,7 +130,7 @@ func Run(ctx context.Context, opts Options) error {
 			}
 			fmt.Fprintf(opts.Out, "[%d/%d] %s is Ready at %s (%s)\n", i+1, len(plan.Steps), s.Node, plan.To, time.Since(start).Round(time.Second))
 		}
-		if plan, err = makePlan(ctx, opts.Client, opts.Release); err != nil {
+		if plan, err = makePlan(ctx, opts.Client, opts.Release, opts.Replace); err != nil {
 			return err
 		}
 	}

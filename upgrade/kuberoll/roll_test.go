@@ -274,3 +274,47 @@ func TestRunKeepsOthersCordon(t *testing.T) {
 		t.Error("the roll uncordoned a node someone else had cordoned")
 	}
 }
+
+// TestRunReplace: nodes running node software whose reference values are
+// being replaced are not moved in place (their image holds the binaries
+// and runs no upgrade agent): no agent call, not cordoned, named for
+// replacement; a first control plane to replace leaves kubeadm upgrade
+// apply to the next; when every control plane is to be replaced the roll
+// is refused before anything changes.
+func TestRunReplace(t *testing.T) {
+	client := cluster(t, "v1.35.8", "cp-0", "cp-1", "worker-1", "worker-2")
+	a := &agents{client: client}
+	var switched int
+	var out bytes.Buffer
+	opts := rollOptions(client, a, &switched, &out, release(t, "1.36"))
+	why := "it proves roles.worker.referenceValues, which the new values replace"
+	opts.Replace = map[string]string{"cp-0": why, "worker-2": why}
+	if err := Run(t.Context(), opts); err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	want := []string{"cp-1 APPLY", "cp-1 KUBELET", "worker-1 NODE", "worker-1 KUBELET"}
+	if got := a.called(); !slices.Equal(got, want) {
+		t.Errorf("agent calls %v, want %v", got, want)
+	}
+	for _, n := range []string{"cp-0", "worker-2"} {
+		node, _ := client.CoreV1().Nodes().Get(t.Context(), n, metav1.GetOptions{})
+		if node.Spec.Unschedulable || node.Annotations[annotationVersion] != "" {
+			t.Errorf("%s, to replace, was touched: unschedulable %t, annotations %v", n, node.Spec.Unschedulable, node.Annotations)
+		}
+	}
+	if !strings.Contains(out.String(), "to replace with the new node software: cp-0, worker-2") || !strings.Contains(out.String(), "not moved in place: "+why) {
+		t.Errorf("output does not name the nodes to replace:\n%s", out.String())
+	}
+
+	client = cluster(t, "v1.35.8", "cp-0", "worker-1")
+	a = &agents{client: client}
+	out.Reset()
+	opts = rollOptions(client, a, &switched, &out, release(t, "1.36"))
+	opts.Replace = map[string]string{"cp-0": why}
+	if err := Run(t.Context(), opts); err == nil || !strings.Contains(err.Error(), "replace the control planes before the roll") {
+		t.Fatalf("Run with every control plane to replace = %v, want a refusal", err)
+	}
+	if got := a.called(); len(got) != 0 {
+		t.Errorf("the refused roll called agents: %v", got)
+	}
+}
