@@ -207,9 +207,12 @@ func roleSets(r policy.Role, rp policy.RolePolicy) ([]set, error) {
 	return out, nil
 }
 
-// parseSet parses one set of reference values; empty is no values.
+// parseSet parses one set of reference values; empty (absent, null or
+// {}, as a local cluster with VM nodes has the common values) is no
+// values.
 func parseSet(field string, raw json.RawMessage) (measurements.M, error) {
-	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+	var probe map[string]json.RawMessage
+	if len(bytes.TrimSpace(raw)) == 0 || json.Unmarshal(raw, &probe) == nil && len(probe) == 0 {
 		return measurements.M{}, nil
 	}
 	m, err := measurements.Parse(raw, valueSize)

@@ -86,7 +86,8 @@ func imageV2() signedvalues.Values {
 func basePolicy(t *testing.T) policy.Policy {
 	t.Helper()
 	return policy.Policy{
-		Variant: "tpm", PCRs: []int{4, 8, 11, 15}, PinnedAKs: []string{akPEM(t)},
+		// Common values empty, as a local cluster with VM nodes has them.
+		Variant: "tpm", PCRs: []int{4, 8, 11, 15}, PinnedAKs: []string{akPEM(t)}, ReferenceValues: json.RawMessage("{}"),
 		Roles: map[policy.Role]policy.RolePolicy{
 			policy.RoleControlPlane: {ReferenceValues: raw(t, imageV1CP)},
 			policy.RoleWorker:       {ReferenceValues: raw(t, imageV1Worker), AlsoAccepted: []json.RawMessage{raw(t, nsWorker)}},
