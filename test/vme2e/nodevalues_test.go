@@ -78,13 +78,14 @@ func nextSoftware(t *testing.T, bin string, image testenv.NodeImage) software {
 // cluster in dir and returns its output.
 func upgradeNodeValues(t *testing.T, bin, dir string, sw software) string {
 	t.Helper()
+	start := time.Now()
 	out, err := clustertest.Gatehouse(t, bin, "upgrade", "apply", "--kubeconfig", filepath.Join(dir, "gatehouse-admin.conf"),
 		"--node-values", sw.values, "--node-values-key", sw.key, "--state-file", filepath.Join(dir, "gatehouse-state.json"),
 		"--backup-dir", t.TempDir())
 	if err != nil {
 		t.Fatalf("upgrade apply --node-values: %v\n%s", err, out)
 	}
-	t.Logf("upgrade apply --node-values:\n%s", out)
+	t.Logf("MEASURED: upgrade apply --node-values took %s:\n%s", time.Since(start).Round(time.Millisecond), out)
 	return out
 }
 
