@@ -242,7 +242,9 @@ func nodeProofs(ctx context.Context, client kubernetes.Interface, fetcher atls.E
 			}
 		}
 		if addr == "" {
+			mu.Lock()
 			errs = append(errs, fmt.Errorf("node %s reports no InternalIP: its evidence cannot be fetched", n.Name))
+			mu.Unlock()
 			continue
 		}
 		wg.Go(func() {
