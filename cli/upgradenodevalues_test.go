@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -87,7 +88,9 @@ func TestNodeProofs(t *testing.T) {
 	}()
 	t.Cleanup(func() {
 		cancel()
-		<-served
+		if err := <-served; !errors.Is(err, context.Canceled) {
+			t.Errorf("the evidence endpoint ended with %v", err)
+		}
 	})
 	port := lis.Addr().(*net.TCPAddr).Port
 	node := func(name, ip string) *corev1.Node {
