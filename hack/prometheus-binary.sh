@@ -24,33 +24,20 @@ BUILD_FLAGS=(-tags remove_all_sd -trimpath -buildvcs=false -ldflags "-s -w -X gi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib/progress.sh
 source "$here/lib/progress.sh"
+# shellcheck source=lib/cache.sh
+source "$here/lib/cache.sh"
 src="$here/tools/prometheus"
 cache_root=${GATEHOUSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gatehouse}
-key=$( (cd "$src" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | LC_ALL=C sort | xargs cat; echo "${BUILD_FLAGS[*]}") | sha256sum | cut -c1-12)
-dir="$cache_root/prometheus/$PROMETHEUS_MODULE_VERSION-$key"
+dir="$cache_root/prometheus/$PROMETHEUS_MODULE_VERSION-$(cache_key "$src" "${BUILD_FLAGS[*]}")"
 
 log() { printf '[prometheus-binary] %s\n' "$*" >&2; }
 
-cached() {
-	if [[ -x "$dir/prometheus" && -x "$dir/promtool" && -f "$dir/.complete" ]]; then
-		log "cached: $dir"
-		echo "$dir"
-		exit 0
-	fi
-}
-cached
-mkdir -p "$cache_root/prometheus"
-exec 9>"$cache_root/prometheus/.lock"
-flock 9
-cached
+cache_enter prometheus-binary "$dir" "$dir"
+tmp=$cache_tmp
 
 got=$(cd "$src" && go list -m -f '{{.Version}}' github.com/prometheus/prometheus)
 [[ "$got" == "$PROMETHEUS_MODULE_VERSION" ]] || { log "hack/tools/prometheus/go.mod requires github.com/prometheus/prometheus $got, want $PROMETHEUS_MODULE_VERSION"; exit 1; }
 log "building the tests' Prometheus and promtool (module $PROMETHEUS_MODULE_VERSION) into $dir, once (cold: about 5 min on 2 cores)"
-tmp="$dir.tmp.$$"
-rm -rf "$tmp"
-mkdir -p "$tmp"
-trap 'rm -rf "$tmp"' EXIT
 cd "$src"
 export CGO_ENABLED=0
 pkgs=(github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool)
@@ -62,9 +49,4 @@ total=$(wc -l <"$tmp/packages")
 rm "$tmp/packages"
 progress_run prometheus-binary "compiling prometheus and promtool" "$total" \
 	go build -v "${BUILD_FLAGS[@]}" -o "$tmp/" "${pkgs[@]}"
-touch "$tmp/.complete"
-rm -rf "$dir"
-mv "$tmp" "$dir"
-trap - EXIT
-log "done: $dir"
-echo "$dir"
+cache_commit prometheus-binary "$dir" "$dir"

@@ -19,41 +19,23 @@ VAULT_VERSION=v1.21.2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib/progress.sh
 source "$here/lib/progress.sh"
+# shellcheck source=lib/cache.sh
+source "$here/lib/cache.sh"
 src="$here/tools/vaultdev"
 cache_root=${GATEHOUSE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gatehouse}
-key=$(cd "$src" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)
-dir="$cache_root/vault/$VAULT_VERSION-$key"
+dir="$cache_root/vault/$VAULT_VERSION-$(cache_key "$src")"
 
 log() { printf '[vault-binary] %s\n' "$*" >&2; }
 
-cached() {
-	if [[ -x "$dir/vaultdev" && -f "$dir/.complete" ]]; then
-		log "cached: $dir/vaultdev"
-		echo "$dir/vaultdev"
-		exit 0
-	fi
-}
-cached
-mkdir -p "$cache_root/vault"
-exec 9>"$cache_root/vault/.lock"
-flock 9
-cached
+cache_enter vault-binary "$dir" "$dir/vaultdev"
+tmp=$cache_tmp
 
 got=$(cd "$src" && go list -m -f '{{.Version}}' github.com/hashicorp/vault)
 [[ "$got" == "$VAULT_VERSION" ]] || { log "hack/tools/vaultdev/go.mod requires Vault $got, want $VAULT_VERSION"; exit 1; }
 log "building the tests' Vault server (Vault $VAULT_VERSION, Transit only) into $dir, once (cold: about 3 min on 2 quiet cores)"
-tmp="$dir.tmp.$$"
-rm -rf "$tmp"
-mkdir -p "$tmp"
-trap 'rm -rf "$tmp"' EXIT
 cd "$src"
 export CGO_ENABLED=0
 progress_run vault-binary "downloading Vault's modules" 0 go mod download
 total=$(go list -deps . | wc -l)
 progress_run vault-binary "compiling vaultdev" "$total" go build -v -trimpath -buildvcs=false -ldflags "-s -w" -o "$tmp/vaultdev" .
-touch "$tmp/.complete"
-rm -rf "$dir"
-mv "$tmp" "$dir"
-trap - EXIT
-log "done: $dir/vaultdev"
-echo "$dir/vaultdev"
+cache_commit vault-binary "$dir" "$dir/vaultdev"
