@@ -96,12 +96,10 @@ func outcome(results []Result) string {
 	return results[0].Outcome
 }
 
-func TestApply(t *testing.T) {
-	env := testenv.New(t, testenv.Options{})
-	root := t.TempDir()
-	var out bytes.Buffer
-	opts := Options{Kubeconfig: env.KubeconfigPath, Namespace: "default", BackupRoot: root,
-		Order: []string{"demo"}, Timeout: time.Minute, Out: &out}
+// installDemo installs release demo of chart 0.1.0 (blue) with greeting
+// "hi" where opts upgrades, and returns Helm's configuration there.
+func installDemo(t *testing.T, opts Options) *action.Configuration {
+	t.Helper()
 	cfg, err := helm.Config(opts.Kubeconfig, opts.Namespace)
 	if err != nil {
 		t.Fatal(err)
@@ -111,9 +109,19 @@ func TestApply(t *testing.T) {
 	if _, err := install.Run(demoChart("0.1.0", "blue", false), map[string]any{"greeting": "hi"}); err != nil {
 		t.Fatal(err)
 	}
+	return cfg
+}
+
+func TestApply(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	root := t.TempDir()
+	var out bytes.Buffer
+	opts := Options{Kubeconfig: env.KubeconfigPath, Namespace: "default", BackupRoot: root,
+		Order: []string{"demo"}, Timeout: time.Minute, Out: &out}
+	cfg := installDemo(t, opts)
 	kubectl(t, env, widgetCRD, "apply", "-f", "-")
 	// The CRD becomes established asynchronously.
-	err = wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		cmd := exec.CommandContext(ctx, filepath.Join(env.BinDir, "kubectl"), "--kubeconfig", env.KubeconfigPath, "apply", "-f", "-")
 		cmd.Stdin = strings.NewReader(widget)
 		return cmd.Run() == nil, nil
@@ -335,15 +343,7 @@ func TestKeepCharts(t *testing.T) {
 		Order: []string{"demo"}, Timeout: time.Minute, Out: &out, KeepCharts: true,
 		Charts: map[string]*chart.Chart{"demo": demoChart("0.2.0", "green", false)},
 		Values: map[string]map[string]any{"demo": {"greeting": "moved"}}}
-	cfg, err := helm.Config(opts.Kubeconfig, opts.Namespace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	install := action.NewInstall(cfg)
-	install.ReleaseName, install.Namespace = "demo", "default"
-	if _, err := install.Run(demoChart("0.1.0", "blue", false), map[string]any{"greeting": "hi"}); err != nil {
-		t.Fatal(err)
-	}
+	installDemo(t, opts)
 	results, err := Apply(t.Context(), opts)
 	if err != nil || outcome(results) != "upgraded" || results[0].To != "0.1.0" {
 		t.Fatalf("values-only upgrade: %+v, %v\n%s", results, err, out.String())
