@@ -24,10 +24,15 @@ import (
 // services' at <registry>/docker.io/local/…), and the nodes start with an
 // empty containerd: every image is pulled from the mirror, through the
 // containerd hosts files the bootstrapper writes from the image mirror it
-// is sent (InitRequest, join ticket) into nodeContainerdHostsDir.
+// is sent (InitRequest, join ticket) into nodeContainerdHostsDir. VM nodes
+// too: the node image's containerd reads its hosts files from the same
+// directory on its state disk, and their drop-in keeps it
+// (vmContainerdConfig).
 
 // nodeContainerdHostsDir is a mirror-images node's containerd config_path:
-// in its private /etc/gatehouse, as on the node image's state disk.
+// in its private /etc/gatehouse, as on the node image's state disk (the
+// image's config_path and its bootstrapper's --containerd-hosts-dir;
+// TestVMContainerdDropIn keeps them equal).
 const nodeContainerdHostsDir = "/etc/gatehouse/containerd/certs.d"
 
 // clusterMirror is the cluster configuration's mirror: the file server,
@@ -38,15 +43,6 @@ func (o Options) clusterMirror() *mirror.Mirror {
 		m.Registry, m.PlainHTTP = o.Network.RegistryAddress(), true
 	}
 	return m
-}
-
-// checkMirrorImages refuses MirrorImages with VM nodes, which take the
-// node image's containerd configuration.
-func (o Options) checkMirrorImages() error {
-	if o.MirrorImages && (o.Provider == ProviderQEMU || o.VMWorkers > 0) {
-		return fmt.Errorf("--mirror-images: only namespace nodes pull from the mirror; VM nodes (--provider %s, --vm-workers) cannot", ProviderQEMU)
-	}
-	return nil
 }
 
 // upstreamName is the name a local image stands for: the control plane's

@@ -22,9 +22,6 @@ func (u *up) preflight() error {
 	if err := u.opts.Network.Valid(); err != nil {
 		return err
 	}
-	if err := u.opts.checkMirrorImages(); err != nil {
-		return err
-	}
 	if err := u.makeProviders(); err != nil {
 		return err
 	}

@@ -168,8 +168,12 @@ func (p *qemuNodes) Start(ctx context.Context, s *NodeSpec, nr *NodeRecord) erro
 	if rec.QEMUPID > 0 && vmProcessAlive(rec.QEMUPID, s.Dir) {
 		return fmt.Errorf("%s runs already (QEMU %d)", s.Name, rec.QEMUPID)
 	}
-	if err := pushImages(ctx, s); err != nil {
-		return err
+	if !s.MirrorImages {
+		// A mirror-images cluster's registry holds the images at the
+		// mirror's paths already (mini up).
+		if err := pushImages(ctx, s); err != nil {
+			return err
+		}
 	}
 	entries, err := provisionVM(s)
 	if err != nil {
@@ -209,7 +213,8 @@ func (p *qemuNodes) Start(ctx context.Context, s *NodeSpec, nr *NodeRecord) erro
 // init secret's hash (the first control plane), its Kubernetes name, a
 // containerd drop-in that pulls docker.io's images (the cluster's
 // docker.io/local/...) from the cluster's registry and uses its pause
-// image, and its pods' CNI network.
+// image (with MirrorImages: that reads the image mirror's hosts files the
+// bootstrapper writes, vmContainerdConfig), and its pods' CNI network.
 func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 	dir := filepath.Join(vmDir(s.Dir), "provision")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -248,13 +253,17 @@ func provisionVM(s *NodeSpec) ([]qemu.FWCfgEntry, error) {
 		// 10 s deadline, on which they exit.
 		args = append(args, "--control-plane-wait=20m", "--leader-election-lease=60s")
 	}
+	containerd, err := vmContainerdConfig(s)
+	if err != nil {
+		return nil, err
+	}
 	files := []struct {
 		name string
 		data []byte
 	}{
 		{"network", []byte(network.String())},
 		{"bootstrapper-args", []byte(strings.Join(args, "\n") + "\n")},
-		{"containerd.toml", fmt.Appendf(nil, vmContainerdDropIn, s.PauseImage, s.Network.RegistryAddress())},
+		{"containerd.toml", containerd},
 		{"cni.conflist", fmt.Appendf(nil, vmCNIConfig, s.PodCIDR)},
 	}
 	if len(s.JoinEndpoints) > 0 {
@@ -293,17 +302,15 @@ func nodeIndex(s *NodeSpec) int {
 	return min(i-10, MaxControlPlanes+MaxWorkers)
 }
 
-// vmContainerdDropIn is the VM's containerd drop-in: the cluster's pause
-// image as the sandbox image, and docker.io (where the cluster names its
-// images, ImageRepository) mirrored by the cluster's registry over plain
-// HTTP on the bridge. containerd 1.6 (the image's) replaces a plugin's
-// whole table with an imported file's, so the drop-in repeats the rest of
-// the image's CRI settings (image/build/recipe/rootfs/etc/containerd/
-// config.toml; TestVMContainerdDropIn checks containerd's merged
-// configuration): without them the runc runtime fell back to the cgroupfs
-// driver beside the kubelet's systemd driver, and the kubelet killed and
-// re-created the control plane's static pods over and over.
-const vmContainerdDropIn = `version = 2
+// vmContainerdDropInBase is the VM's containerd drop-in: the cluster's
+// pause image (%[1]s) as the sandbox image. containerd 1.6 (the image's)
+// replaces a plugin's whole table with an imported file's, so the drop-in
+// repeats the rest of the image's CRI settings (image/build/recipe/rootfs/
+// etc/containerd/config.toml; TestVMContainerdDropIn checks containerd's
+// merged configuration): without them the runc runtime fell back to the
+// cgroupfs driver beside the kubelet's systemd driver, and the kubelet
+// killed and re-created the control plane's static pods over and over.
+const vmContainerdDropInBase = `version = 2
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "%[1]s"
   [plugins."io.containerd.grpc.v1.cri".cni]
@@ -315,11 +322,38 @@ const vmContainerdDropIn = `version = 2
     runtime_type = "io.containerd.runc.v2"
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
     SystemdCgroup = true
-  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]
+`
+
+// vmContainerdDropIn is vmContainerdDropInBase with docker.io (where the
+// cluster names its images, ImageRepository) mirrored by the cluster's
+// registry (%[2]s) over plain HTTP on the bridge. It replaces the image's
+// hosts files directory (config_path), which containerd refuses beside
+// registry mirrors; such a node is sent no image mirror.
+const vmContainerdDropIn = vmContainerdDropInBase + `  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]
     endpoint = ["http://%[2]s"]
   [plugins."io.containerd.grpc.v1.cri".registry.mirrors."%[2]s"]
     endpoint = ["http://%[2]s"]
 `
+
+// vmContainerdMirrorDropIn is vmContainerdDropInBase for a VM that pulls
+// every image from the mirror (MirrorImages): the upstream pause image,
+// and the image's own hosts files directory (%[2]s), where the
+// bootstrapper writes the image mirror's hosts files.
+const vmContainerdMirrorDropIn = vmContainerdDropInBase + `  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "%[2]s"
+`
+
+// vmContainerdConfig is s's containerd drop-in.
+func vmContainerdConfig(s *NodeSpec) ([]byte, error) {
+	if !s.MirrorImages {
+		return fmt.Appendf(nil, vmContainerdDropIn, s.PauseImage, s.Network.RegistryAddress()), nil
+	}
+	pause, err := upstreamName(s.PauseImage)
+	if err != nil {
+		return nil, err
+	}
+	return fmt.Appendf(nil, vmContainerdMirrorDropIn, pause, nodeContainerdHostsDir), nil
+}
 
 // vmCNIConfig is the pods' bridge network of a VM node, as a namespace
 // node's (writeCNIConfig).

@@ -87,6 +87,26 @@ func TestProvisionVM(t *testing.T) {
 	if strings.Contains(got["bootstrapper-args"], "control-plane-wait") {
 		t.Errorf("a worker's bootstrapper-args set a control-plane wait: %q", got["bootstrapper-args"])
 	}
+
+	// A mirror-images VM: the upstream pause image, and containerd reads
+	// the hosts files the bootstrapper writes; no registry mirror.
+	mw := *worker
+	mw.MirrorImages = true
+	if _, err := provisionVM(&mw); err != nil {
+		t.Fatal(err)
+	}
+	toml, err := os.ReadFile(filepath.Join(vmDir(mw.Dir), "provision", "containerd.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`sandbox_image = "registry.k8s.io/pause:3.10"`, `config_path = "` + nodeContainerdHostsDir + `"`} {
+		if !strings.Contains(string(toml), want) {
+			t.Errorf("a mirror-images VM's containerd.toml lacks %s:\n%s", want, toml)
+		}
+	}
+	if strings.Contains(string(toml), "mirrors") || strings.Contains(string(toml), ImageRepository) {
+		t.Errorf("a mirror-images VM's containerd.toml keeps the registry mirror or the local images:\n%s", toml)
+	}
 }
 
 // TestAcceptVMNodes: with the node image's signed values, the cluster
@@ -216,10 +236,14 @@ func TestQEMUProviderBasics(t *testing.T) {
 
 // TestVMContainerdDropIn: containerd (the image's 1.6, as Debian ships it
 // to this host too) merges a VM's drop-in into the image's configuration
-// so that only the sandbox image and the registry mirrors change; the
-// image's other CRI settings, the systemd cgroup driver the kubelet uses
-// among them, stay. containerd 1.6 replaces a plugin's table with an
+// so that only the sandbox image and the registry configuration change;
+// the image's other CRI settings, the systemd cgroup driver the kubelet
+// uses among them, stay. containerd 1.6 replaces a plugin's table with an
 // imported file's: a drop-in with only its own keys left runc on cgroupfs.
+// A mirror-images VM keeps the image's hosts files directory (config_path),
+// where its bootstrapper (the image's --containerd-hosts-dir) writes the
+// image mirror's hosts files; a VM with the registry mirror loses it,
+// since containerd refuses both.
 func TestVMContainerdDropIn(t *testing.T) {
 	containerd, err := exec.LookPath("containerd")
 	if err != nil {
@@ -233,6 +257,14 @@ func TestVMContainerdDropIn(t *testing.T) {
 	if !bytes.Contains(base, []byte(imageImports)) {
 		t.Fatalf("the image's containerd configuration no longer has %s", imageImports)
 	}
+	unit, err := os.ReadFile("../image/build/recipe/rootfs/usr/lib/systemd/system/gatehouse-bootstrapper.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(unit, []byte("--containerd-hosts-dir "+nodeContainerdHostsDir+" ")) {
+		t.Fatalf("the image's bootstrapper does not write hosts files to %s, where a mirror-images VM's containerd reads them", nodeContainerdHostsDir)
+	}
+	hostsDir := `config_path = "` + nodeContainerdHostsDir + `"`
 	dir := t.TempDir()
 	// dump is containerd's merged configuration with the drop-ins in
 	// dropIns instead of the image's directory, without its imports line.
@@ -254,43 +286,73 @@ func TestVMContainerdDropIn(t *testing.T) {
 		}
 		return lines
 	}
-	dropIns := filepath.Join(dir, "dropins")
-	if err := os.MkdirAll(dropIns, 0o700); err != nil {
-		t.Fatal(err)
+	alone := dump(filepath.Join(dir, "none"))
+	if !slices.Contains(alone, hostsDir) {
+		t.Fatalf("the image's containerd does not read hosts files from %s: %q", nodeContainerdHostsDir, alone)
 	}
 	const pause, registry = "docker.io/local/pause:3.10.2", "10.88.7.1:5000"
-	if err := os.WriteFile(filepath.Join(dropIns, "50-provisioned.toml"), fmt.Appendf(nil, vmContainerdDropIn, pause, registry), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	alone, merged := dump(filepath.Join(dir, "none")), dump(dropIns)
-	var lost, added []string
-	for _, l := range alone {
-		if !slices.Contains(merged, l) {
-			lost = append(lost, l)
-		}
-	}
-	for _, l := range merged {
-		if !slices.Contains(alone, l) {
-			added = append(added, l)
-		}
-	}
-	wantLost := []string{`sandbox_image = "registry.k8s.io/pause:3.10.2"`}
-	wantAdded := []string{
-		`sandbox_image = "` + pause + `"`,
-		`[plugins."io.containerd.grpc.v1.cri".registry.mirrors."` + registry + `"]`,
-		`endpoint = ["http://` + registry + `"]`,
-		`[plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]`,
-		`endpoint = ["http://` + registry + `"]`,
-	}
-	if !slices.Equal(lost, wantLost) {
-		t.Errorf("with the drop-in containerd lost the image's settings %q, want only %q", lost, wantLost)
-	}
-	slices.Sort(added)
-	slices.Sort(wantAdded)
-	if !slices.Equal(added, wantAdded) {
-		t.Errorf("the drop-in added %q, want %q", added, wantAdded)
-	}
-	if !slices.Contains(merged, "SystemdCgroup = true") {
-		t.Error("runc does not use the systemd cgroup driver, the kubelet's")
+	for _, tc := range []struct {
+		name                string
+		mirrorImages        bool
+		wantLost, wantAdded []string
+	}{
+		{"registry mirror", false,
+			[]string{`sandbox_image = "registry.k8s.io/pause:3.10.2"`, hostsDir},
+			[]string{
+				`sandbox_image = "` + pause + `"`,
+				`config_path = ""`,
+				`[plugins."io.containerd.grpc.v1.cri".registry.mirrors."` + registry + `"]`,
+				`endpoint = ["http://` + registry + `"]`,
+				`[plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]`,
+				`endpoint = ["http://` + registry + `"]`,
+			}},
+		// The upstream pause image is the image's own: nothing changes.
+		{"mirror images", true, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &NodeSpec{Network: 7, PauseImage: pause, MirrorImages: tc.mirrorImages}
+			if spec.Network.RegistryAddress() != registry {
+				t.Fatalf("network 7's registry is %s", spec.Network.RegistryAddress())
+			}
+			dropIn, err := vmContainerdConfig(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dropIns := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-"))
+			if err := os.MkdirAll(dropIns, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dropIns, "50-provisioned.toml"), dropIn, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			merged := dump(dropIns)
+			var lost, added []string
+			for _, l := range alone {
+				if !slices.Contains(merged, l) {
+					lost = append(lost, l)
+				}
+			}
+			for _, l := range merged {
+				if !slices.Contains(alone, l) {
+					added = append(added, l)
+				}
+			}
+			slices.Sort(lost)
+			slices.Sort(tc.wantLost)
+			if !slices.Equal(lost, tc.wantLost) {
+				t.Errorf("with the drop-in containerd lost the image's settings %q, want only %q", lost, tc.wantLost)
+			}
+			slices.Sort(added)
+			slices.Sort(tc.wantAdded)
+			if !slices.Equal(added, tc.wantAdded) {
+				t.Errorf("the drop-in added %q, want %q", added, tc.wantAdded)
+			}
+			if !slices.Contains(merged, "SystemdCgroup = true") {
+				t.Error("runc does not use the systemd cgroup driver, the kubelet's")
+			}
+			if got := slices.Contains(merged, hostsDir); got != tc.mirrorImages {
+				t.Errorf("containerd reads hosts files from %s: %t, want %t", nodeContainerdHostsDir, got, tc.mirrorImages)
+			}
+		})
 	}
 }

@@ -406,3 +406,36 @@ func TestLockCacheWaitsUntilContextEnds(t *testing.T) {
 	}
 	again()
 }
+
+// TestContainerdHostsDirOnStateDisk: the directory the bootstrapper's unit
+// writes an image mirror's containerd hosts files into
+// (--containerd-hosts-dir) is the one the image's containerd reads them
+// from (config_path), and it lies on the state disk: the root is
+// read-only, and a tmpfs would lose the files at a reboot.
+func TestContainerdHostsDirOnStateDisk(t *testing.T) {
+	unit, err := recipeFS.ReadFile(recipeRoot + "/usr/lib/systemd/system/gatehouse-bootstrapper.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	config, err := recipeFS.ReadFile(recipeRoot + "/etc/containerd/config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flag := regexp.MustCompile(`--containerd-hosts-dir[ =](\S+)`).FindAllSubmatch(unit, -1)
+	if len(flag) != 1 {
+		t.Fatalf("the bootstrapper's unit passes --containerd-hosts-dir %d times, want once", len(flag))
+	}
+	// config_path in the CRI plugin's registry table (containerd 1.6,
+	// config version 2).
+	path := regexp.MustCompile(`(?m)^\s*\[plugins\."io\.containerd\.grpc\.v1\.cri"\.registry\]\s*\n\s*config_path = "([^"]+)"`).FindAllSubmatch(config, -1)
+	if len(path) != 1 {
+		t.Fatalf("the image's containerd configuration sets the CRI registry's config_path %d times, want once:\n%s", len(path), config)
+	}
+	dir := string(flag[0][1])
+	if got := string(path[0][1]); got != dir {
+		t.Errorf("containerd reads hosts files from %s, the bootstrapper writes them to %s", got, dir)
+	}
+	if !slices.ContainsFunc(stateDirs(), func(d string) bool { return strings.HasPrefix(dir, d+"/") }) {
+		t.Errorf("the hosts files' directory %s is not on the state disk (%v)", dir, stateDirs())
+	}
+}

@@ -1,7 +1,8 @@
 // Package vme2e tests VM nodes in the local cluster end to end: a
-// namespace control plane made by `gatehouse mini up`, and a worker that is
-// a VM of the node image (QEMU, OVMF measuring into its own swtpm, the
-// real bootstrapper inside) which joins through the join service, is
+// namespace control plane made by `gatehouse mini up --mirror-images`, and
+// a worker that is a VM of the node image (QEMU, OVMF measuring into its
+// own swtpm, the real bootstrapper inside) which joins through the join
+// service, pulls every image it runs through the mirror registry, is
 // verified continuously, serves a workload, reboots for real with its
 // dm-crypt state disk, and is refused and tainted when it boots a changed
 // kernel command line.

@@ -60,7 +60,8 @@ func TestVMWorker(t *testing.T) {
 		}
 	})
 	start := time.Now()
-	out, err := clustertest.Gatehouse(t, bin, "mini", "up", "--dir", clusterDir, "--network", strconv.Itoa(network), "--workers", "0", "--node-image", image.Dir)
+	// Every image through the mirror (mirror_test.go).
+	out, err := clustertest.Gatehouse(t, bin, "mini", "up", "--dir", clusterDir, "--network", strconv.Itoa(network), "--workers", "0", "--node-image", image.Dir, "--mirror-images")
 	if err != nil {
 		t.Fatalf("mini up: %v\n%s", err, out)
 	}
@@ -86,10 +87,14 @@ func TestVMWorker(t *testing.T) {
 
 	// The VM serves a workload: an image from the cluster's registry runs
 	// on it behind a Service, which a pod on the namespace control plane
-	// reaches by its DNS name across the two kinds of node.
-	echo := clustertest.EchoImage(t, bin, clusterDir)
+	// reaches by its DNS name across the two kinds of node. Its name is
+	// Docker Hub's, which only the mirror serves.
+	reg := mini.Network(network).RegistryAddress()
+	echo := mirrorEcho(ctx, t, clustertest.EchoImage(t, bin, clusterDir), reg)
 	clustertest.DeployEcho(ctx, t, client, echo, name)
 	clustertest.AskEcho(ctx, t, client, echo, "cp-0")
+	// The VM pulled every image it runs through the mirror.
+	before := assertVMPulledFromMirror(ctx, t, client, clusterDir, name, reg)
 
 	// A real reboot: the reset line; the firmware measures again into a
 	// TPM whose PCRs start from zero; the node rejoins and opens its
@@ -106,9 +111,14 @@ func TestVMWorker(t *testing.T) {
 	t.Logf("MEASURED: VM worker %s from its reset to Node Ready again: %s", name, time.Since(start).Round(time.Second))
 	logMemory(t, clusterDir, name)
 	waitAttested(ctx, t, client, name, continuous.ReasonVerified)
-	// Its pod runs again after the reboot and serves.
+	// Its pod runs again after the reboot and serves: its image, gone with
+	// the VM's memory, pulled again through the mirror (the hosts files
+	// are on the state disk).
 	clustertest.WaitAvailable(ctx, t, client, "default", "echo")
 	clustertest.AskEcho(ctx, t, client, echo, "cp-0")
+	if after := assertVMPulledFromMirror(ctx, t, client, clusterDir, name, reg); after[echoRepo()] <= before[echoRepo()] {
+		t.Errorf("after its reboot %s pulled %s no more through the mirror (%d manifests before, %d after)", name, echoUpstream, before[echoRepo()], after[echoRepo()])
+	}
 	raw, err := os.ReadFile(filepath.Join(clusterDir, "nodes", name, "vm", "state.raw"))
 	if err != nil {
 		t.Fatal(err)
