@@ -117,7 +117,9 @@ func TestTemplateDirectory(t *testing.T) {
 
 // TestMirror: with a mirror, the versions table's downloads come from its
 // file server (same sha256 digests) and the first control plane's kubeadm
-// pulls its images from its registry.
+// pulls its images from its registry; an attested Machine's data carries
+// no containerd hosts files (the node image's /etc is read-only: its
+// containerd gets the mirror from the join ticket, on its state disk).
 func TestMirror(t *testing.T) {
 	e := newEnv(t)
 	ns := e.Namespace(t)
@@ -165,6 +167,26 @@ func TestMirror(t *testing.T) {
 	for upstream, host := range map[string]string{"registry.k8s.io": "https://mirror.example:5000/v2/registry.k8s.io", "docker.io": "https://mirror.example:5000/v2/docker.io"} {
 		if hosts := string(files["/etc/containerd/certs.d/"+upstream+"/hosts.toml"]); !strings.Contains(hosts, `[host."`+host+`"]`) {
 			t.Errorf("the machine's containerd hosts file for %s:\n%s", upstream, hosts)
+		}
+	}
+
+	initialized := e.Cluster(t, ns, "c2", true)
+	e.SeedCA(t, initialized)
+	_, attested, err := e.Machine(t.Context(), initialized, "attested-worker", false, bootstrapv1.KubeadmConfigSpec{Format: bootstrapv1.FormatCloudConfig,
+		Attested: &bootstrapv1.AttestedSpec{Enabled: true, JoinEndpoints: []string{"10.0.0.1:9090"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.reconcileOnce(t, r, attested); err != nil {
+		t.Fatal(err)
+	}
+	if attested.Status.DataSecretName == nil {
+		t.Fatalf("attested worker: no data: conditions %+v", attested.Status.Conditions)
+	}
+	files, _ = e.dataFiles(t, attested)
+	for path := range files {
+		if strings.HasPrefix(path, "/etc/containerd/") {
+			t.Errorf("an attested Machine's data writes %s under the node image's read-only /etc", path)
 		}
 	}
 }

@@ -101,6 +101,12 @@ func (r *Reconciler) commonInput(ctx context.Context, s *scope, role render.Role
 	if in.Files, err = r.resolveFiles(ctx, s.config, s.cluster); err != nil {
 		return in, err
 	}
+	if s.attested() {
+		// An attested Machine's containerd gets the mirror from its join
+		// ticket (the join configuration's imageMirror): the node image's
+		// /etc is read-only, and its hosts files live on the state disk.
+		return in, nil
+	}
 	hosts, err := containerdHostsFiles(r.mirror)
 	in.Files = append(in.Files, hosts...)
 	return in, err
