@@ -246,5 +246,9 @@ func debianPackage(ctx context.Context, p string) (debPackage, error) {
 			return debPackage{Name: f[0], Version: f[1], Arch: f[2]}, nil
 		}
 	}
-	return debPackage{}, fmt.Errorf("%s belongs to no installed Debian package, which the image's SBOM must name (the build needs Debian's gcc and glibc packages): %w", p, errors.Join(errs...))
+	err := fmt.Errorf("%s belongs to no installed Debian package, which the image's SBOM must name (the build needs Debian's gcc and glibc packages)", p)
+	if len(errs) > 0 {
+		err = fmt.Errorf("%w: %w", err, errors.Join(errs...))
+	}
+	return debPackage{}, err
 }
