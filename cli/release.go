@@ -60,9 +60,6 @@ A refusal names the artifact.`,
 			for _, c := range rel.Manifest.Charts {
 				fmt.Fprintf(out, "Chart:\t%s\n", c.Path)
 			}
-			for _, o := range rel.Manifest.Omitted {
-				fmt.Fprintf(out, "Not built:\t%s for %s: %s\n", o.Name, o.Platform, o.Reason)
-			}
 			return nil
 		},
 	}

@@ -10,7 +10,8 @@
 #                         node image they boot (make image) and their
 #                         NoCloud seed disks
 #   hack/setup.sh --test  all of that, and what only the tests need (make
-#                         test): the tests' Debian packages, the pinned Go
+#                         test): the tests' Debian packages (make release's
+#                         C cross toolchain among them), the pinned Go
 #                         tools (MinIO among them), the pinned upstream
 #                         Cluster API programs (hack/capi-tools.sh), and
 #                         Prometheus and promtool (hack/prometheus-binary.sh)
@@ -47,6 +48,13 @@ VM_PACKAGES=(qemu-system-x86 qemu-utils ovmf systemd-boot-efi binutils fdisk mto
 # Debian packages only the tests use: OpenSSL's headers for the TPM
 # simulator's cgo, SoftHSM2 for PKCS#11, cloud-init for `cloud-init schema`.
 TEST_PACKAGES=(libssl-dev softhsm2 cloud-init)
+# The release's cgo binaries for the other architecture (make release and
+# its reproducibility test): Debian's cross gcc and glibc, and QEMU's
+# user-mode emulator that runs them in the test.
+case "$(dpkg --print-architecture 2>/dev/null || uname -m)" in
+arm64 | aarch64) TEST_PACKAGES+=(gcc-x86-64-linux-gnu libc6-dev-amd64-cross qemu-user) ;;
+*) TEST_PACKAGES+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user) ;;
+esac
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 

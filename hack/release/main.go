@@ -117,6 +117,6 @@ func build(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 	log.Info("Release built", "version", m.Version, "dir", f.out, "images", len(m.Images), "binaries", len(m.Binaries),
-		"omitted", len(m.Omitted), "took", time.Since(start).Round(time.Second).String())
+		"took", time.Since(start).Round(time.Second).String())
 	return nil
 }

@@ -35,8 +35,10 @@ type ChartSpec struct {
 }
 
 // Config is what a release is built from. The same Config over the same
-// checkout, Go toolchain and host C toolchain (for cgo binaries) gives the
-// same bytes.
+// checkout, Go toolchain and Debian C toolchains and glibc (for the cgo
+// binaries: the build machine's gcc and libc6-dev for its architecture,
+// Debian's cross gcc and libc6-*-cross for the others) gives the same
+// bytes.
 type Config struct {
 	// Version is the release's version, vMAJOR.MINOR.PATCH.
 	Version string
@@ -80,6 +82,10 @@ type builder struct {
 	cfg     Config
 	scratch string
 	m       Manifest
+	// cgo are the commands built with cgo, each with the cgo packages it
+	// needs; toolchains their C toolchains by architecture (checkCgo).
+	cgo        map[string][]string
+	toolchains map[string]cToolchain
 }
 
 // Build writes the release of cfg into cfg.OutDir and returns its
@@ -107,6 +113,7 @@ func Build(ctx context.Context, cfg Config) (*Manifest, error) {
 		name string
 		run  func(context.Context) error
 	}{
+		{"checking the C toolchains of the cgo binaries", b.checkCgo},
 		{"binaries run by the images", func(ctx context.Context) error { return b.binaries(ctx, true, nil) }},
 		{"images", b.images},
 		{"the other binaries, with the images' digests", func(ctx context.Context) error { return b.binaries(ctx, false, b.imageRefs()) }},
@@ -140,6 +147,51 @@ func (b *builder) imageRefs() []string {
 	return refs
 }
 
+// checkCgo finds the commands that need cgo and checks, before anything
+// is built, that each architecture's C toolchain is installed: a missing
+// one fails the release, naming its Debian packages (cToolchain.check).
+func (b *builder) checkCgo(ctx context.Context) error {
+	g := goBuilder{dir: b.cfg.RepoDir}
+	b.cgo = map[string][]string{}
+	for _, c := range b.cfg.Commands {
+		pkgs, err := g.needsCgo(ctx, c.Package)
+		if err != nil {
+			return err
+		}
+		if len(pkgs) > 0 {
+			b.cgo[c.Name] = pkgs
+		}
+	}
+	if len(b.cgo) == 0 {
+		return nil
+	}
+	b.toolchains = map[string]cToolchain{}
+	var errs []error
+	for _, arch := range b.cfg.Arches {
+		tc, err := toolchainFor(arch, runtime.GOARCH)
+		if err == nil {
+			err = tc.check()
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b.toolchains[arch] = tc
+		b.cfg.Log.Info("Release", "platform", "linux/"+arch, "cc", tc.cc, "libraries", strings.Join(tc.libDirs, ":"))
+	}
+	if len(errs) > 0 {
+		var names, pkgs []string
+		for n, p := range b.cgo {
+			names = append(names, n)
+			pkgs = append(pkgs, p...)
+		}
+		slices.Sort(names)
+		slices.Sort(pkgs)
+		return fmt.Errorf("%s use cgo (%s): %w", strings.Join(names, ", "), strings.Join(slices.Compact(pkgs), ", "), errors.Join(errs...))
+	}
+	return nil
+}
+
 // binaries builds the commands that images run (inImages) or the others,
 // for every architecture, with an SBOM each.
 func (b *builder) binaries(ctx context.Context, inImages bool, images []string) error {
@@ -152,16 +204,15 @@ func (b *builder) binaries(ctx context.Context, inImages bool, images []string) 
 			rel := filepath.Join(binDir, "linux-"+arch, c.Name)
 			out := filepath.Join(b.cfg.OutDir, rel)
 			b.cfg.Log.Info("Release", "building", rel)
-			omitted, err := g.build(ctx, c, arch, out, images)
-			if err != nil {
+			var tc *cToolchain
+			if _, ok := b.cgo[c.Name]; ok {
+				t := b.toolchains[arch]
+				tc = &t
+			}
+			if err := g.build(ctx, c, arch, tc, out, images); err != nil {
 				return err
 			}
 			platform := "linux/" + arch
-			if omitted != "" {
-				b.cfg.Log.Warn("Release: not built", "binary", c.Name, "platform", platform, "reason", omitted)
-				b.m.Omitted = append(b.m.Omitted, Omission{Name: c.Name, Platform: platform, Reason: omitted})
-				continue
-			}
 			b.m.Binaries = append(b.m.Binaries, Binary{Name: c.Name, Platform: platform, Path: filepath.ToSlash(rel)})
 			comp, err := goComponent(c.Name, b.cfg.Version, out)
 			if err != nil {
@@ -180,7 +231,7 @@ func (b *builder) binaries(ctx context.Context, inImages bool, images []string) 
 	return nil
 }
 
-// binary is the path of a built binary, or "" when it was omitted.
+// binary is the path of a built binary, or "" when it was not built.
 func (b *builder) binary(name, arch string) string {
 	for _, bin := range b.m.Binaries {
 		if bin.Name == name && bin.Platform == "linux/"+arch {
@@ -190,8 +241,8 @@ func (b *builder) binary(name, arch string) string {
 	return ""
 }
 
-// images builds each image for the architectures its binary was built
-// for, as a signed OCI layout archive with an SBOM.
+// images builds each image for every architecture, as a signed OCI
+// layout archive with an SBOM.
 func (b *builder) images(ctx context.Context) error {
 	for _, spec := range b.cfg.Images {
 		repo := b.cfg.Registry + "/" + spec.Name
@@ -201,11 +252,11 @@ func (b *builder) images(ctx context.Context) error {
 		for _, arch := range b.cfg.Arches {
 			bin := b.binary(spec.Command, arch)
 			if bin == "" {
-				continue
+				return fmt.Errorf("image %s: its binary %s was not built for linux/%s", spec.Name, spec.Command, arch)
 			}
-			files, err := imageFiles(spec.Command, bin)
+			files, err := b.imageFiles(ctx, spec.Command, arch, bin)
 			if err != nil {
-				return err
+				return fmt.Errorf("image %s for linux/%s: %w", spec.Name, arch, err)
 			}
 			img, err := buildImage(b.scratch, spec.Command, arch, files, b.cfg.Epoch)
 			if err != nil {
@@ -218,9 +269,6 @@ func (b *builder) images(ctx context.Context) error {
 				return err
 			}
 			comps = append(comps, c)
-		}
-		if len(imgs) == 0 {
-			return fmt.Errorf("image %s: its binary %s was built for no platform", spec.Name, spec.Command)
 		}
 		idx, err := imageIndex(imgs)
 		if err != nil {
@@ -252,31 +300,46 @@ func (b *builder) images(ctx context.Context) error {
 }
 
 // imagePlatformComponent is an image's SBOM entry for one platform: the
-// manifest by digest, with its files and the Go modules of its binary.
+// manifest by digest, with its binary's Go modules and its files; the
+// files a Debian package installed (a cgo binary's loader and libraries)
+// nested in that package (purl pkg:deb/debian/…).
 func (b *builder) imagePlatformComponent(spec ImageSpec, arch string, img v1.Image, files []imageFile) (cdx.Component, error) {
 	d, err := img.Digest()
 	if err != nil {
 		return cdx.Component{}, err
 	}
 	var listed []sbomFile
-	var nested []cdx.Component
+	byPackage := map[debPackage][]sbomFile{}
 	for _, f := range files {
 		sum, err := fileSHA256(f.src)
 		if err != nil {
 			return cdx.Component{}, err
 		}
-		listed = append(listed, sbomFile{Name: "/" + f.name, SHA256: sum})
+		sf := sbomFile{Name: "/" + f.name, SHA256: sum}
+		if f.deb == (debPackage{}) {
+			listed = append(listed, sf)
+		} else {
+			byPackage[f.deb] = append(byPackage[f.deb], sf)
+		}
 	}
 	goc, err := goComponent(spec.Command, b.cfg.Version, b.binary(spec.Command, arch))
 	if err != nil {
 		return cdx.Component{}, err
 	}
-	nested = append(nested, goc)
-	for _, f := range fileComponents(listed) {
-		f.BOMRef = arch + ":" + f.BOMRef
-		nested = append(nested, f)
+	nested := append([]cdx.Component{goc}, fileComponents(listed)...)
+	debs := make([]debPackage, 0, len(byPackage))
+	for deb := range byPackage {
+		debs = append(debs, deb)
 	}
-	prefixRefs(&nested[0], arch+":")
+	slices.SortFunc(debs, func(a, b debPackage) int { return strings.Compare(a.purl(), b.purl()) })
+	for _, deb := range debs {
+		fs := fileComponents(byPackage[deb])
+		nested = append(nested, cdx.Component{Type: cdx.ComponentTypeLibrary, Name: deb.Name, Version: deb.Version,
+			PackageURL: deb.purl(), BOMRef: deb.purl(), Components: &fs})
+	}
+	for i := range nested {
+		prefixRefs(&nested[i], arch+":")
+	}
 	return cdx.Component{Type: cdx.ComponentTypeContainer, Name: b.cfg.Registry + "/" + spec.Name, Version: d.String(),
 		BOMRef:     arch + ":" + d.String(),
 		Properties: &[]cdx.Property{{Name: "platform", Value: "linux/" + arch}},
@@ -441,11 +504,7 @@ func signFile(s *cosignformat.Signer, file string) error {
 	return atomicfile.Write(file+cosignformat.SignatureSuffix, sig, 0o644)
 }
 
-// DefaultArches are the architectures a release is built for.
-func DefaultArches() []string {
-	arches := []string{"amd64", "arm64"}
-	if !slices.Contains(arches, runtime.GOARCH) {
-		arches = append(arches, runtime.GOARCH)
-	}
-	return arches
-}
+// DefaultArches are the architectures a release is built for, whatever
+// the build machine's: the cgo binaries for the other one are
+// cross-compiled (cToolchain).
+func DefaultArches() []string { return []string{"amd64", "arm64"} }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"sort"
 	"strings"
 )
@@ -33,7 +32,8 @@ type goBuilder struct {
 
 // needsCgo reports the packages outside the standard library that pkg
 // builds with cgo (e.g. github.com/miekg/pkcs11): a binary that has one
-// is built with CGO_ENABLED=1, and only for the host's architecture.
+// is built with CGO_ENABLED=1 and a C toolchain (cToolchain) for each
+// architecture.
 func (g goBuilder) needsCgo(ctx context.Context, pkg string) ([]string, error) {
 	cmd := exec.CommandContext(ctx, "go", "list", "-deps", "-f", "{{if and (not .Standard) .CgoFiles}}{{.ImportPath}}{{end}}", pkg)
 	cmd.Dir = g.dir
@@ -47,22 +47,11 @@ func (g goBuilder) needsCgo(ctx context.Context, pkg string) ([]string, error) {
 	return strings.Fields(string(out)), nil
 }
 
-// build compiles c for linux/arch into out. images are name=repository@digest
-// pairs compiled into internal/buildinfo (the CLI's). It returns the
-// reason when c cannot be built for arch here (cgo across architectures).
-func (g goBuilder) build(ctx context.Context, c Command, arch, out string, images []string) (omitted string, err error) {
-	cgoPkgs, err := g.needsCgo(ctx, c.Package)
-	if err != nil {
-		return "", err
-	}
-	cgo := "0"
-	if len(cgoPkgs) > 0 {
-		if arch != runtime.GOARCH {
-			return fmt.Sprintf("needs cgo (%s) and a C toolchain for linux/%s, which this builder does not use: build it on a linux/%s machine (docs/install.md, \"Platforms\")",
-				strings.Join(cgoPkgs, ", "), arch, arch), nil
-		}
-		cgo = "1"
-	}
+// build compiles c for linux/arch into out, with cgo through tc when tc
+// is not nil (needsCgo), without otherwise. images are
+// name=repository@digest pairs compiled into internal/buildinfo (the
+// CLI's).
+func (g goBuilder) build(ctx context.Context, c Command, arch string, tc *cToolchain, out string, images []string) error {
 	ldflags := []string{"-s", "-w", "-buildid=",
 		"-X", buildinfoPackage + ".version=" + g.version,
 		"-X", buildinfoPackage + ".commit=" + g.commit}
@@ -73,11 +62,17 @@ func (g goBuilder) build(ctx context.Context, c Command, arch, out string, image
 	}
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags", strings.Join(ldflags, " "), "-o", out, c.Package)
 	cmd.Dir = g.dir
-	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+arch, "CGO_ENABLED="+cgo, "GOAMD64=v1", "GOARM64=v8.0", "GOFLAGS=", "GOEXPERIMENT=")
+	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+arch, "CGO_ENABLED=0", "GOAMD64=v1", "GOARM64=v8.0", "GOFLAGS=", "GOEXPERIMENT=")
+	if tc != nil {
+		cmd.Env = append(cmd.Env, tc.env()...) // later entries win
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("go build %s for linux/%s: %w: %s", c.Package, arch, err, stderr.String())
+		return fmt.Errorf("go build %s for linux/%s: %w: %s", c.Package, arch, err, stderr.String())
 	}
-	return "", nil
+	if tc != nil {
+		return tc.checkMachine(out)
+	}
+	return nil
 }

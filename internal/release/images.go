@@ -4,15 +4,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -26,47 +25,36 @@ import (
 const imageBinDir = "/usr/local/bin"
 
 // imageFile is one regular file of an image: its path in the image
-// (relative, no leading slash) and the host file it comes from.
-type imageFile struct{ name, src string }
+// (relative, no leading slash), the host file it comes from and, for a
+// library, the Debian package that installed it.
+type imageFile struct {
+	name, src string
+	deb       debPackage
+}
 
-// imageFiles are the files of the image of the binary bin (named name in
-// imageBinDir): the binary, and for a dynamically linked one (cgo) its
-// loader and libraries at their host paths, as ldd lists them.
-func imageFiles(name, bin string) ([]imageFile, error) {
-	files := []imageFile{{path.Join(imageBinDir[1:], name), bin}}
-	libs, err := sharedLibraries(bin)
+// imageFiles are the files of the image of the binary bin for linux/arch
+// (named name in imageBinDir): the binary and, for a dynamically linked
+// one (cgo), its loader and libraries from the architecture's C
+// toolchain (cToolchain.runtimeFiles).
+func (b *builder) imageFiles(ctx context.Context, name, arch, bin string) ([]imageFile, error) {
+	files := []imageFile{{name: path.Join(imageBinDir[1:], name), src: bin}}
+	interp, _, err := elfDynamic(bin)
 	if err != nil {
 		return nil, err
 	}
-	for _, l := range libs {
-		files = append(files, imageFile{l[1:], l})
+	if interp != "" {
+		tc, ok := b.toolchains[arch]
+		if !ok {
+			return nil, fmt.Errorf("%s is linked dynamically (loader %s) but was not built with cgo", bin, interp)
+		}
+		libs, err := tc.runtimeFiles(ctx, bin)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, libs...)
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].name < files[j].name })
 	return files, nil
-}
-
-// sharedLibraries returns the sorted absolute paths of the loader and
-// libraries bin needs (ldd; symlinks resolved to the file they name, kept
-// at the linked path), none for a static binary.
-func sharedLibraries(bin string) ([]string, error) {
-	out, err := exec.Command("ldd", bin).CombinedOutput()
-	if err != nil {
-		if strings.Contains(string(out), "not a dynamic executable") || strings.Contains(string(out), "statically linked") {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("ldd %s: %w: %s", bin, err, out)
-	}
-	var libs []string
-	for _, line := range strings.Split(string(out), "\n") {
-		for _, f := range strings.Fields(line) {
-			if strings.HasPrefix(f, "/") {
-				libs = append(libs, f)
-				break
-			}
-		}
-	}
-	sort.Strings(libs)
-	return libs, nil
 }
 
 // buildImage returns the linux/arch image of files: one gzip layer (fixed

@@ -44,10 +44,9 @@ type Manifest struct {
 	Version string `json:"version"`
 	// Commit is the git commit the release was built from.
 	Commit string `json:"commit"`
-	// Binaries are the Go binaries built, by platform.
+	// Binaries are the Go binaries built, by platform: every command for
+	// every platform.
 	Binaries []Binary `json:"binaries"`
-	// Omitted are the binaries not built for a platform, and why.
-	Omitted []Omission `json:"omitted,omitempty"`
 	// Images are the container images.
 	Images []Image `json:"images"`
 	// Charts are the Helm charts.
@@ -63,13 +62,6 @@ type Binary struct {
 	Name     string `json:"name"`
 	Platform string `json:"platform"`
 	Path     string `json:"path"`
-}
-
-// Omission is a binary not built for a platform.
-type Omission struct {
-	Name     string `json:"name"`
-	Platform string `json:"platform"`
-	Reason   string `json:"reason"`
 }
 
 // Image is one container image: a multi-arch OCI index in an OCI layout
