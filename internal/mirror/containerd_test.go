@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -56,25 +57,7 @@ func TestContainerdPullsFromTheMirror(t *testing.T) {
 	reg := testenv.StartRegistry(t)
 	m := &Mirror{Registry: reg + "/mirror"}
 	const ref = "registry.k8s.io/pause:gatehouse-mirror-test"
-	mapped, err := m.Image(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := random.Image(2048, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := name.ParseReference(mapped, name.Insecure)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(dst, img); err != nil {
-		t.Fatal(err)
-	}
-	digest, err := img.Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, digest := pushRandom(t, m, ref)
 	hosts := t.TempDir()
 	data, err := m.ContainerdHosts("registry.k8s.io", true)
 	if err != nil {
@@ -172,25 +155,7 @@ func TestContainerdPullsWithNodeFiles(t *testing.T) {
 	reg := testenv.StartRegistry(t)
 	m := &Mirror{Registry: reg, PlainHTTP: true}
 	const upstreamRef = "registry.k8s.io/kube-apiserver:gatehouse-node-files-test"
-	mapped, err := m.Image(upstreamRef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := random.Image(1024, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := name.ParseReference(mapped, name.Insecure)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(dst, img); err != nil {
-		t.Fatal(err)
-	}
-	digest, err := img.Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mapped, digest := pushRandom(t, m, upstreamRef)
 	files, err := ContainerdHostsFiles(m.NodeImageMirror())
 	if err != nil {
 		t.Fatal(err)
@@ -238,4 +203,30 @@ func requireContainerd(t *testing.T) {
 			t.Skipf("%s is missing: apt-get install containerd (make setup does)", tool)
 		}
 	}
+}
+
+// pushRandom pushes a random image to m's registry at ref's mirror path
+// and returns that path and the image's digest.
+func pushRandom(t *testing.T, m *Mirror, ref string) (string, v1.Hash) {
+	t.Helper()
+	mapped, err := m.Image(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := random.Image(1024, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := name.ParseReference(mapped, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(dst, img); err != nil {
+		t.Fatal(err)
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mapped, digest
 }
