@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net"
 	"os"
@@ -136,9 +137,9 @@ func movingPolicy(opts upgrade.Options, v signedvalues.Values) (policy.Policy, e
 // proofs fetches fresh evidence from every Node, verified under p with
 // the cluster's node lock.
 func proofs(ctx context.Context, opts upgrade.Options, f nodeValuesFlags, p policy.Policy) ([]nodevalues.Proof, error) {
-	lockPCR, err := clusterLockPCR(f.stateFile)
+	lockPCR, _, err := clusterLockPCR(f.stateFile)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--state-file: %w", err)
 	}
 	appraisal, err := p.Appraisal(time.Now, lockPCR)
 	if err != nil {
@@ -263,16 +264,20 @@ func nodeProofs(ctx context.Context, client kubernetes.Interface, fetcher atls.E
 	return proofs, errors.Join(errs...)
 }
 
-// clusterLockPCR is what the node-lock PCR of the cluster's nodes holds:
-// derived from the cluster ID in the state file.
-func clusterLockPCR(stateFile string) ([]byte, error) {
+// clusterLockPCR is what the node-lock PCR of the cluster's nodes holds,
+// derived from the cluster ID in the state file, and that ID (hex). A
+// missing file or one without an ID is an error wrapping fs.ErrNotExist.
+func clusterLockPCR(stateFile string) ([]byte, string, error) {
 	state, err := clusterconfig.ReadState(stateFile)
 	if err != nil {
-		return nil, fmt.Errorf("--state-file: the cluster ID the nodes' evidence shows: %w", err)
+		return nil, "", fmt.Errorf("the cluster ID the nodes' evidence shows: %w", err)
+	}
+	if state.ClusterID == "" {
+		return nil, "", fmt.Errorf("%s holds no cluster ID: %w", stateFile, fs.ErrNotExist)
 	}
 	id, err := hex.DecodeString(state.ClusterID)
 	if err != nil || len(id) != keys.ClusterIDSize {
-		return nil, fmt.Errorf("%s: cluster ID is not %d bytes of hex", stateFile, keys.ClusterIDSize)
+		return nil, "", fmt.Errorf("%s: cluster ID is not %d bytes of hex", stateFile, keys.ClusterIDSize)
 	}
-	return keys.ExpectedNodeLockPCR(id), nil
+	return keys.ExpectedNodeLockPCR(id), state.ClusterID, nil
 }

@@ -97,16 +97,12 @@ func newVerifyCmd() *cobra.Command {
 				return err
 			}
 			report := verifyReport{Node: node}
-			var lockPCR []byte
-			state, err := clusterconfig.ReadState(stateFile)
+			// No state file: a node not initialised yet, whose lock PCR is zero.
+			lockPCR, clusterID, err := clusterLockPCR(stateFile)
 			switch {
-			case err == nil && state.ClusterID != "":
-				id, err := hex.DecodeString(state.ClusterID)
-				if err != nil || len(id) != keys.ClusterIDSize {
-					return fmt.Errorf("%s: cluster ID is not %d bytes of hex", stateFile, keys.ClusterIDSize)
-				}
-				lockPCR, report.ClusterID = keys.ExpectedNodeLockPCR(id), state.ClusterID
-			case err != nil && !errors.Is(err, fs.ErrNotExist):
+			case err == nil:
+				report.ClusterID = clusterID
+			case !errors.Is(err, fs.ErrNotExist):
 				return err
 			}
 			appraisal, err := cfg.Appraisal(lockPCR)
