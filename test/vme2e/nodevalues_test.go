@@ -128,7 +128,10 @@ func moveNodeSoftware(ctx context.Context, t *testing.T, client kubernetes.Inter
 		t.Fatal(err)
 	}
 	waitTainted(ctx, t, client, name)
-	refusal := waitLog(ctx, t, func() string { return clustertest.JoinServiceLog(t, dir, "cp-0") }, regexp.MustCompile(`.*\.cmdline.*`))
+	refusal := waitLog(ctx, t, func() string { return clustertest.JoinServiceLog(t, dir, "cp-0") },
+		// The handshake's audit entry: refused for its measurements, naming
+		// the event; no ticket follows a refused handshake.
+		regexp.MustCompile(`.*"verdict":"refused","reason":"measurement_mismatch".*\.cmdline.*`))
 	t.Logf("the join service's refusal of the old software: %.600s", refusal)
 }
 
